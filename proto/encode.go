@@ -1,0 +1,134 @@
+package proto
+
+import (
+	"bytes"
+	"encoding/binary"
+	"slices"
+	"unicode/utf8"
+)
+
+// Request encoders. Each appends one whole frame to dst and returns the
+// extended slice. They do not validate their arguments.
+
+// AppendAcquire appends an acquire request.
+func AppendAcquire[K ~string | ~[]byte](dst []byte, wait, lease uint8, owner uint64, key K) []byte {
+	dst = slices.Grow(dst, 1+AcquireHeaderLen+len(key)+1)
+	dst = append(dst, byte(OpAcquire), wait, lease)
+	dst = binary.BigEndian.AppendUint64(dst, owner)
+	dst = append(dst, key...)
+	return append(dst, '\n')
+}
+
+// AppendRelease appends a release request.
+func AppendRelease[K ~string | ~[]byte](dst []byte, token uint64, key K) []byte {
+	return appendIDTail(dst, OpRelease, token, key)
+}
+
+// AppendRenew appends a renew request.
+func AppendRenew[K ~string | ~[]byte](dst []byte, lease uint8, token uint64, key K) []byte {
+	return appendOpIDTail(dst, OpRenew, lease, token, key)
+}
+
+// AppendPing appends a ping request.
+func AppendPing(dst []byte, nonce uint64) []byte {
+	return appendIDTail(dst, OpPing, nonce, "")
+}
+
+// Response encoders.
+
+// AppendAcquired appends an A (acquired) response.
+func AppendAcquired[K ~string | ~[]byte](dst []byte, owner, token uint64, key K) []byte {
+	dst = slices.Grow(dst, 1+AcquiredHeaderLen+len(key)+1)
+	dst = append(dst, byte(OpAcquire))
+	dst = binary.BigEndian.AppendUint64(dst, owner)
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = append(dst, key...)
+	return append(dst, '\n')
+}
+
+// AppendTimeout appends a T (timed out) response.
+func AppendTimeout[K ~string | ~[]byte](dst []byte, owner uint64, key K) []byte {
+	return appendIDTail(dst, OpTimeout, owner, key)
+}
+
+// AppendBusy appends a B (busy) response.
+func AppendBusy[K ~string | ~[]byte](dst []byte, owner uint64, key K) []byte {
+	return appendIDTail(dst, OpBusy, owner, key)
+}
+
+// AppendReleased appends an R (released) response.
+func AppendReleased[K ~string | ~[]byte](dst []byte, token uint64, key K) []byte {
+	return appendIDTail(dst, OpRelease, token, key)
+}
+
+// AppendRenewed appends a K (renewed) response.
+func AppendRenewed[K ~string | ~[]byte](dst []byte, token uint64, key K) []byte {
+	return appendIDTail(dst, OpRenew, token, key)
+}
+
+// AppendNotHeld appends an N (not held) response; op is OpRelease or OpRenew.
+func AppendNotHeld[K ~string | ~[]byte](dst []byte, op Op, token uint64, key K) []byte {
+	return appendOpIDTail(dst, OpNotHeld, byte(op), token, key)
+}
+
+// AppendPong appends a P (pong) response.
+func AppendPong(dst []byte, nonce uint64) []byte {
+	return appendIDTail(dst, OpPing, nonce, "")
+}
+
+// AppendMoved appends an M (moved) response naming the active's address.
+// An empty addr means no active is known yet.
+func AppendMoved[K ~string | ~[]byte](dst []byte, op Op, id uint64, addr K) []byte {
+	return appendOpIDTail(dst, OpMoved, byte(op), id, addr)
+}
+
+// AppendError appends an E (error) response. Any 0x0A in msg is replaced by a
+// space so the frame stays well formed, and a msg longer than MaxKey bytes is
+// cut to at most MaxKey bytes, at a rune boundary when msg is UTF-8, so every
+// E frame it writes is one that ParseResponse accepts.
+func AppendError[K ~string | ~[]byte](dst []byte, op Op, id uint64, code uint8, msg K) []byte {
+	if len(msg) > MaxKey {
+		cut := MaxKey
+		// Back up over at most UTFMax-1 continuation bytes to a rune start.
+		for j := MaxKey; j > MaxKey-utf8.UTFMax && j > 0; j-- {
+			if utf8.RuneStart(msg[j]) {
+				cut = j
+				break
+			}
+		}
+		msg = msg[:cut]
+	}
+	dst = slices.Grow(dst, 1+ErrorHeaderLen+len(msg)+1)
+	dst = append(dst, byte(OpError), byte(op))
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = append(dst, code)
+	start := len(dst)
+	dst = append(dst, msg...)
+	for t := dst[start:]; ; {
+		i := bytes.IndexByte(t, '\n')
+		if i < 0 {
+			break
+		}
+		t[i] = ' '
+		t = t[i+1:]
+	}
+	return append(dst, '\n')
+}
+
+// appendIDTail appends op | id u64 | tail | 0x0A.
+func appendIDTail[K ~string | ~[]byte](dst []byte, op Op, id uint64, tail K) []byte {
+	dst = slices.Grow(dst, 1+8+len(tail)+1)
+	dst = append(dst, byte(op))
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = append(dst, tail...)
+	return append(dst, '\n')
+}
+
+// appendOpIDTail appends op | b u8 | id u64 | tail | 0x0A.
+func appendOpIDTail[K ~string | ~[]byte](dst []byte, op Op, b byte, id uint64, tail K) []byte {
+	dst = slices.Grow(dst, 1+1+8+len(tail)+1)
+	dst = append(dst, byte(op), b)
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = append(dst, tail...)
+	return append(dst, '\n')
+}
