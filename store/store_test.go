@@ -1,0 +1,130 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestMarkRoundTrip(t *testing.T) {
+	d, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if m, err := d.Mark(); err != nil || m != 0 {
+		t.Fatalf("empty dir mark = %d, %v; want 0, nil", m, err)
+	}
+	for _, v := range []uint64{1, 1 << 40, ^uint64(0)} {
+		if err := d.Reserve(v); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := d.Mark(); err != nil || m != v {
+			t.Fatalf("mark = %d, %v; want %d", m, err, v)
+		}
+	}
+}
+
+func TestMarkGarbage(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := os.WriteFile(filepath.Join(dir, markFile), []byte("zz"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Mark(); err == nil {
+		t.Fatal("garbage mark accepted")
+	}
+}
+
+func TestLockExcludesSecondOpen(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir); !errors.Is(err, ErrLocked) {
+		t.Fatalf("second Open: %v, want ErrLocked", err)
+	}
+	d.Close()
+	d2, err := Open(dir)
+	if err != nil {
+		t.Fatalf("Open after Close: %v", err)
+	}
+	d2.Close()
+}
+
+func TestSnapshotTakenOnce(t *testing.T) {
+	d, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, ok, err := d.TakeSnapshot(); ok || err != nil {
+		t.Fatalf("no snapshot: ok=%v err=%v", ok, err)
+	}
+	dl := time.Unix(1700000000, 123456789)
+	in := Snapshot{Mark: 99, Locks: []Lock{
+		{Key: []byte("a"), Token: 7, Deadline: dl},
+		{Key: []byte("\x00ключ\x01"), Token: 99, Deadline: dl.Add(time.Second)},
+	}}
+	if err := d.WriteSnapshot(in); err != nil {
+		t.Fatal(err)
+	}
+	out, ok, err := d.TakeSnapshot()
+	if !ok || err != nil {
+		t.Fatalf("TakeSnapshot: ok=%v err=%v", ok, err)
+	}
+	if out.Mark != 99 || len(out.Locks) != 2 {
+		t.Fatalf("got %+v", out)
+	}
+	for i := range in.Locks {
+		a, b := in.Locks[i], out.Locks[i]
+		if !bytes.Equal(a.Key, b.Key) || a.Token != b.Token || !a.Deadline.Equal(b.Deadline) {
+			t.Fatalf("lock %d: got %+v want %+v", i, b, a)
+		}
+	}
+	if _, ok, err := d.TakeSnapshot(); ok || err != nil {
+		t.Fatalf("snapshot not consumed: ok=%v err=%v", ok, err)
+	}
+}
+
+func TestSnapshotCorruptMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.WriteSnapshot(Snapshot{Mark: 5, Locks: []Lock{{Key: []byte("k"), Token: 5, Deadline: time.Now()}}}); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, snapFile)
+	b, _ := os.ReadFile(p)
+	for i := range b {
+		c := append([]byte(nil), b...)
+		c[i] ^= 0x40
+		if _, err := parseSnapshot(c); err == nil {
+			t.Fatalf("flip at byte %d not detected", i)
+		}
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := d.TakeSnapshot(); ok || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupt snapshot: ok=%v err=%v", ok, err)
+	}
+	if _, err := os.Stat(p + ".corrupt"); err != nil {
+		t.Fatalf("corrupt snapshot not moved aside: %v", err)
+	}
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Fatalf("corrupt snapshot still in place: %v", err)
+	}
+}
