@@ -1,0 +1,101 @@
+package shard
+
+import (
+	"errors"
+	"time"
+)
+
+// Config sizes and limits a Table. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// Shards is the number of shards, a power of two (default 64).
+	Shards int
+	// MaxKeys bounds the number of distinct keys held at once across the
+	// table (PROTOCOL.md §4 --max-keys, default 16,777,216). An acquire of a
+	// new key beyond it answers Busy.
+	MaxKeys int
+	// MaxWaitersPerKey bounds one key's wait queue (default 4096).
+	MaxWaitersPerKey int
+	// MaxWaiters bounds queued acquires across all keys (default 1,048,576).
+	MaxWaiters int
+	// Tick is the timer wheel's resolution (default and maximum 10 ms).
+	Tick time.Duration
+	// Sink, if not nil, receives every state change as a Record, in the
+	// order the changes happen on each key. It is called with the shard's
+	// lock held: it must not block and must not call back into the Table.
+	// Record.Key is valid only during the call.
+	Sink func(Record)
+}
+
+// Defaults and bounds of Config.
+const (
+	// DefaultShards is the default Config.Shards.
+	DefaultShards = 64
+	// DefaultMaxKeys is the default Config.MaxKeys (--max-keys, 16,777,216).
+	DefaultMaxKeys = 1 << 24
+	// DefaultMaxWaitersPerKey is the default Config.MaxWaitersPerKey.
+	DefaultMaxWaitersPerKey = 4096
+	// DefaultMaxWaiters is the default Config.MaxWaiters (1,048,576).
+	DefaultMaxWaiters = 1 << 20
+	// DefaultTick is the default Config.Tick.
+	DefaultTick = 10 * time.Millisecond
+
+	// MaxShards bounds Config.Shards.
+	MaxShards = 1 << 16
+	// MaxTick bounds Config.Tick (PROTOCOL.md §4 allows deadlines to fire
+	// at most 50 ms late).
+	MaxTick = 10 * time.Millisecond
+	// MinTick is the smallest Config.Tick.
+	MinTick = time.Microsecond
+)
+
+// Errors of Validate.
+var (
+	// ErrShards rejects a shard count that is not a power of two in 1..MaxShards.
+	ErrShards = errors.New("shard: Shards must be a power of two between 1 and 65536")
+	// ErrLimit rejects a negative MaxKeys, MaxWaitersPerKey or MaxWaiters.
+	ErrLimit = errors.New("shard: negative limit")
+	// ErrTick rejects a Tick outside MinTick..MaxTick.
+	ErrTick = errors.New("shard: Tick must be between 1µs and 10ms")
+)
+
+// DefaultConfig returns the defaults of PROTOCOL.md §4.
+func DefaultConfig() Config {
+	return Config{
+		Shards:           DefaultShards,
+		MaxKeys:          DefaultMaxKeys,
+		MaxWaitersPerKey: DefaultMaxWaitersPerKey,
+		MaxWaiters:       DefaultMaxWaiters,
+		Tick:             DefaultTick,
+	}
+}
+
+// Validate fills zero fields with defaults and rejects nonsense (negative
+// limits, a shard count that is not a power of two, Tick over 10 ms).
+func (c *Config) Validate() error {
+	d := DefaultConfig()
+	if c.Shards == 0 {
+		c.Shards = d.Shards
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = d.MaxKeys
+	}
+	if c.MaxWaitersPerKey == 0 {
+		c.MaxWaitersPerKey = d.MaxWaitersPerKey
+	}
+	if c.MaxWaiters == 0 {
+		c.MaxWaiters = d.MaxWaiters
+	}
+	if c.Tick == 0 {
+		c.Tick = d.Tick
+	}
+	if c.Shards < 0 || c.Shards > MaxShards || c.Shards&(c.Shards-1) != 0 {
+		return ErrShards
+	}
+	if c.MaxKeys < 0 || c.MaxWaitersPerKey < 0 || c.MaxWaiters < 0 {
+		return ErrLimit
+	}
+	if c.Tick < MinTick || c.Tick > MaxTick {
+		return ErrTick
+	}
+	return nil
+}

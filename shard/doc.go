@@ -1,0 +1,43 @@
+// Package shard is lockd's lock table: a pure state machine that turns
+// requests and the passing of time into answers and effects.
+//
+// # What it owns
+//
+//   - The lock tables: keys spread over a power-of-two number of shards by
+//     xxhash.Sum64(key); each shard indexes its held keys in its own
+//     open-addressing table on the same hash. A key is free (no entry) or
+//     held (token, lease deadline, lease seconds, FIFO wait queue).
+//   - The FIFO wait queues of held keys, with the per-key and table-wide
+//     capacity limits of PROTOCOL.md §4.
+//   - One hashed timer wheel per shard for lease and wait deadlines
+//     (Config.Tick resolution, intrusive lists, O(1) add/remove/renew; no
+//     goroutine, no time.Timer per lock).
+//   - The fencing-token allocator (Tokens, PROTOCOL.md §5).
+//   - The state-change records (Record) streamed to Config.Sink for
+//     replication and persistence, and the effects (Effect) owed to queued
+//     acquires.
+//
+// # Concurrency contract
+//
+// Every Table method is safe for concurrent use. Each shard is guarded by
+// its own mutex, held only for the state change; Acquire, Release, Renew and
+// Tick append their effects to a caller-owned Out and the caller delivers
+// them after the call has returned, when no table lock is held. Sink is the
+// one callback made under a shard lock: it must not block and must not call
+// back into the Table. A Conn has a small mutex of its own for its list of
+// queued waiters; the lock order is shard → Conn, and DropConn never holds a
+// Conn lock while taking a shard lock. Tokens.Next is the only call that can
+// block (at the reserved limit, until Extend).
+//
+// Time is an input: every call that needs it takes now, in nanoseconds on a
+// monotonic clock chosen by the caller. Deadlines fire when deadline ≤ now,
+// never earlier, and within one Config.Tick if Tick is called that often.
+//
+// # What it must not import
+//
+// No net, no gnet, no github.com/lockd-dev/lockd/proto, no I/O (os, files,
+// sockets), and no time.Now or time.Sleep: only the standard library's
+// data-structure packages and github.com/cespare/xxhash/v2. It speaks keys,
+// tokens, owners and opaque Conn handles; the engine maps them onto the wire.
+// TestForbiddenImports enforces this.
+package shard

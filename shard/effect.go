@@ -1,0 +1,128 @@
+package shard
+
+// Status is the immediate outcome of Acquire.
+type Status uint8
+
+// Acquire outcomes.
+const (
+	Granted  Status = iota + 1 // the key was free: token returned, answer A now
+	TimedOut                   // wait=0 on a held key: answer T now
+	Busy                       // a capacity limit: answer B now, nothing queued
+	Queued                     // queued: a later Effect answers it (grant or timeout)
+)
+
+// String returns the status name.
+func (s Status) String() string {
+	switch s {
+	case Granted:
+		return "granted"
+	case TimedOut:
+		return "timedout"
+	case Busy:
+		return "busy"
+	case Queued:
+		return "queued"
+	}
+	return "Status(?)"
+}
+
+// EffectKind says what a deferred answer is.
+type EffectKind uint8
+
+// Effect kinds.
+const (
+	EffectGrant   EffectKind = iota + 1 // a queued acquire was granted (handoff): answer A with Token
+	EffectTimeout                       // a queued acquire's wait passed: answer T
+	EffectCancel                        // CancelWaiters removed it (shutdown): answer E 4
+)
+
+// String returns the effect kind's name.
+func (k EffectKind) String() string {
+	switch k {
+	case EffectGrant:
+		return "grant"
+	case EffectTimeout:
+		return "timeout"
+	case EffectCancel:
+		return "cancel"
+	}
+	return "EffectKind(?)"
+}
+
+// Effect is an answer owed to a queued acquire on some connection, produced
+// by a release, an expiry, a tick or CancelWaiters. The caller delivers it
+// after the call returns (no table lock is held then). A grant that cannot be
+// delivered (its connection is gone) must be given back with Release.
+type Effect struct {
+	Kind  EffectKind
+	Conn  *Conn  // the waiter's connection
+	Owner uint64 // the waiter's owner id
+	Token uint64 // EffectGrant: the new token
+	Key   []byte // copy of the key in Out's arena; valid until Out.Reset
+}
+
+// Out collects effects. The caller owns it, reuses it across calls (Reset),
+// and must not share one Out between goroutines.
+type Out struct {
+	Effects []Effect
+	// arena holds the effects' key copies. It only grows by append: when it
+	// is reallocated, earlier Keys keep pointing into the old backing array,
+	// which nothing writes to any more, so they stay valid until Reset.
+	arena []byte
+}
+
+// Reset empties o, keeping its memory.
+func (o *Out) Reset() {
+	clear(o.Effects) // drop Conn pointers so closed connections can be collected
+	o.Effects = o.Effects[:0]
+	o.arena = o.arena[:0]
+}
+
+// add appends an effect with a copy of key.
+func (o *Out) add(kind EffectKind, w *waiter, token uint64, key []byte) {
+	n := len(o.arena)
+	o.arena = append(o.arena, key...)
+	m := len(o.arena)
+	o.Effects = append(o.Effects, Effect{
+		Kind:  kind,
+		Conn:  w.conn,
+		Owner: w.owner,
+		Token: token,
+		Key:   o.arena[n:m:m],
+	})
+}
+
+// RecordKind names a state change.
+type RecordKind uint8
+
+// Record kinds (PROTOCOL.md §5; source 002).
+const (
+	RecordGrant   RecordKind = iota + 1 // key granted with Token until Deadline
+	RecordRelease                       // key released by its holder (Token)
+	RecordExpire                        // Token's lease ended
+	RecordRenew                         // Token's lease restarted, now ending at Deadline
+)
+
+// String returns the record kind's name.
+func (k RecordKind) String() string {
+	switch k {
+	case RecordGrant:
+		return "grant"
+	case RecordRelease:
+		return "release"
+	case RecordExpire:
+		return "expire"
+	case RecordRenew:
+		return "renew"
+	}
+	return "RecordKind(?)"
+}
+
+// Record is one state change, small enough to stream to a replica.
+type Record struct {
+	Kind     RecordKind
+	Key      []byte // valid only during the Sink call
+	Token    uint64
+	Lease    uint8 // Grant, Renew: lease seconds
+	Deadline int64 // Grant, Renew: lease deadline on the table's clock (ns)
+}

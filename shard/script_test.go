@@ -1,0 +1,249 @@
+package shard
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/*.txt")
+
+// TestScripts runs the scenario transcripts in testdata/*.txt. Each command
+// line is followed by "----" and the output it must produce, up to a blank
+// line: the status, then the effects in order, then the records the Sink
+// received in order. Lines starting with # are comments. Run with -rewrite
+// to regenerate the outputs (then read the diff).
+//
+// Commands (durations as in time.ParseDuration; the clock starts at 0):
+//
+//	new [shards=N] [maxkeys=N] [perkey=N] [maxwaiters=N] [start=N] [limit=N]
+//	at DUR | advance DUR
+//	acquire KEY [wait=N] lease=N owner=N [conn=NAME]
+//	release KEY token=N
+//	renew KEY lease=N token=N
+//	tick | cancel | stats | held | dropconn NAME
+//	restore KEY token=N deadline=DUR
+//	lookup KEY
+func TestScripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts: %v", err)
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScript(t, f) })
+	}
+}
+
+type scriptEnv struct {
+	t       *testing.T
+	tab     *Table
+	now     int64
+	conns   map[string]*Conn
+	records []string
+	out     Out
+}
+
+func runScript(t *testing.T, path string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	env := &scriptEnv{t: t}
+	env.reset(nil)
+	var rewritten strings.Builder
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+			rewritten.WriteString(line + "\n")
+			continue
+		}
+		cmdLine := i + 1
+		if i+1 >= len(lines) || lines[i+1] != "----" {
+			t.Fatalf("%s:%d: command without ----", path, cmdLine)
+		}
+		i += 2
+		var want []string
+		for ; i < len(lines) && lines[i] != ""; i++ {
+			want = append(want, lines[i])
+		}
+		got := env.run(line)
+		rewritten.WriteString(line + "\n----\n")
+		for _, g := range got {
+			rewritten.WriteString(g + "\n")
+		}
+		if i < len(lines) {
+			rewritten.WriteString("\n")
+		}
+		if !*rewrite && strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, cmdLine, line,
+				strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	}
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(rewritten.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (env *scriptEnv) reset(args map[string]string) {
+	cfg := Config{
+		Shards:           env.intArg(args, "shards", 4),
+		MaxKeys:          env.intArg(args, "maxkeys", 0),
+		MaxWaitersPerKey: env.intArg(args, "perkey", 0),
+		MaxWaiters:       env.intArg(args, "maxwaiters", 0),
+		Tick:             10 * time.Millisecond,
+		Sink:             env.sink,
+	}
+	start := uint64(env.intArg(args, "start", 0))
+	limit := uint64(env.intArg(args, "limit", 1<<40))
+	tab, err := New(cfg, NewTokens(start, limit))
+	if err != nil {
+		env.t.Fatal(err)
+	}
+	env.tab, env.now, env.conns, env.records = tab, 0, map[string]*Conn{}, nil
+}
+
+func (env *scriptEnv) sink(r Record) {
+	s := fmt.Sprintf("record %s %s token=%d", r.Kind, r.Key, r.Token)
+	if r.Kind == RecordGrant || r.Kind == RecordRenew {
+		s += fmt.Sprintf(" lease=%d deadline=%s", r.Lease, time.Duration(r.Deadline))
+	}
+	env.records = append(env.records, s)
+}
+
+func (env *scriptEnv) intArg(args map[string]string, name string, def int) int {
+	v, ok := args[name]
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		env.t.Fatalf("bad %s=%q", name, v)
+	}
+	return n
+}
+
+func (env *scriptEnv) durArg(s string) int64 {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		env.t.Fatalf("bad duration %q", s)
+	}
+	return int64(d)
+}
+
+func (env *scriptEnv) conn(name string) *Conn {
+	if name == "" || name == "-" {
+		return nil
+	}
+	c := env.conns[name]
+	if c == nil {
+		c = NewConn(name)
+		env.conns[name] = c
+	}
+	return c
+}
+
+func connName(c *Conn) string {
+	if c == nil {
+		return "-"
+	}
+	return c.Tag.(string)
+}
+
+// run executes one command and returns its output lines.
+func (env *scriptEnv) run(line string) []string {
+	f := strings.Fields(line)
+	cmd, pos, args := f[0], []string{}, map[string]string{}
+	for _, a := range f[1:] {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			args[k] = v
+		} else {
+			pos = append(pos, a)
+		}
+	}
+	key := func() []byte {
+		if len(pos) == 0 {
+			env.t.Fatalf("%s: missing key", line)
+		}
+		return []byte(pos[0])
+	}
+	u64 := func(name string) uint64 { return uint64(env.intArg(args, name, 0)) }
+	u8 := func(name string) uint8 { return uint8(env.intArg(args, name, 0)) }
+	env.out.Reset()
+	env.records = env.records[:0]
+	var res []string
+	tab := env.tab
+	switch cmd {
+	case "new":
+		env.reset(args)
+	case "at":
+		env.now = env.durArg(pos[0])
+	case "advance":
+		env.now += env.durArg(pos[0])
+	case "acquire":
+		st, tok := tab.Acquire(env.now, key(), u8("wait"), u8("lease"), u64("owner"), env.conn(args["conn"]), &env.out)
+		if st == Granted {
+			res = append(res, fmt.Sprintf("%s token=%d", st, tok))
+		} else {
+			res = append(res, st.String())
+		}
+	case "release":
+		res = append(res, answer(tab.Release(env.now, key(), u64("token"), &env.out), "released"))
+	case "renew":
+		res = append(res, answer(tab.Renew(env.now, key(), u8("lease"), u64("token"), &env.out), "renewed"))
+	case "tick":
+		tab.Tick(env.now, &env.out)
+	case "cancel":
+		tab.CancelWaiters(&env.out)
+	case "dropconn":
+		tab.DropConn(env.conn(pos[0]))
+	case "restore":
+		if err := tab.Restore(key(), u64("token"), env.durArg(args["deadline"])); err != nil {
+			res = append(res, "error: "+err.Error())
+		} else {
+			res = append(res, "ok")
+		}
+	case "lookup":
+		ki := tab.Lookup(key())
+		if !ki.Held {
+			res = append(res, "free")
+		} else {
+			res = append(res, fmt.Sprintf("held token=%d deadline=%s waiters=%d", ki.Token, time.Duration(ki.Deadline), ki.Waiters))
+		}
+	case "stats":
+		st := tab.Stats()
+		res = append(res, fmt.Sprintf("keys=%d waiters=%d", st.Keys, st.Waiters))
+	case "held":
+		var held []string
+		tab.Held(func(k []byte, tok uint64, dl int64) {
+			held = append(held, fmt.Sprintf("held %s token=%d deadline=%s", k, tok, time.Duration(dl)))
+		})
+		slices.Sort(held) // shard order is an implementation detail
+		res = append(res, held...)
+	default:
+		env.t.Fatalf("unknown command %q", line)
+	}
+	for _, e := range env.out.Effects {
+		s := fmt.Sprintf("effect %s %s conn=%s owner=%d", e.Kind, e.Key, connName(e.Conn), e.Owner)
+		if e.Kind == EffectGrant {
+			s += fmt.Sprintf(" token=%d", e.Token)
+		}
+		res = append(res, s)
+	}
+	return append(res, env.records...)
+}
+
+func answer(ok bool, yes string) string {
+	if ok {
+		return yes
+	}
+	return "not held"
+}

@@ -1,0 +1,347 @@
+package shard
+
+import "sync"
+
+// entry is a held key. Free keys have no entry: a released or expired entry
+// leaves the index and goes to its shard's bounded free list with its key
+// buffer, so a steady stream of acquires and releases allocates nothing.
+// The struct is kept at 80 bytes (a Go size class) because a million held
+// locks means a million entries.
+type entry struct {
+	key      []byte // the key; the buffer is reused by the next key
+	hash     uint64 // xxhash.Sum64(key)
+	token    uint64 // current fencing token
+	deadline int64  // lease deadline (ns on the caller's clock)
+	tnext    *entry // wheel slot list; free list link while free
+	tprev    *entry
+	wq       *waiter // head of the circular FIFO of waiters; nil if uncontended
+	nwait    uint32  // len(wq)
+	slot     uint16  // wheel slot
+	lease    uint8   // lease seconds of the current grant or renew
+}
+
+// waiter is a queued acquire. Waiters are pooled per shard and never move to
+// another shard. gen counts the waiter's reuses: DropConn snapshots it under
+// the Conn lock and removes the waiter only if it is unchanged.
+type waiter struct {
+	e            *entry  // key waited for; nil while pooled
+	next, prev   *waiter // key FIFO (circular); free list link while pooled
+	cnext, cprev *waiter // Conn list (circular), guarded by conn.mu
+	tnext, tprev *waiter // wheel slot list
+	conn         *Conn
+	owner        uint64
+	deadline     int64  // wait deadline
+	gen          uint64 // written under the shard lock and, while linked, conn.mu
+	shard        uint32 // index of the owning shard, fixed at allocation
+	slot         uint16 // wheel slot
+	lease        uint8  // requested lease seconds
+}
+
+// Free-list bounds per shard: enough to absorb bursts, small enough that a
+// table whose keys were all released holds next to nothing.
+const (
+	maxFreeEntries = 256
+	maxFreeWaiters = 256
+	maxKeptKey     = 128 // key buffers above this are not kept on the free list
+)
+
+// shard is one lock-striped part of a Table. mu guards everything in it.
+type shard struct {
+	mu     sync.Mutex
+	t      *Table
+	id     uint32
+	idx    index
+	wheel  wheel
+	freeE  *entry
+	nfreeE int
+	freeW  *waiter
+	nfreeW int
+	_      [64]byte // keep neighbouring shards' mutexes off one cache line
+}
+
+const second = int64(1e9)
+
+// --- entries -------------------------------------------------------------
+
+// newEntry creates the entry of a key that is not in the index.
+func (s *shard) newEntry(h uint64, key []byte) *entry {
+	e := s.freeE
+	if e != nil {
+		s.freeE = e.tnext
+		e.tnext = nil
+		s.nfreeE--
+	} else {
+		e = new(entry)
+	}
+	if c := cap(e.key); c >= len(key) && c <= 2*len(key)+32 {
+		e.key = append(e.key[:0], key...)
+	} else {
+		e.key = append(make([]byte, 0, len(key)), key...)
+	}
+	e.hash = h
+	s.idx.insert(h, e)
+	return e
+}
+
+// freeEntry removes e (no waiters, out of the wheel) from the index.
+func (s *shard) freeEntry(e *entry) {
+	s.idx.remove(e.hash, e)
+	s.t.keys.Add(-1)
+	e.token, e.deadline, e.lease = 0, 0, 0
+	if s.nfreeE >= maxFreeEntries {
+		return
+	}
+	if cap(e.key) > maxKeptKey {
+		e.key = nil
+	} else {
+		e.key = e.key[:0]
+	}
+	e.tnext = s.freeE
+	s.freeE = e
+	s.nfreeE++
+}
+
+// grant gives e a new token and a lease of lease seconds from now.
+func (s *shard) grant(e *entry, now int64, lease uint8) {
+	e.token = s.t.tokens.Next()
+	e.lease = lease
+	e.deadline = now + int64(lease)*second
+	s.wheel.addLease(e)
+	s.emit(RecordGrant, e, lease)
+}
+
+// emit sends a record to the sink, if any.
+func (s *shard) emit(kind RecordKind, e *entry, lease uint8) {
+	if sink := s.t.sink; sink != nil {
+		r := Record{Kind: kind, Key: e.key, Token: e.token}
+		if kind == RecordGrant || kind == RecordRenew {
+			r.Lease, r.Deadline = lease, e.deadline
+		}
+		sink(r)
+	}
+}
+
+// expire ends e's lease (e is in the wheel) and hands the key on. It reports
+// whether e is still held (by the waiter it went to).
+func (s *shard) expire(e *entry, now int64, out *Out) bool {
+	s.wheel.delLease(e)
+	s.emit(RecordExpire, e, 0)
+	return s.handoff(e, now, out)
+}
+
+// handoff gives e (out of the wheel, lease ended) to the first waiter whose
+// wait has not passed, timing out the ones before it that have, or frees the
+// key. It reports whether e is still held.
+func (s *shard) handoff(e *entry, now int64, out *Out) bool {
+	for e.wq != nil {
+		w := e.wq
+		s.unqueue(w)
+		if w.deadline <= now {
+			out.add(EffectTimeout, w, 0, e.key)
+			s.freeWaiter(w)
+			continue
+		}
+		s.grant(e, now, w.lease)
+		out.add(EffectGrant, w, e.token, e.key)
+		s.freeWaiter(w)
+		return true
+	}
+	s.freeEntry(e)
+	return false
+}
+
+// lookup returns key's entry, processing an expiry that is due at now first
+// (its effects go to out); nil if the key is free.
+func (s *shard) lookup(now int64, h uint64, key []byte, out *Out) *entry {
+	e := s.idx.find(h, key)
+	if e != nil && e.deadline <= now && !s.expire(e, now, out) {
+		return nil
+	}
+	return e
+}
+
+// --- waiters -------------------------------------------------------------
+
+func (s *shard) newWaiter() *waiter {
+	w := s.freeW
+	if w != nil {
+		s.freeW = w.next
+		w.next = nil
+		s.nfreeW--
+		return w
+	}
+	return &waiter{shard: s.id}
+}
+
+func (s *shard) freeWaiter(w *waiter) {
+	w.e, w.conn = nil, nil
+	if s.nfreeW >= maxFreeWaiters {
+		return
+	}
+	w.next = s.freeW
+	s.freeW = w
+	s.nfreeW++
+}
+
+// enqueue queues an acquire at the tail of e's FIFO. It reports false (and
+// queues nothing) if c was dropped.
+func (s *shard) enqueue(e *entry, now int64, wait, lease uint8, owner uint64, c *Conn) bool {
+	w := s.newWaiter()
+	w.e, w.conn, w.owner, w.lease = e, c, owner, lease
+	w.deadline = now + int64(wait)*second
+	if c != nil && !c.link(w) {
+		s.freeWaiter(w)
+		return false
+	}
+	if h := e.wq; h == nil {
+		w.next, w.prev = w, w
+		e.wq = w
+	} else {
+		tail := h.prev
+		w.prev, w.next = tail, h
+		tail.next = w
+		h.prev = w
+	}
+	e.nwait++
+	s.wheel.addWait(w)
+	return true
+}
+
+// unqueue takes w out of its key's FIFO, the wheel and its Conn's list, and
+// retires its generation. The caller frees it.
+func (s *shard) unqueue(w *waiter) {
+	e := w.e
+	if w.next == w {
+		e.wq = nil
+	} else {
+		w.prev.next = w.next
+		w.next.prev = w.prev
+		if e.wq == w {
+			e.wq = w.next
+		}
+	}
+	w.next, w.prev = nil, nil
+	e.nwait--
+	s.wheel.delWait(w)
+	if w.conn != nil {
+		w.conn.unlink(w) // bumps gen under conn.mu
+	} else {
+		w.gen++
+	}
+	s.t.waiters.Add(-1)
+}
+
+// --- operations (s.mu held) ----------------------------------------------
+
+func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owner uint64, c *Conn, out *Out) (Status, uint64) {
+	e := s.lookup(now, h, key, out)
+	if e == nil {
+		if !s.t.reserve(&s.t.keys, s.t.maxKeys) {
+			return Busy, 0
+		}
+		e = s.newEntry(h, key)
+		s.grant(e, now, lease)
+		return Granted, e.token
+	}
+	if wait == 0 {
+		return TimedOut, 0
+	}
+	if int64(e.nwait) >= s.t.maxPerKey || !s.t.reserve(&s.t.waiters, s.t.maxWaiters) {
+		return Busy, 0
+	}
+	if !s.enqueue(e, now, wait, lease, owner, c) {
+		s.t.waiters.Add(-1)
+		return Busy, 0
+	}
+	return Queued, 0
+}
+
+func (s *shard) release(now int64, h uint64, key []byte, token uint64, out *Out) bool {
+	e := s.lookup(now, h, key, out)
+	if e == nil || e.token != token {
+		return false
+	}
+	s.wheel.delLease(e)
+	s.emit(RecordRelease, e, 0)
+	s.handoff(e, now, out)
+	return true
+}
+
+func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64, out *Out) bool {
+	e := s.lookup(now, h, key, out)
+	if e == nil || e.token != token {
+		return false
+	}
+	s.wheel.delLease(e)
+	e.lease = lease
+	e.deadline = now + int64(lease)*second
+	s.wheel.addLease(e)
+	s.emit(RecordRenew, e, lease)
+	return true
+}
+
+// tick fires every lease and wait deadline ≤ now.
+func (s *shard) tick(now int64, out *Out) {
+	w := &s.wheel
+	from, to := w.span(now)
+	for t := from; t <= to; t++ {
+		i := uint64(t) & w.mask
+		// Expiring e touches only e and its own waiters (a re-grant may file
+		// e again, possibly in this slot, at the head): the saved next stays
+		// valid.
+		for e := w.leases[i]; e != nil; {
+			next := e.tnext
+			if e.deadline <= now {
+				s.expire(e, now, out)
+			}
+			e = next
+		}
+		for x := w.waits[i]; x != nil; {
+			next := x.tnext
+			if x.deadline <= now {
+				key := x.e.key
+				s.unqueue(x)
+				out.add(EffectTimeout, x, 0, key)
+				s.freeWaiter(x)
+			}
+			x = next
+		}
+	}
+	w.done(to)
+}
+
+// cancel removes every waiter of the shard with an EffectCancel each, key by
+// key in FIFO order.
+func (s *shard) cancel(out *Out) {
+	for _, sl := range s.idx.slots {
+		e := sl.e
+		if e == nil {
+			continue
+		}
+		for e.wq != nil {
+			w := e.wq
+			s.unqueue(w)
+			out.add(EffectCancel, w, 0, e.key)
+			s.freeWaiter(w)
+		}
+	}
+}
+
+// restore installs key held by token until deadline.
+func (s *shard) restore(h uint64, key []byte, token uint64, deadline int64) error {
+	e := s.idx.find(h, key)
+	if e == nil {
+		if !s.t.reserve(&s.t.keys, s.t.maxKeys) {
+			return ErrFull
+		}
+		e = s.newEntry(h, key)
+	} else {
+		if token <= e.token {
+			return nil
+		}
+		s.wheel.delLease(e)
+	}
+	e.token, e.deadline, e.lease = token, deadline, 0
+	s.wheel.addLease(e)
+	return nil
+}

@@ -1,0 +1,251 @@
+package shard
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Table is the lock table: keys spread over shards by xxhash, each shard
+// guarded by its own mutex. All methods are safe for concurrent use. Time is
+// an input: now is nanoseconds on a monotonic clock chosen by the caller
+// (the same clock for every call). No method blocks, sleeps, starts a
+// goroutine or does I/O (except Tokens.Next, see there).
+type Table struct {
+	shards []shard
+	shift  uint // shard of hash h: h >> shift (the top bits; the index uses the low ones)
+	tokens *Tokens
+	sink   func(Record)
+
+	maxKeys, maxPerKey, maxWaiters int64
+
+	_       [64]byte
+	keys    atomic.Int64 // keys held, table-wide
+	_       [56]byte
+	waiters atomic.Int64 // waiters queued, table-wide
+	_       [56]byte
+}
+
+// ErrFull is returned by Restore when MaxKeys is reached.
+var ErrFull = errors.New("shard: table full")
+
+// ErrNilTokens is returned by New without a token allocator.
+var ErrNilTokens = errors.New("shard: nil Tokens")
+
+// wheelBudget is the number of timer wheel slots of a whole table, spread
+// over its shards (each gets 256..4096). With the 10 ms tick a rotation of
+// 4096 slots lasts 41 s, so a 255 s lease waits at most 7 rotations, and an
+// empty 64-shard table spends 4 MiB on its wheels.
+const (
+	wheelBudget   = 1 << 18
+	minWheelSlots = 256
+	maxWheelSlots = 4096
+)
+
+// New returns an empty table that takes tokens from tokens.
+func New(cfg Config, tokens *Tokens) (*Table, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if tokens == nil {
+		return nil, ErrNilTokens
+	}
+	t := &Table{
+		shards:     make([]shard, cfg.Shards),
+		tokens:     tokens,
+		sink:       cfg.Sink,
+		maxKeys:    int64(cfg.MaxKeys),
+		maxPerKey:  int64(cfg.MaxWaitersPerKey),
+		maxWaiters: int64(cfg.MaxWaiters),
+	}
+	bits := uint(0)
+	for 1<<bits < cfg.Shards {
+		bits++
+	}
+	t.shift = 64 - bits
+	slots := min(max(wheelBudget/cfg.Shards, minWheelSlots), maxWheelSlots)
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.t = t
+		s.id = uint32(i)
+		s.idx.init()
+		s.wheel.init(int64(cfg.Tick), slots)
+	}
+	return t, nil
+}
+
+// shardOf returns the shard of a key hash.
+func (t *Table) shardOf(h uint64) *shard { return &t.shards[h>>t.shift] }
+
+// reserve takes one unit of a table-wide capacity counter, or reports false
+// if it is at max.
+func (t *Table) reserve(n *atomic.Int64, max int64) bool {
+	for {
+		v := n.Load()
+		if v >= max {
+			return false
+		}
+		if n.CompareAndSwap(v, v+1) {
+			return true
+		}
+	}
+}
+
+// Acquire applies an acquire request (PROTOCOL.md §4 "A" rows). wait and
+// lease are seconds (lease ≥ 1, checked by the parser). On Granted the token
+// is returned. Queued means an Effect on c will follow (EffectGrant or
+// EffectTimeout, or EffectCancel). A grant or handoff made necessary by a
+// lease that has already passed at now is processed first (its effects go to
+// out). The key bytes are copied only when a new key entry is created.
+//
+// c may be nil (the waiter is then linked to no connection and its effects
+// carry a nil Conn). Acquiring with a Conn after DropConn(c) is a caller bug;
+// the table answers Busy instead of queueing such a request.
+func (t *Table) Acquire(now int64, key []byte, wait, lease uint8, owner uint64, c *Conn, out *Out) (Status, uint64) {
+	h := xxhash.Sum64(key)
+	s := t.shardOf(h)
+	s.mu.Lock()
+	st, tok := s.acquire(now, h, key, wait, lease, owner, c, out)
+	s.mu.Unlock()
+	return st, tok
+}
+
+// Release applies a release: true (answer R) if token is key's current
+// token; then the key goes to the head waiter with a new token (an
+// EffectGrant in out) or becomes free. false answers N.
+func (t *Table) Release(now int64, key []byte, token uint64, out *Out) bool {
+	h := xxhash.Sum64(key)
+	s := t.shardOf(h)
+	s.mu.Lock()
+	ok := s.release(now, h, key, token, out)
+	s.mu.Unlock()
+	return ok
+}
+
+// Renew restarts the lease of key at lease seconds from now if token is its
+// current token (true: answer K); false answers N. A lease that has passed at
+// now is expired first (so the renew answers N).
+func (t *Table) Renew(now int64, key []byte, lease uint8, token uint64, out *Out) bool {
+	h := xxhash.Sum64(key)
+	s := t.shardOf(h)
+	s.mu.Lock()
+	ok := s.renew(now, h, key, lease, token, out)
+	s.mu.Unlock()
+	return ok
+}
+
+// Tick processes every lease and wait deadline that is ≤ now across all
+// shards: expiries (with handoff → EffectGrant) and wait timeouts
+// (EffectTimeout). Call it at least every Config.Tick.
+func (t *Table) Tick(now int64, out *Out) {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		s.tick(now, out)
+		s.mu.Unlock()
+	}
+}
+
+// DropConn removes every queued acquire of c silently (its connection
+// closed). Grants already made stay. Cost is proportional to c's waiters.
+func (t *Table) DropConn(c *Conn) {
+	// Snapshot a batch of c's waiters under c.mu (the lock order is shard →
+	// Conn, so no shard lock may be taken while holding it), then remove each
+	// under its shard lock if it is still the same queued waiter (same
+	// generation, same conn). Every snapshot waiter leaves c's list, removed
+	// here or meanwhile by a grant or timeout, and c refuses new waiters once
+	// dropped, so the loop ends.
+	if c == nil {
+		return
+	}
+	var buf [32]dropRef
+	for {
+		n := c.snapshot(buf[:])
+		if n == 0 {
+			return
+		}
+		for _, r := range buf[:n] {
+			s := &t.shards[r.shard]
+			s.mu.Lock()
+			if w := r.w; w.gen == r.gen && w.conn == c {
+				s.unqueue(w)
+				s.freeWaiter(w)
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// CancelWaiters removes every queued acquire of every key and appends an
+// EffectCancel for each (shutdown). Held locks stay.
+func (t *Table) CancelWaiters(out *Out) {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		s.cancel(out)
+		s.mu.Unlock()
+	}
+}
+
+// Held calls fn for every held key with its token and lease deadline, shard
+// by shard (each shard locked during its walk). key is valid only during
+// the call. fn must not call back into the Table.
+func (t *Table) Held(fn func(key []byte, token uint64, deadline int64)) {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		for _, sl := range s.idx.slots {
+			if e := sl.e; e != nil {
+				fn(e.key, e.token, e.deadline)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Restore installs a held lock (after a restart): key held by token until
+// deadline. It emits no Record. A key already present is overwritten only
+// if token is larger.
+func (t *Table) Restore(key []byte, token uint64, deadline int64) error {
+	h := xxhash.Sum64(key)
+	s := t.shardOf(h)
+	s.mu.Lock()
+	err := s.restore(h, key, token, deadline)
+	s.mu.Unlock()
+	return err
+}
+
+// Stats is a point-in-time count.
+type Stats struct {
+	Keys    int // keys held
+	Waiters int // queued acquires
+}
+
+// Stats returns the table's counts (atomics; no shard lock).
+func (t *Table) Stats() Stats {
+	return Stats{Keys: int(t.keys.Load()), Waiters: int(t.waiters.Load())}
+}
+
+// KeyInfo describes one key for the admin endpoint.
+type KeyInfo struct {
+	Held     bool
+	Token    uint64
+	Deadline int64
+	Waiters  int
+}
+
+// Lookup returns key's state. It processes nothing: a lease whose deadline
+// has passed but that no Tick or request has expired yet is still reported
+// held.
+func (t *Table) Lookup(key []byte) KeyInfo {
+	h := xxhash.Sum64(key)
+	s := t.shardOf(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.idx.find(h, key)
+	if e == nil {
+		return KeyInfo{}
+	}
+	return KeyInfo{Held: true, Token: e.token, Deadline: e.deadline, Waiters: int(e.nwait)}
+}

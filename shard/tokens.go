@@ -1,0 +1,116 @@
+package shard
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Tokens allocates fencing tokens: strictly increasing across every key and
+// shard of a table, never 0. Tokens above the reserved limit are never handed
+// out: the owner of persistence reserves ranges ahead (watching Want) and
+// calls Extend once a range is durable. Safe for concurrent use.
+type Tokens struct {
+	last  atomic.Uint64 // highest token handed out (start if none)
+	_     [56]byte      // keep the hot counter on its own cache line
+	limit atomic.Uint64 // highest token that may be handed out
+	span  atomic.Uint64 // size of the range reserved at the last Extend (or creation)
+
+	mu   sync.Mutex // guards waiting in Next against Extend (cond.L)
+	cond sync.Cond
+	want chan struct{}
+}
+
+// NewTokens returns an allocator whose first token is start+1 and that may
+// hand out tokens up to limit (inclusive) before the next Extend.
+func NewTokens(start, limit uint64) *Tokens {
+	t := &Tokens{want: make(chan struct{}, 1)}
+	t.cond.L = &t.mu
+	t.last.Store(start)
+	t.limit.Store(limit)
+	if limit > start {
+		t.span.Store(limit - start)
+	}
+	return t
+}
+
+// Next returns the next token. If the reserved limit is reached it waits
+// until Extend raises it (the only blocking call of this package; the
+// persistence owner must reserve ahead so this never happens in practice).
+func (t *Tokens) Next() uint64 {
+	for {
+		v := t.last.Load()
+		lim := t.limit.Load()
+		if v >= lim {
+			return t.nextSlow()
+		}
+		if t.last.CompareAndSwap(v, v+1) {
+			t.check(v+1, lim)
+			return v + 1
+		}
+	}
+}
+
+// nextSlow waits under mu until Extend raises the limit above the last token.
+func (t *Tokens) nextSlow() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for {
+		v := t.last.Load()
+		lim := t.limit.Load()
+		if v < lim {
+			if t.last.CompareAndSwap(v, v+1) {
+				t.check(v+1, lim)
+				return v + 1
+			}
+			continue
+		}
+		t.signal()
+		t.cond.Wait()
+	}
+}
+
+// check signals Want if fewer than half of the reserved range remains after
+// handing out v under limit lim.
+func (t *Tokens) check(v, lim uint64) {
+	rest := lim - v
+	span := t.span.Load() // loaded after lim: Extend stores span before limit
+	if rest == 0 || (rest <= span && rest < span-rest) {
+		t.signal()
+	}
+}
+
+// signal sends on want without blocking. The runtime checks a full buffered
+// channel without taking its lock, so repeated signals are cheap.
+func (t *Tokens) signal() {
+	select {
+	case t.want <- struct{}{}:
+	default:
+	}
+}
+
+// Extend raises the reserved limit (a lower value is ignored) and wakes
+// waiting callers of Next.
+func (t *Tokens) Extend(limit uint64) {
+	t.mu.Lock()
+	if limit > t.limit.Load() {
+		var span uint64
+		if last := t.last.Load(); limit > last {
+			span = limit - last
+		}
+		t.span.Store(span)
+		t.limit.Store(limit)
+		t.cond.Broadcast()
+	}
+	t.mu.Unlock()
+}
+
+// Want is signalled (non-blocking, capacity 1) whenever fewer than half of
+// the last reserved range remains, telling the persistence owner to reserve
+// more.
+func (t *Tokens) Want() <-chan struct{} { return t.want }
+
+// Last returns the highest token handed out so far (start if none).
+func (t *Tokens) Last() uint64 { return t.last.Load() }
+
+// Limit returns the reserved limit.
+func (t *Tokens) Limit() uint64 { return t.limit.Load() }
