@@ -1,0 +1,44 @@
+# lockd — build, test, lint, benchmark, fuzz.
+GO          ?= go
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+FUZZTIME    ?= 15s
+BENCHTIME   ?= 1s
+PKGS        := ./...
+
+.PHONY: all build test test-short lint vet fmt-check staticcheck bench fuzz clean
+
+all: build
+
+build:
+	$(GO) build -o bin/lockd ./cmd/lockd
+
+## test: what CI runs — lint, then every test with the race detector.
+test: lint
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+lint: fmt-check vet staticcheck
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+staticcheck:
+	$(GO) run $(STATICCHECK) $(PKGS)
+
+## bench: Go benchmarks of the hot paths (parse, shard, end to end over loopback).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./proto/ ./shard/ ./engine/
+
+## fuzz: each parser's fuzz target for FUZZTIME (bounded).
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME) ./proto/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseResponse$$' -fuzztime $(FUZZTIME) ./proto/
+
+clean:
+	rm -rf bin

@@ -1,0 +1,327 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockd-dev/lockd/proto"
+)
+
+// These tests build and run the real binary, as an operator would.
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "lockd-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "lockd")
+	build := exec.Command("go", "build", "-race", "-o", binary, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		// -race may be unavailable (no cgo): build without it.
+		build = exec.Command("go", "build", "-o", binary, ".")
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building lockd:", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func TestFlagErrorsNameTheFlag(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--max-key", "0"}, "--max-key"},
+		{[]string{"--max-key", "2000"}, "--max-key"},
+		{[]string{"--max-keys", "-1"}, "--max-keys"},
+		{[]string{"--max-waiters-per-key", "0"}, "--max-waiters-per-key"},
+		{[]string{"--max-waiters", "0"}, "--max-waiters"},
+		{[]string{"--max-conns", "0"}, "--max-conns"},
+		{[]string{"--loops", "0"}, "--loops"},
+		{[]string{"--listen", "nonsense"}, "--listen"},
+		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"--log-format", "xml"}, "--log-format"},
+		{[]string{"--drain", "10s"}, "--drain"},
+		{[]string{"--data-dir", ""}, "--data-dir"},
+		{[]string{"--no-such-flag"}, "no-such-flag"},
+		{[]string{"--max-key", "abc"}, "max-key"},
+		{[]string{"stray"}, "stray"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stderr bytes.Buffer
+			cmd := exec.Command(binary, tc.args...)
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("exit: %v, want code 2; stderr: %s", err, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("stderr does not name %q: %s", tc.want, stderr.String())
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := exec.Command(binary, "--version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(out), "lockd ") {
+		t.Fatalf("--version printed %q", out)
+	}
+}
+
+// daemon is a running lockd process.
+type daemon struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	addr string
+	logs *syncBuffer
+	done chan error
+}
+
+// syncBuffer collects log lines from the reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) WriteString(x string) {
+	s.mu.Lock()
+	s.b.WriteString(x)
+	s.mu.Unlock()
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var readyRE = regexp.MustCompile(`msg=ready addr=(\S+)`)
+
+func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
+	t.Helper()
+	args := append([]string{"--listen", "127.0.0.1:0", "--data-dir", dataDir, "--loops", "2", "--drain", "300ms"}, extra...)
+	cmd := exec.Command(binary, args...)
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{t: t, cmd: cmd, logs: new(syncBuffer), done: make(chan error, 1)}
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			line := sc.Text()
+			d.logs.WriteString(line + "\n")
+			if m := readyRE.FindStringSubmatch(line); m != nil {
+				addrc <- m[1]
+			}
+		}
+	}()
+	go func() {
+		err := cmd.Wait()
+		pw.Close()
+		d.done <- err
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-d.done
+	})
+	select {
+	case d.addr = <-addrc:
+	case err := <-d.done:
+		t.Fatalf("lockd exited before ready: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no ready line in 20 s")
+	}
+	return d
+}
+
+// stop sends sig and returns the exit code.
+func (d *daemon) stop(sig syscall.Signal) int {
+	d.t.Helper()
+	_ = d.cmd.Process.Signal(sig)
+	return d.wait()
+}
+
+// wait returns the exit code once the process ends.
+func (d *daemon) wait() int {
+	d.t.Helper()
+	select {
+	case err := <-d.done:
+		d.done <- err // for Cleanup
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		return 0
+	case <-time.After(15 * time.Second):
+		d.t.Fatal("lockd did not exit in 15 s")
+	}
+	return -1
+}
+
+// conn is a minimal raw client.
+type conn struct {
+	t   *testing.T
+	c   net.Conn
+	buf []byte
+}
+
+func dial(t *testing.T, addr string) *conn {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &conn{t: t, c: c}
+}
+
+func (c *conn) send(b []byte) {
+	c.t.Helper()
+	if _, err := c.c.Write(b); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *conn) read() proto.Response {
+	c.t.Helper()
+	_ = c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		var r proto.Response
+		if n, err := proto.ParseResponse(c.buf, &r); err == nil {
+			r.Tail = append([]byte(nil), r.Tail...)
+			c.buf = c.buf[n:]
+			return r
+		}
+		var tmp [512]byte
+		n, err := c.c.Read(tmp[:])
+		if n == 0 && err != nil {
+			c.t.Fatalf("read: %v", err)
+		}
+		c.buf = append(c.buf, tmp[:n]...)
+	}
+}
+
+func (c *conn) grant(key string, lease uint8, owner uint64) uint64 {
+	c.t.Helper()
+	c.send(proto.AppendAcquire(nil, 0, lease, owner, key))
+	r := c.read()
+	if r.Op != proto.OpAcquire || r.ID != owner {
+		c.t.Fatalf("acquire %q: got %c id=%d", key, r.Op, r.ID)
+	}
+	return r.Token
+}
+
+func (c *conn) expect(op proto.Op, id uint64) proto.Response {
+	c.t.Helper()
+	r := c.read()
+	if r.Op != op || r.ID != id {
+		c.t.Fatalf("got %c id=%d code=%d, want %c id=%d", r.Op, r.ID, r.Code, op, id)
+	}
+	return r
+}
+
+func TestSIGTERMKeepsLocksAndTokens(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, dir)
+	a, b := dial(t, d.addr), dial(t, d.addr)
+	tok := a.grant("job", 60, 1)
+	b.send(proto.AppendAcquire(nil, 30, 10, 2, "job"))
+	b.send(proto.AppendPing(nil, 3))
+	b.expect(proto.OpPing, 3)
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	if r := b.expect(proto.OpError, 2); r.Code != proto.CodeShutdown {
+		t.Fatalf("queued acquire: code %d", r.Code)
+	}
+	// New requests are answered E 4 while the connection drains.
+	a.send(proto.AppendPing(nil, 9))
+	a.expect(proto.OpPing, 9)
+	a.send(proto.AppendRelease(nil, tok, "job"))
+	if r := a.expect(proto.OpError, tok); r.Code != proto.CodeShutdown {
+		t.Fatalf("release during shutdown: code %d", r.Code)
+	}
+	if code := d.wait(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM; logs:\n%s", code, d.logs)
+	}
+	d2 := startDaemon(t, dir)
+	c := dial(t, d2.addr)
+	c.send(proto.AppendAcquire(nil, 0, 10, 4, "job"))
+	c.expect(proto.OpTimeout, 4) // still held after the restart
+	if nt := c.grant("other", 10, 5); nt <= tok {
+		t.Fatalf("token %d after restart not above %d", nt, tok)
+	}
+	c.send(proto.AppendRelease(nil, tok, "job"))
+	c.expect(proto.OpRelease, tok) // same token
+	if code := d2.stop(syscall.SIGINT); code != 0 {
+		t.Fatalf("exit code %d after SIGINT", code)
+	}
+}
+
+func TestKill9NeverReusesTokens(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, dir)
+	c := dial(t, d.addr)
+	var last uint64
+	for i := 0; i < 200; i++ {
+		last = c.grant(fmt.Sprintf("k%d", i), 60, uint64(i))
+	}
+	d.stop(syscall.SIGKILL)
+	d2 := startDaemon(t, dir)
+	c2 := dial(t, d2.addr)
+	tok := c2.grant("k0", 10, 1) // the crash lost the lock, not the token order
+	if tok <= last {
+		t.Fatalf("token %d after kill -9 not above %d", tok, last)
+	}
+	d2.stop(syscall.SIGKILL)
+	// An empty data dir still starts above: tokens never start below the
+	// wall clock in microseconds.
+	d3 := startDaemon(t, t.TempDir())
+	c3 := dial(t, d3.addr)
+	if tok3 := c3.grant("k0", 10, 1); tok3 <= tok {
+		t.Fatalf("token %d with an empty data dir not above %d", tok3, tok)
+	}
+}
+
+func TestDataDirLocked(t *testing.T) {
+	dir := t.TempDir()
+	startDaemon(t, dir)
+	var stderr bytes.Buffer
+	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--data-dir", dir)
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(stderr.String(), "in use") {
+		t.Fatalf("second daemon on one data dir: %v; %s", err, stderr.String())
+	}
+}

@@ -1,0 +1,222 @@
+package engine_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/proto"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// gnet's goroutine pool starts workers at init and keeps them.
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
+		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
+	)
+}
+
+// testServer is an in-process lockd on 127.0.0.1 with a temporary data dir.
+type testServer struct {
+	*engine.Server
+	t   testing.TB
+	cfg engine.Config
+}
+
+func quietLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func startServer(t testing.TB, mod func(*engine.Config)) *testServer {
+	t.Helper()
+	cfg := engine.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.DataDir = t.TempDir()
+	cfg.Loops = 2
+	cfg.Logger = quietLogger()
+	if mod != nil {
+		mod(&cfg)
+	}
+	return startWith(t, cfg)
+}
+
+func startWith(t testing.TB, cfg engine.Config) *testServer {
+	t.Helper()
+	srv, err := engine.New(cfg)
+	if err != nil {
+		t.Fatalf("engine.New: %v", err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve() }()
+	select {
+	case <-srv.Ready():
+	case err := <-errc:
+		t.Fatalf("Serve: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("server not ready in 10 s")
+	}
+	ts := &testServer{Server: srv, t: t, cfg: cfg}
+	t.Cleanup(func() {
+		select {
+		case <-srv.Done():
+		default:
+			_ = srv.Close()
+		}
+	})
+	return ts
+}
+
+// shutdown runs the graceful shutdown and fails the test on error.
+func (ts *testServer) shutdown() {
+	ts.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := ts.Shutdown(ctx); err != nil {
+		ts.t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// wire is a raw protocol client over one TCP connection.
+type wire struct {
+	t    *testing.T
+	c    net.Conn
+	buf  []byte
+	resp proto.Response
+}
+
+func dial(t *testing.T, addr string) *wire {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &wire{t: t, c: c}
+}
+
+func (w *wire) send(b []byte) {
+	w.t.Helper()
+	if _, err := w.c.Write(b); err != nil {
+		w.t.Fatalf("write: %v", err)
+	}
+}
+
+func (w *wire) acquire(key string, wait, lease uint8, owner uint64) {
+	w.t.Helper()
+	w.send(proto.AppendAcquire(nil, wait, lease, owner, key))
+}
+
+func (w *wire) release(key string, token uint64) {
+	w.t.Helper()
+	w.send(proto.AppendRelease(nil, token, key))
+}
+
+func (w *wire) renew(key string, lease uint8, token uint64) {
+	w.t.Helper()
+	w.send(proto.AppendRenew(nil, lease, token, key))
+}
+
+// frame is a decoded response with its tail copied.
+type frame struct {
+	Op    proto.Op
+	ReqOp proto.Op
+	ID    uint64
+	Token uint64
+	Code  uint8
+	Tail  string
+}
+
+// next reads one response within d; ok is false on timeout or EOF.
+func (w *wire) next(d time.Duration) (frame, error) {
+	deadline := time.Now().Add(d)
+	for {
+		if len(w.buf) > 0 {
+			n, err := proto.ParseResponse(w.buf, &w.resp)
+			if err == nil {
+				r := w.resp
+				f := frame{Op: r.Op, ReqOp: r.ReqOp, ID: r.ID, Token: r.Token, Code: r.Code, Tail: string(r.Tail)}
+				w.buf = w.buf[n:]
+				return f, nil
+			}
+			if err != proto.ErrIncomplete {
+				w.t.Fatalf("server sent a bad frame %q: %v", w.buf, err)
+			}
+		}
+		_ = w.c.SetReadDeadline(deadline)
+		var tmp [4096]byte
+		n, err := w.c.Read(tmp[:])
+		w.buf = append(w.buf, tmp[:n]...)
+		if err != nil && n == 0 {
+			return frame{}, err
+		}
+	}
+}
+
+// expect reads one response and checks its op and id.
+func (w *wire) expect(op proto.Op, id uint64) frame {
+	w.t.Helper()
+	f, err := w.next(5 * time.Second)
+	if err != nil {
+		w.t.Fatalf("waiting for %c id=%d: %v", op, id, err)
+	}
+	if f.Op != op || f.ID != id {
+		w.t.Fatalf("got %c id=%d (reqop %c code %d tail %q), want %c id=%d", f.Op, f.ID, f.ReqOp, f.Code, f.Tail, op, id)
+	}
+	return f
+}
+
+// grant acquires key (wait 0) and returns the token, failing otherwise.
+func (w *wire) grant(key string, lease uint8, owner uint64) uint64 {
+	w.t.Helper()
+	w.acquire(key, 0, lease, owner)
+	f := w.expect(proto.OpAcquire, owner)
+	if f.Tail != key || f.Token == 0 {
+		w.t.Fatalf("grant of %q: %+v", key, f)
+	}
+	return f.Token
+}
+
+// silent checks that nothing arrives within d.
+func (w *wire) silent(d time.Duration) {
+	w.t.Helper()
+	f, err := w.next(d)
+	if err == nil {
+		w.t.Fatalf("unexpected frame %c id=%d tail %q", f.Op, f.ID, f.Tail)
+	}
+	if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		w.t.Fatalf("connection ended: %v", err)
+	}
+}
+
+// closed checks that the server closes the connection within d.
+func (w *wire) closed(d time.Duration) {
+	w.t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		f, err := w.next(time.Until(deadline))
+		if err == io.EOF || (err != nil && !isTimeout(err)) {
+			return
+		}
+		if err != nil {
+			break
+		}
+		w.t.Fatalf("frame %c id=%d before close", f.Op, f.ID)
+	}
+	w.t.Fatal("connection not closed by the server")
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
