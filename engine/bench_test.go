@@ -3,12 +3,14 @@ package engine_test
 import (
 	"math/rand/v2"
 	"net"
+	"os"
 	"sort"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -27,7 +29,11 @@ func BenchmarkPipelinedPairs(b *testing.B) {
 }
 
 func benchPairs(b *testing.B, conns, depth int) {
-	ts := startServer(b, nil)
+	ts := startServer(b, func(c *engine.Config) {
+		if l, _ := strconv.Atoi(os.Getenv("LOCKD_BENCH_LOOPS")); l > 0 {
+			c.Loops = l
+		}
+	})
 	keys := make([]string, 1<<20)
 	for i := range keys {
 		keys[i] = "bench/key/" + strconv.Itoa(i) // ~16 bytes

@@ -118,7 +118,7 @@ func TestOnCloseReleasesUndeliveredGrants(t *testing.T) {
 	}
 	// One grant posted but never written.
 	e := shard.Effect{Kind: shard.EffectGrant, Conn: ss.sc, Owner: 1, Token: mailed, Key: []byte("mailed")}
-	if !ss.post(&e) {
+	if ok, _ := ss.post(&e, false); !ok {
 		t.Fatal("post failed")
 	}
 

@@ -40,7 +40,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		s.log.Warn("connection refused: --max-conns reached", "remote", c.RemoteAddr(), "max", s.cfg.MaxConns)
 		return nil, gnet.Close
 	}
-	ss := &session{c: c}
+	ss := &session{c: c, loop: c.EventLoop()}
 	ss.sc = shard.NewConn(ss)
 	c.SetContext(ss)
 	s.addSession(ss)
@@ -146,6 +146,26 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	if len(sc.fx.Effects) > 0 {
 		s.deliver(sc, ss, now)
 	}
+	action = h.write(ss, sc, action)
+	// Sessions of this loop that this batch handed a grant to: write their
+	// mail now instead of waking them through the loop's task queue.
+	for _, o := range sc.local {
+		if !o.gone {
+			osc := s.getScratch()
+			o.takeMail(osc)
+			if h.write(o, osc, gnet.None) == gnet.Close {
+				_ = o.c.Close()
+			}
+			s.putScratch(osc)
+		}
+	}
+	return action
+}
+
+// write hands sc.out to ss's connection (one Write), tracks the grants in it
+// and enforces --max-outbound. It returns the action for the connection.
+func (h *handler) write(ss *session, sc *scratch, action gnet.Action) gnet.Action {
+	s, c := h.s, ss.c
 	if len(sc.out) > 0 {
 		ss.writing = sc
 		_, _ = c.Write(sc.out)
@@ -220,7 +240,8 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 
 // deliver hands every effect in sc.fx to its connection: appended to sc.out
 // when it is cur (the connection whose batch this is), else posted to the
-// connection's mailbox. A grant for a connection that is gone is released
+// connection's mailbox — with a Wake, or, for a connection of cur's own
+// loop, listed in sc.local for the caller to flush after its batch. A grant for a connection that is gone is released
 // at once, which may hand the key on to the next waiter (appended to sc.fx
 // and delivered in the same loop).
 func (s *Server) deliver(sc *scratch, cur *session, now int64) {
@@ -231,8 +252,13 @@ func (s *Server) deliver(sc *scratch, cur *session, now int64) {
 			sc.out = appendEffect(sc.out, &sc.grants, &e)
 			continue
 		}
-		if !ss.post(&e) && e.Kind == shard.EffectGrant {
+		local := cur != nil && ss.loop == cur.loop
+		ok, flush := ss.post(&e, local)
+		if !ok && e.Kind == shard.EffectGrant {
 			s.table.Release(now, e.Key, e.Token, &sc.fx)
+		}
+		if flush {
+			sc.local = append(sc.local, ss)
 		}
 	}
 	sc.fx.Reset()

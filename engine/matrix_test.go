@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +48,17 @@ func TestAcquireWaitZeroOnHeldIsTimeoutNeverQueued(t *testing.T) {
 }
 
 func TestFIFOHandoffWithLargerTokens(t *testing.T) {
-	ts := startServer(t, nil)
+	// One loop: every handoff is flushed by the releasing batch itself;
+	// two loops: half of them cross loops through the mailbox and a Wake.
+	for _, loops := range []int{1, 2} {
+		t.Run("loops="+strconv.Itoa(loops), func(t *testing.T) {
+			testFIFOHandoff(t, loops)
+		})
+	}
+}
+
+func testFIFOHandoff(t *testing.T, loops int) {
+	ts := startServer(t, func(c *engine.Config) { c.Loops = loops })
 	holder := dial(t, ts.Addr())
 	tok := holder.grant("fifo", 30, 100)
 	const n = 8

@@ -19,6 +19,7 @@ type scratch struct {
 	grants []int // offsets in out of A (acquired) frames
 	fx     shard.Out
 	req    proto.Request
+	local  []*session // sessions of this loop with mail to flush after the batch
 }
 
 func (s *Server) getScratch() *scratch { return s.scratch.Get().(*scratch) }
@@ -27,13 +28,16 @@ func (s *Server) putScratch(sc *scratch) {
 	sc.out = sc.out[:0]
 	sc.grants = sc.grants[:0]
 	sc.fx.Reset()
+	clear(sc.local)
+	sc.local = sc.local[:0]
 	s.scratch.Put(sc)
 }
 
 // session is one client connection.
 type session struct {
-	c  gnet.Conn
-	sc *shard.Conn
+	c    gnet.Conn
+	sc   *shard.Conn
+	loop gnet.EventLoop // the loop that owns c
 
 	// Owned by the connection's event loop.
 	written uint64   // bytes handed to c.Write so far
@@ -71,20 +75,23 @@ func (ss *session) hasMail() bool {
 
 // post appends an effect's answer to the mailbox and wakes the connection.
 // It returns false if the connection is gone (the caller releases a grant).
-func (ss *session) post(e *shard.Effect) bool {
+// With local set (the caller runs on ss's own loop and will flush it after
+// its batch) no Wake is sent; flush reports whether the caller must flush
+// ss (it claimed the pending wake-up).
+func (ss *session) post(e *shard.Effect, local bool) (ok, flush bool) {
 	ss.mu.Lock()
 	if ss.closed {
 		ss.mu.Unlock()
-		return false
+		return false, false
 	}
 	ss.mbox = appendEffect(ss.mbox, &ss.mgrants, e)
-	wake := !ss.woken
+	claim := !ss.woken
 	ss.woken = true
 	ss.mu.Unlock()
-	if wake {
+	if claim && !local {
 		_ = ss.c.Wake(nil)
 	}
-	return true
+	return true, claim && local
 }
 
 // takeMail moves the mailbox into sc (called on the session's loop).
