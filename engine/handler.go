@@ -41,6 +41,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		return nil, gnet.Close
 	}
 	ss := &session{c: c, loop: c.EventLoop()}
+	ss.st = s.statsFor(ss.loop)
 	ss.sc = shard.NewConn(ss)
 	c.SetContext(ss)
 	s.addSession(ss)
@@ -127,6 +128,7 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 			if err == proto.ErrBadFrame {
 				// Framing is lost: answer and close (PROTOCOL.md §3).
 				sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeBadFrame, msgBadFrame)
+				sc.cnt.error(r.Op, proto.CodeBadFrame)
 				n = len(buf)
 				action = gnet.Close
 				break
@@ -134,8 +136,10 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 			n += m
 			if err == proto.ErrBadKey {
 				sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeBadKey, h.msgBadKey)
+				sc.cnt.error(r.Op, proto.CodeBadKey)
 			} else {
 				sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeBadLease, msgBadLease)
+				sc.cnt.error(r.Op, proto.CodeBadLease)
 			}
 		}
 		s.gate.RUnlock()
@@ -146,6 +150,7 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	if len(sc.fx.Effects) > 0 {
 		s.deliver(sc, ss, now)
 	}
+	ss.st.add(&sc.cnt)
 	action = h.write(ss, sc, action)
 	// Sessions of this loop that this batch handed a grant to: write their
 	// mail now instead of waking them through the loop's task queue.
@@ -187,11 +192,15 @@ func (h *handler) write(ss *session, sc *scratch, action gnet.Action) gnet.Actio
 	return action
 }
 
+// acquireResult maps a shard status to its counter.
+var acquireResult = [...]int{shard.Granted: resGranted, shard.TimedOut: resTimeout, shard.Busy: resBusy, shard.Queued: resQueued}
+
 // apply executes one well-formed request and appends its immediate answer.
 func (h *handler) apply(ss *session, sc *scratch, now int64, draining bool) {
 	s, r := h.s, &sc.req
 	if draining && r.Op != proto.OpPing {
 		sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeShutdown, msgShutdown)
+		sc.cnt.error(r.Op, proto.CodeShutdown)
 		return
 	}
 	switch r.Op {
@@ -206,20 +215,26 @@ func (h *handler) apply(ss *session, sc *scratch, now int64, draining bool) {
 		case shard.Busy:
 			sc.out = proto.AppendBusy(sc.out, r.ID, r.Key)
 		}
+		sc.cnt.request(proto.OpAcquire, acquireResult[st])
 	case proto.OpRelease:
 		if s.table.Release(now, r.Key, r.ID, &sc.fx) {
 			sc.out = proto.AppendReleased(sc.out, r.ID, r.Key)
+			sc.cnt.request(proto.OpRelease, resReleased)
 		} else {
 			sc.out = proto.AppendNotHeld(sc.out, proto.OpRelease, r.ID, r.Key)
+			sc.cnt.request(proto.OpRelease, resNotHeld)
 		}
 	case proto.OpRenew:
 		if s.table.Renew(now, r.Key, r.Lease, r.ID, &sc.fx) {
 			sc.out = proto.AppendRenewed(sc.out, r.ID, r.Key)
+			sc.cnt.request(proto.OpRenew, resRenewed)
 		} else {
 			sc.out = proto.AppendNotHeld(sc.out, proto.OpRenew, r.ID, r.Key)
+			sc.cnt.request(proto.OpRenew, resNotHeld)
 		}
 	case proto.OpPing:
 		sc.out = proto.AppendPong(sc.out, r.ID)
+		sc.cnt.request(proto.OpPing, resPong)
 	}
 }
 
@@ -248,6 +263,12 @@ func (s *Server) deliver(sc *scratch, cur *session, now int64) {
 	for i := 0; i < len(sc.fx.Effects); i++ {
 		e := sc.fx.Effects[i] // a copy: Release below may grow the slice
 		ss := e.Conn.Tag.(*session)
+		switch e.Kind {
+		case shard.EffectGrant:
+			s.wait.observe(now - e.Queued)
+		case shard.EffectCancel:
+			s.cancelled.Add(1)
+		}
 		if ss == cur {
 			sc.out = appendEffect(sc.out, &sc.grants, &e)
 			continue

@@ -54,6 +54,10 @@ type Server struct {
 
 	scratch sync.Pool // *scratch
 
+	loops     sync.Map      // gnet.EventLoop → *loopStats
+	wait      waitHist      // acquire-to-grant of queued acquires
+	cancelled atomic.Uint64 // queued acquires answered E 4 at shutdown
+
 	restored int
 }
 
@@ -168,6 +172,13 @@ func (s *Server) reserver() {
 
 // now is the table's clock: monotonic nanoseconds since the server was made.
 func (s *Server) now() int64 { return int64(time.Since(s.epoch)) }
+
+// Now returns the table's clock (monotonic ns), for comparing with lease
+// deadlines from Table().Lookup.
+func (s *Server) Now() int64 { return s.now() }
+
+// Config returns the server's validated configuration.
+func (s *Server) Config() Config { return s.cfg }
 
 // Table returns the server's lock table (for tests and the admin endpoint).
 func (s *Server) Table() *shard.Table { return s.table }

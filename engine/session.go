@@ -20,6 +20,7 @@ type scratch struct {
 	fx     shard.Out
 	req    proto.Request
 	local  []*session // sessions of this loop with mail to flush after the batch
+	cnt    counts     // this batch's request tally
 }
 
 func (s *Server) getScratch() *scratch { return s.scratch.Get().(*scratch) }
@@ -38,6 +39,7 @@ type session struct {
 	c    gnet.Conn
 	sc   *shard.Conn
 	loop gnet.EventLoop // the loop that owns c
+	st   *loopStats     // that loop's counters
 
 	// Owned by the connection's event loop.
 	written uint64   // bytes handed to c.Write so far

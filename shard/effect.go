@@ -54,11 +54,12 @@ func (k EffectKind) String() string {
 // after the call returns (no table lock is held then). A grant that cannot be
 // delivered (its connection is gone) must be given back with Release.
 type Effect struct {
-	Kind  EffectKind
-	Conn  *Conn  // the waiter's connection
-	Owner uint64 // the waiter's owner id
-	Token uint64 // EffectGrant: the new token
-	Key   []byte // copy of the key in Out's arena; valid until Out.Reset
+	Kind   EffectKind
+	Conn   *Conn  // the waiter's connection
+	Owner  uint64 // the waiter's owner id
+	Token  uint64 // EffectGrant: the new token
+	Key    []byte // copy of the key in Out's arena; valid until Out.Reset
+	Queued int64  // when the acquire was queued (table clock), for wait-time metrics
 }
 
 // Out collects effects. The caller owns it, reuses it across calls (Reset),
@@ -84,11 +85,12 @@ func (o *Out) add(kind EffectKind, w *waiter, token uint64, key []byte) {
 	o.arena = append(o.arena, key...)
 	m := len(o.arena)
 	o.Effects = append(o.Effects, Effect{
-		Kind:  kind,
-		Conn:  w.conn,
-		Owner: w.owner,
-		Token: token,
-		Key:   o.arena[n:m:m],
+		Kind:   kind,
+		Conn:   w.conn,
+		Owner:  w.owner,
+		Token:  token,
+		Key:    o.arena[n:m:m],
+		Queued: w.queued,
 	})
 }
 

@@ -31,6 +31,7 @@ type waiter struct {
 	conn         *Conn
 	owner        uint64
 	deadline     int64  // wait deadline
+	queued       int64  // when it was queued (table clock)
 	gen          uint64 // written under the shard lock and, while linked, conn.mu
 	shard        uint32 // index of the owning shard, fixed at allocation
 	slot         uint16 // wheel slot
@@ -56,6 +57,7 @@ type shard struct {
 	nfreeE int
 	freeW  *waiter
 	nfreeW int
+	ctr    Counters // guarded by mu
 	_      [64]byte // keep neighbouring shards' mutexes off one cache line
 }
 
@@ -107,6 +109,7 @@ func (s *shard) grant(e *entry, now int64, lease uint8) {
 	e.lease = lease
 	e.deadline = now + int64(lease)*second
 	s.wheel.addLease(e)
+	s.ctr.Grants++
 	s.emit(RecordGrant, e, lease)
 }
 
@@ -125,6 +128,7 @@ func (s *shard) emit(kind RecordKind, e *entry, lease uint8) {
 // whether e is still held (by the waiter it went to).
 func (s *shard) expire(e *entry, now int64, out *Out) bool {
 	s.wheel.delLease(e)
+	s.ctr.Expiries++
 	s.emit(RecordExpire, e, 0)
 	return s.handoff(e, now, out)
 }
@@ -137,11 +141,13 @@ func (s *shard) handoff(e *entry, now int64, out *Out) bool {
 		w := e.wq
 		s.unqueue(w)
 		if w.deadline <= now {
+			s.ctr.Timeouts++
 			out.add(EffectTimeout, w, 0, e.key)
 			s.freeWaiter(w)
 			continue
 		}
 		s.grant(e, now, w.lease)
+		s.ctr.Handoffs++
 		out.add(EffectGrant, w, e.token, e.key)
 		s.freeWaiter(w)
 		return true
@@ -189,6 +195,7 @@ func (s *shard) enqueue(e *entry, now int64, wait, lease uint8, owner uint64, c 
 	w := s.newWaiter()
 	w.e, w.conn, w.owner, w.lease = e, c, owner, lease
 	w.deadline = now + int64(wait)*second
+	w.queued = now
 	if c != nil && !c.link(w) {
 		s.freeWaiter(w)
 		return false
@@ -262,6 +269,7 @@ func (s *shard) release(now int64, h uint64, key []byte, token uint64, out *Out)
 		return false
 	}
 	s.wheel.delLease(e)
+	s.ctr.Releases++
 	s.emit(RecordRelease, e, 0)
 	s.handoff(e, now, out)
 	return true
@@ -276,6 +284,7 @@ func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64
 	e.lease = lease
 	e.deadline = now + int64(lease)*second
 	s.wheel.addLease(e)
+	s.ctr.Renews++
 	s.emit(RecordRenew, e, lease)
 	return true
 }
@@ -301,6 +310,7 @@ func (s *shard) tick(now int64, out *Out) {
 			if x.deadline <= now {
 				key := x.e.key
 				s.unqueue(x)
+				s.ctr.Timeouts++
 				out.add(EffectTimeout, x, 0, key)
 				s.freeWaiter(x)
 			}

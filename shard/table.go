@@ -227,6 +227,35 @@ func (t *Table) Stats() Stats {
 	return Stats{Keys: int(t.keys.Load()), Waiters: int(t.waiters.Load())}
 }
 
+// Counters are totals since the table was made, summed over its shards.
+type Counters struct {
+	Grants   uint64 // every grant, immediate or handoff
+	Handoffs uint64 // grants to a queued acquire (release or expiry handoff)
+	Expiries uint64 // leases that ended without a release
+	Timeouts uint64 // queued acquires whose wait passed
+	Releases uint64 // successful releases
+	Renews   uint64 // successful renews
+}
+
+// Counters sums the shards' counters, locking each shard in turn (for a
+// metrics scrape, not for the hot path).
+func (t *Table) Counters() Counters {
+	var c Counters
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		x := s.ctr
+		s.mu.Unlock()
+		c.Grants += x.Grants
+		c.Handoffs += x.Handoffs
+		c.Expiries += x.Expiries
+		c.Timeouts += x.Timeouts
+		c.Releases += x.Releases
+		c.Renews += x.Renews
+	}
+	return c
+}
+
 // KeyInfo describes one key for the admin endpoint.
 type KeyInfo struct {
 	Held     bool

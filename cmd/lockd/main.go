@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
@@ -22,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -39,10 +42,18 @@ type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
-func parseFlags(args []string, stderr io.Writer) (engine.Config, string, bool, error) {
+// options are the flags that are not engine.Config fields.
+type options struct {
+	admin       string
+	showVersion bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error) {
 	cfg := engine.DefaultConfig()
+	var opt options
 	fs := flag.NewFlagSet("lockd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.StringVar(&opt.admin, "admin", "127.0.0.1:7071", "admin HTTP address for /metrics, /healthz, /status, /keys/{key}, /debug/pprof/ (empty: off)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address to serve (host:port)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the token mark and the shutdown snapshot")
 	fs.IntVar(&cfg.MaxKey, "max-key", cfg.MaxKey, "longest key in bytes, 1..1024")
@@ -55,16 +66,21 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, string, bool, e
 	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "event loops (default: number of cores)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
-	showVersion := fs.Bool("version", false, "print the version and exit")
+	fs.BoolVar(&opt.showVersion, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nlockd is a lock server with fencing tokens. Flags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return cfg, "", false, err
+		return cfg, opt, err
+	}
+	if opt.admin != "" {
+		if _, _, err := net.SplitHostPort(opt.admin); err != nil {
+			return cfg, opt, usageError{fmt.Sprintf("--admin %q: %v", opt.admin, err)}
+		}
 	}
 	if fs.NArg() > 0 {
-		return cfg, "", false, usageError{fmt.Sprintf("unexpected argument %q (lockd takes only flags)", fs.Arg(0))}
+		return cfg, opt, usageError{fmt.Sprintf("unexpected argument %q (lockd takes only flags)", fs.Arg(0))}
 	}
 	check := []struct {
 		name      string
@@ -80,18 +96,18 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, string, bool, e
 	}
 	for _, c := range check {
 		if c.v < c.lo || c.v > c.hi {
-			return cfg, "", false, usageError{fmt.Sprintf("%s %d: must be %d..%d", c.name, c.v, c.lo, c.hi)}
+			return cfg, opt, usageError{fmt.Sprintf("%s %d: must be %d..%d", c.name, c.v, c.lo, c.hi)}
 		}
 	}
 	if cfg.Drain < time.Millisecond || cfg.Drain > 4*time.Second {
-		return cfg, "", false, usageError{fmt.Sprintf("--drain %v: must be 1ms..4s", cfg.Drain)}
+		return cfg, opt, usageError{fmt.Sprintf("--drain %v: must be 1ms..4s", cfg.Drain)}
 	}
 	if cfg.DataDir == "" {
-		return cfg, "", false, usageError{"--data-dir: must not be empty"}
+		return cfg, opt, usageError{"--data-dir: must not be empty"}
 	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {
-		return cfg, "", false, usageError{fmt.Sprintf("--log-level %q: want debug, info, warn or error", *level)}
+		return cfg, opt, usageError{fmt.Sprintf("--log-level %q: want debug, info, warn or error", *level)}
 	}
 	var h slog.Handler
 	switch *format {
@@ -100,13 +116,13 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, string, bool, e
 	case "json":
 		h = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lv})
 	default:
-		return cfg, "", false, usageError{fmt.Sprintf("--log-format %q: want text or json", *format)}
+		return cfg, opt, usageError{fmt.Sprintf("--log-format %q: want text or json", *format)}
 	}
 	cfg.Logger = slog.New(h)
 	if err := cfg.Validate(); err != nil {
-		return cfg, "", false, usageError{err.Error()}
+		return cfg, opt, usageError{err.Error()}
 	}
-	return cfg, *format, *showVersion, nil
+	return cfg, opt, nil
 }
 
 func versionString() string {
@@ -121,7 +137,7 @@ func versionString() string {
 }
 
 func run(args []string, stderr io.Writer) int {
-	cfg, _, showVersion, err := parseFlags(args, stderr)
+	cfg, opt, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -133,15 +149,32 @@ func run(args []string, stderr io.Writer) int {
 		// The flag package has already printed its own message.
 		return 2
 	}
-	if showVersion {
+	if opt.showVersion {
 		fmt.Fprintln(os.Stdout, versionString())
 		return 0
 	}
 	log := cfg.Logger
+	var adminLn net.Listener
+	if opt.admin != "" {
+		adminLn, err = net.Listen("tcp", opt.admin)
+		if err != nil {
+			log.Error("start failed", "err", fmt.Errorf("--admin %s: %w", opt.admin, err))
+			return 1
+		}
+	}
 	srv, err := engine.New(cfg)
 	if err != nil {
 		log.Error("start failed", "err", err)
+		if adminLn != nil {
+			adminLn.Close()
+		}
 		return 1
+	}
+	if adminLn != nil {
+		adminSrv := &http.Server{Handler: admin.Handler(srv, versionString()), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = adminSrv.Serve(adminLn) }()
+		log.Info("admin endpoint", "addr", adminLn.Addr().String())
+		defer adminSrv.Close()
 	}
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)

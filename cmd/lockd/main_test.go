@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,7 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 		{[]string{"--max-key", "abc"}, "max-key"},
 		{[]string{"stray"}, "stray"},
+		{[]string{"--admin", "nocolon"}, "--admin"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -126,7 +128,7 @@ var readyRE = regexp.MustCompile(`msg=ready addr=(\S+)`)
 
 func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	t.Helper()
-	args := append([]string{"--listen", "127.0.0.1:0", "--data-dir", dataDir, "--loops", "2", "--drain", "300ms"}, extra...)
+	args := append([]string{"--listen", "127.0.0.1:0", "--admin", "", "--data-dir", dataDir, "--loops", "2", "--drain", "300ms"}, extra...)
 	cmd := exec.Command(binary, args...)
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
@@ -317,11 +319,38 @@ func TestDataDirLocked(t *testing.T) {
 	dir := t.TempDir()
 	startDaemon(t, dir)
 	var stderr bytes.Buffer
-	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--data-dir", dir)
+	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin", "", "--data-dir", dir)
 	cmd.Stderr = &stderr
 	err := cmd.Run()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(stderr.String(), "in use") {
 		t.Fatalf("second daemon on one data dir: %v; %s", err, stderr.String())
+	}
+}
+
+var adminRE = regexp.MustCompile(`msg="admin endpoint" addr=(\S+)`)
+
+func TestAdminEndpointOfTheBinary(t *testing.T) {
+	d := startDaemon(t, t.TempDir(), "--admin", "127.0.0.1:0")
+	var addr string
+	for i := 0; i < 100 && addr == ""; i++ {
+		if m := adminRE.FindStringSubmatch(d.logs.String()); m != nil {
+			addr = m[1]
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if addr == "" {
+		t.Fatalf("no admin line in logs:\n%s", d.logs)
+	}
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz: %s", resp.Status)
+	}
+	if code := d.stop(syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit %d", code)
 	}
 }

@@ -25,6 +25,10 @@ var rules = []rule{
 	{pkg: "engine", forbidden: []string{mod + "client", mod + "cmd", mod + "bench"},
 		allowed: []string{"github.com/panjf2000/", "github.com/cespare/xxhash/v2", "github.com/valyala/bytebufferpool",
 			"golang.org/x/", "go.uber.org/", "gopkg.in/natefinch/lumberjack.v2", mod}},
+	{pkg: "admin", forbidden: []string{mod + "client", mod + "cmd", mod + "bench"},
+		allowed: []string{"github.com/panjf2000/", "github.com/cespare/xxhash/v2", "github.com/valyala/bytebufferpool",
+			"golang.org/x/", "go.uber.org/", "gopkg.in/", "github.com/prometheus/", "github.com/beorn7/perks",
+			"github.com/munnerz/goautoneg", "google.golang.org/protobuf", "go.yaml.in/", mod}},
 }
 
 func deps(t *testing.T, pkg string) []string {

@@ -1,0 +1,297 @@
+package admin_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"go.uber.org/goleak"
+
+	"github.com/lockd-dev/lockd/admin"
+	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/proto"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
+		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"), // idle keep-alive conns of http.DefaultClient
+	)
+}
+
+type fixture struct {
+	t    *testing.T
+	srv  *engine.Server
+	http *httptest.Server
+	conn net.Conn
+	buf  []byte
+}
+
+func setup(t *testing.T) *fixture {
+	cfg := engine.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.DataDir = t.TempDir()
+	cfg.Loops = 2
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve()
+	<-srv.Ready()
+	hs := httptest.NewServer(admin.Handler(srv, "v-test"))
+	c, err := net.Dial("tcp", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		hs.Close()
+		http.DefaultClient.CloseIdleConnections()
+		srv.Close()
+	})
+	return &fixture{t: t, srv: srv, http: hs, conn: c}
+}
+
+// do sends one request frame and returns the answer.
+func (f *fixture) do(frame []byte) proto.Response {
+	f.t.Helper()
+	if _, err := f.conn.Write(frame); err != nil {
+		f.t.Fatal(err)
+	}
+	_ = f.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		var r proto.Response
+		if n, err := proto.ParseResponse(f.buf, &r); err == nil {
+			f.buf = f.buf[n:]
+			return r
+		}
+		var tmp [256]byte
+		n, err := f.conn.Read(tmp[:])
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		f.buf = append(f.buf, tmp[:n]...)
+	}
+}
+
+func (f *fixture) get(path string, v any) int {
+	f.t.Helper()
+	resp, err := http.Get(f.http.URL + path)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if v != nil {
+		if err := json.Unmarshal(body, v); err != nil {
+			f.t.Fatalf("GET %s: %v in %s", path, err, body)
+		}
+	}
+	return resp.StatusCode
+}
+
+func (f *fixture) scrape() map[string]*dto.MetricFamily {
+	f.t.Helper()
+	resp, err := http.Get(f.http.URL + "/metrics")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		f.t.Fatalf("metrics do not parse: %v", err)
+	}
+	return fams
+}
+
+// value returns the metric's value with the given labels (name=value pairs).
+func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
+	t.Helper()
+	fam, ok := fams[name]
+	if !ok {
+		t.Fatalf("no metric %s", name)
+	}
+next:
+	for _, m := range fam.Metric {
+		for i := 0; i+1 < len(labels); i += 2 {
+			found := false
+			for _, lp := range m.Label {
+				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+					found = true
+				}
+			}
+			if !found {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return 0
+}
+
+func TestMetricsMoveWithRequests(t *testing.T) {
+	f := setup(t)
+	before := f.scrape()
+	if v := value(t, before, "lockd_grants_total"); v != 0 {
+		t.Fatalf("grants before = %v", v)
+	}
+	a := f.do(proto.AppendAcquire(nil, 0, 30, 1, "m/k"))
+	f.do(proto.AppendAcquire(nil, 0, 30, 2, "m/k"))  // T
+	f.do(proto.AppendRelease(nil, a.Token+1, "m/k")) // N
+	f.do(proto.AppendRenew(nil, 30, a.Token, "m/k"))
+	f.do(proto.AppendAcquire(nil, 0, 0, 3, "m/k")) // E 3
+	f.do(proto.AppendPing(nil, 4))
+	f.do(proto.AppendRelease(nil, a.Token, "m/k"))
+	m := f.scrape()
+	checks := []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"lockd_requests_total", []string{"op", "acquire", "result", "granted"}, 1},
+		{"lockd_requests_total", []string{"op", "acquire", "result", "timeout"}, 1},
+		{"lockd_requests_total", []string{"op", "acquire", "result", "error"}, 1},
+		{"lockd_requests_total", []string{"op", "release", "result", "not_held"}, 1},
+		{"lockd_requests_total", []string{"op", "release", "result", "released"}, 1},
+		{"lockd_requests_total", []string{"op", "renew", "result", "renewed"}, 1},
+		{"lockd_requests_total", []string{"op", "ping", "result", "pong"}, 1},
+		{"lockd_errors_total", []string{"code", "3"}, 1},
+		{"lockd_errors_total", []string{"code", "2"}, 0},
+		{"lockd_grants_total", nil, 1},
+		{"lockd_releases_total", nil, 1},
+		{"lockd_renews_total", nil, 1},
+		{"lockd_held_keys", nil, 0},
+		{"lockd_connections", nil, 1},
+		{"lockd_acquire_wait_seconds", nil, 1},
+		{"lockd_role", []string{"role", "active"}, 1},
+	}
+	for _, c := range checks {
+		if got := value(t, m, c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if v := value(t, m, "lockd_token_high_water"); v < float64(a.Token) {
+		t.Errorf("token high water %v below %d", v, a.Token)
+	}
+}
+
+func TestMetricsCountHandoffsAndWaits(t *testing.T) {
+	f := setup(t)
+	a := f.do(proto.AppendAcquire(nil, 0, 30, 1, "h"))
+	other, err := net.Dial("tcp", f.srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	other.Write(proto.AppendAcquire(nil, 10, 30, 2, "h"))
+	deadline := time.Now().Add(5 * time.Second)
+	for value(t, f.scrape(), "lockd_waiters") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("waiter not counted")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	f.do(proto.AppendRelease(nil, a.Token, "h"))
+	deadline = time.Now().Add(5 * time.Second)
+	for value(t, f.scrape(), "lockd_handoffs_total") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("handoff not counted")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fam := f.scrape()["lockd_acquire_wait_seconds"].Metric[0].Histogram
+	if fam.GetSampleCount() != 2 || fam.GetSampleSum() < 0.02 {
+		t.Fatalf("wait histogram count %d sum %v, want 2 and ≥ 20 ms", fam.GetSampleCount(), fam.GetSampleSum())
+	}
+}
+
+func TestKeysEndpoint(t *testing.T) {
+	f := setup(t)
+	a := f.do(proto.AppendAcquire(nil, 0, 30, 1, "dir/a b"))
+	var k admin.Key
+	if code := f.get("/keys/"+url.PathEscape("dir/a b"), &k); code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	if !k.Held || k.Key != "dir/a b" || k.LeaseLeftMs <= 25_000 || k.LeaseLeftMs > 30_000 || k.Waiters != 0 {
+		t.Fatalf("held key: %+v", k)
+	}
+	if k.Token != strconv.FormatUint(a.Token, 10) {
+		t.Fatalf("token %q, want %d", k.Token, a.Token)
+	}
+	var free admin.Key
+	f.get("/keys/nothing", &free)
+	if free.Held || free.Token != "" || free.Key != "nothing" {
+		t.Fatalf("free key: %+v", free)
+	}
+	if code := f.get("/keys/", nil); code != http.StatusBadRequest {
+		t.Fatalf("/keys/ without a key: %d", code)
+	}
+}
+
+func TestStatusHealthzPprof(t *testing.T) {
+	f := setup(t)
+	var st admin.Status
+	if code := f.get("/status", &st); code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	if st.Version != "v-test" || st.Role != "active" || st.Connections != 1 || st.Limits.MaxKey != 1024 || st.Limits.Loops != 2 || st.TokenLast == "" {
+		t.Fatalf("status: %+v", st)
+	}
+	if code := f.get("/healthz", nil); code != 200 {
+		t.Fatalf("healthz %d", code)
+	}
+	resp, err := http.Get(f.http.URL + "/debug/pprof/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "goroutine") {
+		t.Fatalf("pprof index: %d", resp.StatusCode)
+	}
+}
+
+func TestHealthzFailsWhileDraining(t *testing.T) {
+	f := setup(t)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- f.srv.Shutdown(ctx)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.get("/healthz", nil) != http.StatusServiceUnavailable {
+		if time.Now().After(deadline) {
+			t.Fatal("/healthz still 200 while shutting down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	f.conn.Close() // the last client leaves: the drain ends
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,89 @@
+package admin
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lockd-dev/lockd/engine"
+)
+
+// collector turns one engine.Metrics snapshot per scrape into Prometheus
+// metrics, so the hot path keeps plain per-loop counters.
+type collector struct {
+	srv     *engine.Server
+	version string
+
+	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
+	keys, waiters, conns, tokenLast, tokenReserved, wait, role, build, up    *prometheus.Desc
+}
+
+func newCollector(srv *engine.Server, version string) *collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("lockd_"+name, help, labels, nil)
+	}
+	return &collector{
+		srv: srv, version: version,
+		requests:      d("requests_total", "Requests by op and result.", "op", "result"),
+		errors:        d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down).", "code"),
+		grants:        d("grants_total", "Grants, immediate or handoff."),
+		handoffs:      d("handoffs_total", "Grants to a queued acquire, on release or lease expiry."),
+		expiries:      d("expiries_total", "Leases that ended without a release."),
+		timeouts:      d("wait_timeouts_total", "Queued acquires whose wait passed (T)."),
+		releases:      d("releases_total", "Successful releases."),
+		renews:        d("renews_total", "Successful renews."),
+		keys:          d("held_keys", "Keys held now."),
+		waiters:       d("waiters", "Acquires queued now."),
+		conns:         d("connections", "Open client connections."),
+		tokenLast:     d("token_high_water", "Highest fencing token issued."),
+		tokenReserved: d("token_reserved", "Durably reserved token mark."),
+		wait:          d("acquire_wait_seconds", "Time from acquire to grant (0 for immediate grants)."),
+		role:          d("role", "1 for the node's role.", "role"),
+		build:         d("build_info", "Build information.", "version"),
+		up:            d("uptime_seconds", "Seconds since the server started."),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
+		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	m := c.srv.Metrics()
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, r := range m.Requests {
+		counter(c.requests, r.N, r.Op, r.Result)
+	}
+	for code := 1; code < len(m.Errors); code++ {
+		counter(c.errors, m.Errors[code], string(rune('0'+code)))
+	}
+	counter(c.grants, m.Table.Grants)
+	counter(c.handoffs, m.Table.Handoffs)
+	counter(c.expiries, m.Table.Expiries)
+	counter(c.timeouts, m.Table.Timeouts)
+	counter(c.releases, m.Table.Releases)
+	counter(c.renews, m.Table.Renews)
+	gauge(c.keys, float64(m.Keys))
+	gauge(c.waiters, float64(m.Waiters))
+	gauge(c.conns, float64(m.Conns))
+	gauge(c.tokenLast, float64(m.TokenLast))
+	gauge(c.tokenReserved, float64(m.TokenReserved))
+	gauge(c.up, m.Uptime.Seconds())
+	gauge(c.role, 1, "active")
+	gauge(c.build, 1, c.version)
+
+	buckets := make(map[float64]uint64, len(engine.WaitBuckets))
+	var cum uint64
+	for i, ub := range engine.WaitBuckets {
+		cum += m.WaitCounts[i]
+		buckets[ub] = cum
+	}
+	cum += m.WaitCounts[len(engine.WaitBuckets)]
+	ch <- prometheus.MustNewConstHistogram(c.wait, cum, m.WaitSum, buckets)
+}

@@ -1,0 +1,191 @@
+package engine
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/lockd-dev/lockd/proto"
+	"github.com/lockd-dev/lockd/shard"
+)
+
+// Request results counted per op.
+const (
+	resGranted = iota
+	resTimeout
+	resBusy
+	resQueued
+	resReleased
+	resRenewed
+	resNotHeld
+	resPong
+	resError
+	nResults
+)
+
+var resultNames = [nResults]string{"granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error"}
+
+// Request ops in counter order.
+var opOrder = [4]proto.Op{proto.OpAcquire, proto.OpRelease, proto.OpRenew, proto.OpPing}
+
+func opIndex(op proto.Op) int {
+	switch op {
+	case proto.OpAcquire:
+		return 0
+	case proto.OpRelease:
+		return 1
+	case proto.OpRenew:
+		return 2
+	case proto.OpPing:
+		return 3
+	}
+	return -1 // an unknown op (E 1): counted only by error code
+}
+
+// counts is one batch's tally, kept in its scratch (no atomics) and added
+// to its loop's stats once per batch.
+type counts struct {
+	req  [4][nResults]uint32
+	errs [5]uint32 // by E code (index 0 unused)
+	any  bool
+}
+
+func (c *counts) request(op proto.Op, res int) {
+	if i := opIndex(op); i >= 0 {
+		c.req[i][res]++
+	}
+	c.any = true
+}
+
+func (c *counts) error(op proto.Op, code uint8) {
+	c.request(op, resError)
+	c.errs[code]++
+}
+
+// loopStats are one event loop's counters: written by that loop only (one
+// atomic add per non-zero cell per batch), read by scrapes.
+type loopStats struct {
+	req  [4][nResults]atomic.Uint64
+	errs [5]atomic.Uint64
+	_    [64]byte
+}
+
+func (l *loopStats) add(c *counts) {
+	if !c.any {
+		return
+	}
+	for i := range c.req {
+		for j, n := range c.req[i] {
+			if n != 0 {
+				l.req[i][j].Add(uint64(n))
+			}
+		}
+	}
+	for code, n := range c.errs {
+		if n != 0 {
+			l.errs[code].Add(uint64(n))
+		}
+	}
+	*c = counts{}
+}
+
+// statsFor returns the counters of c's event loop.
+func (s *Server) statsFor(loop gnet.EventLoop) *loopStats {
+	if v, ok := s.loops.Load(loop); ok {
+		return v.(*loopStats)
+	}
+	v, _ := s.loops.LoadOrStore(loop, new(loopStats))
+	return v.(*loopStats)
+}
+
+// WaitBuckets are the upper bounds, in seconds, of the acquire-to-grant
+// histogram.
+var WaitBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 255}
+
+// waitHist is the acquire-to-grant histogram of queued acquires (atomic:
+// handoffs are delivered from loops, the ticker and closing connections).
+type waitHist struct {
+	buckets [21]atomic.Uint64 // len(WaitBuckets)+1, the last is +Inf
+	sumNs   atomic.Uint64
+}
+
+func (h *waitHist) observe(d int64) {
+	if d < 0 {
+		d = 0
+	}
+	sec := float64(d) / 1e9
+	i := 0
+	for i < len(WaitBuckets) && sec > WaitBuckets[i] {
+		i++
+	}
+	h.buckets[i].Add(1)
+	h.sumNs.Add(uint64(d))
+}
+
+// RequestCount is the number of requests of one op with one result.
+type RequestCount struct {
+	Op     string // "acquire", "release", "renew", "ping"
+	Result string // "granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error"
+	N      uint64
+}
+
+// Metrics is a snapshot of the server's counters and gauges.
+type Metrics struct {
+	Requests      []RequestCount // non-zero cells only
+	Errors        [5]uint64      // E frames sent, by code (index 0 unused)
+	Table         shard.Counters // grants, handoffs, expiries, timeouts, releases, renews
+	Keys          int            // keys held
+	Waiters       int            // queued acquires
+	Conns         int64          // open connections
+	TokenLast     uint64         // highest token issued
+	TokenReserved uint64         // durable reservation mark
+	// Wait is the acquire-to-grant histogram: immediate grants count as 0,
+	// queued ones by their time in the queue. Counts are per bucket of
+	// WaitBuckets (not cumulative), the last one +Inf.
+	WaitCounts []uint64
+	WaitSum    float64 // seconds
+	Uptime     time.Duration
+	Draining   bool
+}
+
+// Metrics aggregates the loops' counters and reads the table's.
+func (s *Server) Metrics() Metrics {
+	var m Metrics
+	var req [4][nResults]uint64
+	s.loops.Range(func(_, v any) bool {
+		l := v.(*loopStats)
+		for i := range l.req {
+			for j := range l.req[i] {
+				req[i][j] += l.req[i][j].Load()
+			}
+		}
+		for code := range l.errs {
+			m.Errors[code] += l.errs[code].Load()
+		}
+		return true
+	})
+	m.Errors[proto.CodeShutdown] += s.cancelled.Load()
+	for i := range req {
+		for j, n := range req[i] {
+			if n != 0 {
+				m.Requests = append(m.Requests, RequestCount{Op: opOrder[i].String(), Result: resultNames[j], N: n})
+			}
+		}
+	}
+	m.Table = s.table.Counters()
+	st := s.table.Stats()
+	m.Keys, m.Waiters = st.Keys, st.Waiters
+	m.Conns = s.conns.Load()
+	m.TokenLast, m.TokenReserved = s.tokens.Last(), s.tokens.Limit()
+	m.WaitCounts = make([]uint64, len(s.wait.buckets))
+	for i := range s.wait.buckets {
+		m.WaitCounts[i] = s.wait.buckets[i].Load()
+	}
+	m.WaitCounts[0] += req[0][resGranted] // immediate grants waited 0
+	m.WaitSum = float64(s.wait.sumNs.Load()) / 1e9
+	m.Uptime = time.Since(s.epoch)
+	m.Draining = s.draining.Load()
+	return m
+}
