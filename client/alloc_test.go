@@ -1,0 +1,34 @@
+//go:build !race
+
+package client
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestAllocs: an Acquire + Release round trip through the client allocates
+// at most 2 times (in fact none once the pools are warm).
+func TestAllocs(t *testing.T) {
+	srv := sharedServer(t)
+	cl := newClient(t, fastConfig(srv.Addr()))
+	waitUp(t, cl, 2)
+	ctx := context.Background()
+	opts := AcquireOptions{Wait: time.Second, Lease: 30 * time.Second}
+	i := 0
+	n := testing.AllocsPerRun(500, func() {
+		l, err := cl.Acquire(ctx, benchKeys[i%len(benchKeys)], opts)
+		i++
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Release(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n > 2 {
+		t.Fatalf("%.2f allocations per Acquire+Release, want at most 2", n)
+	}
+	t.Logf("%.2f allocations per Acquire+Release", n)
+}

@@ -1,0 +1,183 @@
+package client
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockd-dev/lockd/proto"
+)
+
+var benchKeys = func() []string {
+	k := make([]string, 1<<16)
+	for i := range k {
+		k[i] = "bench/key/" + strconv.Itoa(i)
+	}
+	return k
+}()
+
+// BenchmarkAcquireRelease: one goroutine, one Acquire + Release round trip
+// per op through the client; reports allocations.
+func BenchmarkAcquireRelease(b *testing.B) {
+	srv := sharedServer(b)
+	cl := newClient(b, Config{Addrs: []string{srv.Addr()}})
+	waitUp(b, cl, 2)
+	ctx := context.Background()
+	opts := AcquireOptions{Wait: time.Second, Lease: 30 * time.Second}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l, err := cl.Acquire(ctx, benchKeys[i&(len(benchKeys)-1)], opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := cl.Release(ctx, l); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParallel64: 64 goroutines share one Client, each looping
+// Acquire + Release on random keys; reports pairs/s. Compare with
+// BenchmarkRawPipelined from the same run. "default" is the default
+// configuration for one address (two connections); "conns=1" keeps the
+// whole pipeline on one connection.
+func BenchmarkParallel64(b *testing.B) {
+	b.Run("default", func(b *testing.B) { benchParallel(b, 0) }) // 2 connections to one address
+	b.Run("conns=1", func(b *testing.B) { benchParallel(b, 1) })
+}
+
+func benchParallel(b *testing.B, conns int) {
+	srv := sharedServer(b)
+	cl := newClient(b, Config{Addrs: []string{srv.Addr()}, ConnsPerAddr: conns})
+	waitUp(b, cl, len(*cl.slots.Load()))
+	const g = 64
+	per := b.N/g + 1
+	opts := AcquireOptions{Wait: 5 * time.Second, Lease: 30 * time.Second}
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < g; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			ctx := context.Background()
+			rng := rand.New(rand.NewPCG(uint64(w), 3))
+			for i := 0; i < per; i++ {
+				l, err := cl.Acquire(ctx, benchKeys[rng.IntN(len(benchKeys))], opts)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if err := cl.Release(ctx, l); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	el := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(per*g)/el.Seconds(), "pairs/s")
+}
+
+// BenchmarkRawPipelined is the reference: a raw proto-based load generator
+// on 16 connections × 32 acquires in flight, each grant answered by its
+// release at once; reports pairs/s.
+func BenchmarkRawPipelined(b *testing.B) {
+	benchRaw(b, 16, 32)
+}
+
+// BenchmarkRawPipelined2x32 is the raw generator at the client
+// benchmark's concurrency: 2 connections (the client's default for one
+// address) × 32 in flight = 64.
+func BenchmarkRawPipelined2x32(b *testing.B) {
+	benchRaw(b, 2, 32)
+}
+
+func benchRaw(b *testing.B, conns, depth int) {
+	srv := sharedServer(b)
+	per := b.N/conns + 1
+	ncs := make([]net.Conn, conns)
+	for i := range ncs {
+		nc, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			b.Fatal(err)
+		}
+		ncs[i] = nc
+	}
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, nc := range ncs {
+		wg.Add(1)
+		go func(nc net.Conn, seed uint64) {
+			defer wg.Done()
+			defer nc.Close()
+			if err := rawConn(nc, per, depth, seed); err != nil {
+				b.Error(err)
+			}
+		}(nc, uint64(i))
+	}
+	wg.Wait()
+	el := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(per*conns)/el.Seconds(), "pairs/s")
+}
+
+// rawConn keeps depth acquires in flight on nc until n pairs are done.
+func rawConn(nc net.Conn, n, depth int, seed uint64) error {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	var out, in []byte
+	var owner uint64
+	var resp proto.Response
+	inflight, done, issued := 0, 0, 0
+	buf := make([]byte, 64<<10)
+	for done < n {
+		out = out[:0]
+		for inflight < depth && issued < n {
+			owner++
+			out = proto.AppendAcquire(out, 5, 30, owner, benchKeys[rng.IntN(len(benchKeys))])
+			inflight++
+			issued++
+		}
+		if len(out) > 0 {
+			if _, err := nc.Write(out); err != nil {
+				return err
+			}
+		}
+		m, err := nc.Read(buf)
+		if err != nil {
+			return err
+		}
+		in = append(in, buf[:m]...)
+		out = out[:0]
+		for {
+			k, err := proto.ParseResponse(in, &resp)
+			if err != nil {
+				break
+			}
+			switch resp.Op {
+			case proto.OpAcquire:
+				out = proto.AppendRelease(out, resp.Token, resp.Tail)
+			case proto.OpTimeout, proto.OpBusy, proto.OpRelease, proto.OpNotHeld:
+				inflight--
+				done++
+			}
+			in = in[k:]
+		}
+		in = append(in[:0], in...)
+		if len(out) > 0 {
+			if _, err := nc.Write(out); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

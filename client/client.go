@@ -1,0 +1,218 @@
+package client
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Client is a connection pool to lockd servers and the entry point of every
+// lock operation. It is safe for concurrent use by any number of
+// goroutines; create one per process and share it.
+type Client struct {
+	cfg     Config
+	dialer  net.Dialer
+	tickets sync.Pool
+
+	slots     atomic.Pointer[[]*slot] // copy on write, under mu
+	preferred atomic.Pointer[string]  // address an M pointed to
+	rr        atomic.Uint32
+
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced when a connection comes up
+	closed  bool
+
+	closing  chan struct{} // closed by Close
+	bg       context.Context
+	cancelBg context.CancelFunc
+	wg       sync.WaitGroup // every goroutine the client starts
+}
+
+// slot is one persistent connection's place: its address and current conn
+// (nil while down). A goroutine per slot dials, watches and redials it.
+type slot struct {
+	addr string
+	cur  atomic.Pointer[conn]
+}
+
+// New validates cfg and starts the client's connections in the background.
+// It does not wait for them: calls made before a connection is up wait for
+// one within their deadline.
+func New(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cl := &Client{
+		cfg:     cfg,
+		dialer:  net.Dialer{Timeout: cfg.DialTimeout},
+		changed: make(chan struct{}),
+		closing: make(chan struct{}),
+	}
+	cl.tickets.New = func() any { return newTicket() }
+	cl.bg, cl.cancelBg = context.WithCancel(context.Background())
+	slots := make([]*slot, 0, len(cfg.Addrs)*cfg.ConnsPerAddr)
+	for i := 0; i < cfg.ConnsPerAddr; i++ {
+		for _, a := range cfg.Addrs {
+			slots = append(slots, &slot{addr: a})
+		}
+	}
+	cl.slots.Store(&slots)
+	for _, s := range slots {
+		cl.wg.Add(1)
+		go cl.runSlot(s)
+	}
+	return cl, nil
+}
+
+// Close closes every connection, fails every pending call with ErrClosed
+// (or, for an acquire that may have been sent, an error matching both
+// ErrClosed and ErrIndeterminate), and returns once every goroutine the
+// client started has ended. Calls after Close fail with ErrClosed.
+func (cl *Client) Close() error {
+	cl.mu.Lock()
+	if cl.closed {
+		cl.mu.Unlock()
+		cl.wg.Wait()
+		return nil
+	}
+	cl.closed = true
+	close(cl.closing)
+	cl.mu.Unlock()
+	cl.cancelBg()
+	cl.wg.Wait()
+	return nil
+}
+
+func (cl *Client) isClosed() bool {
+	select {
+	case <-cl.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// runSlot keeps one persistent connection: dial, serve until it dies, wait
+// ReconnectInterval, dial again.
+func (cl *Client) runSlot(s *slot) {
+	defer cl.wg.Done()
+	pause := time.NewTimer(time.Hour)
+	pause.Stop()
+	for {
+		nc, err := cl.dialer.DialContext(cl.bg, "tcp", s.addr)
+		if err == nil {
+			c := newConn(cl, s.addr, nc)
+			cl.wg.Add(1)
+			go c.readLoop()
+			s.cur.Store(c)
+			cl.signalChanged()
+			select {
+			case <-c.gone:
+			case <-cl.closing:
+				c.fail(ErrClosed)
+			}
+			s.cur.Store(nil)
+		}
+		pause.Reset(cl.cfg.ReconnectInterval)
+		select {
+		case <-pause.C:
+		case <-cl.closing:
+			pause.Stop()
+			return
+		}
+	}
+}
+
+func (cl *Client) signalChanged() {
+	cl.mu.Lock()
+	close(cl.changed)
+	cl.changed = make(chan struct{})
+	cl.mu.Unlock()
+}
+
+func (cl *Client) changedCh() <-chan struct{} {
+	cl.mu.Lock()
+	ch := cl.changed
+	cl.mu.Unlock()
+	return ch
+}
+
+// pick returns a live connection: one to addr if addr is set (nil if none
+// is up), else one to the preferred address if any is up, else the next
+// live one in round-robin order.
+func (cl *Client) pick(addr string) *conn {
+	slots := *cl.slots.Load()
+	n := uint32(len(slots))
+	i0 := cl.rr.Load()
+	if addr == "" {
+		if p := cl.preferred.Load(); p != nil {
+			addr = *p
+			if c := pickAddr(slots, n, i0, addr); c != nil {
+				return c
+			}
+			addr = ""
+		}
+	}
+	if addr != "" {
+		return pickAddr(slots, n, i0, addr)
+	}
+	for i := uint32(0); i < n; i++ {
+		if c := slots[(i0+i)%n].cur.Load(); c != nil && !c.isDead.Load() {
+			return c
+		}
+	}
+	return nil
+}
+
+func pickAddr(slots []*slot, n, i0 uint32, addr string) *conn {
+	for i := uint32(0); i < n; i++ {
+		s := slots[(i0+i)%n]
+		if s.addr != addr {
+			continue
+		}
+		if c := s.cur.Load(); c != nil && !c.isDead.Load() {
+			return c
+		}
+	}
+	return nil
+}
+
+// follow makes addr (named by an M answer) the preferred address, adding a
+// connection to it if there is none.
+func (cl *Client) follow(addr string) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.closed {
+		return
+	}
+	a := addr
+	cl.preferred.Store(&a)
+	old := *cl.slots.Load()
+	for _, s := range old {
+		if s.addr == addr {
+			return
+		}
+	}
+	s := &slot{addr: addr}
+	slots := append(old[:len(old):len(old)], s)
+	cl.slots.Store(&slots)
+	cl.wg.Add(1)
+	go cl.runSlot(s)
+}
+
+// goBackground runs fn on a goroutine the client waits for at Close, unless
+// the client is already closed.
+func (cl *Client) goBackground(fn func()) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.closed {
+		return
+	}
+	cl.wg.Add(1)
+	go func() {
+		defer cl.wg.Done()
+		fn()
+	}()
+}

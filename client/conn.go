@@ -1,0 +1,346 @@
+package client
+
+import (
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockd-dev/lockd/proto"
+)
+
+// pendIndex gives the pending table of a request op: answers are
+// correlated per op — acquires by owner, releases and renews by token,
+// pings by nonce — each in its own map[uint64] (a plain integer key hashes
+// much faster than a struct). It returns -1 for any other op.
+func pendIndex(op proto.Op) int {
+	switch op {
+	case proto.OpAcquire:
+		return 0
+	case proto.OpRelease:
+		return 1
+	case proto.OpRenew:
+		return 2
+	case proto.OpPing:
+		return 3
+	}
+	return -1
+}
+
+// conn is one TCP connection: a write path (see enqueue) that encodes every
+// queued request just before sending it and writes each batch with one
+// Write, and a reader goroutine that parses answers and hands them to their
+// Tickets.
+//
+// mu guards queue, pend, dead and every field of a Ticket attached to this
+// conn (Ticket.state, result fields). A Ticket's done channel is signalled
+// with mu held, so a waiter that sees state stDone under mu can always
+// drain it.
+type conn struct {
+	cl   *Client
+	addr string
+	nc   net.Conn
+
+	mu      sync.Mutex
+	queue   []*Ticket             // waiting for the writer: definitely unsent
+	spare   []*Ticket             // the writer's other queue buffer
+	pend    [4]map[uint64]*Ticket // sent (possibly), awaiting an answer, by pendIndex and id; FIFO chains via next
+	dead    bool                  // set once, by fail
+	isDead  atomic.Bool           // dead, readable without mu
+	writing bool                  // a goroutine is in flush
+	gone    chan struct{}         // closed by fail
+
+	// Owned by the goroutine in flush.
+	wbuf []byte    // the batch being written
+	wdl  time.Time // when to move the write deadline next
+}
+
+func newConn(cl *Client, addr string, nc net.Conn) *conn {
+	c := &conn{cl: cl, addr: addr, nc: nc, gone: make(chan struct{})}
+	for i := range c.pend {
+		c.pend[i] = make(map[uint64]*Ticket, 64)
+	}
+	return c
+}
+
+// enqueue attaches t to c for sending, and sends it. It reports false if
+// c is dead.
+//
+// There is no writer goroutine: the goroutine that finds no write in
+// progress becomes the writer and flushes the queue, its own request and
+// those enqueued meanwhile, one Write per batch, until the queue is empty.
+// Requests enqueued while a Write is in progress wait for the next batch;
+// that is how concurrent requests share a syscall without a goroutine
+// hand-off per request.
+func (c *conn) enqueue(t *Ticket) bool {
+	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return false
+	}
+	t.conn = c
+	t.state = stQueued
+	c.queue = append(c.queue, t)
+	if c.writing {
+		c.mu.Unlock()
+		return true
+	}
+	c.writing = true
+	c.mu.Unlock()
+	c.flush()
+	return true
+}
+
+// testHookBeforeWrite, if set (by tests), runs before the writer takes the
+// queue; returning false makes the connection fail there, with every
+// queued request definitely unsent.
+var testHookBeforeWrite func(c *conn) bool
+
+// flush writes batches until the queue is empty; only the goroutine that
+// set c.writing calls it. A request's wire wait is computed here, just
+// before its batch is written; one whose send deadline has passed is
+// dropped unsent.
+func (c *conn) flush() {
+	for {
+		// Let the goroutines that are ready to run enqueue their requests
+		// first, while the queue keeps growing (a few turns at most): the
+		// batch then leaves in one Write instead of one syscall per request.
+		n := -1
+		for i := 0; i < 4; i++ {
+			c.mu.Lock()
+			m := len(c.queue)
+			c.mu.Unlock()
+			if m == n {
+				break
+			}
+			n = m
+			runtime.Gosched()
+		}
+		if h := testHookBeforeWrite; h != nil && !h(c) {
+			c.fail(errAbandoned)
+			return
+		}
+		c.mu.Lock()
+		if c.dead || len(c.queue) == 0 {
+			c.writing = false
+			c.mu.Unlock()
+			return
+		}
+		q := c.queue
+		c.queue = c.spare[:0]
+		// Round-robin by batch: this batch is closed, the next requests go
+		// to the next connection.
+		c.cl.rr.Add(1)
+		now := time.Now()
+		buf := c.wbuf[:0]
+		for i, t := range q {
+			q[i] = nil
+			if !now.Before(t.sendBy) {
+				t.finishLocked(resExpired)
+				continue
+			}
+			buf = t.encode(buf, now)
+			t.state = stSent
+			t.sentAt = now
+			c.addPendLocked(t)
+		}
+		c.spare = q[:0]
+		c.mu.Unlock()
+		if len(buf) == 0 {
+			continue
+		}
+		// A write that cannot proceed (the server stopped reading) fails
+		// the connection after TransportTimeout; the deadline is moved
+		// only when half of it is used, to keep it off the hot path.
+		if now.After(c.wdl) {
+			c.wdl = now.Add(c.cl.cfg.TransportTimeout / 2)
+			_ = c.nc.SetWriteDeadline(now.Add(c.cl.cfg.TransportTimeout))
+		}
+		_, err := c.nc.Write(buf)
+		if cap(buf) <= 1<<20 {
+			c.wbuf = buf
+		}
+		if err != nil {
+			c.fail(err)
+			return
+		}
+	}
+}
+
+// addPendLocked appends t to the FIFO chain of its correlation key.
+func (c *conn) addPendLocked(t *Ticket) {
+	m := c.pend[pendIndex(t.op)]
+	t.next = nil
+	head, ok := m[t.id]
+	if !ok {
+		m[t.id] = t
+		return
+	}
+	for head.next != nil {
+		head = head.next
+	}
+	head.next = t
+}
+
+// takePendLocked removes and returns the oldest request of op waiting for
+// an answer with id.
+func (c *conn) takePendLocked(op proto.Op, id uint64) *Ticket {
+	i := pendIndex(op)
+	if i < 0 {
+		return nil
+	}
+	m := c.pend[i]
+	head, ok := m[id]
+	if !ok {
+		return nil
+	}
+	if head.next != nil {
+		m[id] = head.next
+		head.next = nil
+	} else {
+		delete(m, id)
+	}
+	return head
+}
+
+// removePendLocked unlinks t from its chain.
+func (c *conn) removePendLocked(t *Ticket) {
+	m := c.pend[pendIndex(t.op)]
+	head, ok := m[t.id]
+	if !ok {
+		return
+	}
+	if head == t {
+		if t.next != nil {
+			m[t.id] = t.next
+		} else {
+			delete(m, t.id)
+		}
+		t.next = nil
+		return
+	}
+	for p := head; p.next != nil; p = p.next {
+		if p.next == t {
+			p.next = t.next
+			t.next = nil
+			return
+		}
+	}
+}
+
+// removeQueuedLocked takes t out of the send queue.
+func (c *conn) removeQueuedLocked(t *Ticket) {
+	for i, q := range c.queue {
+		if q == t {
+			copy(c.queue[i:], c.queue[i+1:])
+			c.queue[len(c.queue)-1] = nil
+			c.queue = c.queue[:len(c.queue)-1]
+			return
+		}
+	}
+}
+
+// readLoop is the connection's only reader.
+func (c *conn) readLoop() {
+	defer c.cl.wg.Done()
+	buf := make([]byte, 64<<10)
+	start, end := 0, 0
+	var r proto.Response
+	for {
+		if end == len(buf) {
+			// A frame is at most proto.MaxResponseLen bytes, far less than buf.
+			copy(buf, buf[start:end])
+			end -= start
+			start = 0
+		}
+		n, err := c.nc.Read(buf[end:])
+		end += n
+		if n > 0 {
+			var bad error
+			c.mu.Lock()
+			for start < end {
+				m, perr := proto.ParseResponse(buf[start:end], &r)
+				if perr == proto.ErrIncomplete {
+					break
+				}
+				if perr != nil {
+					bad = errBadAnswer
+					break
+				}
+				start += m
+				if r.Op == proto.OpError && r.Code == proto.CodeBadFrame {
+					bad = errServerE1
+					break
+				}
+				c.dispatchLocked(&r)
+			}
+			c.mu.Unlock()
+			if bad != nil {
+				c.fail(bad)
+				return
+			}
+			if start == end {
+				start, end = 0, 0
+			}
+		}
+		if err != nil {
+			c.fail(err)
+			return
+		}
+	}
+}
+
+// dispatchLocked hands one answer to the request it answers. Answers that
+// match nothing (the request was abandoned) are dropped.
+func (c *conn) dispatchLocked(r *proto.Response) {
+	op := r.Op
+	switch op {
+	case proto.OpTimeout, proto.OpBusy:
+		op = proto.OpAcquire
+	case proto.OpNotHeld, proto.OpMoved, proto.OpError:
+		op = r.ReqOp
+	}
+	t := c.takePendLocked(op, r.ID)
+	if t == nil {
+		return
+	}
+	t.rop = r.Op
+	t.rtoken = r.Token
+	t.rcode = r.Code
+	if r.Op == proto.OpMoved || r.Op == proto.OpError {
+		t.rtail = string(r.Tail)
+	}
+	t.finishLocked(resAnswer)
+}
+
+// fail closes c once: queued requests are finished as definitely unsent,
+// sent ones as lost.
+func (c *conn) fail(error) {
+	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return
+	}
+	c.dead = true
+	c.isDead.Store(true)
+	for i, t := range c.queue {
+		c.queue[i] = nil
+		t.finishLocked(resUnsent)
+	}
+	c.queue = nil
+	for _, m := range c.pend {
+		for k, t := range m {
+			delete(m, k)
+			for t != nil {
+				nx := t.next
+				t.next = nil
+				t.finishLocked(resLost)
+				t = nx
+			}
+		}
+	}
+	c.mu.Unlock()
+	_ = c.nc.Close()
+	close(c.gone)
+}

@@ -1,0 +1,88 @@
+// Package client is the Go client library of lockd: a pool of pipelined
+// connections to lockd servers and the lock operations built on it
+// (Acquire, AcquireAsync, Release, Renew, Ping, WithLock). It speaks the
+// wire protocol through package proto and keeps every obligation of
+// PROTOCOL.md §7.
+//
+// # What it owns
+//
+// Connections: one persistent TCP connection per address, two when a single
+// address is given (Config.ConnsPerAddr overrides). A connection that drops
+// is excluded at once and dialled again in the background every
+// Config.ReconnectInterval (3 s). Requests are pipelined: a request is
+// queued on a connection and the goroutine that finds no write in progress
+// flushes the queue — its own request and every request queued meanwhile —
+// with one Write per batch (there is no writer goroutine, so no hand-off per
+// request); each request's frame is encoded just before its batch is
+// written. One reader goroutine per connection parses answers with
+// proto.ParseResponse and hands each to its request: acquires by owner,
+// releases and renews by (op, token), pings by nonce, M and E by (op, id);
+// requests with equal keys are answered in send order. Connections are
+// chosen round-robin by batch: the requests queued while a batch forms go
+// to one connection, and once it is taken for writing the next requests go
+// to the next live connection (per-request round-robin would cut every
+// batch into as many pieces as there are connections; the benchmark shows
+// the cost). An M answer makes the address it names preferred.
+//
+// Acquire semantics:
+//
+//   - Each call has one fresh random owner and one monotonic deadline:
+//     the end of the caller's wait, now + Wait. Wait is 0..255 s; a longer
+//     one is rejected with ErrInvalidWait (there is no infinite wait on the
+//     wire; loop to wait longer). The wire wait is recomputed by the writer
+//     just before the send: the remaining time rounded up to whole seconds,
+//     capped at 255. A request still unsent at the deadline is never sent
+//     (ErrTimeout; a wait>0 acquire that found no connection before its
+//     deadline also fails with ErrTimeout: it was not sent).
+//   - The answer is awaited until the server's own obligation ends — the
+//     send plus the wire wait — plus Config.AnswerAllowance (1 s), so a T
+//     sent right at the end of the wait is read as a definitive ErrTimeout.
+//   - A request is sent again, on another connection with the same owner
+//     and deadline, only while it is definitely unsent (no connection, or
+//     its connection died before the writer took it). Once it may have been
+//     sent it is never resent: a lost connection gives ErrIndeterminate, and
+//     the answer deadline passing (or ctx ending) closes that exact
+//     connection and gives ErrIndeterminate.
+//   - The delivery gate: an A that the caller takes after the answer
+//     deadline, or after ctx ended, is released again in the background
+//     (Release's retries, exact token) and reported as ErrIndeterminate. T
+//     and B are always definitive.
+//   - Wait 0 is a single server attempt: the client has a 5 s transport
+//     deadline (Config.TransportTimeout) to find a connection and send, then
+//     5 s more for the answer, after which the connection is closed and the
+//     result is ErrIndeterminate. No connection in time: ErrNoConnection.
+//   - M (not executed): the client connects to the address given, prefers
+//     it from then on, and sends the request there again, same owner and
+//     deadline. An M without an address, and E 4 (server shutting down, not
+//     executed), make the client pause Config.RetryPause (100 ms) and send
+//     again until the deadline. Other E codes are returned as *ServerError.
+//   - Lock.Expires is the send instant of the granting request plus the
+//     lease: conservative, since the server's lease starts later.
+//
+// Release retries for Config.ReleaseRetry (5 s) at
+// Config.ReleaseRetryInterval (200 ms) across connections; Renew retries
+// until Config.TransportTimeout. Both act on the exact token only, which
+// makes a resend harmless.
+//
+// A release, renew or ping left without an answer for a whole
+// Config.TransportTimeout closes its connection (it is taken to be broken),
+// and so does a write blocked that long. The goroutine that flushes a batch
+// may thus spend up to that long in Write on behalf of others.
+//
+// Close ends every goroutine the client started and fails every pending
+// call with ErrClosed (an acquire that may have been sent fails with an
+// error matching both ErrClosed and ErrIndeterminate).
+//
+// # Concurrency
+//
+// A Client is safe for concurrent use by any number of goroutines. A
+// Ticket (from AcquireAsync) belongs to the goroutine that calls its Wait,
+// exactly once. No lock is held across a network write or a channel send
+// that can block; each connection's mutex guards its queue, its pending
+// requests and the result fields of the requests attached to it.
+//
+// # What it must not import
+//
+// package proto and the standard library only: never gnet, never engine
+// (tests may import engine to run a real server in process).
+package client

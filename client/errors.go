@@ -1,0 +1,84 @@
+package client
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/lockd-dev/lockd/proto"
+)
+
+// Errors returned by the client. Test them with errors.Is. Apart from
+// ErrIndeterminate (and errors that match it), every error returned by
+// Acquire means that no lock was granted to the caller.
+var (
+	// ErrTimeout is a definitive "not granted": the server answered T (the
+	// wait ended with the key still held), or the call's deadline passed
+	// before its request was sent.
+	ErrTimeout = errors.New("client: timed out, not acquired")
+	// ErrBusy is a definitive "not granted": the server answered B (its
+	// queue or key capacity is full); nothing was queued.
+	ErrBusy = errors.New("client: server busy, not acquired")
+	// ErrIndeterminate means the request may or may not have been executed:
+	// a byte of it may have reached the server and no answer was read in
+	// time (connection lost, deadline or context ended), or a grant reached
+	// the caller's delivery gate too late and was handed back. The caller
+	// must not enter the critical section. An unobserved grant ends at the
+	// latest when its lease does.
+	ErrIndeterminate = errors.New("client: outcome indeterminate, do not assume the lock is held")
+	// ErrNotHeld is the server's N: the token is not the key's current
+	// grant (released, or the lease ended).
+	ErrNotHeld = errors.New("client: lock not held")
+	// ErrNoConnection means no connection to any server was available
+	// before the call's transport deadline; nothing was sent.
+	ErrNoConnection = errors.New("client: no connection to lockd")
+	// ErrClosed means the Client was closed. A pending acquire that may
+	// already have been sent when Close ran fails with an error matching
+	// both ErrClosed and ErrIndeterminate.
+	ErrClosed = errors.New("client: closed")
+	// ErrLockLost is the cause WithLock gives to fn's context when the lock
+	// could no longer be shown to be held (renew answered N, or renewals
+	// kept failing until the lease's conservative end).
+	ErrLockLost = errors.New("client: lock lost")
+	// ErrInvalidKey rejects a key that is empty, longer than 1024 bytes,
+	// not valid UTF-8 or containing 0x0A; nothing is sent.
+	ErrInvalidKey = errors.New("client: invalid key")
+	// ErrInvalidWait rejects a negative wait or one above 255 s.
+	ErrInvalidWait = errors.New("client: wait must be 0..255s")
+	// ErrInvalidLease rejects a negative lease or one above 255 s.
+	ErrInvalidLease = errors.New("client: lease must be 1..255s")
+)
+
+// ServerError is an E answer other than "shutting down" (code 4, which the
+// client handles itself): the server rejected the request and did not
+// execute it.
+type ServerError struct {
+	Op   proto.Op // the request's op
+	Code uint8    // proto.CodeBadFrame, CodeBadKey, CodeBadLease, ...
+	Msg  string   // the server's message
+}
+
+// Error implements error.
+func (e *ServerError) Error() string {
+	return "client: server rejected " + e.Op.String() + " (code " + strconv.Itoa(int(e.Code)) + "): " + e.Msg
+}
+
+// closedIndeterminate is the error of a call that may have been sent when
+// the client was closed: it is both ErrClosed and ErrIndeterminate.
+type closedIndeterminate struct{}
+
+func (closedIndeterminate) Error() string {
+	return "client: closed with the request possibly sent (outcome indeterminate)"
+}
+
+func (closedIndeterminate) Is(target error) bool {
+	return target == ErrClosed || target == ErrIndeterminate
+}
+
+var errClosedIndeterminate error = closedIndeterminate{}
+
+// Internal causes for closing a connection.
+var (
+	errAbandoned = errors.New("client: request abandoned with its answer outstanding")
+	errBadAnswer = errors.New("client: server sent a bad frame")
+	errServerE1  = errors.New("client: server reported a bad frame (E 1)")
+)

@@ -1,0 +1,358 @@
+package client
+
+import (
+	"context"
+	"math/rand/v2"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/lockd-dev/lockd/proto"
+)
+
+// Lock is a granted lock.
+type Lock struct {
+	Key   string
+	Token uint64 // the fencing token: pass it to the protected resource
+	// Expires is the client's conservative estimate of the lease's end: the
+	// instant the granting (or renewing) request was sent plus the lease.
+	// The server's lease counts from the request's arrival or later, so it
+	// never ends before Expires. It carries a monotonic clock reading.
+	Expires time.Time
+}
+
+// AcquireOptions are the parameters of one acquire.
+type AcquireOptions struct {
+	// Wait bounds how long the call waits for the key, 0..255 s. 0 makes a
+	// single immediate attempt that never queues. There is no infinite
+	// wait: loop to wait longer.
+	Wait time.Duration
+	// Lease is how long the grant stays valid without a release or renew,
+	// rounded up to whole seconds, 1..255 s; 0 means Config.DefaultLease.
+	Lease time.Duration
+}
+
+// leaseSecs validates and converts a lease.
+func (cl *Client) leaseSecs(d time.Duration) (uint8, error) {
+	if d == 0 {
+		d = cl.cfg.DefaultLease
+	}
+	if d < 0 || d > proto.MaxWait*time.Second {
+		return 0, ErrInvalidLease
+	}
+	return uint8((d + time.Second - 1) / time.Second), nil
+}
+
+func validKey(key string) bool {
+	if len(key) == 0 || len(key) > proto.MaxKey {
+		return false
+	}
+	return strings.IndexByte(key, '\n') < 0 && utf8.ValidString(key)
+}
+
+// Acquire takes the lock on key, waiting up to opts.Wait for it. It returns
+// the Lock, or an error: ErrTimeout, ErrBusy (definitive: not granted),
+// ErrIndeterminate (may or may not have been granted: do not enter the
+// critical section), a *ServerError, ctx.Err() (not sent), ErrNoConnection,
+// ErrClosed, or a validation error. Cancelling ctx ends the call under the
+// same rules as the deadline.
+func (cl *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (Lock, error) {
+	return cl.AcquireAsync(ctx, key, opts).Wait()
+}
+
+// AcquireAsync starts an acquire and returns at once; Ticket.Wait gives its
+// result. One goroutine can keep many acquires in flight this way: their
+// requests are pipelined on the client's connections and answered in any
+// order. The call's deadline starts now; ctx is observed by Wait. A grant
+// that reaches Wait after the deadline (or after ctx ended) is released
+// again at once and reported as ErrIndeterminate, so call Wait promptly.
+func (cl *Client) AcquireAsync(ctx context.Context, key string, opts AcquireOptions) *Ticket {
+	t := cl.getTicket(ctx, proto.OpAcquire, key)
+	switch {
+	case !validKey(key):
+		t.err = ErrInvalidKey
+		return t
+	case opts.Wait < 0 || opts.Wait > proto.MaxWait*time.Second:
+		t.err = ErrInvalidWait
+		return t
+	}
+	lease, err := cl.leaseSecs(opts.Lease)
+	if err != nil {
+		t.err = err
+		return t
+	}
+	if cl.isClosed() {
+		t.err = ErrClosed
+		return t
+	}
+	now := time.Now()
+	t.id = rand.Uint64()
+	t.lease = lease
+	if opts.Wait == 0 {
+		t.wait0 = true
+		t.sendBy = now.Add(cl.cfg.TransportTimeout)
+		t.timeout = cl.cfg.TransportTimeout
+	} else {
+		t.waitEnd = now.Add(opts.Wait)
+		t.sendBy = t.waitEnd
+	}
+	if ctx.Err() == nil {
+		t.trySend()
+	}
+	return t
+}
+
+// Wait waits for the acquire's result; see Acquire for the errors. It must
+// be called exactly once, and the Ticket not used afterwards.
+func (t *Ticket) Wait() (Lock, error) {
+	l, err := t.acquire()
+	t.cl.putTicket(t)
+	return l, err
+}
+
+func (t *Ticket) acquire() (Lock, error) {
+	if t.err != nil {
+		return Lock{}, t.err
+	}
+	cl := t.cl
+	for {
+		switch t.roundTrip() {
+		case outAnswer:
+		case outNotSent:
+			if t.wait0 {
+				return Lock{}, ErrNoConnection
+			}
+			return Lock{}, ErrTimeout
+		case outNoConn:
+			if t.wait0 {
+				return Lock{}, ErrNoConnection
+			}
+			return Lock{}, ErrTimeout
+		case outCtx:
+			return Lock{}, t.ctx.Err()
+		case outClosed:
+			return Lock{}, ErrClosed
+		default: // outLost, outAbandoned
+			if cl.isClosed() {
+				return Lock{}, errClosedIndeterminate
+			}
+			return Lock{}, ErrIndeterminate
+		}
+		switch t.rop {
+		case proto.OpAcquire:
+			// The delivery gate.
+			if t.ctx.Err() != nil || !time.Now().Before(t.answerBy()) {
+				cl.compensate(t.key, t.rtoken)
+				return Lock{}, ErrIndeterminate
+			}
+			return Lock{Key: t.key, Token: t.rtoken, Expires: t.sentAt.Add(time.Duration(t.lease) * time.Second)}, nil
+		case proto.OpTimeout:
+			return Lock{}, ErrTimeout
+		case proto.OpBusy:
+			return Lock{}, ErrBusy
+		case proto.OpMoved:
+			if t.rtail != "" {
+				t.moved = t.rtail
+				cl.follow(t.rtail)
+				continue
+			}
+		case proto.OpError:
+			if t.rcode != proto.CodeShutdown {
+				return Lock{}, &ServerError{Op: proto.OpAcquire, Code: t.rcode, Msg: t.rtail}
+			}
+		default:
+			return Lock{}, errBadAnswerOp(t)
+		}
+		// Not executed, nowhere to go: pause, then send again (same owner,
+		// same deadline).
+		if !t.sleep(cl.cfg.RetryPause, t.sendBy) {
+			return Lock{}, t.pauseEnded()
+		}
+	}
+}
+
+// pauseEnded is the error of a call whose pause before a resend was cut
+// short; the request was not executed.
+func (t *Ticket) pauseEnded() error {
+	switch {
+	case t.cl.isClosed():
+		return ErrClosed
+	case t.ctx.Err() != nil:
+		return t.ctx.Err()
+	case t.op == proto.OpAcquire && !t.wait0:
+		return ErrTimeout
+	}
+	return ErrNoConnection
+}
+
+func errBadAnswerOp(t *Ticket) error {
+	return &ServerError{Op: t.op, Msg: "unexpected answer " + t.rop.String()}
+}
+
+// compensate releases a grant the caller will never see, in the
+// background, with Release's retries.
+func (cl *Client) compensate(key string, token uint64) {
+	cl.goBackground(func() {
+		_ = cl.release(cl.bg, Lock{Key: key, Token: token})
+	})
+}
+
+// Release releases l. It retries for Config.ReleaseRetry (5 s) at
+// Config.ReleaseRetryInterval (200 ms), across connections, while attempts
+// fail (connection lost, no connection, server shutting down); a release
+// acts on the exact token only, so a resend is harmless. It returns nil
+// once the server answered R; ErrNotHeld if it answered N (the lease had
+// ended, or the token was released already) — unless an earlier attempt
+// may have executed, in which case N means that attempt did and nil is
+// returned; ErrIndeterminate if no attempt could be confirmed in time;
+// ErrNoConnection if none could be sent; or ctx.Err(), ErrClosed, a
+// *ServerError. The lease ends an unconfirmed lock at the latest.
+func (cl *Client) Release(ctx context.Context, l Lock) error {
+	return cl.release(ctx, l)
+}
+
+func (cl *Client) release(ctx context.Context, l Lock) error {
+	if !validKey(l.Key) {
+		return ErrInvalidKey
+	}
+	t := cl.getTicket(ctx, proto.OpRelease, l.Key)
+	defer cl.putTicket(t)
+	t.id = l.Token
+	limit := time.Now().Add(cl.cfg.ReleaseRetry)
+	t.hardBy = limit
+	t.timeout = cl.cfg.TransportTimeout
+	return t.retrying(limit, cl.cfg.ReleaseRetryInterval)
+}
+
+// Renew restarts l's lease at lease (0: Config.DefaultLease) from the
+// server's receipt of the request, and returns the Lock with its new
+// conservative Expires. Renewing is safe to repeat, so an attempt whose
+// connection is lost is retried (across connections, at RetryPause) until
+// Config.TransportTimeout. Errors: ErrNotHeld (the lock is gone),
+// ErrIndeterminate, ErrNoConnection, ctx.Err(), ErrClosed, *ServerError.
+func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock, error) {
+	if !validKey(l.Key) {
+		return Lock{}, ErrInvalidKey
+	}
+	ls, err := cl.leaseSecs(lease)
+	if err != nil {
+		return Lock{}, err
+	}
+	t := cl.getTicket(ctx, proto.OpRenew, l.Key)
+	defer cl.putTicket(t)
+	t.id = l.Token
+	t.lease = ls
+	limit := time.Now().Add(cl.cfg.TransportTimeout)
+	t.hardBy = limit
+	t.timeout = cl.cfg.TransportTimeout
+	if err := t.retrying(limit, cl.cfg.RetryPause); err != nil {
+		return Lock{}, err
+	}
+	l.Expires = t.sentAt.Add(time.Duration(ls) * time.Second)
+	return l, nil
+}
+
+// retrying runs a release or renew: both act only on the exact token, so
+// sending one again is harmless and the client resends after a lost
+// connection, until limit.
+func (t *Ticket) retrying(limit time.Time, pause time.Duration) error {
+	cl := t.cl
+	maybe := false // an earlier attempt may have executed
+	for {
+		if cl.isClosed() {
+			return ErrClosed
+		}
+		t.sendBy = limit
+		o := t.roundTrip()
+		if o == outAnswer {
+			switch t.rop {
+			case proto.OpRelease, proto.OpRenew:
+				return nil
+			case proto.OpNotHeld:
+				if maybe && t.op == proto.OpRelease {
+					return nil
+				}
+				return ErrNotHeld
+			case proto.OpMoved:
+				if t.rtail != "" {
+					t.moved = t.rtail
+					cl.follow(t.rtail)
+					continue
+				}
+			case proto.OpError:
+				if t.rcode != proto.CodeShutdown {
+					return &ServerError{Op: t.op, Code: t.rcode, Msg: t.rtail}
+				}
+			default:
+				return errBadAnswerOp(t)
+			}
+		}
+		switch o {
+		case outCtx:
+			if maybe {
+				return ErrIndeterminate
+			}
+			return t.ctx.Err()
+		case outClosed:
+			return ErrClosed
+		case outLost, outAbandoned:
+			maybe = true
+		}
+		if !time.Now().Before(limit) || !t.sleep(pause, limit) {
+			switch {
+			case maybe:
+				return ErrIndeterminate
+			case cl.isClosed():
+				return ErrClosed
+			case t.ctx.Err() != nil:
+				return t.ctx.Err()
+			}
+			return ErrNoConnection
+		}
+	}
+}
+
+// Ping measures the round trip to a server over one of the client's
+// connections. It fails with ErrNoConnection if no connection was up within
+// Config.TransportTimeout, ErrTimeout if the pong did not come back within
+// it, ctx.Err() or ErrClosed.
+func (cl *Client) Ping(ctx context.Context) (time.Duration, error) {
+	t := cl.getTicket(ctx, proto.OpPing, "")
+	defer cl.putTicket(t)
+	t.id = rand.Uint64()
+	limit := time.Now().Add(cl.cfg.TransportTimeout)
+	t.sendBy = limit
+	t.hardBy = limit
+	t.timeout = cl.cfg.TransportTimeout
+	for {
+		switch t.roundTrip() {
+		case outAnswer:
+			if t.rop == proto.OpPing {
+				return time.Since(t.sentAt), nil
+			}
+			if t.rop == proto.OpMoved && t.rtail != "" {
+				t.moved = t.rtail
+				cl.follow(t.rtail)
+				continue
+			}
+			if !t.sleep(cl.cfg.RetryPause, limit) {
+				return 0, t.pauseEnded()
+			}
+		case outLost:
+			if cl.isClosed() {
+				return 0, ErrClosed
+			}
+		case outAbandoned:
+			if t.ctx.Err() != nil {
+				return 0, t.ctx.Err()
+			}
+			return 0, ErrTimeout
+		case outCtx:
+			return 0, t.ctx.Err()
+		case outClosed:
+			return 0, ErrClosed
+		default:
+			return 0, ErrNoConnection
+		}
+	}
+}

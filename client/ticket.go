@@ -1,0 +1,334 @@
+package client
+
+import (
+	"context"
+	"time"
+
+	"github.com/lockd-dev/lockd/proto"
+)
+
+// state of a Ticket's current attempt. While a Ticket is attached to a
+// conn (state stQueued or stSent, or stDone until the waiter takes the
+// result) its state and result fields are guarded by that conn's mu.
+type state uint8
+
+const (
+	stIdle   state = iota // not attached to a connection: owned by the waiter
+	stQueued              // in conn.queue: definitely unsent
+	stSent                // handed to the writer: possibly sent
+	stDone                // finished; result in res
+)
+
+// result of one attempt.
+type result uint8
+
+const (
+	resNone      result = iota
+	resAnswer           // an answer was read: rop, rtoken, rcode, rtail
+	resUnsent           // the connection died before the request was taken for sending
+	resLost             // the connection died after the request was possibly sent
+	resExpired          // the writer found the send deadline passed; not sent
+	resAbandoned        // the waiter gave up with the request possibly sent
+)
+
+// outcome of roundTrip, the waiter's view of one request.
+type outcome uint8
+
+const (
+	outAnswer    outcome = iota // an answer: t.rop …
+	outNotSent                  // the send deadline passed before it was sent
+	outNoConn                   // the send deadline passed with no connection available
+	outLost                     // the connection died with the request possibly sent
+	outAbandoned                // the answer deadline passed (or ctx ended) with the request possibly sent
+	outCtx                      // ctx ended before it was sent
+	outClosed                   // the client was closed before it was sent
+)
+
+// A Ticket is one acquire in flight, returned by AcquireAsync. Call Wait
+// exactly once; the Ticket must not be used after Wait returns (it is
+// recycled). A Ticket is not safe for concurrent use.
+type Ticket struct {
+	cl  *Client
+	ctx context.Context
+	err error // set at creation: the call fails without sending
+
+	// The request, fixed for the whole call.
+	op      proto.Op
+	key     string
+	id      uint64        // owner, token or nonce
+	lease   uint8         // acquire, renew: lease seconds
+	wait0   bool          // acquire with wait 0
+	waitEnd time.Time     // acquire with wait > 0: the end of the caller's wait
+	sendBy  time.Time     // the request is not sent at or after this instant
+	hardBy  time.Time     // if set, the answer deadline is at most this
+	moved   string        // address an M pointed to: send there next
+	timeout time.Duration // answer deadline after the send (not for wait>0 acquires)
+
+	// conn is the connection of the current attempt, nil between attempts.
+	// Only the waiter's goroutine sets and reads it.
+	conn *conn
+	// Per attempt, guarded by conn.mu while attached.
+	state    state
+	next     *Ticket // chain of requests with the same correlation key
+	sentAt   time.Time
+	wireWait uint8
+	res      result
+	rop      proto.Op
+	rtoken   uint64
+	rcode    uint8
+	rtail    string
+
+	done  chan struct{} // cap 1; signalled once per attempt, under conn.mu
+	timer *time.Timer
+	armed time.Time // the instant timer is armed for; zero if stopped
+}
+
+func newTicket() *Ticket {
+	t := &Ticket{done: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
+	t.timer.Stop()
+	return t
+}
+
+// getTicket takes a recycled Ticket for a new call.
+func (cl *Client) getTicket(ctx context.Context, op proto.Op, key string) *Ticket {
+	t := cl.tickets.Get().(*Ticket)
+	t.cl = cl
+	t.ctx = ctx
+	t.op = op
+	t.key = key
+	return t
+}
+
+// putTicket recycles t once its call is over.
+func (cl *Client) putTicket(t *Ticket) {
+	t.stopTimer()
+	if t.conn != nil {
+		return // still attached to a connection: let the GC have it
+	}
+	done, timer := t.done, t.timer
+	*t = Ticket{done: done, timer: timer}
+	cl.tickets.Put(t)
+}
+
+// finishLocked records an attempt's result and wakes the waiter; c.mu held.
+func (t *Ticket) finishLocked(r result) {
+	t.res = r
+	t.state = stDone
+	select {
+	case t.done <- struct{}{}:
+	default:
+	}
+}
+
+// encode appends the request's frame, its wire wait computed from the
+// remaining time at now (rounded up, capped at 255 s); conn.mu held.
+func (t *Ticket) encode(buf []byte, now time.Time) []byte {
+	switch t.op {
+	case proto.OpAcquire:
+		var w uint8
+		if !t.wait0 {
+			rem := t.waitEnd.Sub(now)
+			s := (rem + time.Second - 1) / time.Second
+			if s > proto.MaxWait {
+				s = proto.MaxWait
+			}
+			if s < 1 {
+				s = 1
+			}
+			w = uint8(s)
+		}
+		t.wireWait = w
+		return proto.AppendAcquire(buf, w, t.lease, t.id, t.key)
+	case proto.OpRelease:
+		return proto.AppendRelease(buf, t.id, t.key)
+	case proto.OpRenew:
+		return proto.AppendRenew(buf, t.lease, t.id, t.key)
+	default:
+		return proto.AppendPing(buf, t.id)
+	}
+}
+
+// answerBy is the deadline for the answer of the attempt sent at sentAt.
+func (t *Ticket) answerBy() time.Time {
+	var d time.Time
+	if t.op == proto.OpAcquire && !t.wait0 {
+		d = t.sentAt.Add(time.Duration(t.wireWait)*time.Second + t.cl.cfg.AnswerAllowance)
+	} else {
+		d = t.sentAt.Add(t.timeout)
+	}
+	if !t.hardBy.IsZero() && t.hardBy.Before(d) {
+		d = t.hardBy
+	}
+	return d
+}
+
+// arm sets the timer to fire at instant at.
+func (t *Ticket) arm(at time.Time) {
+	if at.Equal(t.armed) {
+		return
+	}
+	t.armed = at
+	t.timer.Reset(time.Until(at))
+}
+
+func (t *Ticket) stopTimer() {
+	if !t.armed.IsZero() {
+		t.timer.Stop()
+		t.armed = time.Time{}
+	}
+}
+
+// trySend attaches t to a live connection, if one is available now.
+func (t *Ticket) trySend() bool {
+	for {
+		c := t.cl.pick(t.moved)
+		if c == nil {
+			return false
+		}
+		if c.enqueue(t) {
+			return true
+		}
+	}
+}
+
+// roundTrip sends t (unless trySend already attached it) and waits for the
+// answer. It resends on another connection only while the request is
+// definitely unsent, keeping the request (owner, deadline) as it is.
+func (t *Ticket) roundTrip() outcome {
+	cl := t.cl
+	ctxDone := t.ctx.Done()
+	for {
+		if t.conn == nil {
+			if t.ctx.Err() != nil {
+				return outCtx
+			}
+			if cl.isClosed() {
+				return outClosed
+			}
+			if !t.trySend() {
+				if o, ok := t.waitConn(ctxDone); !ok {
+					return o
+				}
+				continue
+			}
+		}
+		c := t.conn
+		t.arm(t.sendBy)
+		for {
+			fired, cancelled := false, false
+			select {
+			case <-t.done:
+				c.mu.Lock()
+			case <-t.timer.C:
+				t.armed = time.Time{}
+				fired = true
+				c.mu.Lock()
+			case <-ctxDone:
+				cancelled = true
+				c.mu.Lock()
+			}
+			if t.state == stDone {
+				if fired || cancelled {
+					<-t.done // signalled under c.mu: it is there
+				}
+				t.state = stIdle
+				t.conn = nil
+				c.mu.Unlock()
+				break
+			}
+			now := time.Now()
+			if t.state == stQueued {
+				if cancelled || !now.Before(t.sendBy) {
+					c.removeQueuedLocked(t)
+					t.state = stIdle
+					t.conn = nil
+					c.mu.Unlock()
+					if cancelled {
+						return outCtx
+					}
+					return outNotSent
+				}
+				c.mu.Unlock()
+				t.arm(t.sendBy)
+				continue
+			}
+			// stSent
+			by := t.answerBy()
+			if cancelled || !now.Before(by) {
+				c.removePendLocked(t)
+				t.state = stIdle
+				t.conn = nil
+				c.mu.Unlock()
+				switch {
+				case t.op == proto.OpAcquire:
+					// Close that exact connection: a grant not yet handed to
+					// its socket is released by the server at once.
+					c.fail(errAbandoned)
+				case !cancelled && !now.Before(t.sentAt.Add(t.timeout)):
+					// No answer for a whole transport timeout: the
+					// connection is taken to be broken.
+					c.fail(errAbandoned)
+				}
+				return outAbandoned
+			}
+			c.mu.Unlock()
+			t.arm(by)
+		}
+		switch t.res {
+		case resAnswer:
+			return outAnswer
+		case resUnsent:
+			continue // definitely unsent: another connection, same request
+		case resExpired:
+			return outNotSent
+		default: // resLost
+			return outLost
+		}
+	}
+}
+
+// waitConn waits until a connection may be available. ok false ends the
+// attempt with outcome o.
+func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
+	cl := t.cl
+	ch := cl.changedCh()
+	if t.trySend() {
+		return 0, true
+	}
+	if !time.Now().Before(t.sendBy) {
+		return outNoConn, false
+	}
+	t.arm(t.sendBy)
+	select {
+	case <-ch:
+		return 0, true
+	case <-t.timer.C:
+		t.armed = time.Time{}
+		return outNoConn, false
+	case <-ctxDone:
+		return outCtx, false
+	case <-cl.closing:
+		return outClosed, false
+	}
+}
+
+// sleep pauses for d; false if ctx ended, the client closed or limit was
+// reached first (then it returns at limit: a call does not give up before
+// its deadline).
+func (t *Ticket) sleep(d time.Duration, limit time.Time) bool {
+	at := time.Now().Add(d)
+	ok := at.Before(limit)
+	if !ok {
+		at = limit
+	}
+	t.arm(at)
+	select {
+	case <-t.timer.C:
+		t.armed = time.Time{}
+		return ok
+	case <-t.ctx.Done():
+		return false
+	case <-t.cl.closing:
+		return false
+	}
+}

@@ -1,0 +1,106 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/lockd-dev/lockd/proto"
+)
+
+// TestPendFIFO: requests with the same correlation key are answered in
+// send order, and one can be unlinked from the middle of its chain.
+func TestPendFIFO(t *testing.T) {
+	c := newConn(nil, "x", nil)
+	ts := make([]*Ticket, 4)
+	for i := range ts {
+		ts[i] = &Ticket{op: proto.OpRelease, id: 7}
+		c.addPendLocked(ts[i])
+	}
+	other := &Ticket{op: proto.OpRenew, id: 7}
+	c.addPendLocked(other)
+	c.removePendLocked(ts[2])
+	for _, want := range []*Ticket{ts[0], ts[1], ts[3]} {
+		if got := c.takePendLocked(proto.OpRelease, 7); got != want {
+			t.Fatalf("took %p, want %p", got, want)
+		}
+	}
+	if got := c.takePendLocked(proto.OpRelease, 7); got != nil {
+		t.Fatalf("chain not empty: %p", got)
+	}
+	if got := c.takePendLocked(proto.OpRenew, 7); got != other {
+		t.Fatal("renew with the same token lost")
+	}
+	if got := c.takePendLocked(proto.OpTimeout, 7); got != nil {
+		t.Fatal("a non-request op matched")
+	}
+}
+
+// TestServerBadFrame: E 1 closes the connection (framing is lost); a
+// request possibly sent on it is indeterminate.
+func TestServerBadFrame(t *testing.T) {
+	f := newFake(t, func(fc *fconn, r freq) {
+		if r.Op == proto.OpAcquire {
+			fc.send(proto.AppendError(nil, proto.Op('?'), 0, proto.CodeBadFrame, "bad frame"))
+			_ = fc.nc.Close()
+			return
+		}
+		fc.auto(r)
+	})
+	cl := newClient(t, fastConfig(f.addr()))
+	_, err := cl.Acquire(ctxT(t, 5*time.Second), "e1", AcquireOptions{Wait: time.Second})
+	wantErr(t, err, ErrIndeterminate)
+}
+
+// TestWithLockRenewalsFail: renewals that get no answer until the lease's
+// conservative end lose the lock: fn's context ends with ErrLockLost, not
+// before the lease.
+func TestWithLockRenewalsFail(t *testing.T) {
+	f := newFake(t, func(fc *fconn, r freq) {
+		if r.Op != proto.OpRenew {
+			fc.auto(r)
+		}
+	})
+	cl := newClient(t, fastConfig(f.addr()))
+	start := time.Now()
+	var lostAfter time.Duration
+	err := cl.WithLock(ctxT(t, 10*time.Second), "renew-fails", AcquireOptions{Lease: time.Second}, func(ctx context.Context, l Lock) error {
+		select {
+		case <-ctx.Done():
+			lostAfter = time.Since(start)
+			if !errors.Is(context.Cause(ctx), ErrLockLost) {
+				t.Errorf("cause %v", context.Cause(ctx))
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("fn's context not cancelled within 5 s")
+		}
+		return nil
+	})
+	wantErr(t, err, ErrLockLost)
+	if lostAfter < time.Second {
+		t.Fatalf("lock reported lost after %v, before the 1 s lease", lostAfter)
+	}
+}
+
+// TestUnansweredPingClosesConnection: an answer overdue by a whole
+// transport timeout means a broken connection: it is closed.
+func TestUnansweredPingClosesConnection(t *testing.T) {
+	f := newFake(t, func(*fconn, freq) {})
+	cfg := fastConfig(f.addr())
+	cfg.TransportTimeout = 300 * time.Millisecond
+	cl := newClient(t, cfg)
+	waitUp(t, cl, 2)
+	start := time.Now()
+	_, err := cl.Ping(ctxT(t, 5*time.Second))
+	wantErr(t, err, ErrTimeout)
+	if el := time.Since(start); el < 300*time.Millisecond {
+		t.Fatalf("gave up after %v", el)
+	}
+	r := f.next(time.Second)
+	select {
+	case <-r.Conn.closed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("connection not closed")
+	}
+}

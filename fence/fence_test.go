@@ -1,0 +1,62 @@
+package fence
+
+import (
+	"errors"
+	"sync"
+	"testing"
+)
+
+func TestCheck(t *testing.T) {
+	var c Checker
+	steps := []struct {
+		res   string
+		token uint64
+		stale bool
+	}{
+		{"a", 5, false},
+		{"a", 5, false}, // same holder again
+		{"a", 4, true},
+		{"b", 1, false}, // resources are independent
+		{"a", 9, false},
+		{"a", 6, true},
+		{"b", 0, true},
+	}
+	for i, s := range steps {
+		err := c.Check(s.res, s.token)
+		if got := errors.Is(err, ErrStale); got != s.stale {
+			t.Fatalf("step %d: Check(%q, %d) = %v, want stale %v", i, s.res, s.token, err, s.stale)
+		}
+	}
+	if got := c.Largest("a"); got != 9 {
+		t.Fatalf("Largest(a) = %d, want 9", got)
+	}
+	if got := c.Largest("none"); got != 0 {
+		t.Fatalf("Largest(none) = %d, want 0", got)
+	}
+}
+
+// TestConcurrent: many goroutines checking increasing tokens; the largest
+// wins and nothing below an accepted token is accepted after it.
+func TestConcurrent(t *testing.T) {
+	var c Checker
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 1000; i++ {
+				tok := uint64(i*8 + g)
+				if err := c.Check("r", tok); err == nil {
+					if l := c.Largest("r"); l < tok {
+						t.Errorf("Largest %d below accepted %d", l, tok)
+						return
+					}
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	if got := c.Largest("r"); got != 999*8+7 {
+		t.Fatalf("Largest = %d, want %d", got, 999*8+7)
+	}
+}
