@@ -1,0 +1,394 @@
+// Command lockctl is lockd's command-line client: take, release and renew
+// locks, ping a server, show what a server is doing, and run a command under
+// a lock.
+//
+//	lockctl acquire KEY [--wait 10s] [--lease 30s]     prints the token
+//	lockctl release KEY TOKEN
+//	lockctl renew KEY TOKEN [--lease 30s]
+//	lockctl ping
+//	lockctl status [KEY]
+//	lockctl run KEY [--wait 10s] [--lease 30s] [--margin 2s] [--grace 5s] -- CMD ARGS...
+//
+// Every command takes --addr (repeatable, or LOCKD_ADDRS, comma-separated;
+// default 127.0.0.1:7070) and --timeout. Exit codes are listed by
+// `lockctl --help`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lockd-dev/lockd/client"
+)
+
+// Exit codes. run exits with the command's own code when it ran to its end.
+const (
+	exitOK            = 0
+	exitError         = 1  // no connection, server error, bad answer
+	exitUsage         = 2  // bad command line
+	exitTimeout       = 10 // the wait ended with the lock still held elsewhere (T)
+	exitBusy          = 11 // the server's queue or capacity is full (B)
+	exitIndeterminate = 12 // the outcome is unknown: the lock may or may not have been granted
+	exitNotHeld       = 13 // release/renew: the token is not the key's current grant (N)
+	exitLockLost      = 14 // run: the lock was lost while the command ran; the command was killed
+	exitCannotExec    = 126
+	exitNotFound      = 127
+)
+
+const usageText = `Usage: lockctl COMMAND [flags] [args]
+
+Commands:
+  acquire KEY [--wait 10s] [--lease 30s]   take the lock and print its token
+  release KEY TOKEN                         release the lock held with TOKEN
+  renew KEY TOKEN [--lease 30s]             restart the lease of TOKEN
+  ping                                      measure the round trip to a server
+  status [KEY]                              server status, or one key's holder and waiters
+  run KEY [flags] -- CMD [ARGS...]          run CMD while holding the lock
+
+Common flags (also after the command):
+  --addr HOST:PORT   server address, repeatable (env LOCKD_ADDRS, comma-separated; default 127.0.0.1:7070)
+  --admin HOST:PORT  admin endpoint for status (env LOCKD_ADMIN; default 127.0.0.1:7071)
+  --timeout D        network timeout for commands other than waiting for a lock (default 10s)
+
+Exit codes:
+  0    success (run: the command's own exit code)
+  1    error: no connection, server error
+  2    bad command line
+  10   timed out waiting for the lock
+  11   server busy (queue or capacity full)
+  12   indeterminate: the lock may or may not have been granted
+  13   not held: the token is not the key's current grant
+  14   run: the lock was lost while the command ran; the command was killed
+  126  run: the command could not be executed
+  127  run: the command was not found
+
+Run "lockctl COMMAND --help" for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// common are the flags every command takes.
+type common struct {
+	addrs   addrList
+	admin   string
+	timeout time.Duration
+}
+
+type addrList []string
+
+func (a *addrList) String() string     { return strings.Join(*a, ",") }
+func (a *addrList) Set(v string) error { *a = append(*a, v); return nil }
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.Var(&c.addrs, "addr", "server address host:port, repeatable (env LOCKD_ADDRS)")
+	fs.StringVar(&c.admin, "admin", "", "admin endpoint host:port for status (env LOCKD_ADMIN, default 127.0.0.1:7071)")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "network timeout for everything but the wait for a lock")
+}
+
+func (c *common) finish() error {
+	if len(c.addrs) == 0 {
+		if env := os.Getenv("LOCKD_ADDRS"); env != "" {
+			for _, a := range strings.Split(env, ",") {
+				if a = strings.TrimSpace(a); a != "" {
+					c.addrs = append(c.addrs, a)
+				}
+			}
+		}
+	}
+	if len(c.addrs) == 0 {
+		c.addrs = addrList{"127.0.0.1:7070"}
+	}
+	if c.admin == "" {
+		c.admin = os.Getenv("LOCKD_ADMIN")
+	}
+	if c.admin == "" {
+		c.admin = "127.0.0.1:7071"
+	}
+	if c.timeout <= 0 {
+		return usageErr("--timeout must be positive")
+	}
+	return nil
+}
+
+func (c *common) client() (*client.Client, error) {
+	cfg := client.DefaultConfig()
+	cfg.Addrs = c.addrs
+	cfg.DialTimeout = c.timeout
+	cfg.TransportTimeout = c.timeout
+	return client.New(cfg)
+}
+
+// usageError is a bad command line (exit 2).
+type usageError string
+
+func (e usageError) Error() string { return string(e) }
+
+func usageErr(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
+
+// parse parses fs's flags wherever they stand among args (flags may follow
+// positional arguments) and returns the positional arguments.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: lockctl %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return exitUsage
+	}
+	// Common flags may come before the command: move them after it.
+	var lead []string
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") && args[0] != "--" {
+		a := args[0]
+		if a == "-h" || a == "--help" || a == "-help" {
+			break
+		}
+		n := 2
+		if strings.Contains(a, "=") {
+			n = 1
+		}
+		n = min(n, len(args))
+		lead, args = append(lead, args[:n]...), args[n:]
+	}
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return exitUsage
+	}
+	cmd, rest := args[0], append(lead, args[1:]...)
+	var err error
+	switch cmd {
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(stdout, usageText)
+		return exitOK
+	case "acquire":
+		err = cmdAcquire(rest, stdout, stderr)
+	case "release":
+		err = cmdRelease(rest, stdout, stderr)
+	case "renew":
+		err = cmdRenew(rest, stdout, stderr)
+	case "ping":
+		err = cmdPing(rest, stdout, stderr)
+	case "status":
+		err = cmdStatus(rest, stdout, stderr)
+	case "run":
+		err = cmdRun(rest, stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "lockctl: unknown command %q\n\n%s", cmd, usageText)
+		return exitUsage
+	}
+	return report(err, stderr)
+}
+
+// exitErr carries an exit code and a message (empty: print nothing).
+type exitErr struct {
+	code int
+	msg  string
+}
+
+func (e *exitErr) Error() string { return e.msg }
+
+// report prints err in a sentence and maps it to an exit code.
+func report(err error, stderr io.Writer) int {
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "lockctl: %s\n", ue)
+		return exitUsage
+	}
+	var ee *exitErr
+	if errors.As(err, &ee) {
+		if ee.msg != "" {
+			fmt.Fprintf(stderr, "lockctl: %s\n", ee.msg)
+		}
+		return ee.code
+	}
+	if strings.Contains(err.Error(), "flag provided but not defined") || strings.Contains(err.Error(), "invalid value") {
+		return exitUsage // the flag package has printed it
+	}
+	code, msg := exitError, err.Error()
+	var se *client.ServerError
+	switch {
+	case errors.Is(err, client.ErrIndeterminate):
+		code, msg = exitIndeterminate, "outcome indeterminate: the lock may or may not have been granted; it will be freed at the latest when its lease ends ("+err.Error()+")"
+	case errors.Is(err, client.ErrTimeout):
+		code, msg = exitTimeout, "timed out: the lock is held by someone else ("+err.Error()+")"
+	case errors.Is(err, client.ErrBusy):
+		code, msg = exitBusy, "server busy: its wait queue or key capacity is full ("+err.Error()+")"
+	case errors.Is(err, client.ErrNotHeld):
+		code, msg = exitNotHeld, "not held: the token is not the key's current grant (released, or its lease ended)"
+	case errors.Is(err, client.ErrNoConnection):
+		msg = "no connection to lockd (" + err.Error() + "); is it running? addresses come from --addr or LOCKD_ADDRS"
+	case errors.As(err, &se):
+		msg = "server rejected the request: " + se.Msg
+	case errors.Is(err, client.ErrInvalidKey), errors.Is(err, client.ErrInvalidLease), errors.Is(err, client.ErrInvalidWait):
+		code = exitUsage
+	}
+	fmt.Fprintf(stderr, "lockctl: %s\n", msg)
+	return code
+}
+
+func parseToken(s string) (uint64, error) {
+	t, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || t == 0 {
+		return 0, usageErr("TOKEN %q: want the decimal token printed by acquire", s)
+	}
+	return t, nil
+}
+
+func cmdAcquire(args []string, stdout, stderr io.Writer) error {
+	var c common
+	fs := newFlagSet("acquire", "acquire KEY [--wait 10s] [--lease 30s]", stderr)
+	c.register(fs)
+	wait := fs.Duration("wait", 10*time.Second, "how long to wait for the lock, 0..255s (0: one attempt)")
+	lease := fs.Duration("lease", 30*time.Second, "lease, 1s..255s, rounded up to whole seconds")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageErr("acquire takes one KEY")
+	}
+	if err := c.finish(); err != nil {
+		return err
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	l, err := cl.Acquire(context.Background(), pos[0], client.AcquireOptions{Wait: *wait, Lease: *lease})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, l.Token)
+	return nil
+}
+
+func cmdRelease(args []string, stdout, stderr io.Writer) error {
+	var c common
+	fs := newFlagSet("release", "release KEY TOKEN", stderr)
+	c.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return usageErr("release takes KEY and TOKEN")
+	}
+	tok, err := parseToken(pos[1])
+	if err != nil {
+		return err
+	}
+	if err := c.finish(); err != nil {
+		return err
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	if err := cl.Release(ctx, client.Lock{Key: pos[0], Token: tok}); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "released")
+	return nil
+}
+
+func cmdRenew(args []string, stdout, stderr io.Writer) error {
+	var c common
+	fs := newFlagSet("renew", "renew KEY TOKEN [--lease 30s]", stderr)
+	c.register(fs)
+	lease := fs.Duration("lease", 30*time.Second, "new lease from now, 1s..255s")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return usageErr("renew takes KEY and TOKEN")
+	}
+	tok, err := parseToken(pos[1])
+	if err != nil {
+		return err
+	}
+	if err := c.finish(); err != nil {
+		return err
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	l, err := cl.Renew(ctx, client.Lock{Key: pos[0], Token: tok}, *lease)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "renewed until %s\n", l.Expires.Round(time.Millisecond).Format(time.RFC3339Nano))
+	return nil
+}
+
+func cmdPing(args []string, stdout, stderr io.Writer) error {
+	var c common
+	fs := newFlagSet("ping", "ping", stderr)
+	c.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usageErr("ping takes no arguments")
+	}
+	if err := c.finish(); err != nil {
+		return err
+	}
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	rtt, err := cl.Ping(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "pong from %s in %s\n", strings.Join(c.addrs, ","), rtt.Round(time.Microsecond))
+	return nil
+}

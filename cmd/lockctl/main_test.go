@@ -1,0 +1,403 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// These tests run the real binaries: lockd (built from ../lockd) and
+// lockctl.
+
+var lockdBin, lockctlBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "lockctl-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	lockdBin, lockctlBin = filepath.Join(dir, "lockd"), filepath.Join(dir, "lockctl")
+	for bin, pkg := range map[string]string{lockdBin: "../lockd", lockctlBin: "."} {
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building", pkg, err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type server struct {
+	addr, admin string
+	cmd         *exec.Cmd
+}
+
+var (
+	readyRE = regexp.MustCompile(`msg=ready addr=(\S+)`)
+	adminRE = regexp.MustCompile(`msg="admin endpoint" addr=(\S+)`)
+)
+
+func startLockd(t *testing.T) *server {
+	t.Helper()
+	cmd := exec.Command(lockdBin, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", t.TempDir(), "--loops", "1", "--drain", "1ms")
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); pw.Close() })
+	s := &server{cmd: cmd}
+	found := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if m := adminRE.FindStringSubmatch(sc.Text()); m != nil {
+				s.admin = m[1]
+			}
+			if m := readyRE.FindStringSubmatch(sc.Text()); m != nil {
+				s.addr = m[1]
+				close(found)
+			}
+		}
+	}()
+	select {
+	case <-found:
+	case <-time.After(20 * time.Second):
+		t.Fatal("lockd not ready")
+	}
+	return s
+}
+
+// ctl runs lockctl and returns stdout, stderr and the exit code.
+func ctl(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(lockctlBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func TestAcquireReleaseRenewPing(t *testing.T) {
+	s := startLockd(t)
+	env := []string{"LOCKD_ADDRS=" + s.addr}
+	out, errs, code := ctl(t, env, "acquire", "job", "--lease", "30s")
+	if code != 0 {
+		t.Fatalf("acquire: %d %s", code, errs)
+	}
+	tok := strings.TrimSpace(out)
+	if _, err := strconv.ParseUint(tok, 10, 64); err != nil {
+		t.Fatalf("acquire printed %q", out)
+	}
+	if _, errs, code := ctl(t, env, "acquire", "job", "--wait", "0"); code != exitTimeout || !strings.Contains(errs, "timed out") {
+		t.Fatalf("acquire of a held key: %d %s", code, errs)
+	}
+	if out, errs, code := ctl(t, env, "renew", "job", tok, "--lease", "10s"); code != 0 || !strings.Contains(out, "renewed") {
+		t.Fatalf("renew: %d %s %s", code, out, errs)
+	}
+	if _, errs, code := ctl(t, nil, "--addr", s.addr, "release", "job", tok); code != 0 {
+		t.Fatalf("release: %d %s", code, errs)
+	}
+	if _, errs, code := ctl(t, nil, "release", "job", tok, "--addr", s.addr); code != exitNotHeld || !strings.Contains(errs, "not held") {
+		t.Fatalf("second release: %d %s", code, errs)
+	}
+	if out, errs, code := ctl(t, env, "ping"); code != 0 || !strings.Contains(out, "pong") {
+		t.Fatalf("ping: %d %s %s", code, out, errs)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	cases := [][]string{
+		{},
+		{"frobnicate"},
+		{"acquire"},
+		{"acquire", "a", "b"},
+		{"release", "k"},
+		{"release", "k", "notanumber"},
+		{"renew", "k", "0"},
+		{"run", "k"},
+		{"run", "k", "--"},
+		{"run", "--", "true"},
+		{"run", "k", "--lease", "3s", "--margin", "2s", "--grace", "2s", "--", "true"},
+		{"acquire", "k", "--wait", "1000s"},
+		{"acquire", "k", "--nope"},
+		{"status", "a", "b"},
+	}
+	for _, args := range cases {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			_, errs, code := ctl(t, []string{"LOCKD_ADDRS=127.0.0.1:1"}, args...)
+			if code != exitUsage || strings.TrimSpace(errs) == "" {
+				t.Fatalf("exit %d, stderr %q; want 2 and a message", code, errs)
+			}
+		})
+	}
+	for _, c := range []string{"acquire", "release", "renew", "ping", "status", "run"} {
+		if _, errs, code := ctl(t, nil, c, "--help"); code != 0 || !strings.Contains(errs, "Usage: lockctl "+c) {
+			t.Fatalf("%s --help: %d %q", c, code, errs)
+		}
+	}
+	if out, _, code := ctl(t, nil, "--help"); code != 0 || !strings.Contains(out, "Exit codes") {
+		t.Fatalf("--help: %d %q", code, out)
+	}
+}
+
+func TestNoServer(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	_, errs, code := ctl(t, nil, "ping", "--addr", addr, "--timeout", "1s")
+	if code != exitError || !strings.Contains(errs, "no connection") {
+		t.Fatalf("ping without server: %d %q", code, errs)
+	}
+}
+
+func TestRunExitCodesAndEnvironment(t *testing.T) {
+	s := startLockd(t)
+	env := []string{"LOCKD_ADDRS=" + s.addr}
+	dir := t.TempDir()
+	envFile := filepath.Join(dir, "env")
+	if _, errs, code := ctl(t, env, "run", "k", "--", "sh", "-c", `echo "$LOCKD_KEY $LOCKD_TOKEN" > `+envFile); code != 0 {
+		t.Fatalf("run exit 0: %d %s", code, errs)
+	}
+	b, _ := os.ReadFile(envFile)
+	f := strings.Fields(string(b))
+	if len(f) != 2 || f[0] != "k" {
+		t.Fatalf("command saw %q", b)
+	}
+	if _, err := strconv.ParseUint(f[1], 10, 64); err != nil {
+		t.Fatalf("LOCKD_TOKEN %q", f[1])
+	}
+	if _, _, code := ctl(t, env, "run", "k", "--", "sh", "-c", "exit 3"); code != 3 {
+		t.Fatalf("run exit 3: got %d", code)
+	}
+	if _, _, code := ctl(t, env, "run", "k", "--", "/no/such/command"); code != exitNotFound {
+		t.Fatalf("run of a missing command: got %d", code)
+	}
+	// The lock was released each time.
+	if _, errs, code := ctl(t, env, "acquire", "k", "--wait", "0"); code != 0 {
+		t.Fatalf("lock not released after run: %d %s", code, errs)
+	}
+}
+
+func TestRunSerializes(t *testing.T) {
+	s := startLockd(t)
+	env := []string{"LOCKD_ADDRS=" + s.addr}
+	log := filepath.Join(t.TempDir(), "log")
+	script := func(n string) string {
+		return fmt.Sprintf("echo start%s >> %s; sleep 1; echo end%s >> %s", n, log, n, log)
+	}
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			_, _, codes[i] = ctl(t, env, "run", "serial", "--wait", "20s", "--", "sh", "-c", script(strconv.Itoa(i)))
+		}(i)
+		time.Sleep(200 * time.Millisecond)
+	}
+	wg.Wait()
+	b, _ := os.ReadFile(log)
+	lines := strings.Fields(string(b))
+	if codes[0] != 0 || codes[1] != 0 || len(lines) != 4 {
+		t.Fatalf("codes %v, log %q", codes, lines)
+	}
+	for i := 0; i < 4; i += 2 {
+		if !strings.HasPrefix(lines[i], "start") || lines[i+1] != "end"+strings.TrimPrefix(lines[i], "start") {
+			t.Fatalf("runs overlapped: %q", lines)
+		}
+	}
+}
+
+// proxy forwards TCP to target until frozen; frozen, it moves no bytes
+// either way but keeps every connection open (a network partition).
+type proxy struct {
+	ln     net.Listener
+	target string
+	frozen atomic.Bool
+	closed atomic.Bool
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target}
+	var conns sync.WaitGroup
+	t.Cleanup(func() { p.closed.Store(true); ln.Close(); conns.Wait() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			conns.Add(2)
+			go func() { defer conns.Done(); p.pipe(c, u) }()
+			go func() { defer conns.Done(); p.pipe(u, c) }()
+		}
+	}()
+	return p
+}
+
+func (p *proxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 4096)
+	for {
+		_ = src.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		n, err := src.Read(buf)
+		if n > 0 {
+			for p.frozen.Load() {
+				time.Sleep(10 * time.Millisecond)
+				if p.closed.Load() {
+					return
+				}
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				if p.closed.Load() {
+					return
+				}
+				continue
+			}
+			return
+		}
+	}
+}
+
+func TestRunKillsCommandBeforeLeaseEnds(t *testing.T) {
+	s := startLockd(t)
+	p := startProxy(t, s.addr)
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "grandchild")
+	// The command starts a grandchild (consul lock is criticised for
+	// missing those) and then sleeps.
+	script := "sleep 120 & echo $! > " + pidFile + "; sleep 120"
+	cmd := exec.Command(lockctlBin, "run", "lost", "--addr", p.ln.Addr().String(), "--lease", "4s",
+		"--renew-every", "1s", "--margin", "1s", "--grace", "500ms", "--timeout", "1s", "--", "sh", "-c", script)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if b, err := os.ReadFile(pidFile); err == nil && len(bytes.TrimSpace(b)) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("command did not start; stderr: %s", errb.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // at least one renewal gets through
+	p.frozen.Store(true)                // from now on renewals cannot reach lockd
+	var exitCode int
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			exitCode = ee.ExitCode()
+		}
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("lockctl did not stop the command; stderr: %s", errb.String())
+	}
+	// The command was dead before the lease ended on the server: lockd still
+	// shows the key held at the moment lockctl returned.
+	var k struct {
+		Held        bool  `json:"held"`
+		LeaseLeftMs int64 `json:"lease_left_ms"`
+	}
+	resp, err := http.Get("http://" + s.admin + "/keys/lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&k)
+	resp.Body.Close()
+	if exitCode != exitLockLost {
+		t.Fatalf("exit code %d, want %d; stderr: %s", exitCode, exitLockLost, errb.String())
+	}
+	if !k.Held || k.LeaseLeftMs <= 0 {
+		t.Fatalf("lease already ended when lockctl returned: %+v; stderr: %s", k, errb.String())
+	}
+	t.Logf("command stopped %d ms before the lease ended", k.LeaseLeftMs)
+	b, _ := os.ReadFile(pidFile)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid <= 0 {
+		t.Fatalf("grandchild pid %q", b)
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		// It may be a zombie waiting for its reaper; check its state.
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if f := strings.Fields(string(st)); len(f) > 2 && f[2] != "Z" {
+			t.Fatalf("grandchild %d still running (%s)", pid, f[2])
+		}
+	}
+	if !strings.Contains(errb.String(), "lost") {
+		t.Fatalf("stderr does not say the lock was lost: %s", errb.String())
+	}
+}
+
+func TestStatus(t *testing.T) {
+	s := startLockd(t)
+	env := []string{"LOCKD_ADDRS=" + s.addr, "LOCKD_ADMIN=" + s.admin}
+	out, _, _ := ctl(t, env, "acquire", "held-key")
+	tok := strings.TrimSpace(out)
+	out, errs, code := ctl(t, env, "status")
+	if code != 0 || !strings.Contains(out, "held keys:   1") || !strings.Contains(out, "active") {
+		t.Fatalf("status: %d %q %s", code, out, errs)
+	}
+	out, errs, code = ctl(t, env, "status", "held-key")
+	if code != 0 || !strings.Contains(out, "held") || !strings.Contains(out, tok) || !strings.Contains(out, "lease left") {
+		t.Fatalf("status KEY: %d %q %s", code, out, errs)
+	}
+	out, _, code = ctl(t, env, "status", "free-key")
+	if code != 0 || !strings.Contains(out, "free") {
+		t.Fatalf("status free KEY: %d %q", code, out)
+	}
+	if _, errs, code := ctl(t, []string{"LOCKD_ADMIN=127.0.0.1:1"}, "status"); code != exitError || !strings.Contains(errs, "admin endpoint") {
+		t.Fatalf("status without admin: %d %q", code, errs)
+	}
+}

@@ -1,0 +1,282 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lockd-dev/lockd/client"
+)
+
+const runSynopsis = "run KEY [--wait 10s] [--lease 30s] [--margin 2s] [--grace 5s] -- CMD [ARGS...]"
+
+// runOpts are run's settings.
+type runOpts struct {
+	key          string
+	argv         []string
+	wait, lease  time.Duration
+	margin       time.Duration // the command is dead this long before the lease can end
+	grace        time.Duration // SIGTERM → SIGKILL
+	renewEvery   time.Duration
+	retryRenewIn time.Duration
+}
+
+func cmdRun(args []string, stdout, stderr io.Writer) error {
+	var c common
+	fs := newFlagSet("run", runSynopsis, stderr)
+	c.register(fs)
+	var o runOpts
+	fs.DurationVar(&o.wait, "wait", 10*time.Second, "how long to wait for the lock, 0..255s")
+	fs.DurationVar(&o.lease, "lease", 30*time.Second, "lease, renewed in the background while the command runs, 1s..255s")
+	fs.DurationVar(&o.margin, "margin", 2*time.Second, "safety margin: when renewals fail, the command is dead this long before the lease can end")
+	fs.DurationVar(&o.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
+	fs.DurationVar(&o.renewEvery, "renew-every", 0, "renewal interval (default: a third of the lease)")
+	dash := -1
+	for i, a := range args {
+		if a == "--" {
+			dash = i
+			break
+		}
+	}
+	if dash < 0 {
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageErr("run needs -- before the command: lockctl %s", runSynopsis)
+	}
+	pos, err := parse(fs, args[:dash])
+	if err != nil {
+		return err
+	}
+	o.argv = args[dash+1:]
+	if len(pos) != 1 {
+		return usageErr("run takes one KEY before --")
+	}
+	if len(o.argv) == 0 {
+		return usageErr("run needs a command after --")
+	}
+	o.key = pos[0]
+	if err := c.finish(); err != nil {
+		return err
+	}
+	if o.lease < time.Second || o.lease > 255*time.Second {
+		return usageErr("--lease %v: must be 1s..255s", o.lease)
+	}
+	o.lease = (o.lease + time.Second - 1) / time.Second * time.Second // what the server will use
+	if o.margin < 0 || o.grace < 0 {
+		return usageErr("--margin and --grace must not be negative")
+	}
+	if o.renewEvery == 0 {
+		o.renewEvery = o.lease / 3
+	}
+	if o.renewEvery <= 0 || o.margin+o.grace+o.renewEvery >= o.lease {
+		return usageErr("--lease %v must exceed --margin %v + --grace %v + the renewal interval %v", o.lease, o.margin, o.grace, o.renewEvery)
+	}
+	o.retryRenewIn = min(o.renewEvery/4, time.Second)
+	cl, err := c.client()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return runLocked(cl, &c, &o, stderr)
+}
+
+// runLocked takes the lock, runs the command and guards it.
+func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error {
+	// Forward these to the command's process group rather than dying.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigs)
+
+	l, err := cl.Acquire(context.Background(), o.key, client.AcquireOptions{Wait: o.wait, Lease: o.lease})
+	if err != nil {
+		return err
+	}
+	release := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+		defer cancel()
+		if err := cl.Release(ctx, l); err != nil && !errors.Is(err, client.ErrNotHeld) {
+			fmt.Fprintf(stderr, "lockctl: releasing %q failed (%v); the lease frees it within %v\n", o.key, err, o.lease)
+		}
+	}
+
+	cmd := exec.Command(o.argv[0], o.argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), "LOCKD_KEY="+o.key, "LOCKD_TOKEN="+strconv.FormatUint(l.Token, 10))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its own group: we can signal it whole
+	if err := cmd.Start(); err != nil {
+		release()
+		code := exitCannotExec
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			code = exitNotFound
+		}
+		return &exitErr{code: code, msg: fmt.Sprintf("cannot run %s: %v", o.argv[0], err)}
+	}
+	pgid := cmd.Process.Pid
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	type renewResult struct {
+		l   client.Lock
+		err error
+	}
+	renewed := make(chan renewResult, 1)
+	renewing := false
+	renewT := time.NewTimer(o.renewEvery)
+	defer renewT.Stop()
+	// killAt: the last moment to start the kill so the group is dead
+	// --margin before the lease can end on the server.
+	killAt := func() time.Time { return l.Expires.Add(-o.margin - o.grace) }
+	killT := time.NewTimer(time.Until(killAt()))
+	defer killT.Stop()
+
+	var lost string
+loop:
+	for {
+		select {
+		case err := <-done:
+			// The command ended by itself. Anything it left in its group
+			// may still touch the resource: stop it before releasing.
+			stopGroup(pgid, o.grace, nil)
+			release()
+			return exitStatus(err)
+		case sig := <-sigs:
+			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
+		case <-renewT.C:
+			if !renewing {
+				renewing = true
+				timeout := min(c.timeout, time.Until(killAt()))
+				go func(l client.Lock) {
+					ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Millisecond))
+					defer cancel()
+					nl, err := cl.Renew(ctx, l, o.lease)
+					renewed <- renewResult{nl, err}
+				}(l)
+			}
+		case r := <-renewed:
+			renewing = false
+			switch {
+			case r.err == nil:
+				l = r.l
+				killT.Reset(time.Until(killAt()))
+				renewT.Reset(o.renewEvery)
+			case errors.Is(r.err, client.ErrNotHeld):
+				lost = "the server says the lock is no longer held (renew answered N)"
+				break loop
+			default:
+				fmt.Fprintf(stderr, "lockctl: renewing %q failed: %v; retrying\n", o.key, r.err)
+				renewT.Reset(o.retryRenewIn)
+			}
+		case <-killT.C:
+			lost = fmt.Sprintf("renewals failed until %v before the lease could end", o.margin+o.grace)
+			break loop
+		}
+	}
+	fmt.Fprintf(stderr, "lockctl: lock %q lost: %s; stopping the command (SIGTERM, SIGKILL after %v)\n", o.key, lost, o.grace)
+	stopGroup(pgid, o.grace, done)
+	// No release: either the lock is someone else's now (N), or the server
+	// cannot be reached; its lease ends it.
+	return &exitErr{code: exitLockLost, msg: fmt.Sprintf("lock %q lost; the command was stopped", o.key)}
+}
+
+// stopGroup ends every process of group pgid: SIGTERM, then SIGKILL after
+// grace. If done is not nil it is the group leader's Wait result, which is
+// drained.
+func stopGroup(pgid int, grace time.Duration, done <-chan error) {
+	leaderGone := done == nil
+	reap := func() {
+		if !leaderGone {
+			select {
+			case <-done:
+				leaderGone = true
+			default:
+			}
+		}
+	}
+	if !groupAlive(pgid) {
+		if !leaderGone {
+			<-done
+		}
+		return // nothing left
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		reap()
+		if !groupAlive(pgid) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if groupAlive(pgid) {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		// SIGKILL cannot be caught; wait (bounded) for the kernel.
+		for i := 0; i < 200 && groupAlive(pgid); i++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if !leaderGone {
+		<-done
+	}
+}
+
+// groupAlive reports whether a process of group pgid is still running.
+// Zombies (dead, waiting for a parent to reap them; orphans may wait for
+// an init that never reaps) do not count: they run no code. Linux's /proc
+// tells them apart; elsewhere any member counts.
+func groupAlive(pgid int) bool {
+	if syscall.Kill(-pgid, 0) != nil {
+		return false
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return true
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...: comm may hold spaces and ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if g, _ := strconv.Atoi(f[2]); g == pgid && pid > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// exitStatus maps the command's Wait result to lockctl's exit.
+func exitStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return &exitErr{code: 128 + int(ws.Signal())}
+		}
+		return &exitErr{code: ee.ExitCode()}
+	}
+	return &exitErr{code: exitError, msg: err.Error()}
+}
