@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -73,6 +74,9 @@ func newServer(t testing.TB, mod func(*engine.Config)) *engine.Server {
 	}
 	cfg.DataDir = dir
 	cfg.Loops = 2
+	if l, _ := strconv.Atoi(os.Getenv("LOCKD_BENCH_LOOPS")); l > 0 {
+		cfg.Loops = l // benchmarks on a box whose cores the client shares
+	}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	if mod != nil {
 		mod(&cfg)
