@@ -119,6 +119,13 @@ func (c *common) finish() error {
 	return nil
 }
 
+// context bounds one command's network work: the client's own transport
+// deadline (--timeout) comes first and names what failed; the context is
+// only a backstop.
+func (c *common) context() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), c.timeout+time.Second)
+}
+
 func (c *common) client() (*client.Client, error) {
 	cfg := client.DefaultConfig()
 	cfg.Addrs = c.addrs
@@ -250,6 +257,8 @@ func report(err error, stderr io.Writer) int {
 		code, msg = exitBusy, "server busy: its wait queue or key capacity is full ("+err.Error()+")"
 	case errors.Is(err, client.ErrNotHeld):
 		code, msg = exitNotHeld, "not held: the token is not the key's current grant (released, or its lease ended)"
+	case errors.Is(err, context.DeadlineExceeded):
+		msg = "no answer within --timeout (" + err.Error() + ")"
 	case errors.Is(err, client.ErrNoConnection):
 		msg = "no connection to lockd (" + err.Error() + "); is it running? addresses come from --addr or LOCKD_ADDRS"
 	case errors.As(err, &se):
@@ -321,7 +330,7 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	ctx, cancel := c.context()
 	defer cancel()
 	if err := cl.Release(ctx, client.Lock{Key: pos[0], Token: tok}); err != nil {
 		return err
@@ -354,7 +363,7 @@ func cmdRenew(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	ctx, cancel := c.context()
 	defer cancel()
 	l, err := cl.Renew(ctx, client.Lock{Key: pos[0], Token: tok}, *lease)
 	if err != nil {
@@ -383,7 +392,7 @@ func cmdPing(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	ctx, cancel := c.context()
 	defer cancel()
 	rtt, err := cl.Ping(ctx)
 	if err != nil {

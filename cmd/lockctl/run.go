@@ -102,7 +102,7 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 		return err
 	}
 	release := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+		ctx, cancel := c.context()
 		defer cancel()
 		if err := cl.Release(ctx, l); err != nil && !errors.Is(err, client.ErrNotHeld) {
 			fmt.Fprintf(stderr, "lockctl: releasing %q failed (%v); the lease frees it within %v\n", o.key, err, o.lease)
