@@ -42,3 +42,13 @@ fuzz:
 
 clean:
 	rm -rf bin
+
+## bench-peers: lockd against the echo ceiling, Redis and etcd, interleaved
+## over ROUNDS rounds (installs redis-server and etcd-server with apt-get
+## when they are missing; the harness starts and stops them on loopback).
+ROUNDS ?= 3
+.PHONY: bench-peers
+bench-peers:
+	@command -v redis-server >/dev/null && command -v etcd >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server etcd-server; }
+	$(GO) run ./bench -targets all -rounds $(ROUNDS) -svg bench/latency.svg -markdown

@@ -1,0 +1,23 @@
+// Command bench is lockd's benchmark harness: `go run ./bench` starts lockd
+// on loopback and runs the standard suite — uncontended acquire/release
+// pairs, contended hand-offs on a few hot keys, and fan-in of 10,000
+// connections each renewing one lock — then prints a table. The same load
+// generator drives lockd, an echo ceiling (a bare gnet server answering each
+// frame with a frame of the size lockd would send), Redis (SET NX PX with a
+// compare-and-delete script; no wait queue, so waiting is retry with
+// back-off as redsync does) and etcd (txn acquire with a lease through the
+// v3 JSON gateway; the put's revision is the fencing token). With several
+// rounds the targets are interleaved (A B A B …) and the report gives
+// medians and the per-round ratios of lockd to each other target. See
+// BENCHMARKS.md for the method and the numbers.
+//
+// The lockd and echo servers run in a child process (this binary re-executed
+// with LOCKD_BENCH_SERVE set), so their memory and CPU profiles are their
+// own, as Redis's and etcd's are.
+//
+// What bench owns: bench/ and BENCHMARKS.md. What it may import: the
+// standard library, proto (the wire codec), engine (to start a server) and
+// gnet (the echo server). It must not import client/: the harness speaks
+// the protocol itself, so a client library's costs or bugs cannot hide in
+// the server's numbers.
+package main

@@ -1,0 +1,358 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if kind := os.Getenv(serveEnv); kind != "" {
+		loops, _ := strconv.Atoi(os.Getenv("LOCKD_BENCH_LOOPS"))
+		if loops <= 0 {
+			loops = runtime.NumCPU()
+		}
+		if err := serveChild(kind, loops, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "bench server:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// options are the command line.
+type options struct {
+	cfg       config
+	addr      string
+	redisAddr string
+	etcdURL   string
+	targets   []string
+	workloads []string
+	rounds    int
+	loops     int
+	jsonOut   bool
+	markdown  bool
+	svg       string
+	jsonFile  string
+	clientCPU string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{cfg: defaultConfig()}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := &o.cfg
+	fs.StringVar(&o.addr, "addr", "", "benchmark a running lockd at host:port instead of starting one")
+	fs.StringVar(&o.redisAddr, "redis", "", "use a running Redis at host:port instead of starting redis-server")
+	fs.StringVar(&o.etcdURL, "etcd", "", "use a running etcd at http://host:port instead of starting etcd")
+	targets := fs.String("targets", "lockd,echo", "comma-separated targets: lockd, echo, redis, etcd, or all")
+	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads")
+	fs.IntVar(&o.rounds, "rounds", 1, "rounds; each runs every workload on every target in turn (A B A B …)")
+	fs.IntVar(&o.loops, "loops", runtime.NumCPU(), "event loops of the lockd and echo servers")
+	fs.DurationVar(&c.Dur, "dur", c.Dur, "measured time per workload and target")
+	fs.IntVar(&c.Conns, "conns", c.Conns, "connections (uncontended, contended)")
+	fs.IntVar(&c.Depth, "depth", c.Depth, "uncontended requests in flight per connection")
+	fs.IntVar(&c.Keys, "keys", c.Keys, "uncontended key space")
+	fs.IntVar(&c.Hot, "hot", c.Hot, "contended hot keys")
+	fs.IntVar(&c.Waiters, "waiters", c.Waiters, "contended waiters")
+	fs.DurationVar(&c.Retry, "retry", c.Retry, "contended retry delay (jittered ±50%) for targets without a wait queue")
+	fs.IntVar(&c.Fanin, "fanin", c.Fanin, "fanin connections, one lock each")
+	fs.StringVar(&c.Profile, "cpuprofile", "", "write CPU and allocation profiles of the lockd and echo servers to PREFIX-target-workload-rN.{cpu,allocs}.pprof")
+	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of tables")
+	fs.BoolVar(&o.markdown, "markdown", false, "print Markdown tables (for BENCHMARKS.md) instead of text")
+	fs.StringVar(&o.svg, "svg", "", "write latency percentile curves to this SVG file")
+	fs.StringVar(&o.jsonFile, "jsonfile", "", "also write the -json document to this file")
+	fs.StringVar(&o.clientCPU, "clientprofile", "", "write a CPU profile of the load generator (this process) to this file")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *targets == "all" {
+		*targets = "lockd,echo,redis,etcd"
+	}
+	o.targets = splitList(*targets)
+	o.workloads = splitList(*workloads)
+	for _, t := range o.targets {
+		if !strings.Contains(",lockd,echo,redis,etcd,", ","+t+",") {
+			return nil, fmt.Errorf("-targets: unknown target %q", t)
+		}
+	}
+	for _, w := range o.workloads {
+		if !strings.Contains(","+strings.Join(allWorkloads, ",")+",", ","+w+",") {
+			return nil, fmt.Errorf("-workloads: unknown workload %q", w)
+		}
+	}
+	switch {
+	case o.rounds < 1 || o.rounds > 100:
+		return nil, errors.New("-rounds must be 1..100")
+	case c.Dur < 100*time.Millisecond || c.Dur > 10*time.Minute:
+		return nil, errors.New("-dur must be 100ms..10m")
+	case c.Conns < 1 || c.Depth < 1 || c.Hot < 1 || c.Waiters < 1 || c.Fanin < 1 || c.Keys < 1:
+		return nil, errors.New("-conns, -depth, -hot, -waiters, -fanin and -keys must be positive")
+	case c.Depth >= 1<<slotBits || c.Waiters >= 1<<slotBits:
+		return nil, errors.New("-depth and -waiters must be below 16M")
+	}
+	return o, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// openTarget starts (or connects to) one target.
+func openTarget(name string, o *options) (*target, error) {
+	t := &target{name: name, skip: map[string]string{}, stop: func() {}}
+	switch name {
+	case "lockd", "echo":
+		t.newCodec = func(int) codec { return newLockdCodec() }
+		t.queues = name == "lockd"
+		if name == "echo" {
+			t.skip[wlContended] = "no lock state: nothing to wait for"
+		}
+		if name == "lockd" && o.addr != "" {
+			t.addr = o.addr
+			return t, nil
+		}
+		ch, err := startChild(name, o.loops)
+		if err != nil {
+			return nil, err
+		}
+		t.addr, t.child, t.mem, t.stop = ch.addr, ch, ch.mem, ch.stop
+	case "redis":
+		pid := 0
+		if o.redisAddr != "" {
+			t.addr = o.redisAddr
+		} else {
+			p, err := startRedis()
+			if err != nil {
+				return nil, err
+			}
+			t.addr, t.stop, pid = p.addr, p.stop, p.pid()
+		}
+		if err := redisSetup(t.addr); err != nil {
+			t.stop()
+			return nil, err
+		}
+		t.newCodec = func(int) codec { return newRedisCodec(rand.Uint64() >> 32) }
+		t.mem = func() (memStat, error) { return redisMem(t.addr, pid) }
+	case "etcd":
+		pid := 0
+		if o.etcdURL != "" {
+			t.addr = o.etcdURL
+		} else {
+			p, err := startEtcd()
+			if err != nil {
+				return nil, err
+			}
+			t.addr, t.stop, pid = p.addr, p.stop, p.pid()
+		}
+		t.etcd = newEtcdDriver(t.addr, max(1024, o.cfg.Fanin))
+		t.mem = func() (memStat, error) { return etcdMem(t.etcd, pid) }
+	}
+	return t, nil
+}
+
+// run is the whole command; it returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "bench:", err)
+		return 2
+	}
+	raiseNoFile()
+	if o.clientCPU != "" {
+		f, err := os.Create(o.clientCPU)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	progress := func(s string) { fmt.Fprintln(stderr, s) }
+	o.cfg.Progress = progress
+
+	var (
+		targets []*target
+		mu      sync.Mutex
+	)
+	cleanup := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, t := range targets {
+			t.stop()
+		}
+		targets = nil
+	}
+	defer cleanup()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer func() { signal.Stop(sig); close(sig) }()
+	go func() {
+		if _, ok := <-sig; ok {
+			fmt.Fprintln(stderr, "bench: interrupted, stopping the servers")
+			cleanup()
+			os.Exit(130)
+		}
+	}()
+	for _, name := range o.targets {
+		progress("starting " + name)
+		t, err := openTarget(name, o)
+		if err != nil {
+			fmt.Fprintf(stderr, "bench: %s: %v\n", name, err)
+			return 1
+		}
+		mu.Lock()
+		targets = append(targets, t)
+		mu.Unlock()
+	}
+	results, err := runRounds(targets, o.workloads, o.rounds, &o.cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	if err := report(stdout, o, results); err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	return 0
+}
+
+// runRounds runs every workload on every target, round after round:
+// within a round each workload visits the targets in turn (A B A B …), so
+// each round's ratios compare runs made seconds apart.
+func runRounds(targets []*target, workloads []string, rounds int, cfg *config) ([]*Result, error) {
+	var out []*Result
+	for round := 1; round <= rounds; round++ {
+		for _, wl := range workloads {
+			for _, t := range targets {
+				if cfg.Progress != nil {
+					cfg.Progress(fmt.Sprintf("round %d/%d  %-11s  %-5s ...", round, rounds, wl, t.name))
+				}
+				r, err := runWorkload(t, wl, cfg, round)
+				if err != nil {
+					return out, fmt.Errorf("round %d %s %s: %w", round, wl, t.name, err)
+				}
+				if cfg.Progress != nil {
+					cfg.Progress("    " + oneLine(r))
+				}
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
+}
+
+// oneLine is a progress summary of one result.
+func oneLine(r *Result) string {
+	if r.Skipped != "" {
+		return "skipped: " + r.Skipped
+	}
+	s := fmt.Sprintf("%s %s  p50 %s  p99 %s  p99.9 %s", si(r.Rate), r.Unit, dur(r.Latency.P50), dur(r.Latency.P99), dur(r.Latency.P999))
+	if r.Handoff != nil {
+		s += fmt.Sprintf("  handoffs %s/s  handoff p99 %s  Jain %.3f (grants/waiter %d..%d)", si(r.HandoffRate), dur(r.Handoff.P99), r.Jain, r.MinGrants, r.MaxGrants)
+	}
+	if r.MemPerConn != nil {
+		s += fmt.Sprintf("  mem/conn %s heap %s rss  mem/lock %s heap %s rss", bytesStr(r.MemPerConn.Heap), bytesStr(r.MemPerConn.RSS), bytesStr(r.MemPerLock.Heap), bytesStr(r.MemPerLock.RSS))
+	}
+	if n := r.Refused + r.Timeouts + r.NotHeld + r.Lost + r.Errors; n > 0 {
+		s += fmt.Sprintf("  (refused %d, timeouts %d, not-held %d, lost %d, errors %d)", r.Refused, r.Timeouts, r.NotHeld, r.Lost, r.Errors)
+	}
+	return s
+}
+
+// machine describes where the run happened.
+func machine() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				model = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%d × %s, %s %s/%s", runtime.NumCPU(), model, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+// report writes the results in the chosen format, and the SVG.
+func report(w io.Writer, o *options, rs []*Result) error {
+	ss, rt := summarize(rs), ratios(rs)
+	if o.svg != "" {
+		f, err := os.Create(o.svg)
+		if err != nil {
+			return err
+		}
+		err = writeSVG(f, svgPanels(rs))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	doc := struct {
+		Machine string    `json:"machine"`
+		Config  config    `json:"config"`
+		Rounds  int       `json:"rounds"`
+		Results []*Result `json:"results"`
+		Summary []summary `json:"summary"`
+		Ratios  []ratio   `json:"ratios"`
+	}{machine(), o.cfg, o.rounds, rs, ss, rt}
+	if o.jsonFile != "" {
+		b, err := json.MarshalIndent(doc, "", "  ")
+		if err == nil {
+			err = os.WriteFile(o.jsonFile, append(b, '\n'), 0o644)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if o.jsonOut {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(doc)
+	}
+	write := writeText
+	if o.markdown {
+		write = writeMarkdown
+		fmt.Fprintf(w, "Machine: %s. Rounds: %d, %v per workload and target.\n\n", machine(), o.rounds, o.cfg.Dur)
+	}
+	head, rows := tableRows(ss)
+	heads, tables := byWorkload(head, rows)
+	for i := range heads {
+		write(w, heads[i], tables[i])
+		fmt.Fprintln(w)
+	}
+	if len(rt) > 0 {
+		h, r := ratioRows(rt)
+		write(w, h, r)
+	}
+	return nil
+}

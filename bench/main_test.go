@@ -1,0 +1,65 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary double as the server child (startChild
+// re-executes os.Executable, which is this binary under go test).
+func TestMain(m *testing.M) {
+	if kind := os.Getenv(serveEnv); kind != "" {
+		if err := serveChild(kind, runtime.NumCPU(), os.Stdin, os.Stdout); err != nil {
+			os.Stderr.WriteString("bench server: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// smallConfig is a suite small enough for the race detector: every run
+// takes about a second.
+func smallConfig() *config {
+	return &config{
+		Dur: 400 * time.Millisecond, Conns: 2, Depth: 4, Keys: 1000,
+		Hot: 2, Waiters: 8, Wait: 5 * time.Second, Retry: time.Millisecond,
+		Fanin: 50, Lease: 2 * time.Second, Renew: 200 * time.Millisecond, Drain: 8 * time.Second,
+	}
+}
+
+// needPeer finds a peer server binary. In CI (CI=true, where .ci/run
+// installs redis-server and etcd-server) a missing binary fails the test;
+// on a developer machine without it the test is skipped.
+func needPeer(t *testing.T, bin string) {
+	t.Helper()
+	if _, err := exec.LookPath(bin); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not installed: .ci/run must apt-get install redis-server etcd-server (%v)", bin, err)
+		}
+		t.Skipf("%s not installed (apt-get install -y redis-server etcd-server); CI runs this test", bin)
+	}
+}
+
+func openTest(t *testing.T, name string) *target {
+	t.Helper()
+	tg, err := openTarget(name, &options{loops: 2})
+	if err != nil {
+		t.Fatalf("open %s: %v", name, err)
+	}
+	t.Cleanup(tg.stop)
+	return tg
+}
+
+func run1(t *testing.T, tg *target, wl string, cfg *config) *Result {
+	t.Helper()
+	r, err := runWorkload(tg, wl, cfg, 1)
+	if err != nil {
+		t.Fatalf("%s %s: %v", tg.name, wl, err)
+	}
+	t.Logf("%s %s: %s", tg.name, wl, oneLine(r))
+	return r
+}

@@ -1,0 +1,357 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// summary is the median over rounds of one workload on one target.
+type summary struct {
+	Workload    string   `json:"workload"`
+	Target      string   `json:"target"`
+	Rounds      int      `json:"rounds"`
+	Unit        string   `json:"unit"`
+	Rate        float64  `json:"rate"`
+	P50         float64  `json:"p50_us"`
+	P99         float64  `json:"p99_us"`
+	P999        float64  `json:"p999_us"`
+	HandoffRate float64  `json:"handoff_rate,omitempty"`
+	HandoffP50  float64  `json:"handoff_p50_us,omitempty"`
+	HandoffP99  float64  `json:"handoff_p99_us,omitempty"`
+	Jain        float64  `json:"jain,omitempty"`
+	MemPerConn  *memStat `json:"mem_per_conn,omitempty"`
+	MemPerLock  *memStat `json:"mem_per_lock,omitempty"`
+	Errors      int64    `json:"errors,omitempty"`
+	Skipped     string   `json:"skipped,omitempty"`
+}
+
+// ratio compares lockd with another target on one metric, round by round.
+type ratio struct {
+	Workload string    `json:"workload"`
+	Metric   string    `json:"metric"`
+	Versus   string    `json:"versus"`
+	Rounds   []float64 `json:"rounds"` // lockd / versus in each round (0: not measured)
+	Median   float64   `json:"median"`
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func medianInt(v []int64) int64 {
+	f := make([]float64, len(v))
+	for i, x := range v {
+		f[i] = float64(x)
+	}
+	return int64(median(f))
+}
+
+// order returns the distinct values of key(r) in first-seen order.
+func order(rs []*Result, key func(*Result) string) []string {
+	var out []string
+	for _, r := range rs {
+		if k := key(r); !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// summarize takes the median of every figure over the rounds.
+func summarize(rs []*Result) []summary {
+	var out []summary
+	for _, wl := range order(rs, func(r *Result) string { return r.Workload }) {
+		for _, tg := range order(rs, func(r *Result) string { return r.Target }) {
+			var sel []*Result
+			for _, r := range rs {
+				if r.Workload == wl && r.Target == tg {
+					sel = append(sel, r)
+				}
+			}
+			if len(sel) == 0 {
+				continue
+			}
+			s := summary{Workload: wl, Target: tg, Rounds: len(sel), Unit: sel[0].Unit, Skipped: sel[0].Skipped}
+			if s.Skipped != "" {
+				out = append(out, s)
+				continue
+			}
+			med := func(f func(*Result) float64) float64 {
+				v := make([]float64, len(sel))
+				for i, r := range sel {
+					v[i] = f(r)
+				}
+				return median(v)
+			}
+			s.Rate = med(func(r *Result) float64 { return r.Rate })
+			s.P50 = med(func(r *Result) float64 { return r.Latency.P50 })
+			s.P99 = med(func(r *Result) float64 { return r.Latency.P99 })
+			s.P999 = med(func(r *Result) float64 { return r.Latency.P999 })
+			for _, r := range sel {
+				s.Errors += r.Errors
+			}
+			if sel[0].Handoff != nil {
+				s.HandoffRate = med(func(r *Result) float64 { return r.HandoffRate })
+				s.HandoffP50 = med(func(r *Result) float64 { return r.Handoff.P50 })
+				s.HandoffP99 = med(func(r *Result) float64 { return r.Handoff.P99 })
+				s.Jain = med(func(r *Result) float64 { return r.Jain })
+			}
+			if sel[0].MemPerConn != nil {
+				var hc, rc, hl, rl []int64
+				for _, r := range sel {
+					if r.MemPerConn != nil {
+						hc, rc = append(hc, r.MemPerConn.Heap), append(rc, r.MemPerConn.RSS)
+						hl, rl = append(hl, r.MemPerLock.Heap), append(rl, r.MemPerLock.RSS)
+					}
+				}
+				s.MemPerConn = &memStat{Heap: medianInt(hc), RSS: medianInt(rc)}
+				s.MemPerLock = &memStat{Heap: medianInt(hl), RSS: medianInt(rl)}
+			}
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// ratios compares lockd with every other target, per round, on each
+// workload's throughput metric (and, for contended, real handoffs/s).
+func ratios(rs []*Result) []ratio {
+	var out []ratio
+	rounds := 0
+	for _, r := range rs {
+		rounds = max(rounds, r.Round)
+	}
+	find := func(wl, tg string, round int) *Result {
+		for _, r := range rs {
+			if r.Workload == wl && r.Target == tg && r.Round == round && r.Skipped == "" {
+				return r
+			}
+		}
+		return nil
+	}
+	type metric struct {
+		name string
+		f    func(*Result) float64
+	}
+	for _, wl := range order(rs, func(r *Result) string { return r.Workload }) {
+		ms := []metric{{"", func(r *Result) float64 { return r.Rate }}}
+		if wl == wlContended {
+			ms = append(ms, metric{"handoffs/s", func(r *Result) float64 { return r.HandoffRate }})
+		}
+		if wl == wlFanin {
+			continue // renews/s is set by the renew interval, not by the server
+		}
+		for _, m := range ms {
+			for _, tg := range order(rs, func(r *Result) string { return r.Target }) {
+				if tg == "lockd" {
+					continue
+				}
+				rt := ratio{Workload: wl, Metric: m.name, Versus: tg}
+				var got []float64
+				for round := 1; round <= rounds; round++ {
+					a, b := find(wl, "lockd", round), find(wl, tg, round)
+					v := 0.0
+					if a != nil && b != nil && m.f(b) > 0 {
+						v = m.f(a) / m.f(b)
+						got = append(got, v)
+						if rt.Metric == "" {
+							rt.Metric = a.Unit
+						}
+					}
+					rt.Rounds = append(rt.Rounds, v)
+				}
+				if len(got) == 0 {
+					continue
+				}
+				rt.Median = median(got)
+				out = append(out, rt)
+			}
+		}
+	}
+	return out
+}
+
+// si formats a rate with a k/M suffix.
+func si(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e4:
+		return fmt.Sprintf("%.0fk", v/1e3)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// dur formats microseconds.
+func dur(us float64) string {
+	switch {
+	case us == 0:
+		return "-"
+	case us >= 1e6:
+		return fmt.Sprintf("%.2fs", us/1e6)
+	case us >= 1e3:
+		return fmt.Sprintf("%.2fms", us/1e3)
+	}
+	return fmt.Sprintf("%.0fµs", us)
+}
+
+func bytesStr(b int64) string {
+	switch {
+	case b >= 1<<20 || b <= -1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 10<<10 || b <= -10<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+// tableRows renders the summaries and ratios as rows of cells.
+func tableRows(ss []summary) (head []string, rows [][]string) {
+	head = []string{"workload", "target", "rounds", "rate (median)", "p50", "p99", "p99.9", "handoffs/s", "handoff p50", "handoff p99", "Jain", "mem/conn heap·rss", "mem/lock heap·rss", "errors"}
+	for _, s := range ss {
+		if s.Skipped != "" {
+			rows = append(rows, []string{s.Workload, s.Target, fmt.Sprint(s.Rounds), "n/a: " + s.Skipped, "", "", "", "", "", "", "", "", "", ""})
+			continue
+		}
+		row := []string{s.Workload, s.Target, fmt.Sprint(s.Rounds), si(s.Rate) + " " + s.Unit, dur(s.P50), dur(s.P99), dur(s.P999)}
+		if s.Workload == wlContended {
+			row = append(row, si(s.HandoffRate), dur(s.HandoffP50), dur(s.HandoffP99), fmt.Sprintf("%.3f", s.Jain))
+		} else {
+			row = append(row, "", "", "", "")
+		}
+		if s.MemPerConn != nil {
+			row = append(row, bytesStr(s.MemPerConn.Heap)+" · "+bytesStr(s.MemPerConn.RSS), bytesStr(s.MemPerLock.Heap)+" · "+bytesStr(s.MemPerLock.RSS))
+		} else {
+			row = append(row, "", "")
+		}
+		row = append(row, fmt.Sprint(s.Errors))
+		rows = append(rows, row)
+	}
+	return head, rows
+}
+
+func ratioRows(rs []ratio) (head []string, rows [][]string) {
+	n := 0
+	for _, r := range rs {
+		n = max(n, len(r.Rounds))
+	}
+	head = []string{"workload", "metric", "lockd ÷"}
+	for i := 1; i <= n; i++ {
+		head = append(head, fmt.Sprintf("round %d", i))
+	}
+	head = append(head, "median")
+	for _, r := range rs {
+		row := []string{r.Workload, r.Metric, r.Versus}
+		for i := 0; i < n; i++ {
+			if i < len(r.Rounds) && r.Rounds[i] > 0 {
+				row = append(row, ratioStr(r.Rounds[i]))
+			} else {
+				row = append(row, "-")
+			}
+		}
+		row = append(row, ratioStr(r.Median))
+		rows = append(rows, row)
+	}
+	return head, rows
+}
+
+func ratioStr(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f×", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f×", v)
+	}
+	return fmt.Sprintf("%.2f×", v)
+}
+
+// writeText prints an aligned plain-text table.
+func writeText(w io.Writer, head []string, rows [][]string) {
+	width := make([]int, len(head))
+	for i, h := range head {
+		width[i] = len([]rune(h))
+	}
+	for _, r := range rows {
+		for i, c := range r {
+			width[i] = max(width[i], len([]rune(c)))
+		}
+	}
+	line := func(cells []string) {
+		var b strings.Builder
+		for i, c := range cells {
+			if i > 0 {
+				b.WriteString("  ")
+			}
+			b.WriteString(c)
+			if i < len(cells)-1 {
+				b.WriteString(strings.Repeat(" ", width[i]-len([]rune(c))))
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+	line(head)
+	for _, r := range rows {
+		line(r)
+	}
+}
+
+// writeMarkdown prints a GitHub-flavoured Markdown table.
+func writeMarkdown(w io.Writer, head []string, rows [][]string) {
+	fmt.Fprintln(w, "| "+strings.Join(head, " | ")+" |")
+	fmt.Fprintln(w, "|"+strings.Repeat("---|", len(head)))
+	for _, r := range rows {
+		fmt.Fprintln(w, "| "+strings.Join(r, " | ")+" |")
+	}
+}
+
+// byWorkload splits rows (whose first cell is the workload) into one table
+// per workload and drops the columns that are empty in all of its rows.
+func byWorkload(head []string, rows [][]string) (heads [][]string, tables [][][]string) {
+	var wls []string
+	for _, r := range rows {
+		if !slices.Contains(wls, r[0]) {
+			wls = append(wls, r[0])
+		}
+	}
+	for _, wl := range wls {
+		var sel [][]string
+		for _, r := range rows {
+			if r[0] == wl {
+				sel = append(sel, r)
+			}
+		}
+		var keep []int
+		for i := range head {
+			for _, r := range sel {
+				if i < len(r) && r[i] != "" {
+					keep = append(keep, i)
+					break
+				}
+			}
+		}
+		h := make([]string, 0, len(keep))
+		for _, i := range keep {
+			h = append(h, head[i])
+		}
+		t := make([][]string, len(sel))
+		for j, r := range sel {
+			for _, i := range keep {
+				t[j] = append(t[j], r[i])
+			}
+		}
+		heads, tables = append(heads, h), append(tables, t)
+	}
+	return heads, tables
+}

@@ -1,0 +1,377 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/proto"
+)
+
+// serveEnv names the environment variable that turns the harness binary
+// (or the test binary) into a server child: "lockd" or "echo".
+const serveEnv = "LOCKD_BENCH_SERVE"
+
+// memStat is a server's memory as the harness sees it.
+type memStat struct {
+	Heap int64 `json:"heap"` // live bytes: Go heap + stacks after a GC (lockd, echo); used_memory (Redis)
+	RSS  int64 `json:"rss"`  // resident set size of the server process
+}
+
+// raiseNoFile lifts the soft open-files limit to the hard one (fanin needs
+// 10,000 sockets on each side).
+func raiseNoFile() {
+	var rl syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl) == nil && rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
+	}
+}
+
+// serveChild runs a server in this process for the parent harness: it prints
+// "addr HOST:PORT", then answers commands read from stdin, one a line:
+// "mem" (a memStat as JSON), "cpu FILE" / "cpustop" (CPU profile),
+// "allocs FILE" (allocation profile). EOF on stdin stops it.
+func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
+	raiseNoFile()
+	var (
+		addr string
+		stop func()
+	)
+	switch kind {
+	case "lockd":
+		dir, err := os.MkdirTemp("", "lockd-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		cfg := engine.DefaultConfig()
+		cfg.Listen = "127.0.0.1:0"
+		cfg.DataDir = dir
+		cfg.Loops = loops
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		srv, err := engine.New(cfg)
+		if err != nil {
+			return err
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve() }()
+		select {
+		case <-srv.Ready():
+		case err := <-errc:
+			return err
+		}
+		addr = srv.Addr()
+		stop = func() { srv.Close() }
+	case "echo":
+		var (
+			e   *echoServer
+			err error
+		)
+		for range 3 { // the free port may be taken before gnet binds it
+			if e, err = startEcho(loops); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			return err
+		}
+		addr = e.addr
+		stop = e.stop
+	default:
+		return fmt.Errorf("unknown server %q", kind)
+	}
+	defer stop()
+	fmt.Fprintf(out, "addr %s\n", addr)
+	sc := bufio.NewScanner(in)
+	var cpu *os.File
+	for sc.Scan() {
+		cmd, arg, _ := strings.Cut(sc.Text(), " ")
+		reply := "ok"
+		switch cmd {
+		case "mem":
+			b, _ := json.Marshal(selfMem())
+			reply = string(b)
+		case "cpu":
+			f, err := os.Create(arg)
+			if err == nil {
+				err = pprof.StartCPUProfile(f)
+			}
+			if err != nil {
+				reply = "error " + err.Error()
+			} else {
+				cpu = f
+			}
+		case "cpustop":
+			if cpu != nil {
+				pprof.StopCPUProfile()
+				cpu.Close()
+				cpu = nil
+			}
+		case "allocs":
+			f, err := os.Create(arg)
+			if err == nil {
+				err = pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+			if err != nil {
+				reply = "error " + err.Error()
+			}
+		default:
+			reply = "error unknown command"
+		}
+		fmt.Fprintln(out, reply)
+	}
+	if cpu != nil {
+		pprof.StopCPUProfile()
+		cpu.Close()
+	}
+	return nil
+}
+
+// selfMem measures this process after two GCs.
+func selfMem() memStat {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return memStat{Heap: int64(ms.HeapAlloc + ms.StackInuse), RSS: rssOf(os.Getpid())}
+}
+
+// rssOf returns a process's VmRSS in bytes, 0 if unknown.
+func rssOf(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				n, _ := strconv.ParseInt(f[0], 10, 64)
+				return n << 10
+			}
+		}
+	}
+	return 0
+}
+
+// child is a server child process started by the harness.
+type child struct {
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Reader
+	addr string
+	mu   sync.Mutex
+}
+
+// startChild re-executes this binary as a server child of the given kind.
+func startChild(kind string, loops int) (*child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), serveEnv+"="+kind, "LOCKD_BENCH_LOOPS="+strconv.Itoa(loops))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	outp, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, in: in, out: bufio.NewReader(outp)}
+	line, err := c.readLine(10 * time.Second)
+	if err != nil || !strings.HasPrefix(line, "addr ") {
+		c.stop()
+		return nil, fmt.Errorf("%s server child did not start: %q %v", kind, line, err)
+	}
+	c.addr = strings.TrimPrefix(line, "addr ")
+	return c, nil
+}
+
+func (c *child) readLine(timeout time.Duration) (string, error) {
+	type res struct {
+		s   string
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		s, err := c.out.ReadString('\n')
+		ch <- res{strings.TrimSpace(s), err}
+	}()
+	select {
+	case r := <-ch:
+		return r.s, r.err
+	case <-time.After(timeout):
+		return "", errors.New("no answer from the server child")
+	}
+}
+
+// do sends one command and returns its answer.
+func (c *child) do(cmd string) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := io.WriteString(c.in, cmd+"\n"); err != nil {
+		return "", err
+	}
+	s, err := c.readLine(30 * time.Second)
+	if err == nil && strings.HasPrefix(s, "error ") {
+		err = errors.New(strings.TrimPrefix(s, "error "))
+	}
+	return s, err
+}
+
+func (c *child) mem() (memStat, error) {
+	s, err := c.do("mem")
+	if err != nil {
+		return memStat{}, err
+	}
+	var m memStat
+	err = json.Unmarshal([]byte(s), &m)
+	return m, err
+}
+
+// stop closes the child's stdin and waits for it (killing it after 10 s).
+func (c *child) stop() {
+	c.in.Close()
+	done := make(chan struct{})
+	go func() { c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		c.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// echoServer answers every lockd request frame at once with a frame of the
+// size lockd would send (A with a fake token for an acquire, R for a
+// release, K for a renew, P for a ping): the ceiling of any gnet server
+// speaking this protocol on this machine.
+type echoServer struct {
+	gnet.BuiltinEventEngine
+	addr  string
+	eng   gnet.Engine
+	ready chan struct{}
+	done  chan error
+}
+
+type echoConn struct {
+	token uint64
+	out   []byte
+	req   proto.Request
+}
+
+func startEcho(loops int) (*echoServer, error) {
+	e := &echoServer{ready: make(chan struct{}), done: make(chan error, 1)}
+	// Find a free port first: gnet does not report the one it bound.
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	e.addr = addr
+	go func() {
+		e.done <- gnet.Run(e, "tcp://"+addr, gnet.WithMulticore(true), gnet.WithNumEventLoop(loops),
+			gnet.WithTCPNoDelay(gnet.TCPNoDelay), gnet.WithReuseAddr(true), gnet.WithLogger(nopLogger{}))
+	}()
+	select {
+	case <-e.ready:
+		return e, nil
+	case err := <-e.done:
+		return nil, fmt.Errorf("echo server: %w", err)
+	case <-time.After(10 * time.Second):
+		return nil, errors.New("echo server did not start")
+	}
+}
+
+func (e *echoServer) OnBoot(eng gnet.Engine) gnet.Action {
+	e.eng = eng
+	close(e.ready)
+	return gnet.None
+}
+
+func (e *echoServer) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	c.SetContext(&echoConn{token: 1})
+	return nil, gnet.None
+}
+
+func (e *echoServer) OnTraffic(c gnet.Conn) gnet.Action {
+	ec := c.Context().(*echoConn)
+	buf, _ := c.Peek(-1)
+	n := 0
+	ec.out = ec.out[:0]
+	for n < len(buf) {
+		m, err := proto.ParseRequest(buf[n:], proto.MaxKey, &ec.req)
+		if err == proto.ErrIncomplete {
+			break
+		}
+		if err != nil {
+			return gnet.Close
+		}
+		n += m
+		r := &ec.req
+		switch r.Op {
+		case proto.OpAcquire:
+			ec.token++
+			ec.out = proto.AppendAcquired(ec.out, r.ID, ec.token, r.Key)
+		case proto.OpRelease:
+			ec.out = proto.AppendReleased(ec.out, r.ID, r.Key)
+		case proto.OpRenew:
+			ec.out = proto.AppendRenewed(ec.out, r.ID, r.Key)
+		case proto.OpPing:
+			ec.out = proto.AppendPong(ec.out, r.ID)
+		}
+	}
+	c.Discard(n)
+	if len(ec.out) > 0 {
+		c.Write(ec.out)
+	}
+	return gnet.None
+}
+
+func (e *echoServer) stop() {
+	e.eng.Stop(context.Background())
+	<-e.done
+}
+
+// nopLogger silences gnet.
+type nopLogger struct{}
+
+func (nopLogger) Debugf(string, ...any) {}
+func (nopLogger) Infof(string, ...any)  {}
+func (nopLogger) Warnf(string, ...any)  {}
+func (nopLogger) Errorf(string, ...any) {}
+func (nopLogger) Fatalf(string, ...any) {}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}

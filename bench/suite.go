@@ -1,0 +1,414 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Workload names, in suite order.
+const (
+	wlUncontended = "uncontended"
+	wlContended   = "contended"
+	wlFanin       = "fanin"
+)
+
+// allWorkloads is the standard suite.
+var allWorkloads = []string{wlUncontended, wlContended, wlFanin}
+
+// config sizes the workloads. Every loop is bounded by Dur plus a drain.
+type config struct {
+	Dur      time.Duration // measured time per workload (uncontended, contended, fanin hold)
+	Conns    int           // uncontended and contended connections
+	Depth    int           // uncontended requests in flight per connection
+	Keys     int           // uncontended key space
+	Hot      int           // contended hot keys
+	Waiters  int           // contended waiters
+	Wait     time.Duration // contended acquire wait
+	Retry    time.Duration // contended retry delay for targets without a wait queue
+	Fanin    int           // fanin connections (one lock each)
+	Lease    time.Duration // fanin lease
+	Renew    time.Duration // fanin renew interval
+	Drain    time.Duration // how long in-flight work may take to finish after Dur
+	Profile  string        // CPU/alloc profile file prefix for the lockd child ("" = none)
+	Progress func(string)  `json:"-"` // progress lines (nil = none)
+}
+
+// defaultConfig is the standard suite (about 10 s per target).
+func defaultConfig() config {
+	return config{
+		Dur: 3 * time.Second, Conns: 16, Depth: 32, Keys: 1 << 20,
+		Hot: 8, Waiters: 256, Wait: 5 * time.Second, Retry: time.Millisecond,
+		Fanin: 10000, Lease: 3 * time.Second, Renew: time.Second, Drain: 8 * time.Second,
+	}
+}
+
+// target is one server under test.
+type target struct {
+	name     string
+	addr     string
+	newCodec func(conn int) codec // pipelined targets
+	etcd     *etcdDriver          // the synchronous target
+	queues   bool                 // the server has a wait queue (else: retry)
+	mem      func() (memStat, error)
+	child    *child // server child process (lockd, echo), for profiles
+	stop     func()
+	skip     map[string]string // workload → why it does not apply
+}
+
+// Result is one workload run on one target in one round.
+type Result struct {
+	Target   string  `json:"target"`
+	Workload string  `json:"workload"`
+	Round    int     `json:"round"`
+	Seconds  float64 `json:"seconds"`
+	Unit     string  `json:"unit"`
+	Ops      int64   `json:"ops"`
+	Rate     float64 `json:"rate"`
+	Latency  Pcts    `json:"latency"`
+
+	Handoffs    int64   `json:"handoffs,omitempty"`
+	HandoffRate float64 `json:"handoff_rate,omitempty"`
+	Handoff     *Pcts   `json:"handoff_latency,omitempty"`
+	Jain        float64 `json:"jain,omitempty"`
+	MinGrants   int64   `json:"min_grants,omitempty"`
+	MaxGrants   int64   `json:"max_grants,omitempty"`
+
+	Conns      int      `json:"conns,omitempty"`
+	MemPerConn *memStat `json:"mem_per_conn,omitempty"`
+	MemPerLock *memStat `json:"mem_per_lock,omitempty"`
+
+	Refused  int64  `json:"refused,omitempty"`
+	Timeouts int64  `json:"timeouts,omitempty"`
+	NotHeld  int64  `json:"not_held,omitempty"`
+	Lost     int64  `json:"lost,omitempty"`
+	Errors   int64  `json:"errors,omitempty"`
+	Skipped  string `json:"skipped,omitempty"`
+
+	hist, hand *Hist
+}
+
+// Pcts summarizes a histogram in microseconds.
+type Pcts struct {
+	N    uint64  `json:"n"`
+	P50  float64 `json:"p50_us"`
+	P90  float64 `json:"p90_us"`
+	P99  float64 `json:"p99_us"`
+	P999 float64 `json:"p999_us"`
+	Max  float64 `json:"max_us"`
+}
+
+func pcts(h *Hist) Pcts {
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	return Pcts{N: h.Count(), P50: us(h.Quantile(.5)), P90: us(h.Quantile(.9)), P99: us(h.Quantile(.99)),
+		P999: us(h.Quantile(.999)), Max: us(h.Max())}
+}
+
+// newClock starts a run's clock now.
+func newClock(cfg *config, warm time.Duration) *clock {
+	now := time.Now()
+	return &clock{epoch: now, warm: warm, stopAt: warm + cfg.Dur, hardEnd: now.Add(warm + cfg.Dur + cfg.Drain)}
+}
+
+// runWorkload runs one workload against one target.
+func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) {
+	res := &Result{Target: t.name, Workload: wl, Round: round}
+	if why, ok := t.skip[wl]; ok {
+		res.Skipped = why
+		return res, nil
+	}
+	if t.child != nil && cfg.Profile != "" {
+		if _, err := t.child.do(fmt.Sprintf("cpu %s-%s-%s-r%d.cpu.pprof", cfg.Profile, t.name, wl, round)); err != nil {
+			return nil, err
+		}
+		defer func() {
+			t.child.do("cpustop")
+			t.child.do(fmt.Sprintf("allocs %s-%s-%s-r%d.allocs.pprof", cfg.Profile, t.name, wl, round))
+		}()
+	}
+	var err error
+	switch wl {
+	case wlUncontended:
+		err = runUncontended(t, cfg, res)
+	case wlContended:
+		err = runContended(t, cfg, res)
+	case wlFanin:
+		err = runFanin(t, cfg, res)
+	default:
+		err = fmt.Errorf("unknown workload %q", wl)
+	}
+	return res, err
+}
+
+func (r *Result) fill(st *stats, clk *clock) {
+	r.Seconds = (clk.stopAt - clk.warm).Seconds()
+	r.Ops = st.ops
+	r.Rate = float64(st.ops) / r.Seconds
+	r.hist = st.acq
+	r.Latency = pcts(st.acq)
+	r.Refused, r.Timeouts, r.NotHeld, r.Lost, r.Errors = st.refused, st.timeouts, st.notHeld, st.lost, st.errs
+}
+
+// makeSlots returns n slots spread round-robin over groups connections.
+func makeSlots(n, groups int, seed uint64) [][]*slot {
+	g := make([][]*slot, groups)
+	for i := 0; i < n; i++ {
+		s := &slot{id: i, rng: rand.New(rand.NewPCG(seed, uint64(i)))}
+		g[i%groups] = append(g[i%groups], s)
+	}
+	return g
+}
+
+func warmOf(cfg *config) time.Duration { return min(500*time.Millisecond, cfg.Dur/5) }
+
+func runUncontended(t *target, cfg *config, res *Result) error {
+	res.Unit = "pairs/s"
+	groups := makeSlots(cfg.Conns*cfg.Depth, cfg.Conns, rand.Uint64())
+	var clk clock
+	w := &uncontended{clk: &clk, keys: cfg.Keys}
+	st, err := drive(t, cfg, &clk, warmOf(cfg), w, groups, 64<<10, nil)
+	if err != nil {
+		return err
+	}
+	res.fill(st, &clk)
+	return nil
+}
+
+func runContended(t *target, cfg *config, res *Result) error {
+	res.Unit = "grants/s"
+	groups := makeSlots(cfg.Waiters, min(cfg.Conns, cfg.Waiters), rand.Uint64())
+	var clk clock
+	retry := time.Duration(0)
+	if !t.queues {
+		retry = cfg.Retry
+	}
+	w := newContended(&clk, cfg.Hot, cfg.Waiters, cfg.Wait, retry)
+	st, err := drive(t, cfg, &clk, warmOf(cfg), w, groups, 64<<10, nil)
+	if err != nil {
+		return err
+	}
+	res.fill(st, &clk)
+	res.Handoffs = st.handoffs
+	res.HandoffRate = float64(st.handoffs) / res.Seconds
+	h := pcts(st.handoff)
+	res.Handoff, res.hand = &h, st.handoff
+	res.Jain, res.MinGrants, res.MaxGrants = w.fairness()
+	return nil
+}
+
+func runFanin(t *target, cfg *config, res *Result) error {
+	res.Unit = "renews/s"
+	res.Conns = cfg.Fanin
+	groups := makeSlots(cfg.Fanin, cfg.Fanin, rand.Uint64())
+	var clk clock
+	f := &fanin{clk: &clk, lease: uint8(max(1, cfg.Lease/time.Second)), renew: cfg.Renew}
+	var m0, m1, m2 memStat
+	var memErr error
+	measure := func(m *memStat) {
+		if t.mem == nil || memErr != nil {
+			return
+		}
+		*m, memErr = t.mem()
+	}
+	measure(&m0)
+	afterDial := func() {
+		time.Sleep(200 * time.Millisecond)
+		measure(&m1)
+	}
+	// Once every slot holds its lock, measure again (while renewing).
+	heldDone := make(chan struct{})
+	var finished atomic.Bool
+	go func() {
+		defer close(heldDone)
+		deadline := time.Now().Add(cfg.Dur + 30*time.Second)
+		for f.held.Load() < int64(cfg.Fanin) {
+			if finished.Load() || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		measure(&m2)
+	}()
+	warm := max(time.Second, cfg.Renew+cfg.Renew/2)
+	st, err := drive(t, cfg, &clk, warm, f, groups, 4<<10, afterDial)
+	finished.Store(true)
+	<-heldDone
+	if err != nil {
+		return err
+	}
+	res.fill(st, &clk)
+	switch {
+	case memErr != nil:
+		// A server too loaded to report its memory is a result, not a
+		// reason to abandon the suite.
+		if cfg.Progress != nil {
+			cfg.Progress(fmt.Sprintf("    %s: memory not measured: %v", t.name, memErr))
+		}
+	case t.mem != nil && m2 != (memStat{}):
+		n := int64(cfg.Fanin)
+		res.MemPerConn = &memStat{Heap: (m1.Heap - m0.Heap) / n, RSS: (m1.RSS - m0.RSS) / n}
+		res.MemPerLock = &memStat{Heap: (m2.Heap - m1.Heap) / n, RSS: (m2.RSS - m1.RSS) / n}
+	case t.mem != nil && cfg.Progress != nil:
+		cfg.Progress(fmt.Sprintf("    %s: memory per lock not measured: only %d of %d locks were ever held at once", t.name, f.maxHeld.Load(), cfg.Fanin))
+	}
+	return nil
+}
+
+// drive dials the connections (or, for etcd, prepares the slots), calls
+// afterDial, starts the clock and runs every slot until it is done.
+func drive(t *target, cfg *config, clk *clock, warm time.Duration, w workload, groups [][]*slot, bufLen int, afterDial func()) (*stats, error) {
+	if t.etcd != nil {
+		return driveSync(t, cfg, clk, warm, w, groups, afterDial)
+	}
+	conns := make([]*pconn, len(groups))
+	shards := newShards(min(len(groups), 64))
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				c.close()
+			}
+		}
+	}()
+	// Dial in parallel: fanin opens 10,000 connections.
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	par := min(len(groups), 4*runtime.NumCPU())
+	next := make(chan int)
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				nc, err := net.DialTimeout("tcp", t.addr, 10*time.Second)
+				if err != nil {
+					mu.Lock()
+					first = errors.Join(first, fmt.Errorf("dial %s: %w", t.addr, err))
+					mu.Unlock()
+					continue
+				}
+				if tc, ok := nc.(*net.TCPConn); ok {
+					tc.SetNoDelay(true)
+				}
+				conns[i] = newPconn(nc, t.newCodec(i), w, clk, groups[i], bufLen, shards[i%len(shards)])
+			}
+		}()
+	}
+	for i := range groups {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if first != nil {
+		return nil, first
+	}
+	if afterDial != nil {
+		afterDial()
+	}
+	*clk = *newClock(cfg, warm)
+	errs := make([]error, len(conns))
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.start(); err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = c.loop()
+		}()
+	}
+	wg.Wait()
+	return mergeShards(shards), errors.Join(errs...)
+}
+
+// driveSync runs each slot as its own goroutine against the etcd driver.
+func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workload, groups [][]*slot, afterDial func()) (*stats, error) {
+	var slots []*slot
+	for _, g := range groups {
+		for _, s := range g {
+			s.local = 0
+			slots = append(slots, s)
+		}
+	}
+	// One lease per connection's worth of slots, reused by all their puts
+	// (a lease per acquire would double the round trips). Fanin's locks
+	// each live on their own short lease, granted with the acquire and
+	// renewed by keep-alives.
+	_, lazy := w.(*fanin)
+	leases := make([]int64, len(groups))
+	if !lazy {
+		for i := range groups {
+			id, err := t.etcd.grantLease(30)
+			if err != nil {
+				return nil, err
+			}
+			leases[i] = id
+		}
+	}
+	if afterDial != nil {
+		// Open the connections first, as the pipelined targets do: one
+		// request per slot, all at once.
+		if err := t.etcd.warmConns(len(slots)); err != nil {
+			return nil, err
+		}
+		afterDial()
+	}
+	*clk = *newClock(cfg, warm)
+	shards := newShards(min(len(slots), 64))
+	var wg sync.WaitGroup
+	for i, s := range slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sh := shards[i%len(shards)]
+			a := w.first(s, clk.now())
+			for a.op != opNone {
+				var ans answer
+				switch a.op {
+				case opWake:
+					time.Sleep(a.delay)
+					ans = answer{kind: ansWake}
+				default:
+					if time.Now().After(clk.hardEnd) {
+						sh.mu.Lock()
+						sh.st.errs++
+						sh.mu.Unlock()
+						return
+					}
+					s.sentAt = clk.now()
+					lease := &leases[s.id%len(groups)]
+					if lazy && a.op == opAcquire {
+						id, err := t.etcd.grantLease(int(a.lease))
+						if err != nil {
+							t.etcd.lastErr.Store(err)
+							ans = answer{kind: ansError}
+							break
+						}
+						*lease = id
+					}
+					ans = t.etcd.do(s, &a, *lease)
+				}
+				sh.mu.Lock()
+				a = w.next(s, &ans, clk.now(), sh.st)
+				sh.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	st := mergeShards(shards)
+	if err, ok := t.etcd.lastErr.Swap(errNone).(error); ok && err != errNone && st.errs > 0 && cfg.Progress != nil {
+		cfg.Progress(fmt.Sprintf("    etcd: %d request errors, the last: %v", st.errs, err))
+	}
+	return st, nil
+}
+
+// errNone resets etcdDriver.lastErr (an atomic.Value cannot hold nil).
+var errNone = errors.New("none")
