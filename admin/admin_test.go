@@ -254,6 +254,7 @@ func TestKeysEndpoint(t *testing.T) {
 
 func TestStatusHealthzPprof(t *testing.T) {
 	f := setup(t)
+	f.do(proto.AppendPing(nil, 1)) // the server has opened our connection
 	var st admin.Status
 	if code := f.get("/status", &st); code != 200 {
 		t.Fatalf("status %d", code)

@@ -36,6 +36,11 @@ func TestMain(m *testing.M) {
 		<-shared.Done()
 	}
 	sharedMu.Unlock()
+	dataDirsMu.Lock()
+	for _, d := range dataDirs {
+		_ = os.RemoveAll(d)
+	}
+	dataDirsMu.Unlock()
 	if code == 0 {
 		if err := goleak.Find(leakOpts...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -48,6 +53,9 @@ func TestMain(m *testing.M) {
 var (
 	sharedMu sync.Mutex
 	shared   *engine.Server
+	dataDirs []string // every server's data dir, removed by TestMain (guarded by dataDirsMu)
+
+	dataDirsMu sync.Mutex
 )
 
 // sharedServer is one in-process lockd for every test that needs no
@@ -73,6 +81,9 @@ func newServer(t testing.TB, mod func(*engine.Config)) *engine.Server {
 		t.Fatal(err)
 	}
 	cfg.DataDir = dir
+	dataDirsMu.Lock()
+	dataDirs = append(dataDirs, dir)
+	dataDirsMu.Unlock()
 	cfg.Loops = 2
 	if l, _ := strconv.Atoi(os.Getenv("LOCKD_BENCH_LOOPS")); l > 0 {
 		cfg.Loops = l // benchmarks on a box whose cores the client shares
