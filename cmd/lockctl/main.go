@@ -278,27 +278,46 @@ func parseToken(s string) (uint64, error) {
 	return t, nil
 }
 
+// args parses fs's flags and exactly want positional arguments (usage
+// names them when they are wrong), then finishes the common flags.
+func (c *common) args(fs *flag.FlagSet, args []string, want int, usage string) ([]string, error) {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) != want {
+		return nil, usageErr("%s", usage)
+	}
+	return pos, c.finish()
+}
+
+// dial returns a client and the context for one command's network work;
+// done releases both.
+func (c *common) dial() (*client.Client, context.Context, func(), error) {
+	cl, err := c.client()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := c.context()
+	return cl, ctx, func() { cancel(); cl.Close() }, nil
+}
+
 func cmdAcquire(args []string, stdout, stderr io.Writer) error {
 	var c common
 	fs := newFlagSet("acquire", "acquire KEY [--wait 10s] [--lease 30s]", stderr)
 	c.register(fs)
 	wait := fs.Duration("wait", 10*time.Second, "how long to wait for the lock, 0..255s (0: one attempt)")
 	lease := fs.Duration("lease", 30*time.Second, "lease, 1s..255s, rounded up to whole seconds")
-	pos, err := parse(fs, args)
+	pos, err := c.args(fs, args, 1, "acquire takes one KEY")
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return usageErr("acquire takes one KEY")
-	}
-	if err := c.finish(); err != nil {
-		return err
-	}
-	cl, err := c.client()
+	cl, _, done, err := c.dial()
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
+	defer done()
+	// The wait bounds the call (the client adds the answer's transit).
 	l, err := cl.Acquire(context.Background(), pos[0], client.AcquireOptions{Wait: *wait, Lease: *lease})
 	if err != nil {
 		return err
@@ -311,27 +330,19 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 	var c common
 	fs := newFlagSet("release", "release KEY TOKEN", stderr)
 	c.register(fs)
-	pos, err := parse(fs, args)
+	pos, err := c.args(fs, args, 2, "release takes KEY and TOKEN")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 2 {
-		return usageErr("release takes KEY and TOKEN")
 	}
 	tok, err := parseToken(pos[1])
 	if err != nil {
 		return err
 	}
-	if err := c.finish(); err != nil {
-		return err
-	}
-	cl, err := c.client()
+	cl, ctx, done, err := c.dial()
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
-	ctx, cancel := c.context()
-	defer cancel()
+	defer done()
 	if err := cl.Release(ctx, client.Lock{Key: pos[0], Token: tok}); err != nil {
 		return err
 	}
@@ -344,27 +355,19 @@ func cmdRenew(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("renew", "renew KEY TOKEN [--lease 30s]", stderr)
 	c.register(fs)
 	lease := fs.Duration("lease", 30*time.Second, "new lease from now, 1s..255s")
-	pos, err := parse(fs, args)
+	pos, err := c.args(fs, args, 2, "renew takes KEY and TOKEN")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 2 {
-		return usageErr("renew takes KEY and TOKEN")
 	}
 	tok, err := parseToken(pos[1])
 	if err != nil {
 		return err
 	}
-	if err := c.finish(); err != nil {
-		return err
-	}
-	cl, err := c.client()
+	cl, ctx, done, err := c.dial()
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
-	ctx, cancel := c.context()
-	defer cancel()
+	defer done()
 	l, err := cl.Renew(ctx, client.Lock{Key: pos[0], Token: tok}, *lease)
 	if err != nil {
 		return err
@@ -377,23 +380,14 @@ func cmdPing(args []string, stdout, stderr io.Writer) error {
 	var c common
 	fs := newFlagSet("ping", "ping", stderr)
 	c.register(fs)
-	pos, err := parse(fs, args)
+	if _, err := c.args(fs, args, 0, "ping takes no arguments"); err != nil {
+		return err
+	}
+	cl, ctx, done, err := c.dial()
 	if err != nil {
 		return err
 	}
-	if len(pos) != 0 {
-		return usageErr("ping takes no arguments")
-	}
-	if err := c.finish(); err != nil {
-		return err
-	}
-	cl, err := c.client()
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	ctx, cancel := c.context()
-	defer cancel()
+	defer done()
 	rtt, err := cl.Ping(ctx)
 	if err != nil {
 		return err
