@@ -185,7 +185,7 @@ func run(args []string, stderr io.Writer) int {
 
 	select {
 	case err := <-serveErr:
-		log.Error("serve failed", "err", err)
+		log.Error("start failed", "err", fmt.Errorf("--listen %s: %w", cfg.Listen, err))
 		return 1
 	case sig := <-sigs:
 		log.Info("signal received, shutting down", "signal", sig.String())

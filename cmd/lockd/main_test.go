@@ -354,3 +354,19 @@ func TestAdminEndpointOfTheBinary(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 }
+
+func TestListenAddressInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var stderr bytes.Buffer
+	cmd := exec.Command(binary, "--listen", ln.Addr().String(), "--admin", "", "--data-dir", t.TempDir())
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(stderr.String(), "--listen") {
+		t.Fatalf("lockd on a taken port: %v; %s", err, stderr.String())
+	}
+}
