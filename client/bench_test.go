@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -51,9 +52,18 @@ func BenchmarkParallel64(b *testing.B) {
 	b.Run("conns=1", func(b *testing.B) { benchParallel(b, 1) })
 }
 
+// benchAddr is the server the benchmarks load: LOCKD_BENCH_ADDR (a lockd in
+// its own process, as in production: an in-process server's event loops
+// hold Ps while they wait in epoll_wait) or the shared in-process one.
+func benchAddr(b *testing.B) string {
+	if a := os.Getenv("LOCKD_BENCH_ADDR"); a != "" {
+		return a
+	}
+	return sharedServer(b).Addr()
+}
+
 func benchParallel(b *testing.B, conns int) {
-	srv := sharedServer(b)
-	cl := newClient(b, Config{Addrs: []string{srv.Addr()}, ConnsPerAddr: conns})
+	cl := newClient(b, Config{Addrs: []string{benchAddr(b)}, ConnsPerAddr: conns})
 	waitUp(b, cl, len(*cl.slots.Load()))
 	const g = 64
 	per := b.N/g + 1
@@ -102,11 +112,11 @@ func BenchmarkRawPipelined2x32(b *testing.B) {
 }
 
 func benchRaw(b *testing.B, conns, depth int) {
-	srv := sharedServer(b)
+	addr := benchAddr(b)
 	per := b.N/conns + 1
 	ncs := make([]net.Conn, conns)
 	for i := range ncs {
-		nc, err := net.Dial("tcp", srv.Addr())
+		nc, err := net.Dial("tcp", addr)
 		if err != nil {
 			b.Fatal(err)
 		}
