@@ -1,11 +1,3 @@
-// Command lockd is the lockd daemon: a single-node lock server speaking the
-// wire protocol of docs/PROTOCOL.md on TCP.
-//
-//	go run ./cmd/lockd --listen 127.0.0.1:7070 --data-dir ./lockd-data
-//
-// SIGINT or SIGTERM shut it down gracefully (queued acquires are answered
-// with E 4, held locks are written to the data directory and reloaded by the
-// next start); it then exits 0.
 package main
 
 import (

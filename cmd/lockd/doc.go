@@ -1,0 +1,14 @@
+// Command lockd is the lockd daemon: a single-node lock server speaking the
+// wire protocol of docs/PROTOCOL.md on TCP.
+//
+//	go run ./cmd/lockd --listen 127.0.0.1:7070 --data-dir ./lockd-data
+//
+// SIGINT or SIGTERM shut it down gracefully (queued acquires are answered
+// with E 4, held locks are written to the data directory and reloaded by the
+// next start); it then exits 0.
+//
+// It owns the command line (flags validated at start with messages naming
+// the flag, exit 2), the process's logging, signals and exit codes, and the
+// wiring of engine (the server) and admin (the HTTP endpoint). It must not
+// import lockd/client: the daemon never talks to another lockd as a client.
+package main
