@@ -39,6 +39,7 @@ bench:
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME) ./proto/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseResponse$$' -fuzztime $(FUZZTIME) ./proto/
+	$(GO) test -run '^$$' -fuzz '^FuzzRespReply$$' -fuzztime $(FUZZTIME) ./bench/
 
 clean:
 	rm -rf bin

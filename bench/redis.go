@@ -124,7 +124,7 @@ func respReply(in []byte) (typ byte, line []byte, n int, err error) {
 			return 0, nil, 0, fmt.Errorf("redis: bad bulk length %q", line)
 		}
 		if l >= 0 {
-			if len(in) < n+l+2 {
+			if l > len(in)-n-2 { // not n+l+2 > len(in): l may be huge
 				return 0, nil, 0, errIncomplete
 			}
 			line = in[n : n+l]
