@@ -40,6 +40,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME) ./proto/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseResponse$$' -fuzztime $(FUZZTIME) ./proto/
 	$(GO) test -run '^$$' -fuzz '^FuzzRespReply$$' -fuzztime $(FUZZTIME) ./bench/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseSnapshot$$' -fuzztime $(FUZZTIME) ./store/
 
 clean:
 	rm -rf bin

@@ -110,21 +110,29 @@ var snapMagic = []byte("LOCKDSNAP1\n")
 // u64 token, i64 deadline (Unix ns); then a CRC-32C of everything before it.
 // Integers are big-endian.
 func (d *Dir) WriteSnapshot(s Snapshot) error {
+	b, err := encodeSnapshot(s)
+	if err != nil {
+		return err
+	}
+	return d.writeAtomic(snapFile, b)
+}
+
+// encodeSnapshot lays s out as WriteSnapshot documents.
+func encodeSnapshot(s Snapshot) ([]byte, error) {
 	var b []byte
 	b = append(b, snapMagic...)
 	b = binary.BigEndian.AppendUint64(b, s.Mark)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Locks)))
 	for _, l := range s.Locks {
 		if len(l.Key) > 0xFFFF {
-			return fmt.Errorf("store: key of %d bytes cannot be snapshotted", len(l.Key))
+			return nil, fmt.Errorf("store: key of %d bytes cannot be snapshotted", len(l.Key))
 		}
 		b = binary.BigEndian.AppendUint16(b, uint16(len(l.Key)))
 		b = append(b, l.Key...)
 		b = binary.BigEndian.AppendUint64(b, l.Token)
 		b = binary.BigEndian.AppendUint64(b, uint64(l.Deadline.UnixNano()))
 	}
-	b = binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-	return d.writeAtomic(snapFile, b)
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
