@@ -401,3 +401,51 @@ func TestStatus(t *testing.T) {
 		t.Fatalf("status without admin: %d %q", code, errs)
 	}
 }
+
+// A renew answered N (someone released the lock with its token) stops the
+// command at once with exit 14.
+func TestRunStopsWhenRenewAnswersNotHeld(t *testing.T) {
+	s := startLockd(t)
+	tokFile := filepath.Join(t.TempDir(), "token")
+	cmd := exec.Command(lockctlBin, "run", "stolen", "--addr", s.addr, "--lease", "9s", "--renew-every", "300ms",
+		"--margin", "1s", "--grace", "1s", "--", "sh", "-c", `echo "$LOCKD_TOKEN" > `+tokFile+`; sleep 60`)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var tok string
+	deadline := time.Now().Add(10 * time.Second)
+	for tok == "" {
+		if b, err := os.ReadFile(tokFile); err == nil {
+			tok = strings.TrimSpace(string(b))
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("command did not start: %s", errb.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, errs, code := ctl(t, nil, "release", "stolen", tok, "--addr", s.addr); code != 0 {
+		t.Fatalf("release by another client: %d %s", code, errs)
+	}
+	start := time.Now()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != exitLockLost {
+			t.Fatalf("exit %v, want %d; stderr: %s", err, exitLockLost, errb.String())
+		}
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("lockctl kept running after its lock was released; stderr: %s", errb.String())
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("stopped %v after the lock was lost (renew every 300ms, grace 1s)", took)
+	}
+	if !strings.Contains(errb.String(), "renew answered N") {
+		t.Fatalf("stderr does not say why: %s", errb.String())
+	}
+}
