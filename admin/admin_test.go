@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,16 +20,14 @@ import (
 
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
+	goleak.VerifyTestMain(m, append(lockdtest.LeakOptions,
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"), // idle keep-alive conns of http.DefaultClient
-	)
+	)...)
 }
 
 type fixture struct {
@@ -42,17 +39,7 @@ type fixture struct {
 }
 
 func setup(t *testing.T) *fixture {
-	cfg := engine.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.DataDir = t.TempDir()
-	cfg.Loops = 2
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve()
-	<-srv.Ready()
+	srv := lockdtest.Start(t, nil) // closed after the cleanups below
 	hs := httptest.NewServer(admin.Handler(srv, "v-test"))
 	c, err := net.Dial("tcp", srv.Addr())
 	if err != nil {
@@ -62,7 +49,6 @@ func setup(t *testing.T) *fixture {
 		c.Close()
 		hs.Close()
 		http.DefaultClient.CloseIdleConnections()
-		srv.Close()
 	})
 	return &fixture{t: t, srv: srv, http: hs, conn: c}
 }

@@ -3,23 +3,15 @@ package client
 import (
 	"context"
 	"math/rand/v2"
-	"net"
 	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/lockd-dev/lockd/proto"
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 )
 
-var benchKeys = func() []string {
-	k := make([]string, 1<<16)
-	for i := range k {
-		k[i] = "bench/key/" + strconv.Itoa(i)
-	}
-	return k
-}()
+var benchKeys = lockdtest.Keys(1 << 16)
 
 // BenchmarkAcquireRelease: one goroutine, one Acquire + Release round trip
 // per op through the client; reports allocations.
@@ -113,81 +105,11 @@ func BenchmarkRawPipelined2x32(b *testing.B) {
 
 func benchRaw(b *testing.B, conns, depth int) {
 	addr := benchAddr(b)
-	per := b.N/conns + 1
-	ncs := make([]net.Conn, conns)
-	for i := range ncs {
-		nc, err := net.Dial("tcp", addr)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ncs[i] = nc
-	}
 	b.ResetTimer()
-	start := time.Now()
-	var wg sync.WaitGroup
-	for i, nc := range ncs {
-		wg.Add(1)
-		go func(nc net.Conn, seed uint64) {
-			defer wg.Done()
-			defer nc.Close()
-			if err := rawConn(nc, per, depth, seed); err != nil {
-				b.Error(err)
-			}
-		}(nc, uint64(i))
-	}
-	wg.Wait()
-	el := time.Since(start)
+	r, err := lockdtest.Pipelined(addr, benchKeys, conns, depth, b.N, 5)
 	b.StopTimer()
-	b.ReportMetric(float64(per*conns)/el.Seconds(), "pairs/s")
-}
-
-// rawConn keeps depth acquires in flight on nc until n pairs are done.
-func rawConn(nc net.Conn, n, depth int, seed uint64) error {
-	rng := rand.New(rand.NewPCG(seed, 7))
-	var out, in []byte
-	var owner uint64
-	var resp proto.Response
-	inflight, done, issued := 0, 0, 0
-	buf := make([]byte, 64<<10)
-	for done < n {
-		out = out[:0]
-		for inflight < depth && issued < n {
-			owner++
-			out = proto.AppendAcquire(out, 5, 30, owner, benchKeys[rng.IntN(len(benchKeys))])
-			inflight++
-			issued++
-		}
-		if len(out) > 0 {
-			if _, err := nc.Write(out); err != nil {
-				return err
-			}
-		}
-		m, err := nc.Read(buf)
-		if err != nil {
-			return err
-		}
-		in = append(in, buf[:m]...)
-		out = out[:0]
-		for {
-			k, err := proto.ParseResponse(in, &resp)
-			if err != nil {
-				break
-			}
-			switch resp.Op {
-			case proto.OpAcquire:
-				out = proto.AppendRelease(out, resp.Token, resp.Tail)
-			case proto.OpTimeout, proto.OpBusy, proto.OpRelease, proto.OpNotHeld:
-				inflight--
-				done++
-			}
-			in = in[k:]
-		}
-		in = append(in[:0], in...)
-		if len(out) > 0 {
-			if _, err := nc.Write(out); err != nil {
-				return err
-			}
-		}
+	if err != nil {
+		b.Fatal(err)
 	}
-	return nil
+	b.ReportMetric(r.PairsPerSec, "pairs/s")
 }

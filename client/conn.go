@@ -14,19 +14,7 @@ import (
 // correlated per op — acquires by owner, releases and renews by token,
 // pings by nonce — each in its own map[uint64] (a plain integer key hashes
 // much faster than a struct). It returns -1 for any other op.
-func pendIndex(op proto.Op) int {
-	switch op {
-	case proto.OpAcquire:
-		return 0
-	case proto.OpRelease:
-		return 1
-	case proto.OpRenew:
-		return 2
-	case proto.OpPing:
-		return 3
-	}
-	return -1
-}
+func pendIndex(op proto.Op) int { return op.RequestIndex() }
 
 // conn is one TCP connection: a write path (see enqueue) that encodes every
 // queued request just before sending it and writes each batch with one
@@ -43,13 +31,13 @@ type conn struct {
 	nc   net.Conn
 
 	mu      sync.Mutex
-	queue   []*Ticket             // waiting for the writer: definitely unsent
-	spare   []*Ticket             // the writer's other queue buffer
-	pend    [4]map[uint64]*Ticket // sent (possibly), awaiting an answer, by pendIndex and id; FIFO chains via next
-	dead    bool                  // set once, by fail
-	isDead  atomic.Bool           // dead, readable without mu
-	writing bool                  // a goroutine is in flush
-	gone    chan struct{}         // closed by fail
+	queue   []*Ticket                                 // waiting for the writer: definitely unsent
+	spare   []*Ticket                                 // the writer's other queue buffer
+	pend    [len(proto.RequestOps)]map[uint64]*Ticket // sent (possibly), awaiting an answer, by pendIndex and id; FIFO chains via next
+	dead    bool                                      // set once, by fail
+	isDead  atomic.Bool                               // dead, readable without mu
+	writing bool                                      // a goroutine is in flush
+	gone    chan struct{}                             // closed by fail
 
 	// Owned by the goroutine in flush.
 	wbuf []byte    // the batch being written

@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,15 +15,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
-var leakOpts = []goleak.Option{
-	// gnet's goroutine pool starts workers at init and keeps them.
-	goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-	goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-	goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
-}
+var leakOpts = lockdtest.LeakOptions
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -71,39 +64,24 @@ func sharedServer(t testing.TB) *engine.Server {
 	return shared
 }
 
-// newServer starts a lockd on 127.0.0.1:0; the caller closes it.
+// newServer starts a lockd on 127.0.0.1:0; the caller closes it, and
+// TestMain removes its data dir.
 func newServer(t testing.TB, mod func(*engine.Config)) *engine.Server {
 	t.Helper()
-	cfg := engine.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
 	dir, err := os.MkdirTemp("", "lockd-client-test-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.DataDir = dir
 	dataDirsMu.Lock()
 	dataDirs = append(dataDirs, dir)
 	dataDirsMu.Unlock()
-	cfg.Loops = 2
-	if l, _ := strconv.Atoi(os.Getenv("LOCKD_BENCH_LOOPS")); l > 0 {
-		cfg.Loops = l // benchmarks on a box whose cores the client shares
-	}
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := lockdtest.Config(dir)
 	if mod != nil {
 		mod(&cfg)
 	}
-	srv, err := engine.New(cfg)
+	srv, err := lockdtest.Serve(cfg)
 	if err != nil {
-		t.Fatalf("engine.New: %v", err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve() }()
-	select {
-	case <-srv.Ready():
-	case err := <-errc:
-		t.Fatalf("Serve: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("server not ready in 10 s")
+		t.Fatal(err)
 	}
 	return srv
 }

@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"net"
-	"os"
 	"sort"
 	"strconv"
 	"sync"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -20,11 +18,7 @@ import (
 // release to the moment the next holder of that key reads its A.
 func BenchmarkContended(b *testing.B) {
 	const waiters, hot = 256, 8
-	ts := startServer(b, func(c *engine.Config) {
-		if l, _ := strconv.Atoi(os.Getenv("LOCKD_BENCH_LOOPS")); l > 0 {
-			c.Loops = l
-		}
-	})
+	ts := startServer(b, nil) // LOCKD_BENCH_LOOPS sets the loops
 	var (
 		grants    atomic.Int64
 		relAt     [hot]atomic.Int64 // unix ns of the last release written per key

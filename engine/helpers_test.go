@@ -3,48 +3,32 @@ package engine_test
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net"
-	"os"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// gnet's goroutine pool starts workers at init and keeps them.
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
-	)
+	goleak.VerifyTestMain(m, lockdtest.LeakOptions...)
 }
 
-// testServer is an in-process lockd on 127.0.0.1 with a temporary data dir.
+// testServer is an in-process lockd on 127.0.0.1 with a temporary data dir
+// and the configuration it was started with (to restart on the same dir).
 type testServer struct {
 	*engine.Server
 	t   testing.TB
 	cfg engine.Config
 }
 
-func quietLogger() *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
 func startServer(t testing.TB, mod func(*engine.Config)) *testServer {
 	t.Helper()
-	cfg := engine.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.DataDir = t.TempDir()
-	cfg.Loops = 2
-	cfg.Logger = quietLogger()
+	cfg := lockdtest.Config(t.TempDir())
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -53,28 +37,7 @@ func startServer(t testing.TB, mod func(*engine.Config)) *testServer {
 
 func startWith(t testing.TB, cfg engine.Config) *testServer {
 	t.Helper()
-	srv, err := engine.New(cfg)
-	if err != nil {
-		t.Fatalf("engine.New: %v", err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve() }()
-	select {
-	case <-srv.Ready():
-	case err := <-errc:
-		t.Fatalf("Serve: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("server not ready in 10 s")
-	}
-	ts := &testServer{Server: srv, t: t, cfg: cfg}
-	t.Cleanup(func() {
-		select {
-		case <-srv.Done():
-		default:
-			_ = srv.Close()
-		}
-	})
-	return ts
+	return &testServer{Server: lockdtest.StartWith(t, cfg), t: t, cfg: cfg}
 }
 
 // shutdown runs the graceful shutdown and fails the test on error.

@@ -26,33 +26,16 @@ const (
 
 var resultNames = [nResults]string{"granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error"}
 
-// Request ops in counter order.
-var opOrder = [4]proto.Op{proto.OpAcquire, proto.OpRelease, proto.OpRenew, proto.OpPing}
-
-func opIndex(op proto.Op) int {
-	switch op {
-	case proto.OpAcquire:
-		return 0
-	case proto.OpRelease:
-		return 1
-	case proto.OpRenew:
-		return 2
-	case proto.OpPing:
-		return 3
-	}
-	return -1 // an unknown op (E 1): counted only by error code
-}
-
 // counts is one batch's tally, kept in its scratch (no atomics) and added
 // to its loop's stats once per batch.
 type counts struct {
-	req  [4][nResults]uint32
+	req  [len(proto.RequestOps)][nResults]uint32
 	errs [5]uint32 // by E code (index 0 unused)
 	any  bool
 }
 
 func (c *counts) request(op proto.Op, res int) {
-	if i := opIndex(op); i >= 0 {
+	if i := op.RequestIndex(); i >= 0 {
 		c.req[i][res]++
 	}
 	c.any = true
@@ -66,7 +49,7 @@ func (c *counts) error(op proto.Op, code uint8) {
 // loopStats are one event loop's counters: written by that loop only (one
 // atomic add per non-zero cell per batch), read by scrapes.
 type loopStats struct {
-	req  [4][nResults]atomic.Uint64
+	req  [len(proto.RequestOps)][nResults]atomic.Uint64
 	errs [5]atomic.Uint64
 	_    [64]byte
 }
@@ -153,7 +136,7 @@ type Metrics struct {
 // Metrics aggregates the loops' counters and reads the table's.
 func (s *Server) Metrics() Metrics {
 	var m Metrics
-	var req [4][nResults]uint64
+	var req [len(proto.RequestOps)][nResults]uint64
 	s.loops.Range(func(_, v any) bool {
 		l := v.(*loopStats)
 		for i := range l.req {
@@ -170,7 +153,7 @@ func (s *Server) Metrics() Metrics {
 	for i := range req {
 		for j, n := range req[i] {
 			if n != 0 {
-				m.Requests = append(m.Requests, RequestCount{Op: opOrder[i].String(), Result: resultNames[j], N: n})
+				m.Requests = append(m.Requests, RequestCount{Op: proto.RequestOps[i].String(), Result: resultNames[j], N: n})
 			}
 		}
 	}
@@ -183,7 +166,7 @@ func (s *Server) Metrics() Metrics {
 	for i := range s.wait.buckets {
 		m.WaitCounts[i] = s.wait.buckets[i].Load()
 	}
-	m.WaitCounts[0] += req[0][resGranted] // immediate grants waited 0
+	m.WaitCounts[0] += req[proto.OpAcquire.RequestIndex()][resGranted] // immediate grants waited 0
 	m.WaitSum = float64(s.wait.sumNs.Load()) / 1e9
 	m.Uptime = time.Since(s.epoch)
 	m.Draining = s.draining.Load()

@@ -51,6 +51,26 @@ func (o Op) String() string {
 // IsRequest reports whether o is a request op (A, R, K or P).
 func (o Op) IsRequest() bool { return requestHeaderLen[o] != 0 }
 
+// RequestOps lists the request ops; RequestIndex gives their positions, so
+// per-op tables can be plain arrays.
+var RequestOps = [...]Op{OpAcquire, OpRelease, OpRenew, OpPing}
+
+// RequestIndex returns o's index in RequestOps, or -1 if o is not a
+// request op.
+func (o Op) RequestIndex() int {
+	switch o {
+	case OpAcquire:
+		return 0
+	case OpRelease:
+		return 1
+	case OpRenew:
+		return 2
+	case OpPing:
+		return 3
+	}
+	return -1
+}
+
 // IsResponse reports whether o is a response op (A, T, B, R, K, N, P, M or E).
 func (o Op) IsResponse() bool { return responseHeaderLen[o] != 0 }
 

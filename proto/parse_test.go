@@ -529,3 +529,16 @@ func TestValidKey(t *testing.T) {
 		}
 	}
 }
+
+func TestRequestIndex(t *testing.T) {
+	for b := 0; b < 256; b++ {
+		op := Op(b)
+		i := op.RequestIndex()
+		if (i >= 0) != op.IsRequest() {
+			t.Fatalf("%v: RequestIndex %d, IsRequest %v", op, i, op.IsRequest())
+		}
+		if i >= 0 && RequestOps[i] != op {
+			t.Fatalf("RequestOps[%d] = %v, want %v", i, RequestOps[i], op)
+		}
+	}
+}

@@ -32,6 +32,8 @@ var rules = []rule{
 		"gopkg.in/", "google.golang.org/protobuf", "go.yaml.in/", mod}},
 	{pkg: "cmd/lockctl", forbidden: []string{mod + "engine", mod + "shard", mod + "store", "github.com/panjf2000"},
 		allowed: []string{mod}},
+	{pkg: "internal/lockdtest", forbidden: []string{mod + "client", mod + "cmd", mod + "bench"},
+		allowed: []string{"github.com/", "golang.org/x/", "go.uber.org/", "gopkg.in/", mod}},
 	{pkg: "admin", forbidden: []string{mod + "client", mod + "cmd", mod + "bench"},
 		allowed: []string{"github.com/panjf2000/", "github.com/cespare/xxhash/v2", "github.com/valyala/bytebufferpool",
 			"golang.org/x/", "go.uber.org/", "gopkg.in/", "github.com/prometheus/", "github.com/beorn7/perks",
