@@ -277,6 +277,16 @@ func (c *common) args(fs *flag.FlagSet, args []string, want int, usage string) (
 	return pos, c.finish()
 }
 
+// lockArgs parses the KEY TOKEN arguments of release and renew.
+func (c *common) lockArgs(fs *flag.FlagSet, args []string, cmd string) (client.Lock, error) {
+	pos, err := c.args(fs, args, 2, cmd+" takes KEY and TOKEN")
+	if err != nil {
+		return client.Lock{}, err
+	}
+	tok, err := parseToken(pos[1])
+	return client.Lock{Key: pos[0], Token: tok}, err
+}
+
 // dial returns a client and the context for one command's network work;
 // done releases both.
 func (c *common) dial() (*client.Client, context.Context, func(), error) {
@@ -316,11 +326,7 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 	var c common
 	fs := newFlagSet("release", "release KEY TOKEN", stderr)
 	c.register(fs)
-	pos, err := c.args(fs, args, 2, "release takes KEY and TOKEN")
-	if err != nil {
-		return err
-	}
-	tok, err := parseToken(pos[1])
+	l, err := c.lockArgs(fs, args, "release")
 	if err != nil {
 		return err
 	}
@@ -329,7 +335,7 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	if err := cl.Release(ctx, client.Lock{Key: pos[0], Token: tok}); err != nil {
+	if err := cl.Release(ctx, l); err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, "released")
@@ -341,11 +347,7 @@ func cmdRenew(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("renew", "renew KEY TOKEN [--lease 30s]", stderr)
 	c.register(fs)
 	lease := fs.Duration("lease", 30*time.Second, "new lease from now, 1s..255s")
-	pos, err := c.args(fs, args, 2, "renew takes KEY and TOKEN")
-	if err != nil {
-		return err
-	}
-	tok, err := parseToken(pos[1])
+	l, err := c.lockArgs(fs, args, "renew")
 	if err != nil {
 		return err
 	}
@@ -354,7 +356,7 @@ func cmdRenew(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	l, err := cl.Renew(ctx, client.Lock{Key: pos[0], Token: tok}, *lease)
+	l, err = cl.Renew(ctx, l, *lease)
 	if err != nil {
 		return err
 	}
