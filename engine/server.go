@@ -293,12 +293,31 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.putScratch(sc)
 
 	// Keep connections open for the drain window (new A/R/K get E 4, P
-	// still pongs) or until every client has left, then make sure answers
-	// are flushed: wake every session so it writes its mailbox and reports
-	// what is still buffered, until nothing is or the grace ends.
+	// still pongs) or until every client has left, with every answer
+	// flushed.
+	s.drain(ctx)
+
+	// Stop the engine: every loop closes its connections (OnClose releases
+	// grants that never reached their socket).
+	s.stopped.Store(true)
+	if err := s.eng.Stop(ctx); err != nil {
+		return err
+	}
+	<-s.done
+	return s.finish()
+}
+
+// drain waits until every session's answers are written and either the
+// drain window has passed or no client is left, or until ShutdownGrace less
+// a second (for the engine's stop) has passed. Sessions with something left
+// are woken, so their batch writes their mail and reports what gnet still
+// buffers.
+func (s *Server) drain(ctx context.Context) {
 	began := time.Now()
 	grace, cancel := context.WithTimeout(ctx, ShutdownGrace-time.Second)
 	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		sessions := s.snapshotSessions()
 		pending := 0
@@ -309,25 +328,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			}
 		}
 		if pending == 0 && (len(sessions) == 0 || time.Since(began) >= s.cfg.Drain) {
-			break
+			return
 		}
 		select {
 		case <-grace.Done():
 			s.log.Warn("shutdown grace over", "unflushed", pending)
-		case <-time.After(10 * time.Millisecond):
-			continue
+			return
+		case <-tick.C:
 		}
-		break
 	}
-
-	// Stop the engine: every loop closes its connections (OnClose releases
-	// grants that never reached their socket).
-	s.stopped.Store(true)
-	if err := s.eng.Stop(ctx); err != nil {
-		return err
-	}
-	<-s.done
-	return s.finish()
 }
 
 // finish writes the snapshot and releases the data directory.
