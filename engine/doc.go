@@ -13,7 +13,9 @@
 // that connection's event-loop goroutine; OnTick on its own goroutine. A
 // session's loop-owned fields are touched only from its loop; its mailbox is
 // guarded by a small mutex that is never held across a table call, a Write
-// or a Wake. Table calls take only shard locks. Nothing in a callback blocks.
+// or a Wake. Table calls take only shard locks. No callback does I/O other
+// than its own connection's write; the one wait is shard.Tokens.Next if the
+// token reserver's disk falls a whole half-block behind the grants.
 //
 // engine may import lockd/proto, lockd/shard, lockd/store and gnet. It must
 // not import lockd/client or anything under cmd/.

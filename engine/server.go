@@ -183,9 +183,6 @@ func (s *Server) Config() Config { return s.cfg }
 // Table returns the server's lock table (for tests and the admin endpoint).
 func (s *Server) Table() *shard.Table { return s.table }
 
-// Tokens returns the server's token allocator.
-func (s *Server) Tokens() *shard.Tokens { return s.tokens }
-
 // Ready is closed once the listener accepts connections.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
