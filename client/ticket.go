@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockd-dev/lockd/proto"
@@ -78,15 +79,27 @@ type Ticket struct {
 	rcode    uint8
 	rtail    string
 
-	done  chan struct{} // cap 1; signalled once per attempt, under conn.mu
-	timer *time.Timer
-	armed time.Time // the instant timer is armed for; zero if stopped
+	// done wakes the waiter (cap 1): an attempt's result is signalled on
+	// it once, and the timer rings it. A wake-up is only a hint to look at
+	// state under conn.mu: a ring may come early (see arm), and a ring or a
+	// result's signal may come late, after the attempt it was meant for. The waiter of a plain context.Background
+	// call thus parks on one channel receive, the cheapest park there is.
+	done  chan struct{}
+	timer *time.Timer  // an AfterFunc timer that rings done
+	armed time.Time    // the instant timer is armed for; zero if stopped
+	rang  *atomic.Bool // the timer rang since it was last armed (or a late ring came)
 }
 
 func newTicket() *Ticket {
-	t := &Ticket{done: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
-	t.timer.Stop()
-	return t
+	done, rang := make(chan struct{}, 1), new(atomic.Bool)
+	// The timer's function touches no field of the Ticket, which putTicket
+	// rewrites while a late ring may still run.
+	timer := time.AfterFunc(time.Hour, func() {
+		rang.Store(true)
+		signal(done)
+	})
+	timer.Stop()
+	return &Ticket{done: done, timer: timer, rang: rang}
 }
 
 // getTicket takes a recycled Ticket for a new call.
@@ -99,14 +112,15 @@ func (cl *Client) getTicket(ctx context.Context, op proto.Op, key string) *Ticke
 	return t
 }
 
-// putTicket recycles t once its call is over.
+// putTicket recycles t once its call is over. Its timer stays set (see
+// arm).
 func (cl *Client) putTicket(t *Ticket) {
-	t.stopTimer()
 	if t.conn != nil {
+		t.stopTimer()
 		return // still attached to a connection: let the GC have it
 	}
-	done, timer := t.done, t.timer
-	*t = Ticket{done: done, timer: timer}
+	done, timer, rang, armed := t.done, t.timer, t.rang, t.armed
+	*t = Ticket{done: done, timer: timer, rang: rang, armed: armed}
 	cl.tickets.Put(t)
 }
 
@@ -114,8 +128,13 @@ func (cl *Client) putTicket(t *Ticket) {
 func (t *Ticket) finishLocked(r result) {
 	t.res = r
 	t.state = stDone
+	signal(t.done)
+}
+
+// signal wakes the waiter of done, unless a wake-up is pending already.
+func signal(done chan struct{}) {
 	select {
-	case t.done <- struct{}{}:
+	case done <- struct{}{}:
 	default:
 	}
 }
@@ -162,12 +181,20 @@ func (t *Ticket) answerBy() time.Time {
 	return d
 }
 
-// arm sets the timer to fire at instant at.
+// arm makes sure the timer rings at instant at or earlier. A ring before
+// a deadline is a spurious wake-up that the waiter answers by arming again,
+// so a timer already set for an instant no later than at that has not rung
+// is left alone, and a Ticket's timer is not stopped when its call ends.
+// That keeps timer operations off the hot path: deadlines are seconds
+// away and answers microseconds, so the calls that reuse a Ticket find its
+// timer set early enough, and it rings, spuriously, about once per
+// deadline's length.
 func (t *Ticket) arm(at time.Time) {
-	if at.Equal(t.armed) {
+	if !t.armed.IsZero() && !t.armed.After(at) && !t.rang.Load() {
 		return
 	}
 	t.armed = at
+	t.rang.Store(false)
 	t.timer.Reset(time.Until(at))
 }
 
@@ -215,21 +242,24 @@ func (t *Ticket) roundTrip() outcome {
 		c := t.conn
 		t.arm(t.sendBy)
 		for {
-			fired, cancelled := false, false
-			select {
-			case <-t.done:
-				c.mu.Lock()
-			case <-t.timer.C:
-				t.armed = time.Time{}
-				fired = true
-				c.mu.Lock()
-			case <-ctxDone:
-				cancelled = true
-				c.mu.Lock()
+			cancelled := false
+			if ctxDone == nil {
+				<-t.done
+			} else {
+				select {
+				case <-t.done:
+				case <-ctxDone:
+					cancelled = true
+				}
 			}
+			c.mu.Lock()
 			if t.state == stDone {
-				if fired || cancelled {
-					<-t.done // signalled under c.mu: it is there
+				// If this wake-up was another (a ring, ctx), take the
+				// result's signal if it is there already; a late one is a
+				// spurious wake-up for a later wait.
+				select {
+				case <-t.done:
+				default:
 				}
 				t.state = stIdle
 				t.conn = nil
@@ -299,16 +329,20 @@ func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
 		return outNoConn, false
 	}
 	t.arm(t.sendBy)
-	select {
-	case <-ch:
-		return 0, true
-	case <-t.timer.C:
-		t.armed = time.Time{}
-		return outNoConn, false
-	case <-ctxDone:
-		return outCtx, false
-	case <-cl.closing:
-		return outClosed, false
+	for {
+		select {
+		case <-ch:
+			return 0, true
+		case <-t.done: // a ring, maybe an early one: look at the clock
+			if !time.Now().Before(t.sendBy) {
+				return outNoConn, false
+			}
+			t.arm(t.sendBy)
+		case <-ctxDone:
+			return outCtx, false
+		case <-cl.closing:
+			return outClosed, false
+		}
 	}
 }
 
@@ -322,13 +356,17 @@ func (t *Ticket) sleep(d time.Duration, limit time.Time) bool {
 		at = limit
 	}
 	t.arm(at)
-	select {
-	case <-t.timer.C:
-		t.armed = time.Time{}
-		return ok
-	case <-t.ctx.Done():
-		return false
-	case <-t.cl.closing:
-		return false
+	for {
+		select {
+		case <-t.done: // a ring, maybe an early one: look at the clock
+			if !time.Now().Before(at) {
+				return ok
+			}
+			t.arm(at)
+		case <-t.ctx.Done():
+			return false
+		case <-t.cl.closing:
+			return false
+		}
 	}
 }
