@@ -104,3 +104,44 @@ func TestUnansweredPingClosesConnection(t *testing.T) {
 		t.Fatal("connection not closed")
 	}
 }
+
+// TestTimerEarlyRing: arm leaves a Ticket's timer set for an earlier
+// instant (a recycled Ticket's previous deadline) rather than resetting
+// it. The early ring must neither end a wait before its own instant nor
+// leave it without a ring at that instant.
+func TestTimerEarlyRing(t *testing.T) {
+	cl := newClient(t, fastConfig("127.0.0.1:1"))
+	tk := cl.getTicket(context.Background(), proto.OpPing, "")
+	defer cl.putTicket(tk)
+	start := time.Now()
+	early := start.Add(30 * time.Millisecond)
+	tk.arm(early)
+	tk.arm(start.Add(time.Hour))
+	if !tk.armed.Equal(early) {
+		t.Fatalf("a later instant reset the timer: armed %v, want %v", tk.armed.Sub(start), early.Sub(start))
+	}
+	const d = 150 * time.Millisecond
+	if !tk.sleep(d, start.Add(time.Hour)) {
+		t.Fatal("sleep cut short")
+	}
+	if el := time.Since(start); el < d || el > d+time.Second {
+		t.Fatalf("sleep(%v) took %v", d, el)
+	}
+	// Rung: the next arm sets the timer again, even for the same instant.
+	select {
+	case <-tk.done:
+		t.Fatal("a wake-up left over after sleep")
+	default:
+	}
+	at := time.Now().Add(20 * time.Millisecond)
+	tk.arm(at)
+	tk.arm(at)
+	select {
+	case <-tk.done:
+		if time.Now().Before(at) {
+			t.Fatal("rang before its instant")
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("no ring after re-arming")
+	}
+}
