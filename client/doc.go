@@ -1,6 +1,6 @@
 // Package client is the Go client library of lockd: a pool of pipelined
 // connections to lockd servers and the lock operations built on it
-// (Acquire, AcquireAsync, Release, Renew, Ping, WithLock). It speaks the
+// (Acquire, AcquireAsync, Release, ReleaseAsync, Renew, Ping, WithLock). It speaks the
 // wire protocol through package proto and keeps every obligation of
 // PROTOCOL.md §7.
 //
@@ -59,7 +59,8 @@
 //   - Lock.Expires is the send instant of the granting request plus the
 //     lease: conservative, since the server's lease starts later.
 //
-// Release retries for Config.ReleaseRetry (5 s) at
+// Release (and ReleaseAsync, which sends at once and waits in Wait)
+// retries for Config.ReleaseRetry (5 s) at
 // Config.ReleaseRetryInterval (200 ms) across connections; Renew retries
 // until Config.TransportTimeout. Both act on the exact token only, which
 // makes a resend harmless.
@@ -76,8 +77,17 @@
 // # Concurrency
 //
 // A Client is safe for concurrent use by any number of goroutines. A
-// Ticket (from AcquireAsync) belongs to the goroutine that calls its Wait,
-// exactly once. No lock is held across a network write or a channel send
+// Ticket (from AcquireAsync) or Releasing (from ReleaseAsync) belongs to
+// the goroutine that calls its Wait, exactly once.
+//
+// # Cost of a call
+//
+// A blocking call parks its goroutine until the reader wakes it: on one
+// channel receive (no select, no timer operation) when ctx is
+// context.Background. Deadlines are kept by one AfterFunc timer per
+// recycled Ticket, left armed across calls when it would only ring early;
+// an early ring re-arms it. Wake-ups are hints: a waiter always decides by
+// its request's state under the connection's mutex. No lock is held across a network write or a channel send
 // that can block; each connection's mutex guards its queue, its pending
 // requests and the result fields of the requests attached to it.
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -656,4 +657,54 @@ func answered(tk *Ticket) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return tk.state == stDone
+}
+
+// TestReleaseAsyncPipelined: releases started with ReleaseAsync are all on
+// the wire before the first Wait — the fake server answers none until it
+// has read every one, in reverse order — and each Wait gets its own
+// answer: R, or N for the token the server says is not held.
+func TestReleaseAsyncPipelined(t *testing.T) {
+	const n = 40
+	var mu sync.Mutex
+	var got []freq
+	f := newFake(t, func(fc *fconn, r freq) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, r)
+		if len(got) < n {
+			return
+		}
+		var out []byte
+		for i := n - 1; i >= 0; i-- {
+			if got[i].Op != proto.OpRelease {
+				t.Errorf("request %d: op %v", i, got[i].Op)
+			}
+			if got[i].ID == 7 {
+				out = proto.AppendNotHeld(out, proto.OpRelease, got[i].ID, got[i].Key)
+				continue
+			}
+			out = proto.AppendReleased(out, got[i].ID, got[i].Key)
+		}
+		fc.send(out)
+	})
+	cfg := fastConfig(f.addr())
+	cfg.ConnsPerAddr = 1
+	cl := newClient(t, cfg)
+	waitUp(t, cl, 1)
+	ctx := ctxT(t, 5*time.Second)
+	rs := make([]Releasing, n)
+	for i := range rs {
+		rs[i] = cl.ReleaseAsync(ctx, Lock{Key: "k" + strconv.Itoa(i), Token: uint64(i + 1)})
+	}
+	for i, r := range rs {
+		err := r.Wait()
+		if i+1 == 7 {
+			wantErr(t, err, ErrNotHeld)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+	}
+	wantErr(t, cl.ReleaseAsync(ctx, Lock{Key: "", Token: 1}).Wait(), ErrInvalidKey)
 }

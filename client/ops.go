@@ -66,6 +66,13 @@ func (cl *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) 
 // order. The call's deadline starts now; ctx is observed by Wait. A grant
 // that reaches Wait after the deadline (or after ctx ended) is released
 // again at once and reported as ErrIndeterminate, so call Wait promptly.
+//
+// The server grants whether or not Wait has been called: a grant waiting
+// for its Wait holds its key. Two goroutines that each wait on one ticket
+// while another of their tickets holds a key the other is queued for
+// deadlock until a wait ends; wait in an order that cannot form such a
+// cycle (for instance, each goroutine on its own keys), or Wait each
+// ticket before starting the next acquire on a contended key.
 func (cl *Client) AcquireAsync(ctx context.Context, key string, opts AcquireOptions) *Ticket {
 	t := cl.getTicket(ctx, proto.OpAcquire, key)
 	switch {
@@ -193,7 +200,7 @@ func errBadAnswerOp(t *Ticket) error {
 // background, with Release's retries.
 func (cl *Client) compensate(key string, token uint64) {
 	cl.goBackground(func() {
-		_ = cl.release(cl.bg, Lock{Key: key, Token: token})
+		_ = cl.Release(cl.bg, Lock{Key: key, Token: token})
 	})
 }
 
@@ -208,20 +215,45 @@ func (cl *Client) compensate(key string, token uint64) {
 // ErrNoConnection if none could be sent; or ctx.Err(), ErrClosed, a
 // *ServerError. The lease ends an unconfirmed lock at the latest.
 func (cl *Client) Release(ctx context.Context, l Lock) error {
-	return cl.release(ctx, l)
+	return cl.ReleaseAsync(ctx, l).Wait()
 }
 
-func (cl *Client) release(ctx context.Context, l Lock) error {
+// ReleaseAsync starts releasing l and returns at once; the Releasing's
+// Wait gives what Release would have returned. One goroutine can keep many
+// releases in flight this way, pipelined on the client's connections like
+// AcquireAsync's acquires. The retry window starts now; resends after a
+// lost connection happen inside Wait, so call it promptly.
+func (cl *Client) ReleaseAsync(ctx context.Context, l Lock) Releasing {
 	if !validKey(l.Key) {
-		return ErrInvalidKey
+		return Releasing{err: ErrInvalidKey}
 	}
 	t := cl.getTicket(ctx, proto.OpRelease, l.Key)
-	defer cl.putTicket(t)
 	t.id = l.Token
-	limit := time.Now().Add(cl.cfg.ReleaseRetry)
-	t.hardBy = limit
+	t.hardBy = time.Now().Add(cl.cfg.ReleaseRetry)
+	t.sendBy = t.hardBy
 	t.timeout = cl.cfg.TransportTimeout
-	return t.retrying(limit, cl.cfg.ReleaseRetryInterval)
+	if ctx.Err() == nil && !cl.isClosed() {
+		t.trySend()
+	}
+	return Releasing{t: t}
+}
+
+// A Releasing is a release in flight, returned by ReleaseAsync. Call Wait
+// exactly once, from one goroutine.
+type Releasing struct {
+	t   *Ticket
+	err error // the call failed before it started
+}
+
+// Wait waits for the release's result; see Release for the errors.
+func (r Releasing) Wait() error {
+	t := r.t
+	if t == nil {
+		return r.err
+	}
+	err := t.retrying(t.hardBy, t.cl.cfg.ReleaseRetryInterval)
+	t.cl.putTicket(t)
+	return err
 }
 
 // Renew restarts l's lease at lease (0: Config.DefaultLease) from the
@@ -244,6 +276,7 @@ func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock,
 	t.lease = ls
 	limit := time.Now().Add(cl.cfg.TransportTimeout)
 	t.hardBy = limit
+	t.sendBy = limit
 	t.timeout = cl.cfg.TransportTimeout
 	if err := t.retrying(limit, cl.cfg.RetryPause); err != nil {
 		return Lock{}, err
@@ -254,15 +287,14 @@ func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock,
 
 // retrying runs a release or renew: both act only on the exact token, so
 // sending one again is harmless and the client resends after a lost
-// connection, until limit.
+// connection, until limit (t.sendBy, set by the caller).
 func (t *Ticket) retrying(limit time.Time, pause time.Duration) error {
 	cl := t.cl
 	maybe := false // an earlier attempt may have executed
 	for {
-		if cl.isClosed() {
+		if t.conn == nil && cl.isClosed() {
 			return ErrClosed
 		}
-		t.sendBy = limit
 		o := t.roundTrip()
 		if o == outAnswer {
 			switch t.rop {
