@@ -71,3 +71,40 @@ func Example() {
 	// wrote orders/42 under the lock
 	// WithLock: <nil>
 }
+
+// One goroutine keeps many acquires in flight, then releases the grants
+// the same way: the requests share the connections' writes.
+func ExampleClient_AcquireAsync() {
+	addr, stop := startLockd()
+	defer stop()
+	cl, err := client.New(client.Config{Addrs: []string{addr}})
+	if err != nil {
+		panic(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+
+	tickets := make([]*client.Ticket, 100)
+	for i := range tickets {
+		tickets[i] = cl.AcquireAsync(ctx, fmt.Sprintf("jobs/%d", i), client.AcquireOptions{Wait: time.Second, Lease: 10 * time.Second})
+	}
+	var releases []client.Releasing
+	for _, t := range tickets {
+		l, err := t.Wait() // each Ticket's Wait exactly once
+		if err != nil {
+			fmt.Println("acquire:", err)
+			continue
+		}
+		// ... the work under l, fenced with l.Token ...
+		releases = append(releases, cl.ReleaseAsync(ctx, l))
+	}
+	released := 0
+	for _, r := range releases {
+		if r.Wait() == nil {
+			released++
+		}
+	}
+	fmt.Println("released", released)
+	// Output:
+	// released 100
+}
