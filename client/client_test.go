@@ -223,6 +223,9 @@ func TestValidation(t *testing.T) {
 		{"", AcquireOptions{}, ErrInvalidKey},
 		{"a\nb", AcquireOptions{}, ErrInvalidKey},
 		{"\xff", AcquireOptions{}, ErrInvalidKey},
+		{"ab\xffc", AcquireOptions{}, ErrInvalidKey},
+		{"clé\n", AcquireOptions{}, ErrInvalidKey},
+		{"clé\xff", AcquireOptions{}, ErrInvalidKey},
 		{string(make([]byte, proto.MaxKey+1)), AcquireOptions{}, ErrInvalidKey},
 		{"k", AcquireOptions{Wait: 256 * time.Second}, ErrInvalidWait},
 		{"k", AcquireOptions{Wait: -1}, ErrInvalidWait},
@@ -234,6 +237,14 @@ func TestValidation(t *testing.T) {
 		wantErr(t, err, c.want)
 	}
 	f.none(100 * time.Millisecond)
+	// A valid non-ASCII key is sent as is.
+	tk := cl.AcquireAsync(ctx, "clé/ü", AcquireOptions{Wait: time.Second})
+	if r := f.next(2 * time.Second); r.Key != "clé/ü" {
+		t.Fatalf("sent key %q", r.Key)
+	}
+	if _, err := tk.Wait(); err != nil {
+		t.Fatalf("non-ASCII key: %v", err)
+	}
 	for _, c := range []Config{{}, {Addrs: []string{"nohost"}}, {Addrs: []string{"127.0.0.1:1"}, DialTimeout: -1}} {
 		if _, err := New(c); err == nil {
 			t.Fatalf("New(%+v) accepted", c)

@@ -40,8 +40,8 @@ type conn struct {
 	gone    chan struct{}                             // closed by fail
 
 	// Owned by the goroutine in flush.
-	wbuf []byte    // the batch being written
-	wdl  time.Time // when to move the write deadline next
+	wbuf []byte  // the batch being written
+	wdl  instant // when to move the write deadline next
 }
 
 func newConn(cl *Client, addr string, nc net.Conn) *conn {
@@ -114,11 +114,11 @@ func (c *conn) flush() {
 		// Round-robin by batch: this batch is closed, the next requests go
 		// to the next connection.
 		c.cl.rr.Add(1)
-		now := time.Now()
+		now := monoNow()
 		buf := c.wbuf[:0]
 		for i, t := range q {
 			q[i] = nil
-			if !now.Before(t.sendBy) {
+			if now >= t.sendBy {
 				t.finishLocked(resExpired)
 				continue
 			}
@@ -135,9 +135,9 @@ func (c *conn) flush() {
 		// A write that cannot proceed (the server stopped reading) fails
 		// the connection after TransportTimeout; the deadline is moved
 		// only when half of it is used, to keep it off the hot path.
-		if now.After(c.wdl) {
-			c.wdl = now.Add(c.cl.cfg.TransportTimeout / 2)
-			_ = c.nc.SetWriteDeadline(now.Add(c.cl.cfg.TransportTimeout))
+		if now > c.wdl {
+			c.wdl = now.add(c.cl.cfg.TransportTimeout / 2)
+			_ = c.nc.SetWriteDeadline(time.Now().Add(c.cl.cfg.TransportTimeout))
 		}
 		_, err := c.nc.Write(buf)
 		if cap(buf) <= 1<<20 {

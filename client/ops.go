@@ -47,7 +47,18 @@ func validKey(key string) bool {
 	if len(key) == 0 || len(key) > proto.MaxKey {
 		return false
 	}
-	return strings.IndexByte(key, '\n') < 0 && utf8.ValidString(key)
+	// One pass for the usual ASCII key; the rest of a non-ASCII one is
+	// checked by the library.
+	for i := 0; i < len(key); i++ {
+		switch c := key[i]; {
+		case c == '\n':
+			return false
+		case c >= utf8.RuneSelf:
+			rest := key[i:]
+			return strings.IndexByte(rest, '\n') < 0 && utf8.ValidString(rest)
+		}
+	}
+	return true
 }
 
 // Acquire takes the lock on key, waiting up to opts.Wait for it. It returns
@@ -92,15 +103,15 @@ func (cl *Client) AcquireAsync(ctx context.Context, key string, opts AcquireOpti
 		t.err = ErrClosed
 		return t
 	}
-	now := time.Now()
+	now := monoNow()
 	t.id = rand.Uint64()
 	t.lease = lease
 	if opts.Wait == 0 {
 		t.wait0 = true
-		t.sendBy = now.Add(cl.cfg.TransportTimeout)
+		t.sendBy = now.add(cl.cfg.TransportTimeout)
 		t.timeout = cl.cfg.TransportTimeout
 	} else {
-		t.waitEnd = now.Add(opts.Wait)
+		t.waitEnd = now.add(opts.Wait)
 		t.sendBy = t.waitEnd
 	}
 	if ctx.Err() == nil {
@@ -148,11 +159,11 @@ func (t *Ticket) acquire() (Lock, error) {
 		switch t.rop {
 		case proto.OpAcquire:
 			// The delivery gate.
-			if t.ctx.Err() != nil || !time.Now().Before(t.answerBy()) {
+			if t.ctx.Err() != nil || monoNow() >= t.answerBy() {
 				cl.compensate(t.key, t.rtoken)
 				return Lock{}, ErrIndeterminate
 			}
-			return Lock{Key: t.key, Token: t.rtoken, Expires: t.sentAt.Add(time.Duration(t.lease) * time.Second)}, nil
+			return Lock{Key: t.key, Token: t.rtoken, Expires: t.sentAt.add(time.Duration(t.lease) * time.Second).time()}, nil
 		case proto.OpTimeout:
 			return Lock{}, ErrTimeout
 		case proto.OpBusy:
@@ -229,7 +240,7 @@ func (cl *Client) ReleaseAsync(ctx context.Context, l Lock) Releasing {
 	}
 	t := cl.getTicket(ctx, proto.OpRelease, l.Key)
 	t.id = l.Token
-	t.hardBy = time.Now().Add(cl.cfg.ReleaseRetry)
+	t.hardBy = monoNow().add(cl.cfg.ReleaseRetry)
 	t.sendBy = t.hardBy
 	t.timeout = cl.cfg.TransportTimeout
 	if ctx.Err() == nil && !cl.isClosed() {
@@ -274,21 +285,21 @@ func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock,
 	defer cl.putTicket(t)
 	t.id = l.Token
 	t.lease = ls
-	limit := time.Now().Add(cl.cfg.TransportTimeout)
+	limit := monoNow().add(cl.cfg.TransportTimeout)
 	t.hardBy = limit
 	t.sendBy = limit
 	t.timeout = cl.cfg.TransportTimeout
 	if err := t.retrying(limit, cl.cfg.RetryPause); err != nil {
 		return Lock{}, err
 	}
-	l.Expires = t.sentAt.Add(time.Duration(ls) * time.Second)
+	l.Expires = t.sentAt.add(time.Duration(ls) * time.Second).time()
 	return l, nil
 }
 
 // retrying runs a release or renew: both act only on the exact token, so
 // sending one again is harmless and the client resends after a lost
 // connection, until limit (t.sendBy, set by the caller).
-func (t *Ticket) retrying(limit time.Time, pause time.Duration) error {
+func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 	cl := t.cl
 	maybe := false // an earlier attempt may have executed
 	for {
@@ -330,7 +341,7 @@ func (t *Ticket) retrying(limit time.Time, pause time.Duration) error {
 		case outLost, outAbandoned:
 			maybe = true
 		}
-		if !time.Now().Before(limit) || !t.sleep(pause, limit) {
+		if monoNow() >= limit || !t.sleep(pause, limit) {
 			switch {
 			case maybe:
 				return ErrIndeterminate
@@ -352,7 +363,7 @@ func (cl *Client) Ping(ctx context.Context) (time.Duration, error) {
 	t := cl.getTicket(ctx, proto.OpPing, "")
 	defer cl.putTicket(t)
 	t.id = rand.Uint64()
-	limit := time.Now().Add(cl.cfg.TransportTimeout)
+	limit := monoNow().add(cl.cfg.TransportTimeout)
 	t.sendBy = limit
 	t.hardBy = limit
 	t.timeout = cl.cfg.TransportTimeout
@@ -360,7 +371,7 @@ func (cl *Client) Ping(ctx context.Context) (time.Duration, error) {
 		switch t.roundTrip() {
 		case outAnswer:
 			if t.rop == proto.OpPing {
-				return time.Since(t.sentAt), nil
+				return time.Duration(monoNow() - t.sentAt), nil
 			}
 			if t.rop == proto.OpMoved && t.rtail != "" {
 				t.moved = t.rtail

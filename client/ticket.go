@@ -59,9 +59,9 @@ type Ticket struct {
 	id      uint64        // owner, token or nonce
 	lease   uint8         // acquire, renew: lease seconds
 	wait0   bool          // acquire with wait 0
-	waitEnd time.Time     // acquire with wait > 0: the end of the caller's wait
-	sendBy  time.Time     // the request is not sent at or after this instant
-	hardBy  time.Time     // if set, the answer deadline is at most this
+	waitEnd instant       // acquire with wait > 0: the end of the caller's wait
+	sendBy  instant       // the request is not sent at or after this instant
+	hardBy  instant       // if set, the answer deadline is at most this
 	moved   string        // address an M pointed to: send there next
 	timeout time.Duration // answer deadline after the send (not for wait>0 acquires)
 
@@ -71,7 +71,7 @@ type Ticket struct {
 	// Per attempt, guarded by conn.mu while attached.
 	state    state
 	next     *Ticket // chain of requests with the same correlation key
-	sentAt   time.Time
+	sentAt   instant
 	wireWait uint8
 	res      result
 	rop      proto.Op
@@ -86,7 +86,7 @@ type Ticket struct {
 	// call thus parks on one channel receive, the cheapest park there is.
 	done  chan struct{}
 	timer *time.Timer  // an AfterFunc timer that rings done
-	armed time.Time    // the instant timer is armed for; zero if stopped
+	armed instant      // the instant timer is armed for; zero if stopped
 	rang  *atomic.Bool // the timer rang since it was last armed (or a late ring came)
 }
 
@@ -101,6 +101,21 @@ func newTicket() *Ticket {
 	timer.Stop()
 	return &Ticket{done: done, timer: timer, rang: rang}
 }
+
+// An instant is a reading of the client's monotonic clock, in nanoseconds
+// since clockBase; 0 means unset. The hot path reads the clock this way:
+// time.Now reads the wall clock as well, which costs as much again.
+type instant int64
+
+var clockBase = time.Now()
+
+// monoNow is the current instant (never 0).
+func monoNow() instant { return instant(time.Since(clockBase)) + 1 }
+
+func (i instant) add(d time.Duration) instant { return i + instant(d) }
+
+// time converts i to a time.Time that carries a monotonic reading.
+func (i instant) time() time.Time { return clockBase.Add(time.Duration(i - 1)) }
 
 // getTicket takes a recycled Ticket for a new call.
 func (cl *Client) getTicket(ctx context.Context, op proto.Op, key string) *Ticket {
@@ -141,12 +156,12 @@ func signal(done chan struct{}) {
 
 // encode appends the request's frame, its wire wait computed from the
 // remaining time at now (rounded up, capped at 255 s); conn.mu held.
-func (t *Ticket) encode(buf []byte, now time.Time) []byte {
+func (t *Ticket) encode(buf []byte, now instant) []byte {
 	switch t.op {
 	case proto.OpAcquire:
 		var w uint8
 		if !t.wait0 {
-			rem := t.waitEnd.Sub(now)
+			rem := time.Duration(t.waitEnd - now)
 			s := (rem + time.Second - 1) / time.Second
 			if s > proto.MaxWait {
 				s = proto.MaxWait
@@ -168,14 +183,14 @@ func (t *Ticket) encode(buf []byte, now time.Time) []byte {
 }
 
 // answerBy is the deadline for the answer of the attempt sent at sentAt.
-func (t *Ticket) answerBy() time.Time {
-	var d time.Time
+func (t *Ticket) answerBy() instant {
+	var d instant
 	if t.op == proto.OpAcquire && !t.wait0 {
-		d = t.sentAt.Add(time.Duration(t.wireWait)*time.Second + t.cl.cfg.AnswerAllowance)
+		d = t.sentAt.add(time.Duration(t.wireWait)*time.Second + t.cl.cfg.AnswerAllowance)
 	} else {
-		d = t.sentAt.Add(t.timeout)
+		d = t.sentAt.add(t.timeout)
 	}
-	if !t.hardBy.IsZero() && t.hardBy.Before(d) {
+	if t.hardBy != 0 && t.hardBy < d {
 		d = t.hardBy
 	}
 	return d
@@ -189,19 +204,19 @@ func (t *Ticket) answerBy() time.Time {
 // away and answers microseconds, so the calls that reuse a Ticket find its
 // timer set early enough, and it rings, spuriously, about once per
 // deadline's length.
-func (t *Ticket) arm(at time.Time) {
-	if !t.armed.IsZero() && !t.armed.After(at) && !t.rang.Load() {
+func (t *Ticket) arm(at instant) {
+	if t.armed != 0 && t.armed <= at && !t.rang.Load() {
 		return
 	}
 	t.armed = at
 	t.rang.Store(false)
-	t.timer.Reset(time.Until(at))
+	t.timer.Reset(time.Duration(at - monoNow()))
 }
 
 func (t *Ticket) stopTimer() {
-	if !t.armed.IsZero() {
+	if t.armed != 0 {
 		t.timer.Stop()
-		t.armed = time.Time{}
+		t.armed = 0
 	}
 }
 
@@ -266,9 +281,9 @@ func (t *Ticket) roundTrip() outcome {
 				c.mu.Unlock()
 				break
 			}
-			now := time.Now()
+			now := monoNow()
 			if t.state == stQueued {
-				if cancelled || !now.Before(t.sendBy) {
+				if cancelled || now >= t.sendBy {
 					c.removeQueuedLocked(t)
 					t.state = stIdle
 					t.conn = nil
@@ -284,7 +299,7 @@ func (t *Ticket) roundTrip() outcome {
 			}
 			// stSent
 			by := t.answerBy()
-			if cancelled || !now.Before(by) {
+			if cancelled || now >= by {
 				c.removePendLocked(t)
 				t.state = stIdle
 				t.conn = nil
@@ -294,7 +309,7 @@ func (t *Ticket) roundTrip() outcome {
 					// Close that exact connection: a grant not yet handed to
 					// its socket is released by the server at once.
 					c.fail(errAbandoned)
-				case !cancelled && !now.Before(t.sentAt.Add(t.timeout)):
+				case !cancelled && now >= t.sentAt.add(t.timeout):
 					// No answer for a whole transport timeout: the
 					// connection is taken to be broken.
 					c.fail(errAbandoned)
@@ -325,7 +340,7 @@ func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
 	if t.trySend() {
 		return 0, true
 	}
-	if !time.Now().Before(t.sendBy) {
+	if monoNow() >= t.sendBy {
 		return outNoConn, false
 	}
 	t.arm(t.sendBy)
@@ -334,7 +349,7 @@ func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
 		case <-ch:
 			return 0, true
 		case <-t.done: // a ring, maybe an early one: look at the clock
-			if !time.Now().Before(t.sendBy) {
+			if monoNow() >= t.sendBy {
 				return outNoConn, false
 			}
 			t.arm(t.sendBy)
@@ -349,9 +364,9 @@ func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
 // sleep pauses for d; false if ctx ended, the client closed or limit was
 // reached first (then it returns at limit: a call does not give up before
 // its deadline).
-func (t *Ticket) sleep(d time.Duration, limit time.Time) bool {
-	at := time.Now().Add(d)
-	ok := at.Before(limit)
+func (t *Ticket) sleep(d time.Duration, limit instant) bool {
+	at := monoNow().add(d)
+	ok := at < limit
 	if !ok {
 		at = limit
 	}
@@ -359,7 +374,7 @@ func (t *Ticket) sleep(d time.Duration, limit time.Time) bool {
 	for {
 		select {
 		case <-t.done: // a ring, maybe an early one: look at the clock
-			if !time.Now().Before(at) {
+			if monoNow() >= at {
 				return ok
 			}
 			t.arm(at)

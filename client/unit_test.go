@@ -113,18 +113,18 @@ func TestTimerEarlyRing(t *testing.T) {
 	cl := newClient(t, fastConfig("127.0.0.1:1"))
 	tk := cl.getTicket(context.Background(), proto.OpPing, "")
 	defer cl.putTicket(tk)
-	start := time.Now()
-	early := start.Add(30 * time.Millisecond)
+	start := monoNow()
+	early := start.add(30 * time.Millisecond)
 	tk.arm(early)
-	tk.arm(start.Add(time.Hour))
-	if !tk.armed.Equal(early) {
-		t.Fatalf("a later instant reset the timer: armed %v, want %v", tk.armed.Sub(start), early.Sub(start))
+	tk.arm(start.add(time.Hour))
+	if tk.armed != early {
+		t.Fatalf("a later instant reset the timer: armed %v, want %v", time.Duration(tk.armed-start), time.Duration(early-start))
 	}
 	const d = 150 * time.Millisecond
-	if !tk.sleep(d, start.Add(time.Hour)) {
+	if !tk.sleep(d, start.add(time.Hour)) {
 		t.Fatal("sleep cut short")
 	}
-	if el := time.Since(start); el < d || el > d+time.Second {
+	if el := time.Duration(monoNow() - start); el < d || el > d+time.Second {
 		t.Fatalf("sleep(%v) took %v", d, el)
 	}
 	// Rung: the next arm sets the timer again, even for the same instant.
@@ -133,15 +133,31 @@ func TestTimerEarlyRing(t *testing.T) {
 		t.Fatal("a wake-up left over after sleep")
 	default:
 	}
-	at := time.Now().Add(20 * time.Millisecond)
+	at := monoNow().add(20 * time.Millisecond)
 	tk.arm(at)
 	tk.arm(at)
 	select {
 	case <-tk.done:
-		if time.Now().Before(at) {
+		if monoNow() < at {
 			t.Fatal("rang before its instant")
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("no ring after re-arming")
+	}
+}
+
+// TestInstant: instants are monotonic, never 0, and convert to the
+// time.Time they stand for.
+func TestInstant(t *testing.T) {
+	a := monoNow()
+	wall := time.Now()
+	if a == 0 {
+		t.Fatal("monoNow returned 0, the unset instant")
+	}
+	if b := monoNow(); b < a {
+		t.Fatalf("clock went back: %d after %d", b, a)
+	}
+	if d := a.add(time.Second).time().Sub(wall); d < 900*time.Millisecond || d > 1100*time.Millisecond {
+		t.Fatalf("instant+1s is %v from now", d)
 	}
 }
