@@ -12,9 +12,11 @@ all: build
 build:
 	$(GO) build -o bin/lockd ./cmd/lockd
 
-## test: what CI runs — lint, then every test with the race detector.
+## test: what CI runs — lint, every test with the race detector, then the
+## allocation tests, which only count without it (they are built !race).
 test: lint
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
