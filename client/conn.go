@@ -12,8 +12,8 @@ import (
 
 // pendIndex gives the pending table of a request op: answers are
 // correlated per op — acquires by owner, releases and renews by token,
-// pings by nonce — each in its own map[uint64] (a plain integer key hashes
-// much faster than a struct). It returns -1 for any other op.
+// pings by nonce — each in its own pendTable keyed by the id alone. It
+// returns -1 for any other op.
 func pendIndex(op proto.Op) int { return op.RequestIndex() }
 
 // conn is one TCP connection: a write path (see enqueue) that encodes every
@@ -31,13 +31,13 @@ type conn struct {
 	nc   net.Conn
 
 	mu      sync.Mutex
-	queue   []*Ticket                                 // waiting for the writer: definitely unsent
-	spare   []*Ticket                                 // the writer's other queue buffer
-	pend    [len(proto.RequestOps)]map[uint64]*Ticket // sent (possibly), awaiting an answer, by pendIndex and id; FIFO chains via next
-	dead    bool                                      // set once, by fail
-	isDead  atomic.Bool                               // dead, readable without mu
-	writing bool                                      // a goroutine is in flush
-	gone    chan struct{}                             // closed by fail
+	queue   []*Ticket                        // waiting for the writer: definitely unsent
+	spare   []*Ticket                        // the writer's other queue buffer
+	pend    [len(proto.RequestOps)]pendTable // sent (possibly), awaiting an answer, by pendIndex and id; FIFO chains via next
+	dead    bool                             // set once, by fail
+	isDead  atomic.Bool                      // dead, readable without mu
+	writing bool                             // a goroutine is in flush
+	gone    chan struct{}                    // closed by fail
 
 	// Owned by the goroutine in flush.
 	wbuf []byte  // the batch being written
@@ -45,11 +45,7 @@ type conn struct {
 }
 
 func newConn(cl *Client, addr string, nc net.Conn) *conn {
-	c := &conn{cl: cl, addr: addr, nc: nc, gone: make(chan struct{})}
-	for i := range c.pend {
-		c.pend[i] = make(map[uint64]*Ticket, 64)
-	}
-	return c
+	return &conn{cl: cl, addr: addr, nc: nc, gone: make(chan struct{})}
 }
 
 // enqueue attaches t to c for sending, and sends it. It reports false if
@@ -152,17 +148,7 @@ func (c *conn) flush() {
 
 // addPendLocked appends t to the FIFO chain of its correlation key.
 func (c *conn) addPendLocked(t *Ticket) {
-	m := c.pend[pendIndex(t.op)]
-	t.next = nil
-	head, ok := m[t.id]
-	if !ok {
-		m[t.id] = t
-		return
-	}
-	for head.next != nil {
-		head = head.next
-	}
-	head.next = t
+	c.pend[pendIndex(t.op)].add(t)
 }
 
 // takePendLocked removes and returns the oldest request of op waiting for
@@ -172,43 +158,12 @@ func (c *conn) takePendLocked(op proto.Op, id uint64) *Ticket {
 	if i < 0 {
 		return nil
 	}
-	m := c.pend[i]
-	head, ok := m[id]
-	if !ok {
-		return nil
-	}
-	if head.next != nil {
-		m[id] = head.next
-		head.next = nil
-	} else {
-		delete(m, id)
-	}
-	return head
+	return c.pend[i].take(id)
 }
 
 // removePendLocked unlinks t from its chain.
 func (c *conn) removePendLocked(t *Ticket) {
-	m := c.pend[pendIndex(t.op)]
-	head, ok := m[t.id]
-	if !ok {
-		return
-	}
-	if head == t {
-		if t.next != nil {
-			m[t.id] = t.next
-		} else {
-			delete(m, t.id)
-		}
-		t.next = nil
-		return
-	}
-	for p := head; p.next != nil; p = p.next {
-		if p.next == t {
-			p.next = t.next
-			t.next = nil
-			return
-		}
-	}
+	c.pend[pendIndex(t.op)].remove(t)
 }
 
 // removeQueuedLocked takes t out of the send queue.
@@ -323,16 +278,15 @@ func (c *conn) fail(error) {
 		t.finishLocked(resUnsent)
 	}
 	c.queue = nil
-	for _, m := range c.pend {
-		for k, t := range m {
-			delete(m, k)
+	for i := range c.pend {
+		c.pend[i].drain(func(t *Ticket) {
 			for t != nil {
 				nx := t.next
 				t.next = nil
 				t.finishLocked(resLost)
 				t = nx
 			}
-		}
+		})
 	}
 	c.mu.Unlock()
 	_ = c.nc.Close()

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -159,5 +160,68 @@ func TestInstant(t *testing.T) {
 	}
 	if d := a.add(time.Second).time().Sub(wall); d < 900*time.Millisecond || d > 1100*time.Millisecond {
 		t.Fatalf("instant+1s is %v from now", d)
+	}
+}
+
+// TestPendTableModel: random adds, takes and removes (ids drawn from a
+// small range so chains and probe clusters form, table grown from its
+// minimum) against a model of per-id FIFO lists.
+func TestPendTableModel(t *testing.T) {
+	for _, idRange := range []uint64{8, 300, 1 << 62} {
+		var p pendTable
+		model := map[uint64][]*Ticket{}
+		rng := rand.New(rand.NewPCG(idRange, 1))
+		id := func() uint64 { return rng.Uint64N(idRange) * 0x1000 } // same low bits: clusters
+		for step := 0; step < 200000; step++ {
+			switch r := rng.IntN(10); {
+			case r < 5 || len(model) == 0: // add
+				tk := &Ticket{id: id()}
+				p.add(tk)
+				model[tk.id] = append(model[tk.id], tk)
+			case r < 8: // take
+				k := id()
+				got := p.take(k)
+				var want *Ticket
+				if l := model[k]; len(l) > 0 {
+					want = l[0]
+					if len(l) == 1 {
+						delete(model, k)
+					} else {
+						model[k] = l[1:]
+					}
+				}
+				if got != want {
+					t.Fatalf("range %d step %d: take(%d) = %p, want %p", idRange, step, k, got, want)
+				}
+			default: // remove a random pending one
+				for k, l := range model {
+					i := rng.IntN(len(l))
+					p.remove(l[i])
+					l = append(l[:i:i], l[i+1:]...)
+					if len(l) == 0 {
+						delete(model, k)
+					} else {
+						model[k] = l
+					}
+					break
+				}
+			}
+			if p.n != len(model) {
+				t.Fatalf("range %d step %d: %d ids in the table, want %d", idRange, step, p.n, len(model))
+			}
+		}
+		// Every id is still reachable, in order.
+		for k, l := range model {
+			for i, want := range l {
+				if got := p.take(k); got != want {
+					t.Fatalf("range %d: final take(%d) #%d = %p, want %p", idRange, k, i, got, want)
+				}
+			}
+		}
+		seen := 0
+		p.drain(func(*Ticket) { seen++ })
+		if seen != 0 || p.n != 0 {
+			t.Fatalf("range %d: %d chains left after taking all", idRange, seen)
+		}
 	}
 }
