@@ -25,6 +25,8 @@ type fakeConn struct {
 func (f *fakeConn) Wake(gnet.AsyncCallback) error { f.wakes++; return nil }
 func (f *fakeConn) Context() any                  { return f.ctx }
 func (f *fakeConn) OutboundBuffered() int         { return f.buffered }
+func (f *fakeConn) Flush() error                  { return nil }
+func (f *fakeConn) Fd() int                       { return -1 }
 
 func newTestServer(t *testing.T) *Server {
 	t.Helper()

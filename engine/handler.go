@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/shard"
@@ -69,9 +70,19 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	s.table.DropConn(ss.sc)
 
 	// Grants that did not reach the socket are released at once
-	// (PROTOCOL.md §4: no phantom lock). gnet calls OnClose before it
-	// flushes what is left, so anything still buffered counts as not
-	// delivered.
+	// (PROTOCOL.md §4: no phantom lock). gnet writes what is left in its
+	// buffer after this callback returns, to a peer that may still read
+	// (a half-close, a bad frame): a grant in those bytes would reach its
+	// client after being released here. So hand the socket what it takes
+	// now (those grants are delivered and stay), then shut the write side:
+	// nothing more can be handed to it, and what is still buffered is not
+	// delivered, ever.
+	if c.OutboundBuffered() > 0 {
+		_ = c.Flush()
+		if c.OutboundBuffered() > 0 {
+			_ = unix.Shutdown(c.Fd(), unix.SHUT_WR)
+		}
+	}
 	sc := s.getScratch()
 	now := s.now()
 	if w := ss.writing; w != nil {
