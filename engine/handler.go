@@ -27,7 +27,9 @@ type handler struct {
 
 func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
 	h.msgBadKey = "bad key: must be 1.." + strconv.Itoa(h.s.cfg.MaxKey) + " bytes of UTF-8 without 0x0A"
-	h.s.boot(eng)
+	if !h.s.boot(eng) {
+		return gnet.Shutdown
+	}
 	return gnet.None
 }
 

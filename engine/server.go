@@ -58,12 +58,15 @@ type Server struct {
 	wait      waitHist      // acquire-to-grant of queued acquires
 	cancelled atomic.Uint64 // queued acquires answered E 4 at shutdown
 
-	restored int
+	restored   int
+	snapLoaded bool // the snapshot was restored; boot removes it
 }
 
 // New opens the data directory, reloads the locks of a graceful shutdown's
-// snapshot whose lease has not ended (and removes the snapshot), reserves the
-// first block of tokens and returns a server ready to Serve.
+// snapshot whose lease has not ended, reserves the first block of tokens and
+// returns a server ready to Serve. Serve removes the snapshot once its
+// listener is bound, before it accepts a connection: a start that fails
+// keeps it for the next.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -98,7 +101,7 @@ func (s *Server) load() error {
 	if err != nil {
 		return err
 	}
-	snap, ok, err := s.dir.TakeSnapshot()
+	snap, ok, err := s.dir.ReadSnapshot()
 	if errors.Is(err, store.ErrCorrupt) {
 		s.log.Error("snapshot corrupt: moved aside, its locks are lost (tokens are not)", "err", err)
 	} else if err != nil {
@@ -139,6 +142,7 @@ func (s *Server) load() error {
 			s.restored++
 		}
 		s.log.Info("snapshot reloaded", "locks", s.restored, "expired", len(snap.Locks)-s.restored, "mark", snap.Mark)
+		s.snapLoaded = true
 	}
 	s.log.Info("tokens", "start", start, "reserved", limit)
 	return nil
@@ -205,6 +209,9 @@ func (s *Server) Serve() error {
 		gnet.WithReuseAddr(true),
 		gnet.WithLogger(gnetLogger{s.log}),
 	)
+	if err == nil && s.serveErr != nil {
+		err = s.serveErr // boot refused to serve
+	}
 	if err != nil {
 		s.serveErr = err
 		select {
@@ -221,8 +228,19 @@ func (s *Server) Serve() error {
 // Done is closed when Serve has returned.
 func (s *Server) Done() <-chan struct{} { return s.done }
 
-// boot records the listener's real address.
-func (s *Server) boot(eng gnet.Engine) {
+// boot runs once the listener is bound, before any connection is
+// accepted: it consumes the snapshot (a start that failed earlier — the
+// address taken, the table too small for it — has kept it for the next
+// one; from here on it would be stale) and records the listener's real
+// address. false means the server must not serve (serveErr says why).
+func (s *Server) boot(eng gnet.Engine) bool {
+	if s.snapLoaded {
+		if err := s.dir.RemoveSnapshot(); err != nil {
+			s.serveErr = fmt.Errorf("removing the snapshot it reloaded from %s: %w", s.dir.Path(), err)
+			return false
+		}
+		s.snapLoaded = false
+	}
 	s.eng = eng
 	addr := s.cfg.Listen
 	if fd, err := eng.Dup(); err == nil {
@@ -239,6 +257,7 @@ func (s *Server) boot(eng gnet.Engine) {
 	s.addr.Store(addr)
 	s.log.Info("ready", "addr", addr, "loops", s.cfg.Loops)
 	close(s.ready)
+	return true
 }
 
 func (s *Server) addSession(ss *session) {

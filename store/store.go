@@ -137,12 +137,14 @@ func encodeSnapshot(s Snapshot) ([]byte, error) {
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// TakeSnapshot reads the snapshot, if any, and removes it durably before
-// returning, so a later crash cannot bring back locks released meanwhile.
-// ok is false when there was none. A corrupt snapshot is renamed aside to
-// locks.snap.corrupt and reported with ErrCorrupt (its locks are lost, its
-// tokens are not: the mark file covers them).
-func (d *Dir) TakeSnapshot() (s Snapshot, ok bool, err error) {
+// ReadSnapshot reads the snapshot, if any, and leaves it in place: the
+// caller removes it with RemoveSnapshot once it is sure to serve, and
+// before it serves anything, so that a start that fails keeps it and a
+// later crash cannot bring back locks released meanwhile. ok is false when
+// there was none. A corrupt snapshot is renamed aside to locks.snap.corrupt
+// and reported with ErrCorrupt (its locks are lost, its tokens are not: the
+// mark file covers them).
+func (d *Dir) ReadSnapshot() (s Snapshot, ok bool, err error) {
 	p := filepath.Join(d.path, snapFile)
 	b, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
@@ -158,13 +160,16 @@ func (d *Dir) TakeSnapshot() (s Snapshot, ok bool, err error) {
 		}
 		return Snapshot{}, false, errors.Join(perr, syncDir(d.path))
 	}
-	if err := os.Remove(p); err != nil {
-		return Snapshot{}, false, err
-	}
-	if err := syncDir(d.path); err != nil {
-		return Snapshot{}, false, err
-	}
 	return s, true, nil
+}
+
+// RemoveSnapshot removes the snapshot durably (directory synced). A missing
+// snapshot is not an error.
+func (d *Dir) RemoveSnapshot() error {
+	if err := os.Remove(filepath.Join(d.path, snapFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return syncDir(d.path)
 }
 
 func parseSnapshot(b []byte) (Snapshot, error) {

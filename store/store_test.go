@@ -60,13 +60,16 @@ func TestLockExcludesSecondOpen(t *testing.T) {
 	d2.Close()
 }
 
-func TestSnapshotTakenOnce(t *testing.T) {
+// TestSnapshotReadThenRemoved: ReadSnapshot leaves the snapshot in place
+// (a start that fails must keep it); RemoveSnapshot consumes it, and
+// removing a missing one is not an error.
+func TestSnapshotReadThenRemoved(t *testing.T) {
 	d, err := Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if _, ok, err := d.TakeSnapshot(); ok || err != nil {
+	if _, ok, err := d.ReadSnapshot(); ok || err != nil {
 		t.Fatalf("no snapshot: ok=%v err=%v", ok, err)
 	}
 	dl := time.Unix(1700000000, 123456789)
@@ -77,9 +80,12 @@ func TestSnapshotTakenOnce(t *testing.T) {
 	if err := d.WriteSnapshot(in); err != nil {
 		t.Fatal(err)
 	}
-	out, ok, err := d.TakeSnapshot()
+	if _, ok, err := d.ReadSnapshot(); !ok || err != nil {
+		t.Fatalf("ReadSnapshot: ok=%v err=%v", ok, err)
+	}
+	out, ok, err := d.ReadSnapshot() // still there
 	if !ok || err != nil {
-		t.Fatalf("TakeSnapshot: ok=%v err=%v", ok, err)
+		t.Fatalf("second ReadSnapshot: ok=%v err=%v", ok, err)
 	}
 	if out.Mark != 99 || len(out.Locks) != 2 {
 		t.Fatalf("got %+v", out)
@@ -90,8 +96,14 @@ func TestSnapshotTakenOnce(t *testing.T) {
 			t.Fatalf("lock %d: got %+v want %+v", i, b, a)
 		}
 	}
-	if _, ok, err := d.TakeSnapshot(); ok || err != nil {
+	if err := d.RemoveSnapshot(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := d.ReadSnapshot(); ok || err != nil {
 		t.Fatalf("snapshot not consumed: ok=%v err=%v", ok, err)
+	}
+	if err := d.RemoveSnapshot(); err != nil {
+		t.Fatalf("removing a missing snapshot: %v", err)
 	}
 }
 
@@ -118,7 +130,7 @@ func TestSnapshotCorruptMovedAside(t *testing.T) {
 	if err := os.WriteFile(p, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := d.TakeSnapshot(); ok || !errors.Is(err, ErrCorrupt) {
+	if _, ok, err := d.ReadSnapshot(); ok || !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("corrupt snapshot: ok=%v err=%v", ok, err)
 	}
 	if _, err := os.Stat(p + ".corrupt"); err != nil {

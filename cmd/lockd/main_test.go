@@ -370,3 +370,54 @@ func TestListenAddressInUse(t *testing.T) {
 		t.Fatalf("lockd on a taken port: %v; %s", err, stderr.String())
 	}
 }
+
+// TestFailedStartKeepsSnapshot: a start that fails after reading the
+// shutdown snapshot — its address taken, or --max-keys below the
+// snapshot's locks — keeps the snapshot, so the next good start still
+// reloads the locks with their tokens (PROTOCOL.md §4); that start
+// consumes it.
+func TestFailedStartKeepsSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, dir)
+	c := dial(t, d.addr)
+	keys := []string{"a", "b", "c"}
+	toks := make([]uint64, len(keys))
+	for i, k := range keys {
+		toks[i] = c.grant(k, 60, uint64(i+1))
+	}
+	if code := d.stop(syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+	snap := filepath.Join(dir, "locks.snap")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, args := range [][]string{
+		{"--listen", ln.Addr().String()},
+		{"--listen", "127.0.0.1:0", "--max-keys", "2"},
+	} {
+		var stderr bytes.Buffer
+		cmd := exec.Command(binary, append(args, "--admin", "", "--data-dir", dir)...)
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Fatalf("lockd %v: %v, want exit 1; %s", args, err, stderr.String())
+		}
+		if _, err := os.Stat(snap); err != nil {
+			t.Fatalf("snapshot gone after the failed start %v: %v", args, err)
+		}
+	}
+	d2 := startDaemon(t, dir)
+	if _, err := os.Stat(snap); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("snapshot not consumed by the good start: %v", err)
+	}
+	c2 := dial(t, d2.addr)
+	for i, k := range keys {
+		c2.send(proto.AppendRelease(nil, toks[i], k))
+		c2.expect(proto.OpRelease, toks[i]) // reloaded, same token
+	}
+	d2.stop(syscall.SIGKILL)
+}
