@@ -51,12 +51,12 @@ func (m *model) grant(k string, mk *mKey, now int64, lease uint8) {
 	m.out = append(m.out, mOut{what: "record grant", key: k, token: mk.token, lease: lease, dl: mk.deadline})
 }
 
-func (m *model) handoff(k string, mk *mKey, now int64) {
+func (m *model) handoff(k string, mk *mKey, now, freed int64) {
 	for len(mk.queue) > 0 {
 		w := mk.queue[0]
 		mk.queue = mk.queue[1:]
 		m.nwait--
-		if w.deadline <= now {
+		if w.deadline <= freed {
 			m.out = append(m.out, mOut{what: "timeout", key: k, conn: w.conn, owner: w.owner})
 			continue
 		}
@@ -71,7 +71,7 @@ func (m *model) touch(k string, now int64) *mKey {
 	mk := m.keys[k]
 	if mk != nil && mk.deadline <= now {
 		m.out = append(m.out, mOut{what: "record expire", key: k, token: mk.token})
-		m.handoff(k, mk, now)
+		m.handoff(k, mk, now, mk.deadline)
 		mk = m.keys[k]
 	}
 	return mk
@@ -103,7 +103,7 @@ func (m *model) release(now int64, k string, token uint64) bool {
 		return false
 	}
 	m.out = append(m.out, mOut{what: "record release", key: k, token: token})
-	m.handoff(k, mk, now)
+	m.handoff(k, mk, now, now)
 	return true
 }
 

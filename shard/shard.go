@@ -130,17 +130,21 @@ func (s *shard) expire(e *entry, now int64, out *Out) bool {
 	s.wheel.delLease(e)
 	s.ctr.Expiries++
 	s.emit(RecordExpire, e, 0)
-	return s.handoff(e, now, out)
+	// The key was freed at the lease's deadline, which the timer (a tick
+	// late at most) or a lookup may process later: a waiter still waiting
+	// at the deadline gets the key, even if its own wait has passed since.
+	return s.handoff(e, now, e.deadline, out)
 }
 
-// handoff gives e (out of the wheel, lease ended) to the first waiter whose
-// wait has not passed, timing out the ones before it that have, or frees the
-// key. It reports whether e is still held.
-func (s *shard) handoff(e *entry, now int64, out *Out) bool {
+// handoff gives e (out of the wheel, lease ended at instant freed) to the
+// first waiter whose wait had not passed at freed, timing out the ones
+// before it whose wait had, or frees the key. The grant's lease counts from
+// now. It reports whether e is still held.
+func (s *shard) handoff(e *entry, now, freed int64, out *Out) bool {
 	for e.wq != nil {
 		w := e.wq
 		s.unqueue(w)
-		if w.deadline <= now {
+		if w.deadline <= freed {
 			s.ctr.Timeouts++
 			out.add(EffectTimeout, w, 0, e.key)
 			s.freeWaiter(w)
@@ -271,7 +275,7 @@ func (s *shard) release(now int64, h uint64, key []byte, token uint64, out *Out)
 	s.wheel.delLease(e)
 	s.ctr.Releases++
 	s.emit(RecordRelease, e, 0)
-	s.handoff(e, now, out)
+	s.handoff(e, now, now, out)
 	return true
 }
 
@@ -293,6 +297,11 @@ func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64
 func (s *shard) tick(now int64, out *Out) {
 	w := &s.wheel
 	from, to := w.span(now)
+	// Every due lease first, then every due wait: a waiter still waiting
+	// when its key's lease ended gets the key (handoff compares with the
+	// lease's deadline), even if its own wait has passed since — whatever
+	// the order of their slots in this span (a span of a whole rotation,
+	// after a stall, does not visit slots in deadline order).
 	for t := from; t <= to; t++ {
 		i := uint64(t) & w.mask
 		// Expiring e touches only e and its own waiters (a re-grant may file
@@ -305,6 +314,9 @@ func (s *shard) tick(now int64, out *Out) {
 			}
 			e = next
 		}
+	}
+	for t := from; t <= to; t++ {
+		i := uint64(t) & w.mask
 		for x := w.waits[i]; x != nil; {
 			next := x.tnext
 			if x.deadline <= now {
