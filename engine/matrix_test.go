@@ -233,6 +233,26 @@ func TestLeaseExpiry(t *testing.T) {
 	a.grant("lease", 5, 4)
 }
 
+// TestLeaseEndBeatsWaitEndingJustAfter: a waiter that arrives right after
+// the grant with wait = lease is still waiting when the lease ends, a few
+// ms before its own wait would: it gets the key, not T, although the timer
+// handles both in one tick (docs/PROTOCOL.md decision 13).
+func TestLeaseEndBeatsWaitEndingJustAfter(t *testing.T) {
+	ts := startServer(t, nil)
+	a, b := dial(t, ts.Addr()), dial(t, ts.Addr())
+	for i := uint64(0); i < 3; i++ {
+		key := "edge/" + strconv.FormatUint(i, 10)
+		tok := a.grant(key, 1, 10+i)
+		b.acquire(key, 1, 5, 20+i)
+		g, err := b.next(3 * time.Second)
+		if err != nil || g.Op != proto.OpAcquire || g.ID != 20+i || g.Token <= tok {
+			t.Fatalf("round %d: waiter got %+v, %v; want A with a token above %d", i, g, err, tok)
+		}
+		a.release(key, g.Token)
+		a.expect(proto.OpRelease, g.Token)
+	}
+}
+
 func TestWaitTimeout(t *testing.T) {
 	ts := startServer(t, nil)
 	a, b := dial(t, ts.Addr()), dial(t, ts.Addr())
