@@ -67,9 +67,10 @@ func New(cfg Config) (*Client, error) {
 }
 
 // Close closes every connection, fails every pending call with ErrClosed
-// (or, for an acquire that may have been sent, an error matching both
-// ErrClosed and ErrIndeterminate), and returns once every goroutine the
-// client started has ended. Calls after Close fail with ErrClosed.
+// (or, for a call that may have been executed — an acquire, release or
+// renew possibly sent — an error matching both ErrClosed and
+// ErrIndeterminate), and returns once every goroutine the client started
+// has ended. Calls after Close fail with ErrClosed.
 func (cl *Client) Close() error {
 	cl.mu.Lock()
 	if cl.closed {
@@ -141,8 +142,9 @@ func (cl *Client) changedCh() <-chan struct{} {
 
 // pick returns a live connection: one to addr if addr is set (nil if none
 // is up), else one to the preferred address if any is up, else the next
-// live one in round-robin order.
-func (cl *Client) pick(addr string) *conn {
+// live one in round-robin order, passing over connections to avoid while
+// there is another.
+func (cl *Client) pick(addr, avoid string) *conn {
 	slots := *cl.slots.Load()
 	n := uint32(len(slots))
 	i0 := cl.rr.Load()
@@ -158,12 +160,19 @@ func (cl *Client) pick(addr string) *conn {
 	if addr != "" {
 		return pickAddr(slots, n, i0, addr)
 	}
+	var fallback *conn
 	for i := uint32(0); i < n; i++ {
-		if c := slots[(i0+i)%n].cur.Load(); c != nil && !c.isDead.Load() {
-			return c
+		s := slots[(i0+i)%n]
+		if c := s.cur.Load(); c != nil && !c.isDead.Load() {
+			if avoid == "" || s.addr != avoid {
+				return c
+			}
+			if fallback == nil {
+				fallback = c
+			}
 		}
 	}
-	return nil
+	return fallback
 }
 
 func pickAddr(slots []*slot, n, i0 uint32, addr string) *conn {
@@ -200,6 +209,14 @@ func (cl *Client) follow(addr string) {
 	cl.slots.Store(&slots)
 	cl.wg.Add(1)
 	go cl.runSlot(s)
+}
+
+// unprefer drops the preferred address if it is addr (its node answered M
+// without an address: it does not know the active either).
+func (cl *Client) unprefer(addr string) {
+	if p := cl.preferred.Load(); p != nil && *p == addr {
+		cl.preferred.CompareAndSwap(p, nil)
+	}
 }
 
 // goBackground runs fn on a goroutine the client waits for at Close, unless

@@ -20,10 +20,10 @@ type Config struct {
 	// ReconnectInterval is the pause before a lost or failed connection is
 	// dialled again, in the background (default 3 s).
 	ReconnectInterval time.Duration
-	// TransportTimeout is the transport deadline of a wait=0 acquire, a
-	// renew and a ping: the time allowed to find a connection and send, and
-	// then again to read the answer; also the longest a connection's write
-	// may block before the connection is failed (default 5 s).
+	// TransportTimeout is the deadline of a whole wait=0 acquire, renew or
+	// ping: to find a connection, send and read the answer; also the
+	// longest a connection's write may block before the connection is
+	// failed (default 5 s).
 	TransportTimeout time.Duration
 	// AnswerAllowance is added to the time the server may keep an acquire
 	// queued (the wire wait, counted from the send) to form the deadline for

@@ -161,9 +161,12 @@ func (c *conn) takePendLocked(op proto.Op, id uint64) *Ticket {
 	return c.pend[i].take(id)
 }
 
-// removePendLocked unlinks t from its chain.
-func (c *conn) removePendLocked(t *Ticket) {
-	c.pend[pendIndex(t.op)].remove(t)
+// abandonPendLocked puts a stand-in for t in t's place in its chain: the
+// answer t gave up on may still come, and must go to the stand-in, not to
+// a later request with the same id. The stand-in of an acquire releases a
+// grant it receives (see readLoop).
+func (c *conn) abandonPendLocked(t *Ticket) {
+	c.pend[pendIndex(t.op)].replace(t, &Ticket{op: t.op, id: t.id, key: t.key, tomb: true})
 }
 
 // removeQueuedLocked takes t out of the send queue.
@@ -185,6 +188,7 @@ func (c *conn) readLoop() {
 	start, end := 0, 0
 	var r proto.Response
 	var wake []chan struct{}
+	var comp []*Ticket // stand-ins of acquires that received a grant
 	for {
 		if end == len(buf) {
 			// A frame is at most proto.MaxResponseLen bytes, far less than buf.
@@ -211,8 +215,12 @@ func (c *conn) readLoop() {
 					bad = errServerE1
 					break
 				}
-				if ch := c.dispatchLocked(&r); ch != nil {
-					wake = append(wake, ch)
+				if t := c.dispatchLocked(&r); t != nil {
+					if !t.tomb {
+						wake = append(wake, t.done)
+					} else if t.rop == proto.OpAcquire {
+						comp = append(comp, t)
+					}
 				}
 			}
 			c.mu.Unlock()
@@ -222,6 +230,13 @@ func (c *conn) readLoop() {
 				signal(ch)
 			}
 			wake = wake[:0]
+			// A grant to an acquire whose caller gave up (it is closing
+			// this connection): release it at once.
+			for i, t := range comp {
+				comp[i] = nil
+				c.cl.compensate(t.key, t.rtoken)
+			}
+			comp = comp[:0]
 			if bad != nil {
 				c.fail(bad)
 				return
@@ -238,9 +253,9 @@ func (c *conn) readLoop() {
 }
 
 // dispatchLocked hands one answer to the request it answers and returns
-// the channel to wake its waiter on, once c.mu is unlocked. Answers that
-// match nothing (the request was abandoned) are dropped.
-func (c *conn) dispatchLocked(r *proto.Response) chan struct{} {
+// that request (its waiter is woken once c.mu is unlocked). Answers that
+// match nothing are dropped.
+func (c *conn) dispatchLocked(r *proto.Response) *Ticket {
 	op := r.Op
 	switch op {
 	case proto.OpTimeout, proto.OpBusy:
@@ -260,7 +275,7 @@ func (c *conn) dispatchLocked(r *proto.Response) chan struct{} {
 	}
 	t.res = resAnswer
 	t.state = stDone
-	return t.done
+	return t
 }
 
 // fail closes c once: queued requests are finished as definitely unsent,

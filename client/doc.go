@@ -37,25 +37,31 @@
 //   - The answer is awaited until the server's own obligation ends — the
 //     send plus the wire wait — plus Config.AnswerAllowance (1 s), so a T
 //     sent right at the end of the wait is read as a definitive ErrTimeout.
+//     That is the only reason to listen past the call's deadline: an A
+//     taken after it goes through the delivery gate below.
 //   - A request is sent again, on another connection with the same owner
 //     and deadline, only while it is definitely unsent (no connection, or
 //     its connection died before the writer took it). Once it may have been
 //     sent it is never resent: a lost connection gives ErrIndeterminate, and
 //     the answer deadline passing (or ctx ending) closes that exact
 //     connection and gives ErrIndeterminate.
-//   - The delivery gate: an A that the caller takes after the answer
-//     deadline, or after ctx ended, is released again in the background
-//     (Release's retries, exact token) and reported as ErrIndeterminate. T
-//     and B are always definitive.
-//   - Wait 0 is a single server attempt: the client has a 5 s transport
-//     deadline (Config.TransportTimeout) to find a connection and send, then
-//     5 s more for the answer, after which the connection is closed and the
-//     result is ErrIndeterminate. No connection in time: ErrNoConnection.
+//   - The delivery gate: an A that the caller takes after the call's
+//     deadline (the end of its wait; for wait 0 the transport deadline), or
+//     after ctx ended, is released again in the background (Release's
+//     retries, exact token) and reported as ErrIndeterminate. T and B are
+//     always definitive.
+//   - Wait 0 is a single server attempt with one 5 s transport deadline
+//     (Config.TransportTimeout) for the whole call: to find a connection,
+//     send and be answered. When it passes with the request possibly sent,
+//     the connection is closed and the result is ErrIndeterminate. No
+//     connection in time: ErrNoConnection.
 //   - M (not executed): the client connects to the address given, prefers
 //     it from then on, and sends the request there again, same owner and
-//     deadline. An M without an address, and E 4 (server shutting down, not
-//     executed), make the client pause Config.RetryPause (100 ms) and send
-//     again until the deadline. Other E codes are returned as *ServerError.
+//     deadline. An M without an address (that node knows no active either)
+//     drops the preference for it; after Config.RetryPause (100 ms) the
+//     request goes to another node if one is up, until the deadline. E 4
+//     (server shutting down, not executed) also pauses and sends again.
+//     Other E codes are returned as *ServerError.
 //   - Lock.Expires is the send instant of the granting request plus the
 //     lease: conservative, since the server's lease starts later.
 //
@@ -65,14 +71,20 @@
 // until Config.TransportTimeout. Both act on the exact token only, which
 // makes a resend harmless.
 //
-// A release, renew or ping left without an answer for a whole
-// Config.TransportTimeout closes its connection (it is taken to be broken),
-// and so does a write blocked that long. The goroutine that flushes a batch
+// A release, renew or ping left without an answer when its call's window
+// ends, after half a Config.TransportTimeout or more, closes its connection
+// (it is taken to be broken), and so does a write blocked a whole one. A
+// request given up on with its answer outstanding leaves a stand-in in the
+// pending table that takes that answer when it comes, so that it is never
+// matched to a later request with the same id (a renew's late K to the
+// next renew of that token); a stand-in acquire releases a grant it gets. The goroutine that flushes a batch
 // may thus spend up to that long in Write on behalf of others.
 //
 // Close ends every goroutine the client started and fails every pending
-// call with ErrClosed (an acquire that may have been sent fails with an
-// error matching both ErrClosed and ErrIndeterminate).
+// call with ErrClosed (a call that may have been executed — an acquire,
+// release or renew possibly sent — fails with an error matching both
+// ErrClosed and ErrIndeterminate). A grant taken at Wait after Close is
+// not handed out either: the lease ends it.
 //
 // # Concurrency
 //

@@ -416,6 +416,39 @@ func TestWaitZero(t *testing.T) {
 		}
 		f.none(100 * time.Millisecond)
 	})
+	t.Run("one deadline for the whole call", func(t *testing.T) {
+		// The connection comes up late in the 1 s transport window; the
+		// answer deadline is the end of that window, not 1 s after the
+		// send: there the exact connection is closed, Indeterminate.
+		addr := deadAddr(t)
+		cfg := fastConfig(addr)
+		cfg.TransportTimeout = time.Second
+		cfg.ReconnectInterval = 20 * time.Millisecond
+		cl := newClient(t, cfg)
+		start := time.Now()
+		type result struct {
+			err error
+			el  time.Duration
+		}
+		done := make(chan result, 1)
+		go func() {
+			_, err := cl.Acquire(context.Background(), "w0-late", AcquireOptions{})
+			done <- result{err, time.Since(start)}
+		}()
+		time.Sleep(600 * time.Millisecond)
+		newFakeAt(t, addr, silent)
+		var res result
+		select {
+		case res = <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("wait-0 acquire still running after 5 s")
+		}
+		err, el := res.err, res.el
+		wantErr(t, err, ErrIndeterminate)
+		if el < time.Second || el > 1400*time.Millisecond {
+			t.Fatalf("Indeterminate after %v, want at the 1 s transport deadline", el)
+		}
+	})
 	t.Run("no connection", func(t *testing.T) {
 		cfg := fastConfig(deadAddr(t))
 		cfg.TransportTimeout = 400 * time.Millisecond
@@ -456,6 +489,26 @@ func TestLateGrantCompensated(t *testing.T) {
 		r := f.next(time.Second)
 		if r.Op != proto.OpRelease || r.ID != 777 || r.Key != "late-grant" {
 			t.Fatalf("got %c %d %q, want release of 777", r.Op, r.ID, r.Key)
+		}
+	})
+	t.Run("answered after the call's deadline", func(t *testing.T) {
+		// Wait 200 ms goes out as wire wait 1 s, and the client listens
+		// for an answer until 1 s + allowance, so that a T stays
+		// definitive; an A there, 400 ms in, is past the call's deadline.
+		f := newFake(t, func(fc *fconn, r freq) {
+			if r.Op == proto.OpAcquire {
+				time.AfterFunc(400*time.Millisecond, func() { fc.send(proto.AppendAcquired(nil, r.ID, 777, r.Key)) })
+				return
+			}
+			fc.auto(r)
+		})
+		cl := newClient(t, fastConfig(f.addr()))
+		waitUp(t, cl, 2)
+		_, err := cl.Acquire(context.Background(), "late-grant", AcquireOptions{Wait: 200 * time.Millisecond})
+		wantErr(t, err, ErrIndeterminate)
+		f.next(time.Second) // the acquire
+		if r := f.next(time.Second); r.Op != proto.OpRelease || r.ID != 777 {
+			t.Fatalf("got %c %d, want release of 777", r.Op, r.ID)
 		}
 	})
 	t.Run("ctx", func(t *testing.T) {
@@ -646,6 +699,34 @@ func TestClose(t *testing.T) {
 			t.Fatalf("err = %v, want ErrClosed and ErrIndeterminate", err)
 		}
 	})
+	t.Run("sent release and renew", func(t *testing.T) {
+		f := newFake(t, silent)
+		cl, err := New(fastConfig(f.addr()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitUp(t, cl, 2)
+		ctx := context.Background()
+		errs := make(chan error, 3)
+		go func() { errs <- cl.Release(ctx, Lock{Key: "r", Token: 5}) }()
+		go func() { _, err := cl.Renew(ctx, Lock{Key: "k", Token: 6}, time.Second); errs <- err }()
+		rel := cl.ReleaseAsync(ctx, Lock{Key: "a", Token: 7})
+		go func() { errs <- rel.Wait() }()
+		for i := 0; i < 3; i++ {
+			f.next(time.Second)
+		}
+		_ = cl.Close()
+		for i := 0; i < 3; i++ {
+			select {
+			case err := <-errs:
+				if !errors.Is(err, ErrClosed) {
+					t.Fatalf("err = %v, want ErrClosed (the call may have executed: and ErrIndeterminate)", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("a pending call did not end at Close")
+			}
+		}
+	})
 }
 
 // answered reports whether tk's answer has reached it (before Wait).
@@ -707,4 +788,76 @@ func TestReleaseAsyncPipelined(t *testing.T) {
 		}
 	}
 	wantErr(t, cl.ReleaseAsync(ctx, Lock{Key: "", Token: 1}).Wait(), ErrInvalidKey)
+}
+
+// TestAbandonedRenewAnswerNotReused: a renew given up on (its ctx ended)
+// after it was sent leaves its answer outstanding; that late K must not
+// be taken as the answer of the next renew of the same token on the same
+// connection, which the server answers N.
+func TestAbandonedRenewAnswerNotReused(t *testing.T) {
+	var n atomic.Int32
+	f := newFake(t, func(fc *fconn, r freq) {
+		if r.Op != proto.OpRenew {
+			fc.auto(r)
+			return
+		}
+		switch n.Add(1) {
+		case 1:
+			time.AfterFunc(150*time.Millisecond, func() { fc.send(proto.AppendRenewed(nil, r.ID, r.Key)) })
+		default:
+			time.AfterFunc(300*time.Millisecond, func() { fc.send(proto.AppendNotHeld(nil, proto.OpRenew, r.ID, r.Key)) })
+		}
+	})
+	cfg := fastConfig(f.addr())
+	cfg.ConnsPerAddr = 1
+	cl := newClient(t, cfg)
+	waitUp(t, cl, 1)
+	l := Lock{Key: "renewed", Token: 99}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := cl.Renew(ctx, l, time.Second); err == nil {
+		t.Fatal("first renew succeeded after its ctx ended")
+	}
+	_, err := cl.Renew(context.Background(), l, 30*time.Second)
+	wantErr(t, err, ErrNotHeld)
+	if live := liveConns(cl); live != 1 {
+		t.Fatalf("%d live connections, want the one still answering", live)
+	}
+}
+
+// TestMovedWithoutAddressDropsPreference: the client's only address
+// redirects it (M with an address) to a node that then answers M without
+// one (it knows no active either). The redirect target stops being
+// preferred, and after the pause the request goes back to the first
+// node, which has become active and grants.
+func TestMovedWithoutAddressDropsPreference(t *testing.T) {
+	lost := newFake(t, func(fc *fconn, r freq) {
+		if r.Op == proto.OpAcquire {
+			fc.send(proto.AppendMoved(nil, proto.OpAcquire, r.ID, ""))
+			return
+		}
+		fc.auto(r)
+	})
+	var first atomic.Bool
+	node := newFake(t, func(fc *fconn, r freq) {
+		if r.Op == proto.OpAcquire && first.CompareAndSwap(false, true) {
+			fc.send(proto.AppendMoved(nil, proto.OpAcquire, r.ID, lost.addr()))
+			return
+		}
+		grantToken(fc, r)
+	})
+	cfg := fastConfig(node.addr())
+	cfg.ConnsPerAddr = 1
+	cl := newClient(t, cfg)
+	waitUp(t, cl, 1)
+	l, err := cl.Acquire(ctxT(t, 5*time.Second), "moved", AcquireOptions{Wait: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if l.Token != 777 || lost.numConns() == 0 {
+		t.Fatalf("lock %+v, redirect target connections %d: want the grant of the first node after the detour", l, lost.numConns())
+	}
+	if p := cl.preferred.Load(); p != nil {
+		t.Fatalf("still preferring %s after its M without an address", *p)
+	}
 }

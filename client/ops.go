@@ -107,8 +107,10 @@ func (cl *Client) AcquireAsync(ctx context.Context, key string, opts AcquireOpti
 	t.id = rand.Uint64()
 	t.lease = lease
 	if opts.Wait == 0 {
+		// One deadline for the whole call, the answer included.
 		t.wait0 = true
 		t.sendBy = now.add(cl.cfg.TransportTimeout)
+		t.hardBy = t.sendBy
 		t.timeout = cl.cfg.TransportTimeout
 	} else {
 		t.waitEnd = now.add(opts.Wait)
@@ -158,9 +160,15 @@ func (t *Ticket) acquire() (Lock, error) {
 		}
 		switch t.rop {
 		case proto.OpAcquire:
-			// The delivery gate.
-			if t.ctx.Err() != nil || monoNow() >= t.answerBy() {
+			// The delivery gate: a grant the caller takes after the call's
+			// deadline (or after ctx ended, or the client closed) is
+			// released again. The client waits past the deadline for the
+			// answer (AnswerAllowance) only so that a T stays definitive.
+			if t.ctx.Err() != nil || monoNow() >= t.callEnd() || cl.isClosed() {
 				cl.compensate(t.key, t.rtoken)
+				if cl.isClosed() {
+					return Lock{}, errClosedIndeterminate
+				}
 				return Lock{}, ErrIndeterminate
 			}
 			return Lock{Key: t.key, Token: t.rtoken, Expires: t.sentAt.add(time.Duration(t.lease) * time.Second).time()}, nil
@@ -169,9 +177,7 @@ func (t *Ticket) acquire() (Lock, error) {
 		case proto.OpBusy:
 			return Lock{}, ErrBusy
 		case proto.OpMoved:
-			if t.rtail != "" {
-				t.moved = t.rtail
-				cl.follow(t.rtail)
+			if t.followMoved() {
 				continue
 			}
 		case proto.OpError:
@@ -187,6 +193,23 @@ func (t *Ticket) acquire() (Lock, error) {
 			return Lock{}, t.pauseEnded()
 		}
 	}
+}
+
+// followMoved acts on an M answer: an address makes it the preferred one
+// and the request goes there next (true: resend at once). An empty address
+// (that node knows no active) drops the preference for the node that said
+// so, and after a pause (false) the request goes to another node if one is
+// up.
+func (t *Ticket) followMoved() bool {
+	if t.rtail != "" {
+		t.moved = t.rtail
+		t.cl.follow(t.rtail)
+		return true
+	}
+	t.moved = ""
+	t.avoid = t.from
+	t.cl.unprefer(t.from)
+	return false
 }
 
 // pauseEnded is the error of a call whose pause before a resend was cut
@@ -302,9 +325,15 @@ func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock,
 func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 	cl := t.cl
 	maybe := false // an earlier attempt may have executed
+	closed := func() error {
+		if maybe {
+			return errClosedIndeterminate
+		}
+		return ErrClosed
+	}
 	for {
 		if t.conn == nil && cl.isClosed() {
-			return ErrClosed
+			return closed()
 		}
 		o := t.roundTrip()
 		if o == outAnswer {
@@ -317,9 +346,7 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 				}
 				return ErrNotHeld
 			case proto.OpMoved:
-				if t.rtail != "" {
-					t.moved = t.rtail
-					cl.follow(t.rtail)
+				if t.followMoved() {
 					continue
 				}
 			case proto.OpError:
@@ -337,16 +364,16 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 			}
 			return t.ctx.Err()
 		case outClosed:
-			return ErrClosed
+			return closed()
 		case outLost, outAbandoned:
 			maybe = true
 		}
 		if monoNow() >= limit || !t.sleep(pause, limit) {
 			switch {
+			case cl.isClosed():
+				return closed()
 			case maybe:
 				return ErrIndeterminate
-			case cl.isClosed():
-				return ErrClosed
 			case t.ctx.Err() != nil:
 				return t.ctx.Err()
 			}
@@ -373,9 +400,7 @@ func (cl *Client) Ping(ctx context.Context) (time.Duration, error) {
 			if t.rop == proto.OpPing {
 				return time.Duration(monoNow() - t.sentAt), nil
 			}
-			if t.rop == proto.OpMoved && t.rtail != "" {
-				t.moved = t.rtail
-				cl.follow(t.rtail)
+			if t.rop == proto.OpMoved && t.followMoved() {
 				continue
 			}
 			if !t.sleep(cl.cfg.RetryPause, limit) {

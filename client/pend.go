@@ -94,8 +94,8 @@ func (p *pendTable) take(id uint64) *Ticket {
 	return head
 }
 
-// remove unlinks t from its chain, if it is there.
-func (p *pendTable) remove(t *Ticket) {
+// replace puts n in t's place in its chain (n.id == t.id).
+func (p *pendTable) replace(t, n *Ticket) {
 	if p.n == 0 {
 		return
 	}
@@ -103,23 +103,19 @@ func (p *pendTable) remove(t *Ticket) {
 	if !ok {
 		return
 	}
-	head := p.slots[i].t
-	if head == t {
-		if t.next != nil {
-			p.slots[i].t = t.next
-			t.next = nil
-		} else {
-			p.deleteAt(i)
-		}
+	n.next = t.next
+	t.next = nil
+	if p.slots[i].t == t {
+		p.slots[i].t = n
 		return
 	}
-	for q := head; q.next != nil; q = q.next {
+	for q := p.slots[i].t; q.next != nil; q = q.next {
 		if q.next == t {
-			q.next = t.next
-			t.next = nil
+			q.next = n
 			return
 		}
 	}
+	t.next, n.next = n.next, nil // t was not in the chain: leave it as it was
 }
 
 // deleteAt frees slot i and shifts back the entries after it whose probe

@@ -63,6 +63,9 @@ type Ticket struct {
 	sendBy  instant       // the request is not sent at or after this instant
 	hardBy  instant       // if set, the answer deadline is at most this
 	moved   string        // address an M pointed to: send there next
+	from    string        // address of the connection of the last attempt
+	avoid   string        // address whose node answered M without an address: try others first
+	tomb    bool          // a stand-in for an abandoned request: absorbs its late answer
 	timeout time.Duration // answer deadline after the send (not for wait>0 acquires)
 
 	// conn is the connection of the current attempt, nil between attempts.
@@ -182,6 +185,16 @@ func (t *Ticket) encode(buf []byte, now instant) []byte {
 	}
 }
 
+// callEnd is the call's deadline: the end of the caller's wait, or for a
+// wait-0 acquire its transport deadline. A grant taken after it is
+// compensated.
+func (t *Ticket) callEnd() instant {
+	if t.wait0 {
+		return t.sendBy
+	}
+	return t.waitEnd
+}
+
 // answerBy is the deadline for the answer of the attempt sent at sentAt.
 func (t *Ticket) answerBy() instant {
 	var d instant
@@ -223,7 +236,7 @@ func (t *Ticket) stopTimer() {
 // trySend attaches t to a live connection, if one is available now.
 func (t *Ticket) trySend() bool {
 	for {
-		c := t.cl.pick(t.moved)
+		c := t.cl.pick(t.moved, t.avoid)
 		if c == nil {
 			return false
 		}
@@ -278,6 +291,7 @@ func (t *Ticket) roundTrip() outcome {
 				}
 				t.state = stIdle
 				t.conn = nil
+				t.from = c.addr
 				c.mu.Unlock()
 				break
 			}
@@ -300,18 +314,24 @@ func (t *Ticket) roundTrip() outcome {
 			// stSent
 			by := t.answerBy()
 			if cancelled || now >= by {
-				c.removePendLocked(t)
+				// Its answer may still come: a stand-in takes its place in
+				// the chain and absorbs it, so that it cannot be matched
+				// to a later request with the same id (a renew's K to the
+				// next renew of that token).
+				c.abandonPendLocked(t)
 				t.state = stIdle
 				t.conn = nil
+				t.from = c.addr
 				c.mu.Unlock()
 				switch {
 				case t.op == proto.OpAcquire:
 					// Close that exact connection: a grant not yet handed to
 					// its socket is released by the server at once.
 					c.fail(errAbandoned)
-				case !cancelled && now >= t.sentAt.add(t.timeout):
-					// No answer for a whole transport timeout: the
-					// connection is taken to be broken.
+				case !cancelled && now >= t.sentAt.add(t.timeout/2):
+					// No answer for half a transport timeout, when the
+					// call's window ended, or a whole one: the connection
+					// is taken to be broken.
 					c.fail(errAbandoned)
 				}
 				return outAbandoned

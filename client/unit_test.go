@@ -11,7 +11,9 @@ import (
 )
 
 // TestPendFIFO: requests with the same correlation key are answered in
-// send order, and one can be unlinked from the middle of its chain.
+// send order; one abandoned in the middle of its chain keeps its place as
+// a stand-in, which takes its answer (so the next request with that id
+// does not).
 func TestPendFIFO(t *testing.T) {
 	c := newConn(nil, "x", nil)
 	ts := make([]*Ticket, 4)
@@ -21,10 +23,14 @@ func TestPendFIFO(t *testing.T) {
 	}
 	other := &Ticket{op: proto.OpRenew, id: 7}
 	c.addPendLocked(other)
-	c.removePendLocked(ts[2])
-	for _, want := range []*Ticket{ts[0], ts[1], ts[3]} {
-		if got := c.takePendLocked(proto.OpRelease, 7); got != want {
-			t.Fatalf("took %p, want %p", got, want)
+	c.abandonPendLocked(ts[2])
+	for i, want := range []*Ticket{ts[0], ts[1], nil, ts[3]} {
+		got := c.takePendLocked(proto.OpRelease, 7)
+		switch {
+		case want == nil && (got == nil || !got.tomb || got == ts[2]):
+			t.Fatalf("answer %d went to %+v, want the abandoned request's stand-in", i, got)
+		case want != nil && got != want:
+			t.Fatalf("answer %d went to %p, want %p", i, got, want)
 		}
 	}
 	if got := c.takePendLocked(proto.OpRelease, 7); got != nil {
@@ -163,7 +169,7 @@ func TestInstant(t *testing.T) {
 	}
 }
 
-// TestPendTableModel: random adds, takes and removes (ids drawn from a
+// TestPendTableModel: random adds, takes and stand-in replacements (ids drawn from a
 // small range so chains and probe clusters form, table grown from its
 // minimum) against a model of per-id FIFO lists.
 func TestPendTableModel(t *testing.T) {
@@ -174,11 +180,11 @@ func TestPendTableModel(t *testing.T) {
 		id := func() uint64 { return rng.Uint64N(idRange) * 0x1000 } // same low bits: clusters
 		for step := 0; step < 200000; step++ {
 			switch r := rng.IntN(10); {
-			case r < 5 || len(model) == 0: // add
+			case r < 4 || len(model) == 0: // add
 				tk := &Ticket{id: id()}
 				p.add(tk)
 				model[tk.id] = append(model[tk.id], tk)
-			case r < 8: // take
+			case r < 8: // take (more often than add: takes of absent ids miss)
 				k := id()
 				got := p.take(k)
 				var want *Ticket
@@ -193,16 +199,12 @@ func TestPendTableModel(t *testing.T) {
 				if got != want {
 					t.Fatalf("range %d step %d: take(%d) = %p, want %p", idRange, step, k, got, want)
 				}
-			default: // remove a random pending one
-				for k, l := range model {
+			default: // put a stand-in in the place of a random pending one
+				for _, l := range model {
 					i := rng.IntN(len(l))
-					p.remove(l[i])
-					l = append(l[:i:i], l[i+1:]...)
-					if len(l) == 0 {
-						delete(model, k)
-					} else {
-						model[k] = l
-					}
+					n := &Ticket{id: l[i].id}
+					p.replace(l[i], n)
+					l[i] = n
 					break
 				}
 			}
