@@ -47,6 +47,11 @@ fuzz:
 clean:
 	rm -rf bin
 
+## bench-client: the client library against the raw generator (a lockd child process).
+.PHONY: bench-client
+bench-client:
+	$(GO) test -run '^$$' -bench 'Parallel64|RawPipelined' -benchmem -benchtime 800000x ./client/
+
 ## bench-peers: lockd against the echo ceiling, Redis and etcd, interleaved
 ## over ROUNDS rounds (installs redis-server and etcd-server with apt-get
 ## when they are missing; the harness starts and stops them on loopback).

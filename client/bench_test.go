@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -106,16 +105,6 @@ func benchParallelAsync(b *testing.B, depth int) {
 	el := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(per*g*depth)/el.Seconds(), "pairs/s")
-}
-
-// benchAddr is the server the benchmarks load: LOCKD_BENCH_ADDR (a lockd in
-// its own process, as in production: an in-process server's event loops
-// hold Ps while they wait in epoll_wait) or the shared in-process one.
-func benchAddr(b *testing.B) string {
-	if a := os.Getenv("LOCKD_BENCH_ADDR"); a != "" {
-		return a
-	}
-	return sharedServer(b).Addr()
 }
 
 func benchParallel(b *testing.B, conns int) {

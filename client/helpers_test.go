@@ -22,7 +22,11 @@ import (
 var leakOpts = lockdtest.LeakOptions
 
 func TestMain(m *testing.M) {
+	if os.Getenv(benchServerEnv) != "" {
+		os.Exit(benchServerChild())
+	}
 	code := m.Run()
+	stopBenchChild()
 	sharedMu.Lock()
 	if shared != nil {
 		_ = shared.Close()
