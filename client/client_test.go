@@ -315,3 +315,32 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// TestWithLockAfterLongWait: a lock granted after a long wait in the queue
+// has little of its conservative lease left (Lock.Expires counts from the
+// send); WithLock renews before running fn, so fn keeps the lock.
+func TestWithLockAfterLongWait(t *testing.T) {
+	srv := sharedServer(t)
+	cl := newClient(t, fastConfig(srv.Addr()))
+	ctx := ctxT(t, 20*time.Second)
+	holder, err := cl.Acquire(ctx, "long-wait", AcquireOptions{Lease: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(2500*time.Millisecond, func() { _ = cl.Release(context.Background(), holder) })
+	err = cl.WithLock(ctx, "long-wait", AcquireOptions{Wait: 5 * time.Second, Lease: 3 * time.Second},
+		func(ctx context.Context, l Lock) error {
+			if left := time.Until(l.Expires); left < 2*time.Second {
+				t.Errorf("fn starts with %v of the lease left", left)
+			}
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(1500 * time.Millisecond):
+				return nil
+			}
+		})
+	if err != nil {
+		t.Fatalf("WithLock after a 2.5 s wait: %v", err)
+	}
+}

@@ -33,7 +33,8 @@
 //     just before the send: the remaining time rounded up to whole seconds,
 //     capped at 255. A request still unsent at the deadline is never sent
 //     (ErrTimeout; a wait>0 acquire that found no connection before its
-//     deadline also fails with ErrTimeout: it was not sent).
+//     deadline fails with an error matching both ErrTimeout and
+//     ErrNoConnection: it was not sent, and no holder was the reason).
 //   - The answer is awaited until the server's own obligation ends — the
 //     send plus the wire wait — plus Config.AnswerAllowance (1 s), so a T
 //     sent right at the end of the wait is read as a definitive ErrTimeout.

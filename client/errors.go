@@ -76,6 +76,21 @@ func (closedIndeterminate) Is(target error) bool {
 
 var errClosedIndeterminate error = closedIndeterminate{}
 
+// timeoutNoConnection is the error of a wait>0 acquire that found no
+// connection before its deadline: not sent, so not acquired (ErrTimeout),
+// and the reason is the connection (ErrNoConnection), not a holder.
+type timeoutNoConnection struct{}
+
+func (timeoutNoConnection) Error() string {
+	return "client: no connection before the wait ended, not acquired"
+}
+
+func (timeoutNoConnection) Is(target error) bool {
+	return target == ErrTimeout || target == ErrNoConnection
+}
+
+var errTimeoutNoConnection error = timeoutNoConnection{}
+
 // Internal causes for closing a connection.
 var (
 	errAbandoned = errors.New("client: request abandoned with its answer outstanding")

@@ -861,3 +861,15 @@ func TestMovedWithoutAddressDropsPreference(t *testing.T) {
 		t.Fatalf("still preferring %s after its M without an address", *p)
 	}
 }
+
+// TestNoConnectionWaitIsNotAHolder: a wait>0 acquire that finds no
+// connection before its deadline was not sent: ErrTimeout (not acquired)
+// and ErrNoConnection (the reason), so a caller can tell it from a key held
+// by someone else.
+func TestNoConnectionWaitIsNotAHolder(t *testing.T) {
+	cl := newClient(t, fastConfig(deadAddr(t)))
+	_, err := cl.Acquire(ctxT(t, 5*time.Second), "nobody", AcquireOptions{Wait: 300 * time.Millisecond})
+	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrNoConnection) {
+		t.Fatalf("err = %v, want ErrTimeout and ErrNoConnection", err)
+	}
+}

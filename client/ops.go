@@ -147,7 +147,7 @@ func (t *Ticket) acquire() (Lock, error) {
 			if t.wait0 {
 				return Lock{}, ErrNoConnection
 			}
-			return Lock{}, ErrTimeout
+			return Lock{}, errTimeoutNoConnection
 		case outCtx:
 			return Lock{}, t.ctx.Err()
 		case outClosed:

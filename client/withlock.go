@@ -28,6 +28,20 @@ func (cl *Client) WithLock(ctx context.Context, key string, opts AcquireOptions,
 	if err != nil {
 		return err
 	}
+	// Lock.Expires counts from the acquire's send: after a long wait in the
+	// queue little of it may be left, though the server's lease has just
+	// begun. Renew first, so that fn starts with a lease it can keep.
+	if time.Until(l.Expires) < 2*lease/3 {
+		nl, err := cl.Renew(ctx, l, lease)
+		if err != nil {
+			_ = cl.Release(context.WithoutCancel(ctx), l)
+			if errors.Is(err, ErrNotHeld) {
+				return ErrLockLost
+			}
+			return err
+		}
+		l = nl
+	}
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := make(chan struct{})
 	done := make(chan bool, 1)
@@ -71,7 +85,7 @@ func (cl *Client) keepAlive(ctx context.Context, stop <-chan struct{}, l Lock, l
 		switch {
 		case err == nil:
 			l = nl
-			tm.Reset(every)
+			tm.Reset(min(every, time.Until(l.Expires)/2))
 		case errors.Is(err, ErrNotHeld), errors.Is(err, ErrClosed):
 			cancel(ErrLockLost)
 			return true
