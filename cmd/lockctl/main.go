@@ -237,6 +237,8 @@ func report(err error, stderr io.Writer) int {
 	switch {
 	case errors.Is(err, client.ErrIndeterminate):
 		code, msg = exitIndeterminate, "outcome indeterminate: the lock may or may not have been granted; it will be freed at the latest when its lease ends ("+err.Error()+")"
+	case errors.Is(err, client.ErrNoConnection):
+		msg = "no connection to lockd (" + err.Error() + "); is it running? addresses come from --addr or LOCKD_ADDRS"
 	case errors.Is(err, client.ErrTimeout):
 		code, msg = exitTimeout, "timed out: the lock is held by someone else ("+err.Error()+")"
 	case errors.Is(err, client.ErrBusy):
@@ -245,8 +247,6 @@ func report(err error, stderr io.Writer) int {
 		code, msg = exitNotHeld, "not held: the token is not the key's current grant (released, or its lease ended)"
 	case errors.Is(err, context.DeadlineExceeded):
 		msg = "no answer within --timeout (" + err.Error() + ")"
-	case errors.Is(err, client.ErrNoConnection):
-		msg = "no connection to lockd (" + err.Error() + "); is it running? addresses come from --addr or LOCKD_ADDRS"
 	case errors.As(err, &se):
 		msg = "server rejected the request: " + se.Msg
 	case errors.Is(err, client.ErrInvalidKey), errors.Is(err, client.ErrInvalidLease), errors.Is(err, client.ErrInvalidWait):
@@ -254,6 +254,15 @@ func report(err error, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "lockctl: %s\n", msg)
 	return code
+}
+
+// notAcquireErr words an indeterminate release or renew for what it is
+// (exitError's table speaks of acquires).
+func notAcquireErr(op string, err error) error {
+	if errors.Is(err, client.ErrIndeterminate) {
+		return &exitErr{code: exitIndeterminate, msg: "outcome indeterminate: the " + op + " may or may not have been executed (" + err.Error() + ")"}
+	}
+	return err
 }
 
 func parseToken(s string) (uint64, error) {
@@ -336,7 +345,7 @@ func cmdRelease(args []string, stdout, stderr io.Writer) error {
 	}
 	defer done()
 	if err := cl.Release(ctx, l); err != nil {
-		return err
+		return notAcquireErr("release", err)
 	}
 	fmt.Fprintln(stdout, "released")
 	return nil
@@ -358,7 +367,7 @@ func cmdRenew(args []string, stdout, stderr io.Writer) error {
 	defer done()
 	l, err = cl.Renew(ctx, l, *lease)
 	if err != nil {
-		return err
+		return notAcquireErr("renew", err)
 	}
 	fmt.Fprintf(stdout, "renewed until %s\n", l.Expires.Round(time.Millisecond).Format(time.RFC3339Nano))
 	return nil
@@ -377,6 +386,9 @@ func cmdPing(args []string, stdout, stderr io.Writer) error {
 	}
 	defer done()
 	rtt, err := cl.Ping(ctx)
+	if errors.Is(err, client.ErrTimeout) {
+		return &exitErr{code: exitError, msg: "no pong within --timeout (" + err.Error() + ")"}
+	}
 	if err != nil {
 		return err
 	}

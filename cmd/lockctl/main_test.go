@@ -177,6 +177,12 @@ func TestNoServer(t *testing.T) {
 	if code != exitError || !strings.Contains(errs, "no connection") {
 		t.Fatalf("ping without server: %d %q", code, errs)
 	}
+	// An acquire that never found a connection is not "held by someone
+	// else" (exit 10): no connection, exit 1.
+	_, errs, code = ctl(t, nil, "acquire", "k", "--addr", addr, "--wait", "1s")
+	if code != exitError || !strings.Contains(errs, "no connection") {
+		t.Fatalf("acquire without server: %d %q", code, errs)
+	}
 }
 
 func TestRunExitCodesAndEnvironment(t *testing.T) {
@@ -397,6 +403,15 @@ func TestStatus(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "free") {
 		t.Fatalf("status free KEY: %d %q", code, out)
 	}
+	// Keys that are path segments of their own.
+	for _, key := range []string{".", "..", "a/../b", "./x"} {
+		out, _, _ := ctl(t, env, "acquire", "--", key)
+		tok := strings.TrimSpace(out)
+		out, errs, code := ctl(t, env, "status", "--", key)
+		if code != 0 || !strings.Contains(out, "held") || !strings.Contains(out, tok) {
+			t.Fatalf("status %q: %d %q %s", key, code, out, errs)
+		}
+	}
 	if _, errs, code := ctl(t, []string{"LOCKD_ADMIN=127.0.0.1:1"}, "status"); code != exitError || !strings.Contains(errs, "admin endpoint") {
 		t.Fatalf("status without admin: %d %q", code, errs)
 	}
@@ -447,5 +462,56 @@ func TestRunStopsWhenRenewAnswersNotHeld(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "renew answered N") {
 		t.Fatalf("stderr does not say why: %s", errb.String())
+	}
+}
+
+// A lock granted after a long wait has little of its conservative lease
+// left (it counts from the acquire's send): run renews before starting the
+// command instead of killing it at once for want of renewals.
+func TestRunAfterLongWaitKeepsTheCommand(t *testing.T) {
+	s := startLockd(t)
+	env := []string{"LOCKD_ADDRS=" + s.addr}
+	out, errs, code := ctl(t, env, "acquire", "slow", "--lease", "30s")
+	if code != 0 {
+		t.Fatalf("acquire: %d %s", code, errs)
+	}
+	tok := strings.TrimSpace(out)
+	time.AfterFunc(5*time.Second, func() { ctl(t, env, "release", "slow", tok) })
+	start := time.Now()
+	_, errs, code = ctl(t, env, "run", "slow", "--wait", "15s", "--lease", "9s", "--margin", "1s", "--grace", "1s", "--", "sh", "-c", "sleep 3")
+	if code != 0 {
+		t.Fatalf("run after a 5 s wait: exit %d after %v; %s", code, time.Since(start), errs)
+	}
+}
+
+// A signal while run waits for the lock ends the wait (exit 128+n); the
+// command is never started.
+func TestRunInterruptedWhileWaiting(t *testing.T) {
+	s := startLockd(t)
+	env := []string{"LOCKD_ADDRS=" + s.addr}
+	if _, errs, code := ctl(t, env, "acquire", "busy-key", "--lease", "60s"); code != 0 {
+		t.Fatalf("acquire: %d %s", code, errs)
+	}
+	marker := filepath.Join(t.TempDir(), "ran")
+	cmd := exec.Command(lockctlBin, "run", "busy-key", "--wait", "30s", "--", "touch", marker)
+	cmd.Env = append(os.Environ(), env...)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	start := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 128+int(syscall.SIGINT) {
+		t.Fatalf("run interrupted while waiting: %v; %s", err, errb.String())
+	}
+	if el := time.Since(start); el > 3*time.Second {
+		t.Fatalf("run ended %v after SIGINT", el)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the command ran")
 	}
 }

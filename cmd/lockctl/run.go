@@ -97,16 +97,59 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
 
-	l, err := cl.Acquire(context.Background(), o.key, client.AcquireOptions{Wait: o.wait, Lease: o.lease})
-	if err != nil {
-		return err
-	}
+	// A signal while waiting for the lock ends the wait: there is no
+	// command to forward it to yet.
+	actx, acancel := context.WithCancel(context.Background())
+	intr := make(chan os.Signal, 1)
+	waited := make(chan struct{})
+	watcher := make(chan struct{})
+	go func() {
+		defer close(watcher)
+		select {
+		case s := <-sigs:
+			intr <- s
+			acancel()
+		case <-waited:
+		}
+	}()
+	l, err := cl.Acquire(actx, o.key, client.AcquireOptions{Wait: o.wait, Lease: o.lease})
+	close(waited)
+	<-watcher
+	acancel()
 	release := func() {
 		ctx, cancel := c.context()
 		defer cancel()
 		if err := cl.Release(ctx, l); err != nil && !errors.Is(err, client.ErrNotHeld) {
 			fmt.Fprintf(stderr, "lockctl: releasing %q failed (%v); the lease frees it within %v\n", o.key, err, o.lease)
 		}
+	}
+	select {
+	case s := <-intr:
+		if err == nil {
+			release()
+		}
+		sig := s.(syscall.Signal)
+		return &exitErr{code: 128 + int(sig), msg: fmt.Sprintf("%v while waiting for %q; the command was not started", sig, o.key)}
+	default:
+	}
+	if err != nil {
+		return err
+	}
+	// Lock.Expires counts from the acquire's send: after a long wait in
+	// the queue the kill deadline may come before the first renewal. Renew
+	// first, so the command starts with a lease it can keep.
+	if time.Until(l.Expires.Add(-o.margin-o.grace)) < o.renewEvery+o.retryRenewIn {
+		ctx, cancel := c.context()
+		nl, err := cl.Renew(ctx, l, o.lease)
+		cancel()
+		if err != nil {
+			if errors.Is(err, client.ErrNotHeld) {
+				return &exitErr{code: exitLockLost, msg: fmt.Sprintf("lock %q lost before the command started (renew answered N)", o.key)}
+			}
+			release()
+			return err
+		}
+		l = nl
 	}
 
 	cmd := exec.Command(o.argv[0], o.argv[1:]...)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -55,7 +56,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	base := "http://" + c.admin
 	if len(pos) == 1 {
 		var k keyDoc
-		if err := getJSON(hc, base+"/keys/"+url.PathEscape(pos[0]), &k); err != nil {
+		if err := getJSON(hc, base+"/keys/"+keyPath(pos[0]), &k); err != nil {
 			return err
 		}
 		if !k.Held {
@@ -94,4 +95,11 @@ func getJSON(hc *http.Client, u string, v any) error {
 		return fmt.Errorf("admin endpoint: bad answer: %v", err)
 	}
 	return nil
+}
+
+// keyPath escapes key for /keys/{key...}: url.PathEscape leaves dots, and
+// a key "." or ".." (or with such a segment) would be cleaned out of the
+// path by the server's router.
+func keyPath(key string) string {
+	return strings.ReplaceAll(url.PathEscape(key), ".", "%2E")
 }
