@@ -127,6 +127,20 @@ func (e usageError) Error() string { return string(e) }
 
 func usageErr(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
 
+// checkWaitLease validates --wait (0..255s; nil: the command has none) and
+// --lease (1s..255s) with messages that name the flag: lease 0 would
+// otherwise be the client's default lease, not the 1s..255s the help
+// promises.
+func checkWaitLease(wait, lease *time.Duration) error {
+	if wait != nil && (*wait < 0 || *wait > 255*time.Second) {
+		return usageErr("--wait %v: must be 0..255s", *wait)
+	}
+	if *lease < time.Second || *lease > 255*time.Second {
+		return usageErr("--lease %v: must be 1s..255s", *lease)
+	}
+	return nil
+}
+
 // parse parses fs's flags wherever they stand among args (flags may follow
 // positional arguments) and returns the positional arguments.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
@@ -317,6 +331,9 @@ func cmdAcquire(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkWaitLease(wait, lease); err != nil {
+		return err
+	}
 	cl, _, done, err := c.dial()
 	if err != nil {
 		return err
@@ -358,6 +375,9 @@ func cmdRenew(args []string, stdout, stderr io.Writer) error {
 	lease := fs.Duration("lease", 30*time.Second, "new lease from now, 1s..255s")
 	l, err := c.lockArgs(fs, args, "renew")
 	if err != nil {
+		return err
+	}
+	if err := checkWaitLease(nil, lease); err != nil {
 		return err
 	}
 	cl, ctx, done, err := c.dial()

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -148,6 +149,9 @@ func TestUsageErrors(t *testing.T) {
 		{"run", "--", "true"},
 		{"run", "k", "--lease", "3s", "--margin", "2s", "--grace", "2s", "--", "true"},
 		{"acquire", "k", "--wait", "1000s"},
+		{"acquire", "k", "--lease", "0"},
+		{"renew", "k", "5", "--lease", "0"},
+		{"run", "k", "--wait", "-1s", "--", "true"},
 		{"acquire", "k", "--nope"},
 		{"status", "a", "b"},
 	}
@@ -156,6 +160,11 @@ func TestUsageErrors(t *testing.T) {
 			_, errs, code := ctl(t, []string{"LOCKD_ADDRS=127.0.0.1:1"}, args...)
 			if code != exitUsage || strings.TrimSpace(errs) == "" {
 				t.Fatalf("exit %d, stderr %q; want 2 and a message", code, errs)
+			}
+			for _, flag := range []string{"--wait", "--lease"} {
+				if slices.Contains(args, flag) && !slices.Contains(args, "--margin") && !strings.Contains(errs, flag) {
+					t.Fatalf("stderr %q does not name %s", errs, flag)
+				}
 			}
 		})
 	}

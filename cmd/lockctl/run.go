@@ -68,8 +68,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if err := c.finish(); err != nil {
 		return err
 	}
-	if o.lease < time.Second || o.lease > 255*time.Second {
-		return usageErr("--lease %v: must be 1s..255s", o.lease)
+	if err := checkWaitLease(&o.wait, &o.lease); err != nil {
+		return err
 	}
 	o.lease = (o.lease + time.Second - 1) / time.Second * time.Second // what the server will use
 	if o.margin < 0 || o.grace < 0 {
