@@ -377,6 +377,11 @@ func TestRunKillsCommandBeforeLeaseEnds(t *testing.T) {
 	if !k.Held || k.LeaseLeftMs <= 0 {
 		t.Fatalf("lease already ended when lockctl returned: %+v; stderr: %s", k, errb.String())
 	}
+	// --margin 1s: dead at least that long before the lease's end, less
+	// what it took to see it dead and ask lockd (100 ms of slack).
+	if k.LeaseLeftMs < 900 {
+		t.Fatalf("command dead only %d ms before the lease's end, --margin is 1s; stderr: %s", k.LeaseLeftMs, errb.String())
+	}
 	t.Logf("command stopped %d ms before the lease ended", k.LeaseLeftMs)
 	b, _ := os.ReadFile(pidFile)
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))

@@ -17,6 +17,11 @@ import (
 	"github.com/lockd-dev/lockd/client"
 )
 
+// killLead is how much earlier than --margin before the lease's end the
+// SIGKILL goes out: delivering it and the group's dying take a few ms, and
+// --margin is promised for the group dead, not for the signal sent.
+const killLead = 100 * time.Millisecond
+
 const runSynopsis = "run KEY [--wait 10s] [--lease 30s] [--margin 2s] [--grace 5s] -- CMD [ARGS...]"
 
 // runOpts are run's settings.
@@ -138,7 +143,7 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 	// Lock.Expires counts from the acquire's send: after a long wait in
 	// the queue the kill deadline may come before the first renewal. Renew
 	// first, so the command starts with a lease it can keep.
-	if time.Until(l.Expires.Add(-o.margin-o.grace)) < o.renewEvery+o.retryRenewIn {
+	if time.Until(l.Expires.Add(-o.margin-o.grace-killLead)) < o.renewEvery+o.retryRenewIn {
 		ctx, cancel := c.context()
 		nl, err := cl.Renew(ctx, l, o.lease)
 		cancel()
@@ -178,7 +183,7 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 	defer renewT.Stop()
 	// killAt: the last moment to start the kill so the group is dead
 	// --margin before the lease can end on the server.
-	killAt := func() time.Time { return l.Expires.Add(-o.margin - o.grace) }
+	killAt := func() time.Time { return l.Expires.Add(-o.margin - o.grace - killLead) }
 	killT := time.NewTimer(time.Until(killAt()))
 	defer killT.Stop()
 
