@@ -62,34 +62,26 @@ func (e *ServerError) Error() string {
 	return "client: server rejected " + e.Op.String() + " (code " + strconv.Itoa(int(e.Code)) + "): " + e.Msg
 }
 
-// closedIndeterminate is the error of a call that may have been sent when
-// the client was closed: it is both ErrClosed and ErrIndeterminate.
-type closedIndeterminate struct{}
-
-func (closedIndeterminate) Error() string {
-	return "client: closed with the request possibly sent (outcome indeterminate)"
+// bothErr is an error that matches two sentinels, for outcomes that are
+// both (errors.Is sees either).
+type bothErr struct {
+	msg  string
+	a, b error
 }
 
-func (closedIndeterminate) Is(target error) bool {
-	return target == ErrClosed || target == ErrIndeterminate
-}
+func (e *bothErr) Error() string { return e.msg }
 
-var errClosedIndeterminate error = closedIndeterminate{}
+func (e *bothErr) Is(target error) bool { return target == e.a || target == e.b }
 
-// timeoutNoConnection is the error of a wait>0 acquire that found no
-// connection before its deadline: not sent, so not acquired (ErrTimeout),
-// and the reason is the connection (ErrNoConnection), not a holder.
-type timeoutNoConnection struct{}
-
-func (timeoutNoConnection) Error() string {
-	return "client: no connection before the wait ended, not acquired"
-}
-
-func (timeoutNoConnection) Is(target error) bool {
-	return target == ErrTimeout || target == ErrNoConnection
-}
-
-var errTimeoutNoConnection error = timeoutNoConnection{}
+var (
+	// errClosedIndeterminate: a call that may have been executed when the
+	// client was closed.
+	errClosedIndeterminate error = &bothErr{"client: closed with the request possibly sent (outcome indeterminate)", ErrClosed, ErrIndeterminate}
+	// errTimeoutNoConnection: a wait>0 acquire that found no connection
+	// before its deadline: not sent, so not acquired (ErrTimeout), and the
+	// reason is the connection (ErrNoConnection), not a holder.
+	errTimeoutNoConnection error = &bothErr{"client: no connection before the wait ended, not acquired", ErrTimeout, ErrNoConnection}
+)
 
 // Internal causes for closing a connection.
 var (
