@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"testing"
 	"time"
 
@@ -225,5 +226,32 @@ func TestPendTableModel(t *testing.T) {
 		if seen != 0 || p.n != 0 {
 			t.Fatalf("range %d: %d chains left after taking all", idRange, seen)
 		}
+	}
+}
+
+// TestStandInReleasesLateGrant: the stand-in an abandoned acquire leaves in
+// the pending table releases (exact token) a grant that arrives for it.
+func TestStandInReleasesLateGrant(t *testing.T) {
+	f := newFake(t, nil)
+	cl := newClient(t, fastConfig(f.addr()))
+	waitUp(t, cl, 2)
+	mine, server := net.Pipe()
+	c := newConn(cl, "pipe", mine)
+	cl.wg.Add(1)
+	go c.readLoop()
+	defer server.Close()
+	tk := &Ticket{op: proto.OpAcquire, id: 42, key: "late"}
+	c.mu.Lock()
+	c.addPendLocked(tk)
+	c.abandonPendLocked(tk)
+	c.mu.Unlock()
+	if _, err := server.Write(proto.AppendAcquired(nil, 42, 777, "late")); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.next(2 * time.Second); r.Op != proto.OpRelease || r.ID != 777 || r.Key != "late" {
+		t.Fatalf("got %c %d %q, want the release of 777", r.Op, r.ID, r.Key)
+	}
+	if tk.state != stIdle {
+		t.Fatal("the abandoned request itself was answered")
 	}
 }
