@@ -105,22 +105,25 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 	// A signal while waiting for the lock ends the wait: there is no
 	// command to forward it to yet.
 	actx, acancel := context.WithCancel(context.Background())
-	intr := make(chan os.Signal, 1)
-	waited := make(chan struct{})
-	watcher := make(chan struct{})
+	defer acancel()
+	type acquired struct {
+		l   client.Lock
+		err error
+	}
+	got := make(chan acquired, 1)
 	go func() {
-		defer close(watcher)
-		select {
-		case s := <-sigs:
-			intr <- s
-			acancel()
-		case <-waited:
-		}
+		l, err := cl.Acquire(actx, o.key, client.AcquireOptions{Wait: o.wait, Lease: o.lease})
+		got <- acquired{l, err}
 	}()
-	l, err := cl.Acquire(actx, o.key, client.AcquireOptions{Wait: o.wait, Lease: o.lease})
-	close(waited)
-	<-watcher
-	acancel()
+	var intr os.Signal
+	var r acquired
+	select {
+	case r = <-got:
+	case intr = <-sigs:
+		acancel()
+		r = <-got
+	}
+	l, err := r.l, r.err
 	release := func() {
 		ctx, cancel := c.context()
 		defer cancel()
@@ -128,14 +131,12 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 			fmt.Fprintf(stderr, "lockctl: releasing %q failed (%v); the lease frees it within %v\n", o.key, err, o.lease)
 		}
 	}
-	select {
-	case s := <-intr:
+	if intr != nil {
 		if err == nil {
 			release()
 		}
-		sig := s.(syscall.Signal)
+		sig := intr.(syscall.Signal)
 		return &exitErr{code: 128 + int(sig), msg: fmt.Sprintf("%v while waiting for %q; the command was not started", sig, o.key)}
-	default:
 	}
 	if err != nil {
 		return err
