@@ -60,86 +60,80 @@ func BenchmarkParallel64Async(b *testing.B) {
 
 func benchParallelAsync(b *testing.B, depth int) {
 	cl := newClient(b, Config{Addrs: []string{benchAddr(b)}})
-	waitUp(b, cl, len(*cl.slots.Load()))
-	const g = 64
-	per := b.N/(g*depth) + 1
 	opts := AcquireOptions{Wait: 5 * time.Second, Lease: 30 * time.Second}
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
-	var wg sync.WaitGroup
-	for w := 0; w < g; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			ctx := context.Background()
-			rng := rand.New(rand.NewPCG(uint64(w), 3))
-			part := len(benchKeys) / g
-			keys := benchKeys[w*part : (w+1)*part]
-			stride := part / depth
-			ts := make([]*Ticket, depth)
-			rs := make([]Releasing, depth)
-			for i := 0; i < per; i++ {
-				r := rng.IntN(part)
-				for j := range ts {
-					ts[j] = cl.AcquireAsync(ctx, keys[(r+j*stride)%part], opts)
+	part := len(benchKeys) / parallelWorkers
+	stride := part / depth
+	runWorkers(b, cl, depth, func(w int, rng *rand.Rand, rounds int) error {
+		ctx := context.Background()
+		keys := benchKeys[w*part : (w+1)*part]
+		ts := make([]*Ticket, depth)
+		rs := make([]Releasing, depth)
+		for i := 0; i < rounds; i++ {
+			r := rng.IntN(part)
+			for j := range ts {
+				ts[j] = cl.AcquireAsync(ctx, keys[(r+j*stride)%part], opts)
+			}
+			for j, t := range ts {
+				l, err := t.Wait()
+				if err != nil {
+					return err
 				}
-				for j, t := range ts {
-					l, err := t.Wait()
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					rs[j] = cl.ReleaseAsync(ctx, l)
-				}
-				for _, r := range rs {
-					if err := r.Wait(); err != nil {
-						b.Error(err)
-						return
-					}
+				rs[j] = cl.ReleaseAsync(ctx, l)
+			}
+			for _, r := range rs {
+				if err := r.Wait(); err != nil {
+					return err
 				}
 			}
-		}(w)
-	}
-	wg.Wait()
-	el := time.Since(start)
-	b.StopTimer()
-	b.ReportMetric(float64(per*g*depth)/el.Seconds(), "pairs/s")
+		}
+		return nil
+	})
 }
 
 func benchParallel(b *testing.B, conns int) {
 	cl := newClient(b, Config{Addrs: []string{benchAddr(b)}, ConnsPerAddr: conns})
-	waitUp(b, cl, len(*cl.slots.Load()))
-	const g = 64
-	per := b.N/g + 1
 	opts := AcquireOptions{Wait: 5 * time.Second, Lease: 30 * time.Second}
+	runWorkers(b, cl, 1, func(_ int, rng *rand.Rand, rounds int) error {
+		ctx := context.Background()
+		for i := 0; i < rounds; i++ {
+			l, err := cl.Acquire(ctx, benchKeys[rng.IntN(len(benchKeys))], opts)
+			if err != nil {
+				return err
+			}
+			if err := cl.Release(ctx, l); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// parallelWorkers is the number of goroutines sharing the Client.
+const parallelWorkers = 64
+
+// runWorkers waits for cl's connections, then runs work on parallelWorkers
+// goroutines, each for b.N/(workers·pairsPerRound)+1 rounds of
+// pairsPerRound acquire+release pairs, and reports pairs/s.
+func runWorkers(b *testing.B, cl *Client, pairsPerRound int, work func(w int, rng *rand.Rand, rounds int) error) {
+	waitUp(b, cl, len(*cl.slots.Load()))
+	rounds := b.N/(parallelWorkers*pairsPerRound) + 1
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
-	for w := 0; w < g; w++ {
+	for w := 0; w < parallelWorkers; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			ctx := context.Background()
-			rng := rand.New(rand.NewPCG(uint64(w), 3))
-			for i := 0; i < per; i++ {
-				l, err := cl.Acquire(ctx, benchKeys[rng.IntN(len(benchKeys))], opts)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if err := cl.Release(ctx, l); err != nil {
-					b.Error(err)
-					return
-				}
+			if err := work(w, rand.New(rand.NewPCG(uint64(w), 3)), rounds); err != nil {
+				b.Error(err)
 			}
 		}(w)
 	}
 	wg.Wait()
 	el := time.Since(start)
 	b.StopTimer()
-	b.ReportMetric(float64(per*g)/el.Seconds(), "pairs/s")
+	b.ReportMetric(float64(rounds*parallelWorkers*pairsPerRound)/el.Seconds(), "pairs/s")
 }
 
 // BenchmarkRawPipelined is the reference: a raw proto-based load generator

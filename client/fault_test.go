@@ -114,13 +114,12 @@ func TestDropExcludedAndRedialled(t *testing.T) {
 	waitUp(t, cl, 2)
 }
 
-// TestPipelinedOutOfOrder: 50 acquires in flight on one connection,
-// answered in reverse order, each matched to its own owner.
-func TestPipelinedOutOfOrder(t *testing.T) {
-	const n = 50
+// answerInReverse is a fake server's handler that answers nothing until it
+// has read n requests, then answers them all in one write, last first.
+func answerInReverse(n int, answer func(out []byte, r freq) []byte) func(fc *fconn, r freq) {
 	var mu sync.Mutex
 	var got []freq
-	f := newFake(t, func(fc *fconn, r freq) {
+	return func(fc *fconn, r freq) {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, r)
@@ -129,10 +128,19 @@ func TestPipelinedOutOfOrder(t *testing.T) {
 		}
 		var out []byte
 		for i := n - 1; i >= 0; i-- {
-			out = proto.AppendAcquired(out, got[i].ID, got[i].ID^0xabcdef, got[i].Key)
+			out = answer(out, got[i])
 		}
 		fc.send(out)
-	})
+	}
+}
+
+// TestPipelinedOutOfOrder: 50 acquires in flight on one connection,
+// answered in reverse order, each matched to its own owner.
+func TestPipelinedOutOfOrder(t *testing.T) {
+	const n = 50
+	f := newFake(t, answerInReverse(n, func(out []byte, r freq) []byte {
+		return proto.AppendAcquired(out, r.ID, r.ID^0xabcdef, r.Key)
+	}))
 	cfg := fastConfig(f.addr())
 	cfg.ConnsPerAddr = 1
 	cl := newClient(t, cfg)
@@ -746,28 +754,15 @@ func answered(tk *Ticket) bool {
 // answer: R, or N for the token the server says is not held.
 func TestReleaseAsyncPipelined(t *testing.T) {
 	const n = 40
-	var mu sync.Mutex
-	var got []freq
-	f := newFake(t, func(fc *fconn, r freq) {
-		mu.Lock()
-		defer mu.Unlock()
-		got = append(got, r)
-		if len(got) < n {
-			return
+	f := newFake(t, answerInReverse(n, func(out []byte, r freq) []byte {
+		if r.Op != proto.OpRelease {
+			t.Errorf("request %q: op %v", r.Key, r.Op)
 		}
-		var out []byte
-		for i := n - 1; i >= 0; i-- {
-			if got[i].Op != proto.OpRelease {
-				t.Errorf("request %d: op %v", i, got[i].Op)
-			}
-			if got[i].ID == 7 {
-				out = proto.AppendNotHeld(out, proto.OpRelease, got[i].ID, got[i].Key)
-				continue
-			}
-			out = proto.AppendReleased(out, got[i].ID, got[i].Key)
+		if r.ID == 7 {
+			return proto.AppendNotHeld(out, proto.OpRelease, r.ID, r.Key)
 		}
-		fc.send(out)
-	})
+		return proto.AppendReleased(out, r.ID, r.Key)
+	}))
 	cfg := fastConfig(f.addr())
 	cfg.ConnsPerAddr = 1
 	cl := newClient(t, cfg)
