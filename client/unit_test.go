@@ -113,6 +113,35 @@ func TestUnansweredPingClosesConnection(t *testing.T) {
 	}
 }
 
+// TestUnansweredReleaseClosesConnection: a release whose only attempt went
+// out late in its retry window (the connection came up late) and was never
+// answered, though it waited more than half a transport timeout: the
+// connection is taken to be broken and closed.
+func TestUnansweredReleaseClosesConnection(t *testing.T) {
+	addr := deadAddr(t)
+	cfg := fastConfig(addr)
+	cfg.TransportTimeout = 400 * time.Millisecond
+	cfg.ReleaseRetry = 600 * time.Millisecond
+	cfg.ReconnectInterval = 20 * time.Millisecond
+	cl := newClient(t, cfg)
+	done := make(chan error, 1)
+	go func() { done <- cl.Release(context.Background(), Lock{Key: "k", Token: 9}) }()
+	time.Sleep(200 * time.Millisecond)
+	f := newFakeAt(t, addr, func(*fconn, freq) {})
+	r := f.next(2 * time.Second)
+	select {
+	case err := <-done:
+		wantErr(t, err, ErrIndeterminate)
+	case <-time.After(5 * time.Second):
+		t.Fatal("release still running")
+	}
+	select {
+	case <-r.Conn.closed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("connection not closed")
+	}
+}
+
 // TestTimerEarlyRing: arm leaves a Ticket's timer set for an earlier
 // instant (a recycled Ticket's previous deadline) rather than resetting
 // it. The early ring must neither end a wait before its own instant nor

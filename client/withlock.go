@@ -8,7 +8,9 @@ import (
 
 // WithLock acquires key, runs fn while holding it, and releases it when fn
 // returns. While fn runs, the lease is renewed in the background every
-// third of the lease. If the lock can no longer be shown to be held — a
+// third of the lease (sooner when less is left). A lock granted after a
+// long wait in the queue is renewed before fn starts: Lock.Expires counts
+// from the acquire's send, so little of it may be left. If the lock can no longer be shown to be held — a
 // renew answered N, or renewals failed until the lease's conservative end
 // (Lock.Expires) — fn's context is cancelled with cause ErrLockLost, and
 // WithLock returns fn's error or, if fn returned nil, ErrLockLost. fn must
