@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -88,7 +89,7 @@ func TestBusyAndServerError(t *testing.T) {
 		t.Fatal(err)
 	}
 	queued := cl.AcquireAsync(ctx, "busy", AcquireOptions{Wait: 5 * time.Second})
-	waitFor(t, func() bool { return srv.Table().Lookup([]byte("busy")).Waiters == 1 }, "a waiter queued")
+	lockdtest.WaitFor(t, "a waiter queued", func() bool { return srv.Table().Lookup([]byte("busy")).Waiters == 1 })
 	_, err = cl.Acquire(ctx, "busy", AcquireOptions{Wait: time.Second})
 	wantErr(t, err, ErrBusy)
 
@@ -129,10 +130,10 @@ func TestSameKeyTwoInFlightOneConn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("first: %v", err)
 	}
-	waitFor(t, func() bool {
+	lockdtest.WaitFor(t, "the second acquire queued behind the first", func() bool {
 		info := srv.Table().Lookup([]byte("same-key"))
 		return info.Token == l1.Token && info.Waiters == 1
-	}, "the second acquire queued behind the first")
+	})
 	if err := cl.Release(ctx, l1); err != nil {
 		t.Fatal(err)
 	}
@@ -302,18 +303,6 @@ func TestWithLockLost(t *testing.T) {
 		}
 	})
 	wantErr(t, err, ErrLockLost)
-}
-
-// waitFor polls cond for up to 5 s.
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 5 s: %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // TestWithLockAfterLongWait: a lock granted after a long wait in the queue

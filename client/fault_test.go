@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -526,7 +527,7 @@ func TestLateGrantCompensated(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		tk := cl.AcquireAsync(ctx, "late-grant", AcquireOptions{Wait: 3 * time.Second})
 		f.next(time.Second)
-		waitFor(t, func() bool { return answered(tk) }, "the A arrives")
+		lockdtest.WaitFor(t, "the A arrives", func() bool { return answered(tk) })
 		cancel()
 		_, err := tk.Wait()
 		wantErr(t, err, ErrIndeterminate)
@@ -540,7 +541,7 @@ func TestLateGrantCompensated(t *testing.T) {
 		waitUp(t, cl, 2)
 		ctx, cancel := context.WithCancel(context.Background())
 		tk := cl.AcquireAsync(ctx, "late-grant-real", AcquireOptions{Wait: 3 * time.Second})
-		waitFor(t, func() bool { return answered(tk) }, "the A arrives")
+		lockdtest.WaitFor(t, "the A arrives", func() bool { return answered(tk) })
 		cancel()
 		_, err := tk.Wait()
 		wantErr(t, err, ErrIndeterminate)
@@ -573,7 +574,7 @@ func TestLateTimeoutBusyDefinitive(t *testing.T) {
 	tb := cl.AcquireAsync(ctx, "b", AcquireOptions{Wait: time.Second})
 	f.next(time.Second)
 	f.next(time.Second)
-	waitFor(t, func() bool { return answered(tt) && answered(tb) }, "the answers arrive")
+	lockdtest.WaitFor(t, "the answers arrive", func() bool { return answered(tt) && answered(tb) })
 	cancel()
 	_, err := tt.Wait()
 	wantErr(t, err, ErrTimeout)

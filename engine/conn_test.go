@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -24,7 +25,7 @@ func TestDisconnectDropsQueuedWaiters(t *testing.T) {
 		t.Fatalf("waiters = %d, want 2", got)
 	}
 	b.c.Close()
-	waitFor(t, func() bool { return ts.Table().Stats().Waiters == 1 })
+	lockdtest.WaitFor(t, "one waiter", func() bool { return ts.Table().Stats().Waiters == 1 })
 	// The release skips the departed waiter and hands to c.
 	a.release("dc", tok)
 	a.expect(proto.OpRelease, tok)
@@ -48,7 +49,7 @@ func TestMaxConns(t *testing.T) {
 	c := dial(t, ts.Addr())
 	c.closed(5 * time.Second)
 	a.c.Close()
-	waitFor(t, func() bool {
+	lockdtest.WaitFor(t, "a connection accepted again below --max-conns", func() bool {
 		d, err := net.DialTimeout("tcp", ts.Addr(), time.Second)
 		if err != nil {
 			return false
@@ -203,16 +204,5 @@ func TestCrashLosesLocksNotTokens(t *testing.T) {
 	tok := v.grant("ca", 5, 1) // lost on crash: free again
 	if tok <= last {
 		t.Fatalf("token after crash %d not above %d", tok, last)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 5 s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -45,11 +46,11 @@ func TestNoPhantomGrantAfterHalfClose(t *testing.T) {
 		req = append(req, bytes.Repeat(proto.AppendPing(nil, 7), pings)...)
 		req = proto.AppendAcquire(req, acqWait, 30, sOwner, key)
 		go func() { _, _ = s.Write(req) }()
-		waitFor(t, func() bool { return ts.Table().Lookup([]byte(key)).Waiters == 1 })
+		lockdtest.WaitFor(t, "one waiter", func() bool { return ts.Table().Lookup([]byte(key)).Waiters == 1 })
 
 		w := dial(t, ts.Addr())
 		w.acquire(key, acqWait, 30, wOwner)
-		waitFor(t, func() bool { return ts.Table().Lookup([]byte(key)).Waiters == 2 })
+		lockdtest.WaitFor(t, "two waiters", func() bool { return ts.Table().Lookup([]byte(key)).Waiters == 2 })
 
 		// The release hands the key to s: its grant joins s's backlog.
 		holder.release(key, tok0)

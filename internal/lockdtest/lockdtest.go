@@ -234,3 +234,16 @@ func pairs(nc net.Conn, keys []string, n, depth int, wait uint8, seed uint64) ([
 	}
 	return lats, nil
 }
+
+// WaitFor polls cond every 2 ms until it holds, failing tb after 5 s with
+// what (the condition awaited).
+func WaitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("not within 5 s: %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
