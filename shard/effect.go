@@ -34,6 +34,8 @@ const (
 	EffectGrant   EffectKind = iota + 1 // a queued acquire was granted (handoff): answer A with Token
 	EffectTimeout                       // a queued acquire's wait passed: answer T
 	EffectCancel                        // CancelWaiters removed it (shutdown): answer E 4
+	EffectBusy                          // it would have got the key, but no token could be had: answer B
+	EffectMoved                         // MoveWaiters removed it (this node stopped executing): answer M
 )
 
 // String returns the effect kind's name.
@@ -45,6 +47,10 @@ func (k EffectKind) String() string {
 		return "timeout"
 	case EffectCancel:
 		return "cancel"
+	case EffectBusy:
+		return "busy"
+	case EffectMoved:
+		return "moved"
 	}
 	return "EffectKind(?)"
 }
@@ -120,9 +126,20 @@ func (k RecordKind) String() string {
 	return "RecordKind(?)"
 }
 
-// Record is one state change, small enough to stream to a replica.
+// Record is one state change, small enough to stream to a replica. What it
+// means off this process is Kind, Key, Token and Lease (a duration: the
+// lease runs Lease seconds from the change), numbered by Seq within Shard;
+// Deadline is the same lease end on this table's own clock, meaningful only
+// here. Apply replays records on another table.
 type Record struct {
-	Kind     RecordKind
+	Kind RecordKind
+	// Shard is the index of the shard that made the record (the top bits of
+	// the key's xxhash: equal on tables with the same shard count).
+	Shard uint32
+	// Seq numbers the shard's records: 1, 2, 3, … without gaps, in the
+	// order the changes happened. A shard's dump carries the Seq of its last
+	// record, so a dump and a stream join without doubles or gaps.
+	Seq      uint64
 	Key      []byte // valid only during the Sink call
 	Token    uint64
 	Lease    uint8 // Grant, Renew: lease seconds

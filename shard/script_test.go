@@ -203,6 +203,10 @@ func (env *scriptEnv) run(line string) []string {
 		tab.Tick(env.now, &env.out)
 	case "cancel":
 		tab.CancelWaiters(&env.out)
+	case "move":
+		tab.MoveWaiters(&env.out)
+	case "extend":
+		tab.Tokens().Extend(u64("limit"))
 	case "dropconn":
 		tab.DropConn(env.conn(pos[0]))
 	case "restore":

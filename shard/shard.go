@@ -58,6 +58,7 @@ type shard struct {
 	freeW  *waiter
 	nfreeW int
 	ctr    Counters // guarded by mu
+	seq    uint64   // sequence of the last record made or applied here
 	_      [64]byte // keep neighbouring shards' mutexes off one cache line
 }
 
@@ -103,9 +104,9 @@ func (s *shard) freeEntry(e *entry) {
 	s.nfreeE++
 }
 
-// grant gives e a new token and a lease of lease seconds from now.
-func (s *shard) grant(e *entry, now int64, lease uint8) {
-	e.token = s.t.tokens.Next()
+// grant gives e the token tok and a lease of lease seconds from now.
+func (s *shard) grant(e *entry, now int64, lease uint8, tok uint64) {
+	e.token = tok
 	e.lease = lease
 	e.deadline = now + int64(lease)*second
 	s.wheel.addLease(e)
@@ -113,10 +114,11 @@ func (s *shard) grant(e *entry, now int64, lease uint8) {
 	s.emit(RecordGrant, e, lease)
 }
 
-// emit sends a record to the sink, if any.
+// emit numbers a record and sends it to the sink, if any.
 func (s *shard) emit(kind RecordKind, e *entry, lease uint8) {
+	s.seq++
 	if sink := s.t.sink; sink != nil {
-		r := Record{Kind: kind, Key: e.key, Token: e.token}
+		r := Record{Kind: kind, Shard: s.id, Seq: s.seq, Key: e.key, Token: e.token}
 		if kind == RecordGrant || kind == RecordRenew {
 			r.Lease, r.Deadline = lease, e.deadline
 		}
@@ -139,7 +141,9 @@ func (s *shard) expire(e *entry, now int64, out *Out) bool {
 // handoff gives e (out of the wheel, lease ended at instant freed) to the
 // first waiter whose wait had not passed at freed, timing out the ones
 // before it whose wait had, or frees the key. The grant's lease counts from
-// now. It reports whether e is still held.
+// now. A waiter that would get the key while no token can be had is
+// answered Busy (EffectBusy) and leaves the queue. It reports whether e is
+// still held.
 func (s *shard) handoff(e *entry, now, freed int64, out *Out) bool {
 	for e.wq != nil {
 		w := e.wq
@@ -150,7 +154,14 @@ func (s *shard) handoff(e *entry, now, freed int64, out *Out) bool {
 			s.freeWaiter(w)
 			continue
 		}
-		s.grant(e, now, w.lease)
+		tok := s.t.tokens.Next()
+		if tok == 0 {
+			s.ctr.NoToken++
+			out.add(EffectBusy, w, 0, e.key)
+			s.freeWaiter(w)
+			continue
+		}
+		s.grant(e, now, w.lease, tok)
 		s.ctr.Handoffs++
 		out.add(EffectGrant, w, e.token, e.key)
 		s.freeWaiter(w)
@@ -250,8 +261,14 @@ func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owne
 		if !s.t.reserve(&s.t.keys, s.t.maxKeys) {
 			return Busy, 0
 		}
+		tok := s.t.tokens.Next()
+		if tok == 0 {
+			s.t.keys.Add(-1)
+			s.ctr.NoToken++
+			return Busy, 0
+		}
 		e = s.newEntry(h, key)
-		s.grant(e, now, lease)
+		s.grant(e, now, lease, tok)
 		return Granted, e.token
 	}
 	if wait == 0 {
@@ -332,20 +349,23 @@ func (s *shard) tick(now int64, out *Out) {
 	w.done(to)
 }
 
-// cancel removes every waiter of the shard with an EffectCancel each, key by
-// key in FIFO order.
-func (s *shard) cancel(out *Out) {
+// cancel removes every waiter of the shard with an effect of kind each,
+// key by key in FIFO order.
+func (s *shard) cancel(kind EffectKind, out *Out) {
 	for _, sl := range s.idx.slots {
-		e := sl.e
-		if e == nil {
-			continue
+		if e := sl.e; e != nil {
+			s.dequeueAll(e, kind, out)
 		}
-		for e.wq != nil {
-			w := e.wq
-			s.unqueue(w)
-			out.add(EffectCancel, w, 0, e.key)
-			s.freeWaiter(w)
-		}
+	}
+}
+
+// dequeueAll removes every waiter of e with an effect of kind each.
+func (s *shard) dequeueAll(e *entry, kind EffectKind, out *Out) {
+	for e.wq != nil {
+		w := e.wq
+		s.unqueue(w)
+		out.add(kind, w, 0, e.key)
+		s.freeWaiter(w)
 	}
 }
 

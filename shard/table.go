@@ -75,6 +75,9 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 	return t, nil
 }
 
+// Tokens returns the table's token allocator.
+func (t *Table) Tokens() *Tokens { return t.tokens }
+
 // shardOf returns the shard of a key hash.
 func (t *Table) shardOf(h uint64) *shard { return &t.shards[h>>t.shift] }
 
@@ -183,7 +186,7 @@ func (t *Table) CancelWaiters(out *Out) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		s.cancel(out)
+		s.cancel(EffectCancel, out)
 		s.mu.Unlock()
 	}
 }
@@ -235,6 +238,7 @@ type Counters struct {
 	Timeouts uint64 // queued acquires whose wait passed
 	Releases uint64 // successful releases
 	Renews   uint64 // successful renews
+	NoToken  uint64 // acquires and handoffs answered Busy because no token was reserved
 }
 
 // Counters sums the shards' counters, locking each shard in turn (for a
@@ -252,6 +256,7 @@ func (t *Table) Counters() Counters {
 		c.Timeouts += x.Timeouts
 		c.Releases += x.Releases
 		c.Renews += x.Renews
+		c.NoToken += x.NoToken
 	}
 	return c
 }

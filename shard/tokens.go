@@ -8,15 +8,17 @@ import (
 // Tokens allocates fencing tokens: strictly increasing across every key and
 // shard of a table, never 0. Tokens above the reserved limit are never handed
 // out: the owner of persistence reserves ranges ahead (watching Want) and
-// calls Extend once a range is durable. Safe for concurrent use.
+// calls Extend once a range is safe (durable, replicated or committed). Next
+// never waits: at the limit it returns 0 and the table answers Busy, so a
+// slow or failing disk costs grants, never a stalled event loop. Safe for
+// concurrent use.
 type Tokens struct {
-	last  atomic.Uint64 // highest token handed out (start if none)
+	last  atomic.Uint64 // highest token handed out or observed (start if none)
 	_     [56]byte      // keep the hot counter on its own cache line
 	limit atomic.Uint64 // highest token that may be handed out
 	span  atomic.Uint64 // size of the range reserved at the last Extend (or creation)
 
-	mu   sync.Mutex // guards waiting in Next against Extend (cond.L)
-	cond sync.Cond
+	mu   sync.Mutex // serialises Extend and Observe's limit checks
 	want chan struct{}
 }
 
@@ -24,7 +26,6 @@ type Tokens struct {
 // hand out tokens up to limit (inclusive) before the next Extend.
 func NewTokens(start, limit uint64) *Tokens {
 	t := &Tokens{want: make(chan struct{}, 1)}
-	t.cond.L = &t.mu
 	t.last.Store(start)
 	t.limit.Store(limit)
 	if limit > start {
@@ -33,39 +34,20 @@ func NewTokens(start, limit uint64) *Tokens {
 	return t
 }
 
-// Next returns the next token. If the reserved limit is reached it waits
-// until Extend raises it (the only blocking call of this package; the
-// persistence owner must reserve ahead so this never happens in practice).
+// Next returns the next token, or 0 if the reserved limit is reached (Want
+// is then signalled; the caller answers Busy and tries again later).
 func (t *Tokens) Next() uint64 {
 	for {
 		v := t.last.Load()
 		lim := t.limit.Load()
 		if v >= lim {
-			return t.nextSlow()
+			t.signal()
+			return 0
 		}
 		if t.last.CompareAndSwap(v, v+1) {
 			t.check(v+1, lim)
 			return v + 1
 		}
-	}
-}
-
-// nextSlow waits under mu until Extend raises the limit above the last token.
-func (t *Tokens) nextSlow() uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for {
-		v := t.last.Load()
-		lim := t.limit.Load()
-		if v < lim {
-			if t.last.CompareAndSwap(v, v+1) {
-				t.check(v+1, lim)
-				return v + 1
-			}
-			continue
-		}
-		t.signal()
-		t.cond.Wait()
 	}
 }
 
@@ -88,8 +70,7 @@ func (t *Tokens) signal() {
 	}
 }
 
-// Extend raises the reserved limit (a lower value is ignored) and wakes
-// waiting callers of Next.
+// Extend raises the reserved limit (a lower value is ignored).
 func (t *Tokens) Extend(limit uint64) {
 	t.mu.Lock()
 	if limit > t.limit.Load() {
@@ -99,17 +80,30 @@ func (t *Tokens) Extend(limit uint64) {
 		}
 		t.span.Store(span)
 		t.limit.Store(limit)
-		t.cond.Broadcast()
 	}
 	t.mu.Unlock()
 }
 
+// Observe raises the last token to v if v is larger: a token made elsewhere
+// (a replicated grant, a restored lock) that this allocator must never hand
+// out again or go below. It does not raise the limit: tokens above v need a
+// reservation of their own.
+func (t *Tokens) Observe(v uint64) {
+	for {
+		cur := t.last.Load()
+		if v <= cur || t.last.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
 // Want is signalled (non-blocking, capacity 1) whenever fewer than half of
-// the last reserved range remains, telling the persistence owner to reserve
-// more.
+// the last reserved range remains, or Next found none left, telling the
+// persistence owner to reserve more.
 func (t *Tokens) Want() <-chan struct{} { return t.want }
 
-// Last returns the highest token handed out so far (start if none).
+// Last returns the highest token handed out or observed so far (start if
+// none).
 func (t *Tokens) Last() uint64 { return t.last.Load() }
 
 // Limit returns the reserved limit.

@@ -71,50 +71,57 @@ func TestTokensConcurrent(t *testing.T) {
 	}
 }
 
-func TestTokensBlockUntilExtend(t *testing.T) {
+// TestTokensNeverWait: at the reserved limit Next returns 0 at once (the
+// table answers Busy) and signals Want; Extend makes tokens available again,
+// continuing the sequence without a gap or a repeat.
+func TestTokensNeverWait(t *testing.T) {
 	tk := NewTokens(10, 12)
 	tk.Next()
 	tk.Next()
-	got := make(chan uint64)
 	for range 3 {
-		go func() { got <- tk.Next() }()
-	}
-	// The persistence owner is told to reserve more.
-	select {
-	case <-tk.Want():
-	case <-time.After(5 * time.Second):
-		t.Fatal("no Want signal at the limit")
-	}
-	select {
-	case v := <-got:
-		t.Fatalf("Next returned %d beyond the limit", v)
-	case <-time.After(20 * time.Millisecond):
-	}
-	tk.Extend(11) // lower: ignored
-	if tk.Limit() != 12 {
-		t.Fatalf("Limit = %d after a lower Extend", tk.Limit())
-	}
-	tk.Extend(14) // room for two of the three
-	seen := map[uint64]bool{}
-	for range 2 {
+		done := make(chan uint64)
+		go func() { done <- tk.Next() }()
 		select {
-		case v := <-got:
-			seen[v] = true
+		case v := <-done:
+			if v != 0 {
+				t.Fatalf("Next = %d beyond the limit 12", v)
+			}
 		case <-time.After(5 * time.Second):
-			t.Fatal("Next still blocked after Extend")
+			t.Fatal("Next waits at the limit")
 		}
 	}
-	if !seen[13] || !seen[14] {
-		t.Fatalf("got %v, want 13 and 14", seen)
-	}
 	select {
-	case v := <-got:
-		t.Fatalf("Next returned %d beyond the limit", v)
-	case <-time.After(20 * time.Millisecond):
+	case <-tk.Want():
+	default:
+		t.Fatal("no Want signal at the limit")
 	}
-	tk.Extend(100)
-	if v := <-got; v != 15 {
-		t.Fatalf("Next = %d, want 15", v)
+	tk.Extend(11) // lower: ignored
+	if tk.Limit() != 12 || tk.Next() != 0 {
+		t.Fatalf("Limit = %d after a lower Extend", tk.Limit())
+	}
+	tk.Extend(14)
+	if a, b, c := tk.Next(), tk.Next(), tk.Next(); a != 13 || b != 14 || c != 0 {
+		t.Fatalf("after Extend(14): %d %d %d, want 13 14 0", a, b, c)
+	}
+}
+
+// TestTokensObserve: an observed token is never handed out again, and a
+// smaller one changes nothing.
+func TestTokensObserve(t *testing.T) {
+	tk := NewTokens(0, 100)
+	tk.Next()
+	tk.Observe(50)
+	tk.Observe(20)
+	if got := tk.Next(); got != 51 {
+		t.Fatalf("Next after Observe(50) = %d, want 51", got)
+	}
+	tk.Observe(200) // beyond the limit: nothing more until Extend
+	if got := tk.Next(); got != 0 {
+		t.Fatalf("Next after Observe beyond the limit = %d, want 0", got)
+	}
+	tk.Extend(300)
+	if got := tk.Next(); got != 201 {
+		t.Fatalf("Next after Extend = %d, want 201", got)
 	}
 }
 

@@ -1,0 +1,170 @@
+package shard
+
+import (
+	"errors"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Errors of Apply.
+var (
+	// ErrGap means a record's Seq skips records of its shard that were not
+	// applied: the stream lost some, and the table needs a new dump.
+	ErrGap = errors.New("shard: record sequence gap")
+	// ErrShardMismatch means a record names a shard other than the one its
+	// key hashes to here: the tables have different shard counts.
+	ErrShardMismatch = errors.New("shard: record from a table with another shard count")
+	// ErrBadRecord rejects a record of an unknown kind or with an empty key.
+	ErrBadRecord = errors.New("shard: malformed record")
+)
+
+// Apply replays on t a record made by another table (an active's
+// replication stream, a replicated log). Records of one shard must be
+// applied in Seq order; a record whose Seq the shard has already reached is
+// skipped (applied reports false), one that skips a Seq returns ErrGap and
+// changes nothing.
+//
+// now is the instant, on t's clock, from which the record's lease counts
+// (Grant, Renew: the lease ends Lease seconds after now). The caller picks
+// it: the time it received the record gives a lease that never ends earlier
+// than on the table that made it. Apply never calls Tokens.Next; the
+// allocator observes every token applied, so a table that takes over from
+// the one it followed starts above every token it has seen.
+//
+// A Grant makes Key held by Token (replacing any holder); Release and Expire
+// free Key if Token is its current token; Renew restarts the lease if Token
+// is current. A table fed by Apply normally has no waiters (its node
+// executes no acquires); any waiter of a key that a record frees leaves its
+// queue with an EffectMoved in out.
+func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) {
+	if len(r.Key) == 0 || r.Kind < RecordGrant || r.Kind > RecordRenew {
+		return false, ErrBadRecord
+	}
+	h := xxhash.Sum64(r.Key)
+	s := t.shardOf(h)
+	if s.id != r.Shard {
+		return false, ErrShardMismatch
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case r.Seq <= s.seq:
+		return false, nil
+	case r.Seq != s.seq+1:
+		return false, ErrGap
+	}
+	e := s.idx.find(h, r.Key)
+	switch r.Kind {
+	case RecordGrant:
+		if e == nil {
+			if !t.reserve(&t.keys, t.maxKeys) {
+				return false, ErrFull
+			}
+			e = s.newEntry(h, r.Key)
+		} else {
+			s.wheel.delLease(e)
+		}
+		e.token, e.lease = r.Token, r.Lease
+		e.deadline = now + int64(r.Lease)*second
+		s.wheel.addLease(e)
+		t.tokens.Observe(r.Token)
+		s.ctr.Grants++
+	case RecordRelease, RecordExpire:
+		if e != nil && e.token == r.Token {
+			s.wheel.delLease(e)
+			if r.Kind == RecordRelease {
+				s.ctr.Releases++
+			} else {
+				s.ctr.Expiries++
+			}
+			s.dequeueAll(e, EffectMoved, out)
+			s.freeEntry(e)
+		}
+	case RecordRenew:
+		if e != nil && e.token == r.Token {
+			s.wheel.delLease(e)
+			e.lease = r.Lease
+			e.deadline = now + int64(r.Lease)*second
+			s.wheel.addLease(e)
+			s.ctr.Renews++
+		}
+	}
+	s.seq = r.Seq
+	return true, nil
+}
+
+// Shards returns the number of shards.
+func (t *Table) Shards() int { return len(t.shards) }
+
+// Seq returns the Seq of shard i's last record, made or applied.
+func (t *Table) Seq(i int) uint64 {
+	s := &t.shards[i]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seq
+}
+
+// SetSeq sets shard i's record sequence: after loading a dump of another
+// table's shard i (Reset, Restore of its keys), the Seq that dump was cut
+// at, so that Apply continues exactly after it.
+func (t *Table) SetSeq(i int, seq uint64) {
+	s := &t.shards[i]
+	s.mu.Lock()
+	s.seq = seq
+	s.mu.Unlock()
+}
+
+// DumpShard calls fn for every held key of shard i with its token, lease
+// deadline (t's clock) and lease seconds (0 for a restored lock), under the
+// shard's lock, and returns the Seq of the shard's last record at that
+// point: the dump and the records with a larger Seq make up the shard's
+// whole history. key is valid only during the call; fn must not call back
+// into the Table.
+func (t *Table) DumpShard(i int, fn func(key []byte, token uint64, deadline int64, lease uint8)) (seq uint64) {
+	s := &t.shards[i]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sl := range s.idx.slots {
+		if e := sl.e; e != nil {
+			fn(e.key, e.token, e.deadline, e.lease)
+		}
+	}
+	return s.seq
+}
+
+// Reset empties the table: every key is freed (its waiters leave with an
+// EffectMoved in out) and every shard's Seq goes back to 0. The token
+// allocator is left as it is: tokens never go back.
+func (t *Table) Reset(out *Out) {
+	var list []*entry
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		list = list[:0]
+		for _, sl := range s.idx.slots {
+			if sl.e != nil {
+				list = append(list, sl.e)
+			}
+		}
+		for _, e := range list {
+			s.dequeueAll(e, EffectMoved, out)
+			s.wheel.delLease(e)
+			s.freeEntry(e)
+		}
+		s.seq = 0
+		s.mu.Unlock()
+	}
+	clear(list)
+}
+
+// MoveWaiters removes every queued acquire of every key and appends an
+// EffectMoved for each: the node stopped executing (a standby, a deposed
+// leader) and those acquires are answered M. Held locks stay.
+func (t *Table) MoveWaiters(out *Out) {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		s.cancel(EffectMoved, out)
+		s.mu.Unlock()
+	}
+}

@@ -1,0 +1,321 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// held is one key of a dump, for comparing tables.
+type held struct {
+	token    uint64
+	deadline int64
+	lease    uint8
+}
+
+// dumpAll returns every held key of tab and each shard's Seq.
+func dumpAll(tab *Table) (map[string]held, []uint64) {
+	keys := map[string]held{}
+	seqs := make([]uint64, tab.Shards())
+	for i := range tab.Shards() {
+		seqs[i] = tab.DumpShard(i, func(key []byte, token uint64, deadline int64, lease uint8) {
+			keys[string(key)] = held{token, deadline, lease}
+		})
+	}
+	return keys, seqs
+}
+
+// recorder keeps a table's records per shard, in Seq order (the Sink runs
+// under the shard's lock, so each shard's slice needs no lock of its own).
+type recorder struct{ shards [][]Record }
+
+func (r *recorder) sink(rec Record) {
+	rec.Key = slices.Clone(rec.Key)
+	r.shards[rec.Shard] = append(r.shards[rec.Shard], rec)
+}
+
+// leaseStart is the instant a Grant or Renew record's lease counts from on
+// the table that made it: applying at it gives equal deadlines.
+func leaseStart(r *Record) int64 { return r.Deadline - int64(r.Lease)*second }
+
+// replay applies every record of rec to dst, interleaving the shards in a
+// random order (records of one shard stay in order).
+func replay(t *testing.T, dst *Table, rec *recorder, rng *rand.Rand) {
+	t.Helper()
+	next := make([]int, len(rec.shards))
+	for {
+		var open []int
+		for i, list := range rec.shards {
+			if next[i] < len(list) {
+				open = append(open, i)
+			}
+		}
+		if len(open) == 0 {
+			return
+		}
+		i := open[rng.IntN(len(open))]
+		r := &rec.shards[i][next[i]]
+		next[i]++
+		var out Out
+		if _, err := dst.Apply(leaseStart(r), r, &out); err != nil {
+			t.Fatalf("apply %s %s seq=%d: %v", r.Kind, r.Key, r.Seq, err)
+		}
+		if len(out.Effects) != 0 {
+			t.Fatalf("apply made effects on a table without waiters: %v", out.Effects)
+		}
+	}
+}
+
+// drive runs n random operations on tab (acquires that grant, queue or time
+// out, releases of current and stale tokens, renews, ticks that expire
+// leases and hand keys on), on a fake clock starting at now.
+func drive(tab *Table, rng *rand.Rand, n int, now *int64, mid func(op int)) {
+	conns := []*Conn{NewConn(nil), NewConn(nil), NewConn(nil)}
+	tokens := map[string][]uint64{}
+	var out Out
+	for op := range n {
+		key := fmt.Sprintf("k%d", rng.IntN(40))
+		switch x := rng.IntN(10); {
+		case x < 4:
+			st, tok := tab.Acquire(*now, []byte(key), uint8(rng.IntN(3)), uint8(1+rng.IntN(4)), uint64(op), conns[rng.IntN(3)], &out)
+			if st == Granted {
+				tokens[key] = append(tokens[key], tok)
+			}
+		case x < 7:
+			if list := tokens[key]; len(list) > 0 {
+				tab.Release(*now, []byte(key), list[rng.IntN(len(list))], &out)
+			}
+		case x < 8:
+			if list := tokens[key]; len(list) > 0 {
+				tab.Renew(*now, []byte(key), uint8(1+rng.IntN(4)), list[len(list)-1], &out)
+			}
+		default:
+			*now += int64(rng.IntN(700)) * int64(time.Millisecond)
+			tab.Tick(*now, &out)
+		}
+		for _, e := range out.Effects {
+			if e.Kind == EffectGrant {
+				tokens[string(e.Key)] = append(tokens[string(e.Key)], e.Token)
+			}
+		}
+		out.Reset()
+		if mid != nil {
+			mid(op)
+		}
+	}
+}
+
+// TestApplyRoundTrip: a table fed the records of another table, shard by
+// shard in order but shards interleaved at random, ends equal to it key by
+// key (token, deadline, lease), with the same Seq per shard, and its token
+// allocator above every token the source issued.
+func TestApplyRoundTrip(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			rec := &recorder{shards: make([][]Record, 4)}
+			src, err := New(Config{Shards: 4, Sink: rec.sink}, NewTokens(1000, 1<<40))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst, err := New(Config{Shards: 4}, NewTokens(0, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var now int64
+			drive(src, rng, 3000, &now, nil)
+			replay(t, dst, rec, rng)
+			want, wantSeq := dumpAll(src)
+			got, gotSeq := dumpAll(dst)
+			if len(want) == 0 {
+				t.Fatal("source ended with no held key: the test drives too little")
+			}
+			assertSame(t, want, got)
+			if !slices.Equal(wantSeq, gotSeq) {
+				t.Fatalf("seqs %v, want %v", gotSeq, wantSeq)
+			}
+			var maxGrant uint64
+			for _, list := range rec.shards {
+				for _, r := range list {
+					if r.Kind == RecordGrant {
+						maxGrant = max(maxGrant, r.Token)
+					}
+				}
+			}
+			if got := dst.Tokens().Last(); got != maxGrant || got != src.Tokens().Last() {
+				t.Fatalf("destination's last token %d; largest grant %d, source's last %d", got, maxGrant, src.Tokens().Last())
+			}
+		})
+	}
+}
+
+// TestApplyAfterDump: a dump of each shard cut at a different moment of the
+// run, loaded into a fresh table, then the whole record stream applied over
+// it (records up to each shard's dump Seq are skipped as already applied),
+// gives the source's table exactly: no double, no gap.
+func TestApplyAfterDump(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 11))
+			rec := &recorder{shards: make([][]Record, 4)}
+			src, err := New(Config{Shards: 4, Sink: rec.sink}, NewTokens(0, 1<<40))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst, err := New(Config{Shards: 4}, NewTokens(0, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Shard i is dumped at op cut[i].
+			cut := []int{rng.IntN(2000), rng.IntN(2000), rng.IntN(2000), rng.IntN(2000)}
+			var now int64
+			drive(src, rng, 2000, &now, func(op int) {
+				for i, c := range cut {
+					if c != op {
+						continue
+					}
+					seq := src.DumpShard(i, func(key []byte, token uint64, deadline int64, _ uint8) {
+						if err := dst.Restore(key, token, deadline); err != nil {
+							t.Fatal(err)
+						}
+						dst.Tokens().Observe(token)
+					})
+					dst.SetSeq(i, seq)
+				}
+			})
+			skipped := 0
+			for i := range rec.shards {
+				for j := range rec.shards[i] {
+					r := &rec.shards[i][j]
+					var out Out
+					ok, err := dst.Apply(leaseStart(r), r, &out)
+					if err != nil {
+						t.Fatalf("apply shard %d seq %d: %v", i, r.Seq, err)
+					}
+					if !ok {
+						skipped++
+					}
+				}
+			}
+			want, wantSeq := dumpAll(src)
+			got, gotSeq := dumpAll(dst)
+			// A restored lock carries no lease seconds; compare those
+			// only where the record stream set them.
+			for k, h := range got {
+				if w, ok := want[k]; ok && h.lease == 0 {
+					h.lease = w.lease
+					got[k] = h
+				}
+			}
+			assertSame(t, want, got)
+			if !slices.Equal(wantSeq, gotSeq) {
+				t.Fatalf("seqs %v, want %v", gotSeq, wantSeq)
+			}
+			if skipped == 0 {
+				t.Fatal("no record was covered by a dump: the cut points are wrong")
+			}
+		})
+	}
+}
+
+func assertSame(t *testing.T, want, got map[string]held) {
+	t.Helper()
+	for k, w := range want {
+		g, ok := got[k]
+		if !ok {
+			t.Fatalf("key %s held by %d on the source, free on the copy", k, w.token)
+		}
+		if g != w {
+			t.Fatalf("key %s: copy %+v, source %+v", k, g, w)
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			t.Fatalf("key %s held by %d on the copy, free on the source", k, g.token)
+		}
+	}
+}
+
+// TestApplyConcurrentSource: records made by goroutines working the source
+// table at once (each shard's Sink calls serialised by its lock) replay
+// into an equal table.
+func TestApplyConcurrentSource(t *testing.T) {
+	rec := &recorder{shards: make([][]Record, 8)}
+	src, err := New(Config{Shards: 8, Sink: rec.sink}, NewTokens(0, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 3))
+			var out Out
+			c := NewConn(nil)
+			for i := range 5000 {
+				key := []byte(fmt.Sprintf("c%d", rng.IntN(64)))
+				if st, tok := src.Acquire(int64(i), key, 0, 3, 0, c, &out); st == Granted && rng.IntN(2) == 0 {
+					src.Release(int64(i), key, tok, &out)
+				}
+				out.Reset()
+			}
+		})
+	}
+	wg.Wait()
+	dst, err := New(Config{Shards: 8}, NewTokens(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay(t, dst, rec, rand.New(rand.NewPCG(1, 1)))
+	want, _ := dumpAll(src)
+	got, _ := dumpAll(dst)
+	assertSame(t, want, got)
+}
+
+// TestApplyErrors: a gap, a record for another shard count and a malformed
+// record change nothing; a repeated record is skipped.
+func TestApplyErrors(t *testing.T) {
+	tab, err := New(Config{Shards: 4}, NewTokens(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := []byte("k")
+	sh := tab.shardOf(xxhash.Sum64(key)).id
+	var out Out
+	grant := Record{Kind: RecordGrant, Shard: sh, Seq: 1, Key: key, Token: 9, Lease: 5}
+	tests := []struct {
+		name string
+		r    Record
+		ok   bool
+		err  error
+	}{
+		{"gap", Record{Kind: RecordGrant, Shard: sh, Seq: 2, Key: key, Token: 9, Lease: 5}, false, ErrGap},
+		{"other shard", Record{Kind: RecordGrant, Shard: sh ^ 1, Seq: 1, Key: key, Token: 9, Lease: 5}, false, ErrShardMismatch},
+		{"no key", Record{Kind: RecordGrant, Shard: sh, Seq: 1, Token: 9, Lease: 5}, false, ErrBadRecord},
+		{"bad kind", Record{Kind: 9, Shard: sh, Seq: 1, Key: key}, false, ErrBadRecord},
+		{"first", grant, true, nil},
+		{"repeat", grant, false, nil},
+		{"stale release", Record{Kind: RecordRelease, Shard: sh, Seq: 2, Key: key, Token: 8}, true, nil},
+	}
+	for _, tc := range tests {
+		ok, err := tab.Apply(0, &tc.r, &out)
+		if ok != tc.ok || !errors.Is(err, tc.err) {
+			t.Fatalf("%s: applied=%v err=%v, want %v %v", tc.name, ok, err, tc.ok, tc.err)
+		}
+	}
+	if info := tab.Lookup(key); !info.Held || info.Token != 9 || info.Deadline != 5*second {
+		t.Fatalf("after the grant and a stale release: %+v", info)
+	}
+	if tab.Tokens().Last() != 9 {
+		t.Fatalf("allocator did not observe the applied token: %d", tab.Tokens().Last())
+	}
+	tab.Reset(&out)
+	if info := tab.Lookup(key); info.Held || tab.Seq(int(sh)) != 0 || tab.Stats().Keys != 0 {
+		t.Fatalf("after Reset: %+v seq=%d keys=%d", info, tab.Seq(int(sh)), tab.Stats().Keys)
+	}
+}
