@@ -1,0 +1,208 @@
+package repl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockd-dev/lockd/shard"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// clock is a monotonic test clock.
+func clock() func() int64 {
+	start := time.Now()
+	return func() int64 { return int64(time.Since(start)) }
+}
+
+// Tokens beyond the first reserved block are handed out only after the
+// reserver has durably raised the mark: the mark on disk never falls behind
+// the last token, so a crash cannot make tokens go back. While the reserver
+// is behind, acquires are answered Busy rather than waiting.
+func TestTokenReservationStaysAhead(t *testing.T) {
+	n := NewLocal(LocalConfig{DataDir: t.TempDir(), TokenBlock: 8})
+	now := clock()
+	tab, err := n.Open(shard.Config{}, now, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background(), Discard)
+	first := tab.Tokens().Last()
+	var out shard.Out
+	deadline := time.Now().Add(20 * time.Second)
+	busy := 0
+	for i := 0; i < 200; {
+		if time.Now().After(deadline) {
+			t.Fatalf("grants stalled at %d: the reserver did not extend the token range", i)
+		}
+		st, tok := tab.Acquire(now(), []byte("k"+strconv.Itoa(i)), 0, 30, 1, nil, &out)
+		if st == shard.Busy {
+			busy++
+			time.Sleep(100 * time.Microsecond)
+			continue
+		}
+		if st != shard.Granted {
+			t.Fatalf("acquire %d: %v", i, st)
+		}
+		if mark, err := n.Dir().Mark(); err != nil || mark < tok {
+			t.Fatalf("token %d handed out above the durable mark %d (%v)", tok, mark, err)
+		}
+		i++
+	}
+	if got := tab.Tokens().Last() - first; got != 200 {
+		t.Fatalf("%d tokens issued, want 200", got)
+	}
+	t.Logf("%d busy answers while the reserver caught up", busy)
+}
+
+// A reservation that fails leaves the allocator where it was: acquires get
+// Busy once the reserved range is used up (nothing waits), Health says why,
+// the reserver retries with back-off, and grants resume once it succeeds.
+func TestReserverFailureAndRecovery(t *testing.T) {
+	var fail atomic.Bool
+	var calls atomic.Int64
+	fail.Store(true)
+	errDisk := errors.New("no space left on device")
+	reserve := func(uint64) error {
+		calls.Add(1)
+		if fail.Load() {
+			return errDisk
+		}
+		return nil
+	}
+	tokens := shard.NewTokens(100, 104)
+	tab, err := shard.New(shard.Config{}, tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r reserver
+	r.start(tokens, 4, reserve, quiet())
+	defer r.stop(context.Background())
+
+	var out shard.Out
+	for i := range 4 {
+		if st, _ := tab.Acquire(0, []byte(fmt.Sprint("a", i)), 0, 5, 0, nil, &out); st != shard.Granted {
+			t.Fatalf("acquire %d within the reserved range: %v", i, st)
+		}
+	}
+	begin := time.Now()
+	if st, _ := tab.Acquire(0, []byte("over"), 0, 5, 0, nil, &out); st != shard.Busy {
+		t.Fatalf("acquire beyond the reserved range: %v, want busy", st)
+	}
+	if d := time.Since(begin); d > time.Second {
+		t.Fatalf("acquire beyond the range took %v: it waited", d)
+	}
+	waitFor(t, "health to report the failure", func() bool { return r.health() != nil })
+	if !errors.Is(r.health(), errDisk) {
+		t.Fatalf("health = %v, want it to wrap the disk error", r.health())
+	}
+	var st Status
+	r.status(&st)
+	if st.ReserveErrors == 0 || st.ReserveError == "" {
+		t.Fatalf("status while failing: %+v", st)
+	}
+	// Back-off: 10 ms doubling, so a few hundred ms see only a handful of
+	// attempts, not a busy loop.
+	time.Sleep(300 * time.Millisecond)
+	if c := calls.Load(); c < 2 || c > 12 {
+		t.Fatalf("%d reservation attempts in ~300 ms: want a few (back-off)", c)
+	}
+	fail.Store(false)
+	waitFor(t, "the reservation to succeed", func() bool { return r.health() == nil && tokens.Limit() > 104 })
+	if st, tok := tab.Acquire(0, []byte("after"), 0, 5, 0, nil, &out); st != shard.Granted || tok != 105 {
+		t.Fatalf("acquire after recovery: %v %d, want granted 105", st, tok)
+	}
+}
+
+// A start that fails leaves no data directory it created; a directory
+// that existed is kept with its contents.
+func TestFailedStartRemovesCreatedDir(t *testing.T) {
+	parent := t.TempDir()
+	fresh := filepath.Join(parent, "new")
+	n := NewLocal(LocalConfig{DataDir: fresh})
+	if _, err := n.Open(shard.Config{}, clock(), quiet()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(context.Background(), FailedStart); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(fresh); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the failed start left %s behind (%v)", fresh, err)
+	}
+
+	old := filepath.Join(parent, "old")
+	if err := os.Mkdir(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n = NewLocal(LocalConfig{DataDir: old})
+	if _, err := n.Open(shard.Config{}, clock(), quiet()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(context.Background(), FailedStart); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(old, "tokens")); err != nil {
+		t.Fatalf("the failed start removed an existing directory's token mark: %v", err)
+	}
+}
+
+// A shutdown writes the held locks; the next Open reloads them with the
+// same token and a deadline no earlier than the wall-clock one, and its
+// tokens start above them.
+func TestSnapshotAcrossOpen(t *testing.T) {
+	dir := t.TempDir()
+	n := NewLocal(LocalConfig{DataDir: dir})
+	now := clock()
+	tab, err := n.Open(shard.Config{}, now, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out shard.Out
+	_, tok := tab.Acquire(now(), []byte("held"), 0, 30, 0, nil, &out)
+	if err := n.Start("127.0.0.1:1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(context.Background(), Shutdown); err != nil {
+		t.Fatal(err)
+	}
+	n2 := NewLocal(LocalConfig{DataDir: dir})
+	now2 := clock()
+	tab2, err := n2.Open(shard.Config{}, now2, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n2.Close(context.Background(), Discard)
+	info := tab2.Lookup([]byte("held"))
+	if !info.Held || info.Token != tok {
+		t.Fatalf("reloaded %+v, want held by %d", info, tok)
+	}
+	if left := time.Duration(info.Deadline - now2()); left < 29*time.Second || left > 30*time.Second {
+		t.Fatalf("lease left %v after the restart, want just under 30s", left)
+	}
+	if _, tok2 := tab2.Acquire(now2(), []byte("new"), 0, 30, 0, nil, &out); tok2 <= tok {
+		t.Fatalf("token %d after the restart, not above %d", tok2, tok)
+	}
+	if n2.Restored() != 1 {
+		t.Fatalf("Restored = %d", n2.Restored())
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

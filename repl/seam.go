@@ -1,0 +1,170 @@
+package repl
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/lockd-dev/lockd/shard"
+)
+
+// Node is what the engine asks of persistence and membership: where the
+// lock table's state survives the process (a data directory, standbys, a
+// Raft log), how tokens are made safe before they are handed out, and
+// whether this process executes requests at all. The engine knows nothing
+// of modes; it calls these methods, and the node calls Host back.
+//
+// Who calls what:
+//
+//   - Open: engine.New, once, on the caller's goroutine, before anything
+//     else. The node builds the table (setting Config.Sink if it streams
+//     records) and the token allocator, and restores what it keeps.
+//   - Start: the engine's boot (gnet's OnBoot), once, when the client
+//     listener is bound and before the first connection is accepted. It
+//     must not block for long. From here on the node may call Host from its
+//     own goroutines.
+//   - Gate: every batch (OnTraffic) and every timer tick, from event loops
+//     and the ticker, concurrently: it must be one atomic load.
+//   - Records reach the node through Config.Sink, called under a shard lock
+//     on whatever goroutine changed the table: the Sink must not block and
+//     must not call back into the table.
+//   - Stop: the engine's Shutdown, once, on the signal's goroutine, after
+//     no batch is running that saw the gate open and before the engine
+//     answers anything E 4. A cluster node hands its work to a successor
+//     here and returns its address; a single node returns "".
+//   - Close: the engine, once, last, after every connection has closed (or
+//     after the engine stopped on its own): the node writes what must
+//     survive the process and releases its resources. It must return within
+//     ctx's deadline whatever the disk does.
+//   - Status, Health: the admin endpoint, any goroutine, any time.
+//
+// The engine never holds a lock of its own while calling a Node method,
+// and a Node never holds one of its own while calling Host.
+type Node interface {
+	// Open builds the lock table from cfg and its token allocator, and
+	// restores the state the node keeps. clock is the engine's table clock
+	// (monotonic nanoseconds): every deadline in the table is on it.
+	Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*shard.Table, error)
+	// Start begins the node's background work (token reservations, the
+	// member link). addr is the client listener's real address.
+	Start(addr string, host Host) error
+	// Gate says what the engine does with requests now.
+	Gate() *Gate
+	// Stop is the node's part of a shutdown: it returns the address of the
+	// member that took over (the engine then answers M naming it instead of
+	// E 4), or "" when the engine must shut down as a single node does.
+	Stop(ctx context.Context) (successor string)
+	// Close writes what must outlive the process (unless why is
+	// FailedStart or Discard) and releases the node's resources (data
+	// directory, member link).
+	Close(ctx context.Context, why CloseReason) error
+	// Status describes the node for /status and /metrics.
+	Status() Status
+	// Health is nil while the node can serve normally, else why not (a
+	// token reservation failing, no active known).
+	Health() error
+}
+
+// CloseReason says why a node is closed.
+type CloseReason uint8
+
+// Close reasons.
+const (
+	// Shutdown: a graceful shutdown (SIGINT/SIGTERM) after every
+	// connection closed.
+	Shutdown CloseReason = iota
+	// Crashed: the engine stopped on its own; keep what a shutdown keeps.
+	Crashed
+	// FailedStart: the engine never served; keep what was on disk as it
+	// was, and remove a data directory this start created.
+	FailedStart
+	// Discard: release resources only, as a crash would (tests).
+	Discard
+)
+
+// String names the reason.
+func (r CloseReason) String() string {
+	switch r {
+	case Shutdown:
+		return "shutdown"
+	case Crashed:
+		return "crashed"
+	case FailedStart:
+		return "failed start"
+	case Discard:
+		return "discard"
+	}
+	return "CloseReason(?)"
+}
+
+// Host is the engine as a Node sees it.
+type Host interface {
+	// GateChanged makes the engine apply the node's current Gate: it waits
+	// until no batch is running that read the old one; if the gate no longer
+	// serves, every queued acquire is answered M (with the gate's address)
+	// or held (Hold); then every connection is woken so requests it left
+	// unread are read under the new gate. Safe from any goroutine; it
+	// returns once the barrier has passed (the answers may still be on their
+	// way).
+	GateChanged()
+}
+
+// GateState is what the engine does with a well-formed request.
+type GateState uint8
+
+// Gate states.
+const (
+	// Serve: execute requests (the active, the leader, a single node).
+	Serve GateState = iota
+	// Hold: execute nothing and answer nothing; requests stay unread in
+	// their connection's buffer until the gate moves (a planned handoff in
+	// progress, a new leader catching up). Timers do not run.
+	Hold
+	// Redirect: answer every request with M naming Addr (empty: no active
+	// known), execute nothing. Timers do not run.
+	Redirect
+)
+
+// String names the state.
+func (g GateState) String() string {
+	switch g {
+	case Serve:
+		return "serve"
+	case Hold:
+		return "hold"
+	case Redirect:
+		return "redirect"
+	}
+	return "GateState(?)"
+}
+
+// Gate is a node's instruction to the engine. A node publishes a new *Gate
+// (never changes one in place) and then calls Host.GateChanged.
+type Gate struct {
+	State GateState
+	// Addr is the active's or leader's client address for M (Redirect).
+	Addr string
+}
+
+// Status describes a node.
+type Status struct {
+	Mode   string // "single", "priority" or "raft"
+	Role   string // "active" (single node, priority active), "standby", "leader", "follower", "candidate"
+	Self   string // this node's client address
+	Active string // the active's or leader's client address, "" if none is known
+	Epoch  uint64 // priority: the active's epoch; raft: the term
+
+	TokenReserved uint64 // the reservation mark: no token above it is handed out
+	ReserveErrors uint64 // failed reservation attempts since start
+	ReserveError  string // the last reservation error while reservations are failing, "" when healthy
+
+	Members []Member // the other members, in --peers order (empty for a single node)
+}
+
+// Member is what a node knows of another member.
+type Member struct {
+	Addr   string  // client address from --peers
+	Role   string  // as Status.Role, "" if unknown
+	Live   bool    // heard from within the failover timeout
+	InSync bool    // a standby that applied a snapshot and the stream after it
+	Lag    float64 // replication lag in seconds, as the active measures it
+}
