@@ -2,10 +2,10 @@ package admin
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,8 +24,12 @@ func Handler(srv *engine.Server, version string) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if srv.Metrics().Draining {
-			http.Error(w, "shutting down\n", http.StatusServiceUnavailable)
+		if err := srv.Health(); err != nil {
+			msg := err.Error()
+			if errors.Is(err, engine.ErrDraining) {
+				msg = "shutting down" // the text scripts already match
+			}
+			http.Error(w, msg+"\n", http.StatusServiceUnavailable)
 			return
 		}
 		w.Write([]byte("ok\n"))
@@ -78,10 +82,10 @@ type Limits struct {
 }
 
 func status(srv *engine.Server, version string) Status {
-	m, cfg := srv.Metrics(), srv.Config()
+	m, cfg, node := srv.Metrics(), srv.Config(), srv.NodeStatus()
 	return Status{
 		Version:       version,
-		Role:          "active",
+		Role:          node.Role,
 		Addr:          srv.Addr(),
 		UptimeSeconds: m.Uptime.Seconds(),
 		Draining:      m.Draining,
@@ -107,16 +111,11 @@ type Key struct {
 }
 
 func keyState(srv *engine.Server, key string) Key {
-	info := srv.Table().Lookup([]byte(key))
-	k := Key{Key: key, Held: info.Held, Waiters: info.Waiters}
-	if info.Held {
-		left := time.Duration(info.Deadline - srv.Now())
-		if left <= 0 {
-			// The lease has ended; the timer has not processed it yet.
-			return Key{Key: key}
-		}
-		k.Token = strconv.FormatUint(info.Token, 10)
-		k.LeaseLeftMs = left.Milliseconds()
+	st := srv.Key([]byte(key))
+	k := Key{Key: key, Held: st.Held, Waiters: st.Waiters}
+	if st.Held {
+		k.Token = strconv.FormatUint(st.Token, 10)
+		k.LeaseLeftMs = st.LeaseLeft.Milliseconds()
 	}
 	return k
 }

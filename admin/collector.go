@@ -14,6 +14,7 @@ type collector struct {
 
 	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
 	keys, waiters, conns, tokenLast, tokenReserved, wait, role, build, up    *prometheus.Desc
+	noToken, reserveErrs, reserveFailing, moved                              *prometheus.Desc
 }
 
 func newCollector(srv *engine.Server, version string) *collector {
@@ -22,29 +23,34 @@ func newCollector(srv *engine.Server, version string) *collector {
 	}
 	return &collector{
 		srv: srv, version: version,
-		requests:      d("requests_total", "Requests by op and result.", "op", "result"),
-		errors:        d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down).", "code"),
-		grants:        d("grants_total", "Grants, immediate or handoff."),
-		handoffs:      d("handoffs_total", "Grants to a queued acquire, on release or lease expiry."),
-		expiries:      d("expiries_total", "Leases that ended without a release."),
-		timeouts:      d("wait_timeouts_total", "Queued acquires whose wait passed (T)."),
-		releases:      d("releases_total", "Successful releases."),
-		renews:        d("renews_total", "Successful renews."),
-		keys:          d("held_keys", "Keys held now."),
-		waiters:       d("waiters", "Acquires queued now."),
-		conns:         d("connections", "Open client connections."),
-		tokenLast:     d("token_high_water", "Highest fencing token issued."),
-		tokenReserved: d("token_reserved", "Durably reserved token mark."),
-		wait:          d("acquire_wait_seconds", "Time from acquire to grant (0 for immediate grants)."),
-		role:          d("role", "1 for the node's role.", "role"),
-		build:         d("build_info", "Build information.", "version"),
-		up:            d("uptime_seconds", "Seconds since the server started."),
+		requests:       d("requests_total", "Requests by op and result.", "op", "result"),
+		errors:         d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down).", "code"),
+		grants:         d("grants_total", "Grants, immediate or handoff."),
+		handoffs:       d("handoffs_total", "Grants to a queued acquire, on release or lease expiry."),
+		expiries:       d("expiries_total", "Leases that ended without a release."),
+		timeouts:       d("wait_timeouts_total", "Queued acquires whose wait passed (T)."),
+		releases:       d("releases_total", "Successful releases."),
+		renews:         d("renews_total", "Successful renews."),
+		keys:           d("held_keys", "Keys held now."),
+		waiters:        d("waiters", "Acquires queued now."),
+		conns:          d("connections", "Open client connections."),
+		tokenLast:      d("token_high_water", "Highest fencing token issued."),
+		tokenReserved:  d("token_reserved", "Durably reserved token mark."),
+		wait:           d("acquire_wait_seconds", "Time from acquire to grant (0 for immediate grants)."),
+		role:           d("role", "1 for the node's role.", "role"),
+		build:          d("build_info", "Build information.", "version"),
+		up:             d("uptime_seconds", "Seconds since the server started."),
+		noToken:        d("busy_no_token_total", "Acquires and handoffs answered B because no token was reserved (the data dir failing)."),
+		reserveErrs:    d("token_reserve_failures_total", "Failed token reservation attempts."),
+		reserveFailing: d("token_reserve_failing", "1 while token reservations are failing (the node is unhealthy), else 0."),
+		moved:          d("waiters_moved_total", "Queued acquires answered M because this node stopped executing."),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
-		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up} {
+		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
+		c.noToken, c.reserveErrs, c.reserveFailing, c.moved} {
 		ch <- d
 	}
 }
@@ -75,7 +81,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.tokenLast, float64(m.TokenLast))
 	gauge(c.tokenReserved, float64(m.TokenReserved))
 	gauge(c.up, m.Uptime.Seconds())
-	gauge(c.role, 1, "active")
+	node := c.srv.NodeStatus()
+	gauge(c.role, 1, node.Role)
+	counter(c.noToken, m.Table.NoToken)
+	counter(c.reserveErrs, node.ReserveErrors)
+	failing := 0.0
+	if node.ReserveError != "" {
+		failing = 1
+	}
+	gauge(c.reserveFailing, failing)
+	counter(c.moved, m.Moved)
 	gauge(c.build, 1, c.version)
 
 	buckets := make(map[float64]uint64, len(engine.WaitBuckets))

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -9,41 +8,60 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/proto"
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
 )
 
-// Config configures a Server. Zero fields take the defaults of DefaultConfig.
+// Config configures a Server. New fills zero fields with the defaults of
+// DefaultConfig (SetDefaults) and then checks every field (Validate).
 type Config struct {
 	// Listen is the TCP address to serve, host:port (default 127.0.0.1:7070;
 	// port 0 picks a free port, see Server.Addr).
 	Listen string
-	// DataDir holds the token mark and the shutdown snapshot (default ./lockd-data).
+	// DataDir holds the token mark and the shutdown snapshot (default
+	// ./lockd-data). Used by the default node (Node nil).
 	DataDir string
 	// MaxKey is the longest key accepted, 1..1024 bytes (default 1024).
 	MaxKey int
-	// MaxConns bounds open client connections; more are closed at once
-	// (default 100,000).
+	// MaxConns bounds open client connections, 1..2^30; more are closed at
+	// once (default 100,000).
 	MaxConns int
-	// Loops is the number of event loops (default: the number of cores).
+	// Loops is the number of event loops, 1..1024 (default: the number of
+	// cores).
 	Loops int
 	// MaxOutbound bounds the answers buffered for one connection that does
-	// not read them; past it the connection is closed (default 4 MiB).
+	// not read them, 64 KiB..2^40 bytes; past it the connection is closed
+	// (default 4 MiB).
 	MaxOutbound int
-	// TokenBlock is how many tokens one durable reservation covers
+	// TokenBlock is how many tokens one durable reservation covers, ≥ 2
 	// (default 1<<22). Larger blocks mean fewer disk syncs and larger gaps
-	// after a crash.
+	// after a crash. Used by the default node (Node nil).
 	TokenBlock uint64
 	// Drain is how long Shutdown keeps connections open after answering
 	// the queued acquires, answering new A/R/K with E 4, unless every client
-	// leaves sooner (default 2 s, at most 4 s: connections close within
-	// 5 s of the signal).
+	// leaves sooner: 1 ms..4 s (default 2 s), so that connections close
+	// within 5 s of the signal.
 	Drain time.Duration
-	// Table sizes the lock table and its limits (--max-keys,
-	// --max-waiters-per-key, --max-waiters).
+	// Table sizes the lock table and its limits (MaxKeys, MaxWaitersPerKey,
+	// MaxWaiters: each 1..2^40).
 	Table shard.Config
+	// Node is where state goes beyond the event loops: persistence, token
+	// reservations, membership (package repl). nil means a single node on
+	// DataDir (repl.NewLocal).
+	Node repl.Node
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
 }
+
+// Bounds of Config fields.
+const (
+	maxLimit = 1 << 40 // MaxKeys, MaxWaitersPerKey, MaxWaiters, MaxOutbound
+	maxConns = 1 << 30
+	maxLoops = 1024
+	minOut   = 64 << 10
+	minDrain = time.Millisecond
+	maxDrain = 4 * time.Second
+)
 
 // DefaultConfig returns the defaults documented in README.md.
 func DefaultConfig() Config {
@@ -54,65 +72,93 @@ func DefaultConfig() Config {
 		MaxConns:    100_000,
 		Loops:       runtime.NumCPU(),
 		MaxOutbound: 4 << 20,
-		TokenBlock:  1 << 22,
+		TokenBlock:  repl.DefaultTokenBlock,
 		Drain:       2 * time.Second,
 		Table:       shard.DefaultConfig(),
 	}
 }
 
-// Validate fills zero fields with defaults and rejects nonsense. Errors name
-// the field (as its daemon flag) so cmd/lockd can report them as they are.
-func (c *Config) Validate() error {
+// ConfigError is a Config field whose value is out of bounds. Field is the
+// field's Go path ("MaxConns", "Table.MaxKeys"): the daemon maps it onto
+// its flag.
+type ConfigError struct {
+	Field string
+	Value any
+	Want  string // what the field must be
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("engine: %s %v: %s", e.Field, e.Value, e.Want)
+}
+
+// SetDefaults fills zero fields with the defaults of DefaultConfig.
+func (c *Config) SetDefaults() {
 	d := DefaultConfig()
 	if c.Listen == "" {
 		c.Listen = d.Listen
 	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		return fmt.Errorf("--listen %q: %v", c.Listen, err)
-	}
 	if c.DataDir == "" {
 		c.DataDir = d.DataDir
 	}
-	switch {
-	case c.MaxKey == 0:
-		c.MaxKey = d.MaxKey
-	case c.MaxKey < 1 || c.MaxKey > proto.MaxKey:
-		return fmt.Errorf("--max-key %d: must be 1..%d", c.MaxKey, proto.MaxKey)
+	setInt := func(v *int, def int) {
+		if *v == 0 {
+			*v = def
+		}
 	}
-	switch {
-	case c.MaxConns == 0:
-		c.MaxConns = d.MaxConns
-	case c.MaxConns < 0:
-		return fmt.Errorf("--max-conns %d: must be positive", c.MaxConns)
-	}
-	switch {
-	case c.Loops == 0:
-		c.Loops = d.Loops
-	case c.Loops < 0 || c.Loops > 1024:
-		return fmt.Errorf("--loops %d: must be 1..1024", c.Loops)
-	}
-	switch {
-	case c.MaxOutbound == 0:
-		c.MaxOutbound = d.MaxOutbound
-	case c.MaxOutbound < 64<<10:
-		return fmt.Errorf("--max-outbound %d: must be at least 65536", c.MaxOutbound)
-	}
+	setInt(&c.MaxKey, d.MaxKey)
+	setInt(&c.MaxConns, d.MaxConns)
+	setInt(&c.Loops, d.Loops)
+	setInt(&c.MaxOutbound, d.MaxOutbound)
+	setInt(&c.Table.MaxKeys, d.Table.MaxKeys)
+	setInt(&c.Table.MaxWaitersPerKey, d.Table.MaxWaitersPerKey)
+	setInt(&c.Table.MaxWaiters, d.Table.MaxWaiters)
 	if c.TokenBlock == 0 {
 		c.TokenBlock = d.TokenBlock
 	}
-	if c.TokenBlock < 2 {
-		return errors.New("token block must be at least 2")
-	}
-	switch {
-	case c.Drain == 0:
+	if c.Drain == 0 {
 		c.Drain = d.Drain
-	case c.Drain < 0 || c.Drain > 4*time.Second:
-		return fmt.Errorf("--drain %v: must be 0..4s", c.Drain)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if err := c.Table.Validate(); err != nil {
+}
+
+// Validate checks every field against its bounds (zero is not a default
+// here: call SetDefaults first for that) and returns a *ConfigError naming
+// the first field out of bounds, or the table's own error for Table.Shards
+// and Table.Tick.
+func (c *Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return &ConfigError{"Listen", fmt.Sprintf("%q", c.Listen), "must be host:port (" + err.Error() + ")"}
+	}
+	if c.DataDir == "" && c.Node == nil {
+		return &ConfigError{"DataDir", `""`, "must not be empty"}
+	}
+	ints := []struct {
+		field     string
+		v, lo, hi int
+	}{
+		{"MaxKey", c.MaxKey, 1, proto.MaxKey},
+		{"Table.MaxKeys", c.Table.MaxKeys, 1, maxLimit},
+		{"Table.MaxWaitersPerKey", c.Table.MaxWaitersPerKey, 1, maxLimit},
+		{"Table.MaxWaiters", c.Table.MaxWaiters, 1, maxLimit},
+		{"MaxConns", c.MaxConns, 1, maxConns},
+		{"MaxOutbound", c.MaxOutbound, minOut, maxLimit},
+		{"Loops", c.Loops, 1, maxLoops},
+	}
+	for _, f := range ints {
+		if f.v < f.lo || f.v > f.hi {
+			return &ConfigError{f.field, f.v, fmt.Sprintf("must be %d..%d", f.lo, f.hi)}
+		}
+	}
+	if c.TokenBlock < 2 {
+		return &ConfigError{"TokenBlock", c.TokenBlock, "must be at least 2"}
+	}
+	if c.Drain < minDrain || c.Drain > maxDrain {
+		return &ConfigError{"Drain", c.Drain, "must be 1ms..4s"}
+	}
+	t := c.Table
+	if err := t.Validate(); err != nil {
 		return err
 	}
 	return nil

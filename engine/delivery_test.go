@@ -1,16 +1,14 @@
 package engine
 
 import (
-	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
 	"testing"
-	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/lockd-dev/lockd/proto"
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -37,7 +35,7 @@ func newTestServer(t *testing.T) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.stopReserver(); s.dir.Close() })
+	t.Cleanup(func() { _ = s.closeNode(repl.Discard) })
 	return s
 }
 
@@ -123,7 +121,7 @@ func TestOnCloseReleasesUndeliveredGrants(t *testing.T) {
 	}
 	// One grant posted but never written.
 	e := shard.Effect{Kind: shard.EffectGrant, Conn: ss.sc, Owner: 1, Token: mailed, Key: []byte("mailed")}
-	if ok, _ := ss.post(&e, false); !ok {
+	if ok, _ := ss.post(&e, false, ""); !ok {
 		t.Fatal("post failed")
 	}
 
@@ -136,47 +134,5 @@ func TestOnCloseReleasesUndeliveredGrants(t *testing.T) {
 	}
 	if n := s.conns.Load(); n != 0 {
 		t.Errorf("conns = %d after close", n)
-	}
-}
-
-// Tokens beyond the first reserved block are handed out only after the
-// reserver has durably raised the mark: the mark on disk never falls behind
-// the last token, so a crash cannot make tokens go back.
-func TestTokenReservationStaysAhead(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.DataDir = t.TempDir()
-	cfg.TokenBlock = 8
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { s.stopReserver(); s.dir.Close() }()
-	first := s.tokens.Limit() - cfg.TokenBlock // the start
-	done := make(chan error, 1)
-	go func() {
-		var out shard.Out
-		for i := 0; i < 200; i++ {
-			key := []byte("k" + strconv.Itoa(i))
-			if st, tok := s.table.Acquire(s.now(), key, 0, 30, 1, nil, &out); st != shard.Granted {
-				done <- fmt.Errorf("acquire %d: %v", i, st)
-				return
-			} else if mark, err := s.dir.Mark(); err != nil || mark < tok {
-				done <- fmt.Errorf("token %d handed out above the durable mark %d (%v)", tok, mark, err)
-				return
-			}
-		}
-		done <- nil
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("grants stalled: the reserver did not extend the token range")
-	}
-	if got := s.tokens.Last() - first; got != 200 {
-		t.Fatalf("%d tokens issued, want 200", got)
 	}
 }

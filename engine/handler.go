@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lockd-dev/lockd/proto"
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -124,13 +125,25 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 
 	buf, _ := c.Peek(-1)
 	if len(buf) > 0 {
-		s.gate.RLock()
+		s.barrier.RLock()
 		draining := s.draining.Load()
+		gate := s.node.Gate()
+		if gate.State == repl.Hold {
+			// Read nothing: the requests wait in the connection's buffer
+			// until GateChanged wakes it under the next gate.
+			buf = nil
+		}
 		n := 0
 		for n < len(buf) {
 			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &sc.req)
 			if err == nil {
 				n += m
+				if gate.State == repl.Redirect {
+					r := &sc.req
+					sc.out = proto.AppendMoved(sc.out, r.Op, r.ID, gate.Addr)
+					sc.cnt.request(r.Op, resMoved)
+					continue
+				}
 				h.apply(ss, sc, now, draining)
 				continue
 			}
@@ -155,7 +168,7 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 				sc.cnt.error(r.Op, proto.CodeBadLease)
 			}
 		}
-		s.gate.RUnlock()
+		s.barrier.RUnlock()
 		if n > 0 {
 			_, _ = c.Discard(n)
 		}
@@ -256,6 +269,9 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 	if s.stopped.Load() {
 		return tickEvery, gnet.None
 	}
+	if s.node.Gate().State != repl.Serve {
+		return tickEvery, gnet.None
+	}
 	sc := s.getScratch()
 	now := s.now()
 	s.table.Tick(now, &sc.fx)
@@ -281,13 +297,15 @@ func (s *Server) deliver(sc *scratch, cur *session, now int64) {
 			s.wait.observe(now - e.Queued)
 		case shard.EffectCancel:
 			s.cancelled.Add(1)
+		case shard.EffectMoved:
+			s.moved.Add(1)
 		}
 		if ss == cur {
-			sc.out = appendEffect(sc.out, &sc.grants, &e)
+			sc.out = appendEffect(sc.out, &sc.grants, &e, s.node.Gate().Addr)
 			continue
 		}
 		local := cur != nil && ss.loop == cur.loop
-		ok, flush := ss.post(&e, local)
+		ok, flush := ss.post(&e, local, s.node.Gate().Addr)
 		if !ok && e.Kind == shard.EffectGrant {
 			s.table.Release(now, e.Key, e.Token, &sc.fx)
 		}

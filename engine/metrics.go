@@ -21,10 +21,11 @@ const (
 	resNotHeld
 	resPong
 	resError
+	resMoved
 	nResults
 )
 
-var resultNames = [nResults]string{"granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error"}
+var resultNames = [nResults]string{"granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved"}
 
 // counts is one batch's tally, kept in its scratch (no atomics) and added
 // to its loop's stats once per batch.
@@ -110,7 +111,7 @@ func (h *waitHist) observe(d int64) {
 // RequestCount is the number of requests of one op with one result.
 type RequestCount struct {
 	Op     string // "acquire", "release", "renew", "ping"
-	Result string // "granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error"
+	Result string // "granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved"
 	N      uint64
 }
 
@@ -131,6 +132,7 @@ type Metrics struct {
 	WaitSum    float64 // seconds
 	Uptime     time.Duration
 	Draining   bool
+	Moved      uint64 // queued acquires answered M when the gate closed
 }
 
 // Metrics aggregates the loops' counters and reads the table's.
@@ -161,7 +163,7 @@ func (s *Server) Metrics() Metrics {
 	st := s.table.Stats()
 	m.Keys, m.Waiters = st.Keys, st.Waiters
 	m.Conns = s.conns.Load()
-	m.TokenLast, m.TokenReserved = s.tokens.Last(), s.tokens.Limit()
+	m.TokenLast, m.TokenReserved = s.table.Tokens().Last(), s.table.Tokens().Limit()
 	m.WaitCounts = make([]uint64, len(s.wait.buckets))
 	for i := range s.wait.buckets {
 		m.WaitCounts[i] = s.wait.buckets[i].Load()
@@ -170,5 +172,6 @@ func (s *Server) Metrics() Metrics {
 	m.WaitSum = float64(s.wait.sumNs.Load()) / 1e9
 	m.Uptime = time.Since(s.epoch)
 	m.Draining = s.draining.Load()
+	m.Moved = s.moved.Load()
 	return m
 }

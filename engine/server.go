@@ -14,8 +14,8 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
-	"github.com/lockd-dev/lockd/store"
 )
 
 // ShutdownGrace is how long Shutdown waits for answers to reach clients
@@ -28,12 +28,11 @@ const tickEvery = 5 * time.Millisecond
 
 // Server is one lockd node serving PROTOCOL.md on TCP.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	dir    *store.Dir
-	table  *shard.Table
-	tokens *shard.Tokens
-	epoch  time.Time // the table's clock is time.Since(epoch), monotonic
+	cfg   Config
+	log   *slog.Logger
+	node  repl.Node
+	table *shard.Table
+	epoch time.Time // the table's clock is time.Since(epoch), monotonic
 
 	eng      gnet.Engine
 	addr     atomic.Value // string, set in OnBoot
@@ -41,137 +40,60 @@ type Server struct {
 	done     chan struct{} // closed when Serve returns
 	serveErr error
 
-	conns    atomic.Int64
-	gate     sync.RWMutex // Shutdown's write lock orders "draining" after every in-flight batch
+	conns atomic.Int64
+	// barrier is held for reading by every batch while it applies requests
+	// under the gate and the draining flag it read; its write lock waits
+	// for those batches (Shutdown, GateChanged).
+	barrier  sync.RWMutex
 	draining atomic.Bool
 	stopped  atomic.Bool // set once the engine is stopping: OnTick does nothing more
 
 	sessMu   sync.Mutex
 	sessions map[*session]struct{}
 
-	reserveStop chan struct{}
-	reserveDone chan struct{}
-
 	scratch sync.Pool // *scratch
 
 	loops     sync.Map      // gnet.EventLoop → *loopStats
 	wait      waitHist      // acquire-to-grant of queued acquires
 	cancelled atomic.Uint64 // queued acquires answered E 4 at shutdown
-
-	restored   int
-	snapLoaded bool // the snapshot was restored; boot removes it
+	moved     atomic.Uint64 // queued acquires answered M when the gate closed
 }
 
-// New opens the data directory, reloads the locks of a graceful shutdown's
-// snapshot whose lease has not ended, reserves the first block of tokens and
-// returns a server ready to Serve. Serve removes the snapshot once its
+// ErrStopped is Serve's error when the engine stopped while no Shutdown
+// was asked for (an accept error tears gnet's engine down): the node has
+// written what a shutdown writes, and the process should exit.
+var ErrStopped = errors.New("engine: event loops stopped on their own")
+
+// New builds the server's node (Config.Node, or a single node on
+// Config.DataDir), which reloads what it keeps — for a single node, the
+// locks of a graceful shutdown's snapshot whose lease has not ended — and
+// reserves the first block of tokens. Serve consumes the snapshot once its
 // listener is bound, before it accepts a connection: a start that fails
 // keeps it for the next.
 func New(cfg Config) (*Server, error) {
+	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Node == nil {
+		cfg.Node = repl.NewLocal(repl.LocalConfig{DataDir: cfg.DataDir, TokenBlock: cfg.TokenBlock})
+	}
 	s := &Server{
-		cfg:         cfg,
-		log:         cfg.Logger,
-		epoch:       time.Now(),
-		ready:       make(chan struct{}),
-		done:        make(chan struct{}),
-		sessions:    make(map[*session]struct{}),
-		reserveStop: make(chan struct{}),
-		reserveDone: make(chan struct{}),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		node:     cfg.Node,
+		epoch:    time.Now(),
+		ready:    make(chan struct{}),
+		done:     make(chan struct{}),
+		sessions: make(map[*session]struct{}),
 	}
 	s.scratch.New = func() any { return new(scratch) }
-	dir, err := store.Open(cfg.DataDir)
+	table, err := s.node.Open(cfg.Table, s.now, s.log)
 	if err != nil {
-		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
-	}
-	s.dir = dir
-	if err := s.load(); err != nil {
-		dir.Close()
 		return nil, err
 	}
-	go s.reserver()
+	s.table = table
 	return s, nil
-}
-
-// load computes the first token, reserves a block and restores the snapshot.
-func (s *Server) load() error {
-	mark, err := s.dir.Mark()
-	if err != nil {
-		return err
-	}
-	snap, ok, err := s.dir.ReadSnapshot()
-	if errors.Is(err, store.ErrCorrupt) {
-		s.log.Error("snapshot corrupt: moved aside, its locks are lost (tokens are not)", "err", err)
-	} else if err != nil {
-		return err
-	}
-	start := mark
-	if ok && snap.Mark > start {
-		start = snap.Mark
-	}
-	// Never below the wall clock (PROTOCOL.md §5 asks for microseconds;
-	// lockd uses nanoseconds, which are larger): a lost data dir cannot make
-	// tokens go back, since tokens grow by one per grant and the clock by a
-	// billion a second. A reserved block running ahead of the clock after a
-	// crash cannot either: a block (4M) is a few milliseconds of clock.
-	if wall := uint64(time.Now().UnixNano()); wall > start {
-		start = wall
-	}
-	limit := start + s.cfg.TokenBlock
-	if err := s.dir.Reserve(limit); err != nil {
-		return fmt.Errorf("reserving tokens in %s: %w", s.dir.Path(), err)
-	}
-	s.tokens = shard.NewTokens(start, limit)
-	tcfg := s.cfg.Table
-	s.table, err = shard.New(tcfg, s.tokens)
-	if err != nil {
-		return err
-	}
-	if ok {
-		wallNow, mono := time.Now(), s.now()
-		for _, l := range snap.Locks {
-			left := l.Deadline.Sub(wallNow)
-			if left <= 0 {
-				continue
-			}
-			if err := s.table.Restore(l.Key, l.Token, mono+int64(left)); err != nil {
-				return fmt.Errorf("restoring snapshot: %w", err)
-			}
-			s.restored++
-		}
-		s.log.Info("snapshot reloaded", "locks", s.restored, "expired", len(snap.Locks)-s.restored, "mark", snap.Mark)
-		s.snapLoaded = true
-	}
-	s.log.Info("tokens", "start", start, "reserved", limit)
-	return nil
-}
-
-// reserver extends the token reservation ahead of use.
-func (s *Server) reserver() {
-	defer close(s.reserveDone)
-	for {
-		select {
-		case <-s.reserveStop:
-			return
-		case <-s.tokens.Want():
-			limit := s.tokens.Limit() + s.cfg.TokenBlock
-			for {
-				err := s.dir.Reserve(limit)
-				if err == nil {
-					break
-				}
-				s.log.Error("reserving tokens failed; grants wait until it succeeds", "err", err)
-				select {
-				case <-s.reserveStop:
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-			}
-			s.tokens.Extend(limit)
-		}
-	}
 }
 
 // now is the table's clock: monotonic nanoseconds since the server was made.
@@ -197,7 +119,8 @@ func (s *Server) Addr() string {
 }
 
 // Serve runs the event loops until Shutdown completes. It returns nil after
-// a clean shutdown.
+// a clean shutdown; ErrStopped (joined with gnet's error) when the loops
+// stopped on their own, after the node has written what a shutdown writes.
 func (s *Server) Serve() error {
 	defer close(s.done)
 	h := &handler{s: s}
@@ -212,17 +135,36 @@ func (s *Server) Serve() error {
 	if err == nil && s.serveErr != nil {
 		err = s.serveErr // boot refused to serve
 	}
-	if err != nil {
-		s.serveErr = err
-		select {
-		case <-s.ready:
-		default:
-			// Never started: release the data directory for the caller.
-			s.stopReserver()
-			s.dir.Close()
-		}
+	started := false
+	select {
+	case <-s.ready:
+		started = true
+	default:
 	}
-	return err
+	switch {
+	case !started:
+		// Never served: release the data directory, keep the snapshot.
+		if err == nil {
+			err = errors.New("engine: stopped before serving")
+		}
+		s.serveErr = err
+		_ = s.closeNode(repl.FailedStart)
+	case !s.stopped.Load():
+		// Not asked to stop: gnet tore its engine down (an accept error).
+		// Keep what a shutdown keeps.
+		s.serveErr = errors.Join(ErrStopped, err)
+		s.log.Error("event loops stopped on their own; writing the snapshot", "err", err)
+		s.stopped.Store(true)
+		_ = s.closeNode(repl.Crashed)
+	}
+	return s.serveErr
+}
+
+// closeNode closes the node within ShutdownGrace.
+func (s *Server) closeNode(why repl.CloseReason) error {
+	ctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+	defer cancel()
+	return s.node.Close(ctx, why)
 }
 
 // Done is closed when Serve has returned.
@@ -234,13 +176,6 @@ func (s *Server) Done() <-chan struct{} { return s.done }
 // one; from here on it would be stale) and records the listener's real
 // address. false means the server must not serve (serveErr says why).
 func (s *Server) boot(eng gnet.Engine) bool {
-	if s.snapLoaded {
-		if err := s.dir.RemoveSnapshot(); err != nil {
-			s.serveErr = fmt.Errorf("removing the snapshot it reloaded from %s: %w", s.dir.Path(), err)
-			return false
-		}
-		s.snapLoaded = false
-	}
 	s.eng = eng
 	addr := s.cfg.Listen
 	if fd, err := eng.Dup(); err == nil {
@@ -255,6 +190,10 @@ func (s *Server) boot(eng gnet.Engine) bool {
 		unix.Close(fd)
 	}
 	s.addr.Store(addr)
+	if err := s.node.Start(addr, s); err != nil {
+		s.serveErr = err
+		return false
+	}
 	s.log.Info("ready", "addr", addr, "loops", s.cfg.Loops)
 	close(s.ready)
 	return true
@@ -284,29 +223,41 @@ func (s *Server) snapshotSessions() []*session {
 
 // Shutdown runs PROTOCOL.md §4's shutdown: stop accepting, answer every
 // queued acquire with E 4, answer new A/R/K with E 4 (P still pongs), flush
-// and close every connection within ShutdownGrace, then write the held
-// locks and the token mark to the data directory. Serve returns once the
-// engine has stopped. ctx bounds the whole sequence.
+// and close every connection within ShutdownGrace, then let the node write
+// what must survive (a single node: the held locks and the token mark).
+// A cluster node first hands its work to a live successor (Node.Stop);
+// then queued and new requests are answered M naming it, never E 4
+// (PROTOCOL.md §6.2). Serve returns once the engine has stopped. ctx bounds
+// the whole sequence: Shutdown returns by its deadline whatever the disk
+// or the node does.
 func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-s.ready:
 	case <-s.done:
 		return s.serveErr
 	}
+	if s.draining.Load() {
+		<-s.done
+		return nil
+	}
+	successor := s.node.Stop(ctx)
 	if !s.draining.CompareAndSwap(false, true) {
 		<-s.done
 		return nil
 	}
 	// Wait for every batch that may have read draining == false.
-	s.gate.Lock()
-	//lint:ignore SA2001 the empty critical section is the barrier: every batch holds gate.RLock
-	s.gate.Unlock()
-	s.log.Info("shutting down: answering queued acquires with E 4")
-
-	sc := s.getScratch()
-	s.table.CancelWaiters(&sc.fx)
-	s.deliver(sc, nil, s.now())
-	s.putScratch(sc)
+	if err := s.wait4Batches(ctx); err != nil {
+		return err
+	}
+	if successor == "" {
+		s.log.Info("shutting down: answering queued acquires with E 4")
+		sc := s.getScratch()
+		s.table.CancelWaiters(&sc.fx)
+		s.deliver(sc, nil, s.now())
+		s.putScratch(sc)
+	} else {
+		s.log.Info("shutting down: handed over, answering with M", "successor", successor)
+	}
 
 	// Keep connections open for the drain window (new A/R/K get E 4, P
 	// still pongs) or until every client has left, with every answer
@@ -317,10 +268,55 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// grants that never reached their socket).
 	s.stopped.Store(true)
 	if err := s.eng.Stop(ctx); err != nil {
+		_ = s.node.Close(ctx, repl.Shutdown)
 		return err
 	}
-	<-s.done
-	return s.finish()
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		_ = s.node.Close(ctx, repl.Shutdown)
+		return ctx.Err()
+	}
+	return s.node.Close(ctx, repl.Shutdown)
+}
+
+// wait4Batches takes and drops barrier's write lock: once it returns, no
+// batch that read the old gate or draining flag is still running. It gives
+// up at ctx's end.
+func (s *Server) wait4Batches(ctx context.Context) error {
+	locked := make(chan struct{})
+	go func() {
+		s.barrier.Lock()
+		close(locked)
+	}()
+	select {
+	case <-locked:
+		s.barrier.Unlock()
+		return nil
+	case <-ctx.Done():
+		go func() { <-locked; s.barrier.Unlock() }()
+		return fmt.Errorf("engine: waiting for running batches: %w", ctx.Err())
+	}
+}
+
+// GateChanged applies the node's current gate (repl.Host): once no batch
+// that read the old gate is running, a gate that no longer serves answers
+// every queued acquire with M (Redirect) or keeps them (Hold); then every
+// connection is woken so that what it left unread is read under the new
+// gate.
+func (s *Server) GateChanged() {
+	_ = s.wait4Batches(context.Background())
+	g := s.node.Gate()
+	s.log.Info("gate", "state", g.State.String(), "active", g.Addr)
+	if g.State == repl.Redirect {
+		sc := s.getScratch()
+		s.table.MoveWaiters(&sc.fx)
+		s.deliver(sc, nil, s.now())
+		s.putScratch(sc)
+	}
+	for _, ss := range s.snapshotSessions() {
+		_ = ss.c.Wake(nil)
+	}
 }
 
 // drain waits until every session's answers are written and either the
@@ -355,40 +351,8 @@ func (s *Server) drain(ctx context.Context) {
 	}
 }
 
-// finish writes the snapshot and releases the data directory.
-func (s *Server) finish() error {
-	s.stopReserver()
-	wallNow, mono := time.Now(), s.now()
-	var snap store.Snapshot
-	s.table.Held(func(key []byte, token uint64, deadline int64) {
-		if deadline <= mono {
-			return
-		}
-		snap.Locks = append(snap.Locks, store.Lock{
-			Key:      append([]byte(nil), key...),
-			Token:    token,
-			Deadline: wallNow.Add(time.Duration(deadline - mono)),
-		})
-	})
-	snap.Mark = s.tokens.Last()
-	err := s.dir.WriteSnapshot(snap)
-	if err == nil {
-		s.log.Info("snapshot written", "locks", len(snap.Locks), "mark", snap.Mark)
-	}
-	return errors.Join(err, s.dir.Close())
-}
-
-func (s *Server) stopReserver() {
-	select {
-	case <-s.reserveStop:
-	default:
-		close(s.reserveStop)
-	}
-	<-s.reserveDone
-}
-
-// Close stops the server without the shutdown sequence's answers or
-// snapshot (a crash without the process exit, for tests).
+// Close stops the server without the shutdown sequence's answers or the
+// node's snapshot (a crash without the process exit, for tests).
 func (s *Server) Close() error {
 	select {
 	case <-s.ready:
@@ -399,8 +363,7 @@ func (s *Server) Close() error {
 	s.stopped.Store(true)
 	err := s.eng.Stop(context.Background())
 	<-s.done
-	s.stopReserver()
-	return errors.Join(err, s.dir.Close())
+	return errors.Join(err, s.closeNode(repl.Discard))
 }
 
 // gnetLogger sends gnet's logs to slog.

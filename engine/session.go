@@ -80,13 +80,13 @@ func (ss *session) hasMail() bool {
 // With local set (the caller runs on ss's own loop and will flush it after
 // its batch) no Wake is sent; flush reports whether the caller must flush
 // ss (it claimed the pending wake-up).
-func (ss *session) post(e *shard.Effect, local bool) (ok, flush bool) {
+func (ss *session) post(e *shard.Effect, local bool, moved string) (ok, flush bool) {
 	ss.mu.Lock()
 	if ss.closed {
 		ss.mu.Unlock()
 		return false, false
 	}
-	ss.mbox = appendEffect(ss.mbox, &ss.mgrants, e)
+	ss.mbox = appendEffect(ss.mbox, &ss.mgrants, e, moved)
 	claim := !ss.woken
 	ss.woken = true
 	ss.mu.Unlock()
@@ -112,14 +112,19 @@ func (ss *session) takeMail(sc *scratch) {
 	ss.mu.Unlock()
 }
 
-// appendEffect encodes e's answer, recording a grant's offset.
-func appendEffect(dst []byte, grants *[]int, e *shard.Effect) []byte {
+// appendEffect encodes e's answer, recording a grant's offset; an
+// EffectMoved's M names moved.
+func appendEffect(dst []byte, grants *[]int, e *shard.Effect, moved string) []byte {
 	switch e.Kind {
 	case shard.EffectGrant:
 		*grants = append(*grants, len(dst))
 		return proto.AppendAcquired(dst, e.Owner, e.Token, e.Key)
 	case shard.EffectTimeout:
 		return proto.AppendTimeout(dst, e.Owner, e.Key)
+	case shard.EffectBusy:
+		return proto.AppendBusy(dst, e.Owner, e.Key)
+	case shard.EffectMoved:
+		return proto.AppendMoved(dst, proto.OpAcquire, e.Owner, moved)
 	default: // shard.EffectCancel
 		return proto.AppendError(dst, proto.OpAcquire, e.Owner, proto.CodeShutdown, msgShutdown)
 	}

@@ -1,0 +1,47 @@
+package engine
+
+import (
+	"errors"
+	"time"
+
+	"github.com/lockd-dev/lockd/repl"
+)
+
+// KeyState is what the server knows of one key right now.
+type KeyState struct {
+	Held      bool
+	Token     uint64        // the current grant's token, when held
+	LeaseLeft time.Duration // until the lease ends, when held
+	Waiters   int           // queued acquires
+}
+
+// Key returns key's state. A lease that has ended but that no timer has
+// processed yet is reported free.
+func (s *Server) Key(key []byte) KeyState {
+	info := s.table.Lookup(key)
+	if !info.Held {
+		return KeyState{}
+	}
+	left := time.Duration(info.Deadline - s.now())
+	if left <= 0 {
+		return KeyState{}
+	}
+	return KeyState{Held: true, Token: info.Token, LeaseLeft: left, Waiters: info.Waiters}
+}
+
+// NodeStatus is the node's account of itself (mode, role, active, epoch,
+// token reservations, members).
+func (s *Server) NodeStatus() repl.Status { return s.node.Status() }
+
+// ErrDraining is Health's answer once shutdown has begun.
+var ErrDraining = errors.New("engine: shutting down")
+
+// Health is nil while the server serves normally: not shutting down, and
+// its node healthy (token reservations succeeding, an active known). It
+// takes no table lock.
+func (s *Server) Health() error {
+	if s.draining.Load() {
+		return ErrDraining
+	}
+	return s.node.Health()
+}
