@@ -13,12 +13,12 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/engine"
-	"github.com/lockd-dev/lockd/proto"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -45,7 +45,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	var opt options
 	fs := flag.NewFlagSet("lockd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&opt.admin, "admin", "127.0.0.1:7071", "admin HTTP address for /metrics, /healthz, /status, /keys/{key}, /debug/pprof/ (empty: off)")
+	fs.StringVar(&opt.admin, "admin", "", "admin HTTP address for /metrics, /healthz, /status, /keys/{key}, /debug/pprof/ (default: --listen's host, its port + 1; \"\" turns it off)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address to serve (host:port)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the token mark and the shutdown snapshot")
 	fs.IntVar(&cfg.MaxKey, "max-key", cfg.MaxKey, "longest key in bytes, 1..1024")
@@ -56,6 +56,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.IntVar(&cfg.MaxOutbound, "max-outbound", cfg.MaxOutbound, "bytes of answers buffered for a connection that does not read before it is closed")
 	fs.DurationVar(&cfg.Drain, "drain", cfg.Drain, "on shutdown, how long connections stay open answering E 4 before they close (≤ 4s)")
 	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "event loops (default: number of cores)")
+	fs.Uint64Var(&cfg.TokenBlock, "token-block", cfg.TokenBlock, "tokens reserved in the data dir per disk write; up to two blocks are reserved ahead")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
 	fs.BoolVar(&opt.showVersion, "version", false, "print the version and exit")
@@ -66,36 +67,20 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	if err := fs.Parse(args); err != nil {
 		return cfg, opt, err
 	}
-	if opt.admin != "" {
-		if _, _, err := net.SplitHostPort(opt.admin); err != nil {
-			return cfg, opt, usageError{fmt.Sprintf("--admin %q: %v", opt.admin, err)}
-		}
-	}
 	if fs.NArg() > 0 {
 		return cfg, opt, usageError{fmt.Sprintf("unexpected argument %q (lockd takes only flags)", fs.Arg(0))}
 	}
-	check := []struct {
-		name      string
-		v, lo, hi int
-	}{
-		{"--max-key", cfg.MaxKey, 1, proto.MaxKey},
-		{"--max-keys", cfg.Table.MaxKeys, 1, 1 << 40},
-		{"--max-waiters-per-key", cfg.Table.MaxWaitersPerKey, 1, 1 << 40},
-		{"--max-waiters", cfg.Table.MaxWaiters, 1, 1 << 40},
-		{"--max-conns", cfg.MaxConns, 1, 1 << 30},
-		{"--max-outbound", cfg.MaxOutbound, 64 << 10, 1 << 40},
-		{"--loops", cfg.Loops, 1, 1024},
+	if err := cfg.Validate(); err != nil {
+		return cfg, opt, usageError{flagError(err)}
 	}
-	for _, c := range check {
-		if c.v < c.lo || c.v > c.hi {
-			return cfg, opt, usageError{fmt.Sprintf("%s %d: must be %d..%d", c.name, c.v, c.lo, c.hi)}
+	adminSet := false
+	fs.Visit(func(f *flag.Flag) { adminSet = adminSet || f.Name == "admin" })
+	if !adminSet {
+		opt.admin = adminBeside(cfg.Listen)
+	} else if opt.admin != "" {
+		if _, _, err := net.SplitHostPort(opt.admin); err != nil {
+			return cfg, opt, usageError{fmt.Sprintf("--admin %q: %v", opt.admin, err)}
 		}
-	}
-	if cfg.Drain < time.Millisecond || cfg.Drain > 4*time.Second {
-		return cfg, opt, usageError{fmt.Sprintf("--drain %v: must be 1ms..4s", cfg.Drain)}
-	}
-	if cfg.DataDir == "" {
-		return cfg, opt, usageError{"--data-dir: must not be empty"}
 	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {
@@ -111,10 +96,51 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 		return cfg, opt, usageError{fmt.Sprintf("--log-format %q: want text or json", *format)}
 	}
 	cfg.Logger = slog.New(h)
-	if err := cfg.Validate(); err != nil {
-		return cfg, opt, usageError{err.Error()}
-	}
 	return cfg, opt, nil
+}
+
+// flags maps engine.Config fields onto the daemon's flags.
+var flags = map[string]string{
+	"Listen":                 "--listen",
+	"DataDir":                "--data-dir",
+	"MaxKey":                 "--max-key",
+	"Table.MaxKeys":          "--max-keys",
+	"Table.MaxWaitersPerKey": "--max-waiters-per-key",
+	"Table.MaxWaiters":       "--max-waiters",
+	"MaxConns":               "--max-conns",
+	"MaxOutbound":            "--max-outbound",
+	"Loops":                  "--loops",
+	"Drain":                  "--drain",
+	"TokenBlock":             "--token-block",
+}
+
+// flagError words a validation error with the flag's name.
+func flagError(err error) string {
+	var ce *engine.ConfigError
+	if errors.As(err, &ce) {
+		if name, ok := flags[ce.Field]; ok {
+			return fmt.Sprintf("%s %v: %s", name, ce.Value, ce.Want)
+		}
+	}
+	return err.Error()
+}
+
+// adminBeside is the default admin address: --listen's host, its port + 1
+// (port 0 stays 0: any free port), so that a second lockd on the host
+// needs no flag beyond its own --listen.
+func adminBeside(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return ""
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p == 0 {
+		return net.JoinHostPort(host, "0")
+	}
+	if p >= 65535 {
+		return ""
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+1))
 }
 
 func versionString() string {
@@ -146,13 +172,18 @@ func run(args []string, stderr io.Writer) int {
 		return 0
 	}
 	log := cfg.Logger
+	if cfg.MaxConns, err = fitConns(cfg.MaxConns, cfg.Loops, log); err != nil {
+		log.Error("start failed", "err", err)
+		return 1
+	}
 	var adminLn net.Listener
 	if opt.admin != "" {
 		adminLn, err = net.Listen("tcp", opt.admin)
 		if err != nil {
-			log.Error("start failed", "err", fmt.Errorf("--admin %s: %w", opt.admin, err))
+			log.Error("start failed", "err", fmt.Errorf("--admin %s: %w (give --admin another address, or --admin \"\" to turn it off)", opt.admin, err))
 			return 1
 		}
+		adminLn = limitListen(adminLn, adminMaxConns)
 	}
 	srv, err := engine.New(cfg)
 	if err != nil {
@@ -163,7 +194,8 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	if adminLn != nil {
-		adminSrv := &http.Server{Handler: admin.Handler(srv, versionString()), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv := &http.Server{Handler: admin.Handler(srv, versionString()),
+			ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second}
 		go func() { _ = adminSrv.Serve(adminLn) }()
 		log.Info("admin endpoint", "addr", adminLn.Addr().String())
 		defer adminSrv.Close()
@@ -177,7 +209,11 @@ func run(args []string, stderr io.Writer) int {
 
 	select {
 	case err := <-serveErr:
-		log.Error("start failed", "err", fmt.Errorf("--listen %s: %w", cfg.Listen, err))
+		if errors.Is(err, engine.ErrStopped) {
+			log.Error("stopped serving on its own; exiting", "err", err)
+		} else {
+			log.Error("start failed", "err", fmt.Errorf("--listen %s: %w", cfg.Listen, err))
+		}
 		return 1
 	case sig := <-sigs:
 		log.Info("signal received, shutting down", "signal", sig.String())

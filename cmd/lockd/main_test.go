@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -99,11 +100,23 @@ func TestVersion(t *testing.T) {
 
 // daemon is a running lockd process.
 type daemon struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	addr string
-	logs *syncBuffer
-	done chan error
+	t     *testing.T
+	cmd   *exec.Cmd
+	addr  string
+	logs  *syncBuffer
+	done  chan error
+	admin atomic.Value // string: the admin endpoint's address, once logged
+}
+
+func (d *daemon) setAdmin(a string) { d.admin.Store(a) }
+
+// adminURL is the admin endpoint's base URL.
+func (d *daemon) adminURL() string {
+	a, _ := d.admin.Load().(string)
+	if a == "" {
+		d.t.Fatalf("no admin endpoint logged:\n%s", d.logs)
+	}
+	return "http://" + a
 }
 
 // syncBuffer collects log lines from the reader goroutine.
@@ -129,7 +142,15 @@ var readyRE = regexp.MustCompile(`msg=ready addr=(\S+)`)
 func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	t.Helper()
 	args := append([]string{"--listen", "127.0.0.1:0", "--admin", "", "--data-dir", dataDir, "--loops", "2", "--drain", "300ms"}, extra...)
-	cmd := exec.Command(binary, args...)
+	return startCommand(t, nil, args...)
+}
+
+// startCommand runs the binary with args, behind prefix (a command such as
+// prlimit that execs the rest), and returns once it logs ready.
+func startCommand(t *testing.T, prefix []string, args ...string) *daemon {
+	t.Helper()
+	argv := append(append(append([]string(nil), prefix...), binary), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {
@@ -142,6 +163,9 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 		for sc.Scan() {
 			line := sc.Text()
 			d.logs.WriteString(line + "\n")
+			if m := adminRE.FindStringSubmatch(line); m != nil {
+				d.setAdmin(m[1])
+			}
 			if m := readyRE.FindStringSubmatch(line); m != nil {
 				addrc <- m[1]
 			}
@@ -159,7 +183,7 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	select {
 	case d.addr = <-addrc:
 	case err := <-d.done:
-		t.Fatalf("lockd exited before ready: %v", err)
+		t.Fatalf("lockd exited before ready: %v\n%s", err, d.logs)
 	case <-time.After(20 * time.Second):
 		t.Fatal("no ready line in 20 s")
 	}
