@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -172,46 +169,6 @@ func TestKeyBuffers(t *testing.T) {
 		tab.Release(0, key, tok, &out)
 		if e := tab.shards[0].freeE; cap(e.key) > maxKeptKey {
 			t.Fatalf("free entry keeps a %d-byte buffer", cap(e.key))
-		}
-	}
-}
-
-// TestForbiddenImports enforces doc.go: no net, no gnet, no lockd/proto, no
-// I/O packages; only the standard library and xxhash; and no wall clock.
-func TestForbiddenImports(t *testing.T) {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("go tool not found")
-	}
-	outb, err := exec.Command(goBin, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}} {{end}}{{.ImportPath}}", ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, outb)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(outb)), "\n") {
-		f := strings.Fields(line)
-		pkg := f[len(f)-1]
-		nonStd := len(f) == 2
-		switch {
-		case pkg == "net" || strings.HasPrefix(pkg, "net/"), pkg == "os" || strings.HasPrefix(pkg, "os/"),
-			strings.Contains(pkg, "gnet"), strings.HasSuffix(pkg, "lockd/proto"):
-			t.Errorf("shard depends on %s", pkg)
-		case nonStd && pkg != "github.com/cespare/xxhash/v2" && pkg != "github.com/lockd-dev/lockd/shard":
-			t.Errorf("shard depends on non-standard %s", pkg)
-		}
-	}
-	files, _ := filepath.Glob("*.go")
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, bad := range []string{"time.Now(", "time.Sleep(", "time.After", "time.NewTimer", "go func"} {
-			if bytes.Contains(src, []byte(bad)) {
-				t.Errorf("%s uses %s", f, bad)
-			}
 		}
 	}
 }

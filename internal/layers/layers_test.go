@@ -1,79 +1,142 @@
 package layers
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
-const mod = "github.com/lockd-dev/lockd/"
+const mod = "github.com/lockd-dev/lockd"
 
-// rule: pkg's transitive dependencies must not include any of forbidden
-// (a prefix match: "net" also forbids "net/http"), and, if stdOnly, nothing
-// outside the standard library but the listed allowed modules.
+// rule is one package's place in the layers (docs/DESIGN.md "Layers"),
+// stated by kind of import rather than by listing what a dependency happens
+// to pull in, so a dependency's upgrade cannot break it:
+//
+//   - allow: import path prefixes the package may import directly, besides
+//     the standard library (module packages included: an import of another
+//     lockd package must be allowed here);
+//   - noStd: standard-library packages (and their subpackages) it must not
+//     import directly;
+//   - noDeps: path prefixes that must not appear anywhere in its transitive
+//     dependencies;
+//   - noCalls: texts that must not appear in its non-test source (a clock
+//     read, a goroutine) for packages that are pure state machines.
 type rule struct {
-	pkg       string
-	forbidden []string
-	allowed   []string // non-stdlib import path prefixes allowed
+	allow, noStd, noDeps, noCalls []string
 }
 
-var rules = []rule{
-	{pkg: "proto", forbidden: []string{"net", "os", "syscall", "time"}, allowed: nil},
-	{pkg: "shard", forbidden: []string{"net", "os", mod + "proto", mod + "engine", "github.com/panjf2000"},
-		allowed: []string{"github.com/cespare/xxhash/v2"}},
-	{pkg: "store", forbidden: []string{"net", mod + "proto", mod + "shard", mod + "engine"}, allowed: nil},
-	{pkg: "engine", forbidden: []string{mod + "client", mod + "cmd", mod + "bench"},
-		allowed: []string{"github.com/panjf2000/", "github.com/cespare/xxhash/v2", "github.com/valyala/bytebufferpool",
-			"golang.org/x/", "go.uber.org/", "gopkg.in/natefinch/lumberjack.v2", mod}},
-	{pkg: "client", forbidden: []string{"github.com/panjf2000", mod + "engine", mod + "shard", mod + "store"},
-		allowed: []string{mod + "proto"}},
-	{pkg: "fence", forbidden: []string{"net"}, allowed: nil},
-	{pkg: "cmd/lockd", forbidden: []string{mod + "client"}, allowed: []string{"github.com/", "golang.org/x/", "go.uber.org/",
-		"gopkg.in/", "google.golang.org/protobuf", "go.yaml.in/", mod}},
-	{pkg: "cmd/lockctl", forbidden: []string{mod + "engine", mod + "shard", mod + "store", "github.com/panjf2000"},
-		allowed: []string{mod}},
-	{pkg: "internal/lockdtest", forbidden: []string{mod + "client", mod + "cmd", mod + "bench"},
-		allowed: []string{"github.com/", "golang.org/x/", "go.uber.org/", "gopkg.in/", mod}},
-	{pkg: "admin", forbidden: []string{mod + "client", mod + "cmd", mod + "bench"},
-		allowed: []string{"github.com/panjf2000/", "github.com/cespare/xxhash/v2", "github.com/valyala/bytebufferpool",
-			"golang.org/x/", "go.uber.org/", "gopkg.in/", "github.com/prometheus/", "github.com/beorn7/perks",
-			"github.com/munnerz/goautoneg", "google.golang.org/protobuf", "go.yaml.in/", mod}},
+// Layer groups, for readability.
+var (
+	lockd = func(pkgs ...string) []string {
+		out := make([]string, len(pkgs))
+		for i, p := range pkgs {
+			out[i] = mod + "/" + p
+		}
+		return out
+	}
+	gnet      = "github.com/panjf2000/"
+	cmds      = mod + "/cmd"
+	noNetOrOS = []string{"net", "os", "syscall"}
+)
+
+// rules has one entry per package of the module (a package without a rule
+// fails the test: a new package states its layer when it is added).
+var rules = map[string]rule{
+	"proto": {noStd: []string{"net", "os", "syscall", "io/fs", "time", "sync", "runtime", "unsafe", "fmt"}, noDeps: noNetOrOS},
+	"shard": {allow: []string{"github.com/cespare/xxhash/v2"}, noStd: []string{"net", "os", "syscall", "io"},
+		noDeps:  append([]string{gnet, "net", "os"}, lockd("proto", "engine", "repl")...),
+		noCalls: []string{"time.Now(", "time.Since(", "time.Sleep(", "time.After", "time.NewTimer", "time.Tick", "go func"}},
+	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
+	"repl": {allow: append(lockd("shard", "store"), "github.com/klauspost/compress/", "github.com/hashicorp/"),
+		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin")...)},
+	"engine": {allow: append(lockd("proto", "shard", "repl"), gnet+"gnet/v2", "golang.org/x/sys/"),
+		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
+	"admin": {allow: append(lockd("engine", "repl"), "github.com/prometheus/"),
+		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
+	"client": {allow: lockd("proto"), noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
+	"fence":  {noStd: []string{"net", "os"}, noDeps: []string{"net"}},
+	"cmd/lockd": {allow: append(lockd("engine", "admin", "repl"), "golang.org/x/sys/"),
+		noDeps: lockd("client", "bench")},
+	"cmd/lockctl": {allow: lockd("client", "proto"),
+		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
+	"bench": {allow: append(lockd("client", "proto", "engine", "repl", "internal/"),
+		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/"),
+		noDeps: []string{cmds}},
+	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
+		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
+	"internal/layers": {},
 }
 
-func deps(t *testing.T, pkg string) []string {
+// goList runs go list with format f over pkgs.
+func goList(t *testing.T, f string, pkgs ...string) []string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}X {{end}}{{.ImportPath}}", mod+pkg).Output()
+	args := append([]string{"list", "-f", f}, pkgs...)
+	out, err := exec.Command("go", args...).Output()
 	if err != nil {
-		t.Fatalf("go list %s: %v", pkg, err)
+		t.Fatalf("go list %v: %v", pkgs, err)
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }
 
+// hasPrefix reports whether path is one of prefixes or inside one of them
+// (a prefix ending in "/" matches anything that starts with it).
+func hasPrefix(path string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if path == p || strings.HasPrefix(path, strings.TrimSuffix(p, "/")+"/") ||
+			(strings.HasSuffix(p, "/") && strings.HasPrefix(path, p)) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestImportRules checks every package of the module against its rule.
 func TestImportRules(t *testing.T) {
-	for _, r := range rules {
-		t.Run(r.pkg, func(t *testing.T) {
-			for _, line := range deps(t, r.pkg) {
-				path, nonStd := strings.CutPrefix(line, "X ")
-				if path == mod+r.pkg {
-					continue
-				}
-				for _, f := range r.forbidden {
-					if path == f || strings.HasPrefix(path, f+"/") {
-						t.Errorf("%s depends on %s, which it must not", r.pkg, path)
-					}
-				}
-				if nonStd {
-					ok := false
-					for _, a := range r.allowed {
-						if strings.HasPrefix(path, a) {
-							ok = true
-						}
-					}
-					if !ok {
-						t.Errorf("%s depends on %s, outside the standard library and its allowed modules", r.pkg, path)
-					}
-				}
+	for _, line := range goList(t, "{{.ImportPath}}|{{.Dir}}|{{join .Imports \" \"}}|{{join .GoFiles \" \"}}", mod+"/...") {
+		f := strings.Split(line, "|")
+		path, dir, imports, files := f[0], f[1], strings.Fields(f[2]), strings.Fields(f[3])
+		name := strings.TrimPrefix(strings.TrimPrefix(path, mod), "/")
+		r, ok := rules[name]
+		if !ok {
+			t.Errorf("package %s has no layering rule: add one to internal/layers", name)
+			continue
+		}
+		t.Run(name, func(t *testing.T) { check(t, name, dir, imports, files, r) })
+	}
+}
+
+func check(t *testing.T, name, dir string, imports, files []string, r rule) {
+	for _, imp := range imports {
+		first, _, _ := strings.Cut(imp, "/")
+		std := !strings.Contains(first, ".")
+		switch {
+		case std && hasPrefix(imp, r.noStd):
+			t.Errorf("%s imports %s, which its layer forbids", name, imp)
+		case !std && !hasPrefix(imp, r.allow):
+			t.Errorf("%s imports %s: not among the imports its layer allows", name, imp)
+		}
+	}
+	if len(r.noDeps) > 0 {
+		for _, dep := range goList(t, "{{.ImportPath}}", "-deps", mod+"/"+name) {
+			if dep != mod+"/"+name && hasPrefix(dep, r.noDeps) {
+				t.Errorf("%s depends on %s, which its layer forbids", name, dep)
 			}
-		})
+		}
+	}
+	for _, file := range files {
+		if len(r.noCalls) == 0 {
+			break
+		}
+		src, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range r.noCalls {
+			if strings.Contains(string(src), bad) {
+				t.Errorf("%s/%s uses %s: the package is a pure state machine", name, file, bad)
+			}
+		}
 	}
 }
