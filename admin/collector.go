@@ -14,7 +14,7 @@ type collector struct {
 
 	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
 	keys, waiters, conns, tokenLast, tokenReserved, wait, role, build, up    *prometheus.Desc
-	noToken, reserveErrs, reserveFailing, moved                              *prometheus.Desc
+	noToken, reserveErrs, reserveFailing, moved, foreign                     *prometheus.Desc
 }
 
 func newCollector(srv *engine.Server, version string) *collector {
@@ -44,13 +44,14 @@ func newCollector(srv *engine.Server, version string) *collector {
 		reserveErrs:    d("token_reserve_failures_total", "Failed token reservation attempts."),
 		reserveFailing: d("token_reserve_failing", "1 while token reservations are failing (the node is unhealthy), else 0."),
 		moved:          d("waiters_moved_total", "Queued acquires answered M because this node stopped executing."),
+		foreign:        d("foreign_token_ops_total", "Successful releases and renews from a connection other than the one the grant was made for (a client's other connection, a reconnect, or a client using a token it did not get).", "op"),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
 		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
-		c.noToken, c.reserveErrs, c.reserveFailing, c.moved} {
+		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.foreign} {
 		ch <- d
 	}
 }
@@ -91,6 +92,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.reserveFailing, failing)
 	counter(c.moved, m.Moved)
+	counter(c.foreign, m.Table.ForeignReleases, "release")
+	counter(c.foreign, m.Table.ForeignRenews, "renew")
 	gauge(c.build, 1, c.version)
 
 	buckets := make(map[float64]uint64, len(engine.WaitBuckets))

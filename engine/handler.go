@@ -243,7 +243,7 @@ func (h *handler) apply(ss *session, sc *scratch, now int64, draining bool) {
 		}
 		sc.cnt.request(proto.OpAcquire, acquireResult[st])
 	case proto.OpRelease:
-		if s.table.Release(now, r.Key, r.ID, &sc.fx) {
+		if s.table.ReleaseFrom(now, r.Key, r.ID, ss.sc, &sc.fx) {
 			sc.out = proto.AppendReleased(sc.out, r.ID, r.Key)
 			sc.cnt.request(proto.OpRelease, resReleased)
 		} else {
@@ -251,7 +251,7 @@ func (h *handler) apply(ss *session, sc *scratch, now int64, draining bool) {
 			sc.cnt.request(proto.OpRelease, resNotHeld)
 		}
 	case proto.OpRenew:
-		if s.table.Renew(now, r.Key, r.Lease, r.ID, &sc.fx) {
+		if s.table.RenewFrom(now, r.Key, r.Lease, r.ID, ss.sc, &sc.fx) {
 			sc.out = proto.AppendRenewed(sc.out, r.ID, r.Key)
 			sc.cnt.request(proto.OpRenew, resRenewed)
 		} else {

@@ -78,7 +78,7 @@ func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) 
 				s.ctr.Expiries++
 			}
 			s.dequeueAll(e, EffectMoved, out)
-			s.freeEntry(e)
+			s.freeEntry(e, h)
 		}
 	case RecordRenew:
 		if e != nil && e.token == r.Token {
@@ -136,20 +136,20 @@ func (t *Table) DumpShard(i int, fn func(key []byte, token uint64, deadline int6
 // EffectMoved in out) and every shard's Seq goes back to 0. The token
 // allocator is left as it is: tokens never go back.
 func (t *Table) Reset(out *Out) {
-	var list []*entry
+	var list []islot
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
 		list = list[:0]
 		for _, sl := range s.idx.slots {
 			if sl.e != nil {
-				list = append(list, sl.e)
+				list = append(list, sl)
 			}
 		}
-		for _, e := range list {
-			s.dequeueAll(e, EffectMoved, out)
-			s.wheel.delLease(e)
-			s.freeEntry(e)
+		for _, sl := range list {
+			s.dequeueAll(sl.e, EffectMoved, out)
+			s.wheel.delLease(sl.e)
+			s.freeEntry(sl.e, sl.h)
 		}
 		s.seq = 0
 		s.mu.Unlock()

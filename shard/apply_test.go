@@ -319,3 +319,46 @@ func TestApplyErrors(t *testing.T) {
 		t.Fatalf("after Reset: %+v seq=%d keys=%d", info, tab.Seq(int(sh)), tab.Stats().Keys)
 	}
 }
+
+// TestForeignReleasesCounted: a release or renew from a connection other
+// than the grant's is counted; from the grant's own connection, from an
+// unknown one (nil) or of a restored lock (no grant connection) it is not.
+// A handoff grant belongs to the waiter's connection.
+func TestForeignReleasesCounted(t *testing.T) {
+	tab, err := New(Config{Shards: 2}, NewTokens(0, 1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := NewConn("a"), NewConn("b")
+	var out Out
+	_, tok := tab.Acquire(0, []byte("k"), 0, 10, 1, a, &out)
+	want := func(rel, ren uint64) {
+		t.Helper()
+		c := tab.Counters()
+		if c.ForeignReleases != rel || c.ForeignRenews != ren {
+			t.Fatalf("foreign releases %d renews %d, want %d %d", c.ForeignReleases, c.ForeignRenews, rel, ren)
+		}
+	}
+	tab.RenewFrom(0, []byte("k"), 10, tok, a, &out)
+	tab.RenewFrom(0, []byte("k"), 10, tok, nil, &out)
+	want(0, 0)
+	tab.RenewFrom(0, []byte("k"), 10, tok, b, &out)
+	want(0, 1)
+	if st, _ := tab.Acquire(0, []byte("k"), 5, 10, 2, b, &out); st != Queued {
+		t.Fatal(st)
+	}
+	tab.ReleaseFrom(0, []byte("k"), tok, b, &out) // b releases a's grant: foreign
+	want(1, 1)
+	if len(out.Effects) != 1 || out.Effects[0].Kind != EffectGrant {
+		t.Fatalf("effects %v", out.Effects)
+	}
+	tok2 := out.Effects[0].Token
+	out.Reset()
+	tab.ReleaseFrom(0, []byte("k"), tok2, b, &out) // the handoff was b's
+	want(1, 1)
+	if err := tab.Restore([]byte("r"), tok2+1, 1e12); err != nil {
+		t.Fatal(err)
+	}
+	tab.ReleaseFrom(0, []byte("r"), tok2+1, a, &out)
+	want(1, 1)
+}

@@ -1,6 +1,9 @@
 package shard
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Conn is the table's per-connection state. The caller allocates one per
 // connection (NewConn) and passes it with every acquire that may queue;
@@ -12,6 +15,8 @@ type Conn struct {
 	// Tag is opaque to the table (the engine stores its session here).
 	Tag any
 
+	id uint64 // unique per process, never 0 (grants remember it)
+
 	// mu guards head, n, dropped, and the cnext/cprev/gen fields of every
 	// waiter linked into this Conn. Lock order: shard.mu → Conn.mu; it is
 	// never held while taking a shard lock.
@@ -21,8 +26,19 @@ type Conn struct {
 	dropped bool    // DropConn was called: refuse new waiters
 }
 
+// connIDs numbers Conns.
+var connIDs atomic.Uint64
+
 // NewConn returns a Conn carrying tag.
-func NewConn(tag any) *Conn { return &Conn{Tag: tag} }
+func NewConn(tag any) *Conn { return &Conn{Tag: tag, id: connIDs.Add(1)} }
+
+// ID returns c's unique id (0 for a nil Conn).
+func (c *Conn) ID() uint64 {
+	if c == nil {
+		return 0
+	}
+	return c.id
+}
 
 // Waiters returns the number of acquires of c that are queued right now.
 func (c *Conn) Waiters() int {

@@ -1,6 +1,10 @@
 package shard
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+)
 
 // entry is a held key. Free keys have no entry: a released or expired entry
 // leaves the index and goes to its shard's bounded free list with its key
@@ -9,7 +13,7 @@ import "sync"
 // locks means a million entries.
 type entry struct {
 	key      []byte // the key; the buffer is reused by the next key
-	hash     uint64 // xxhash.Sum64(key)
+	holder   uint64 // id of the Conn the current grant was made for (0: none known)
 	token    uint64 // current fencing token
 	deadline int64  // lease deadline (ns on the caller's clock)
 	tnext    *entry // wheel slot list; free list link while free
@@ -81,16 +85,16 @@ func (s *shard) newEntry(h uint64, key []byte) *entry {
 	} else {
 		e.key = append(make([]byte, 0, len(key)), key...)
 	}
-	e.hash = h
 	s.idx.insert(h, e)
 	return e
 }
 
-// freeEntry removes e (no waiters, out of the wheel) from the index.
-func (s *shard) freeEntry(e *entry) {
-	s.idx.remove(e.hash, e)
+// freeEntry removes e (no waiters, out of the wheel, key hash h) from the
+// index.
+func (s *shard) freeEntry(e *entry, h uint64) {
+	s.idx.remove(h, e)
 	s.t.keys.Add(-1)
-	e.token, e.deadline, e.lease = 0, 0, 0
+	e.token, e.deadline, e.lease, e.holder = 0, 0, 0, 0
 	if s.nfreeE >= maxFreeEntries {
 		return
 	}
@@ -104,9 +108,11 @@ func (s *shard) freeEntry(e *entry) {
 	s.nfreeE++
 }
 
-// grant gives e the token tok and a lease of lease seconds from now.
-func (s *shard) grant(e *entry, now int64, lease uint8, tok uint64) {
+// grant gives e the token tok and a lease of lease seconds from now, for
+// the connection c (nil: none).
+func (s *shard) grant(e *entry, now int64, lease uint8, tok uint64, c *Conn) {
 	e.token = tok
+	e.holder = c.ID()
 	e.lease = lease
 	e.deadline = now + int64(lease)*second
 	s.wheel.addLease(e)
@@ -128,14 +134,14 @@ func (s *shard) emit(kind RecordKind, e *entry, lease uint8) {
 
 // expire ends e's lease (e is in the wheel) and hands the key on. It reports
 // whether e is still held (by the waiter it went to).
-func (s *shard) expire(e *entry, now int64, out *Out) bool {
+func (s *shard) expire(e *entry, h uint64, now int64, out *Out) bool {
 	s.wheel.delLease(e)
 	s.ctr.Expiries++
 	s.emit(RecordExpire, e, 0)
 	// The key was freed at the lease's deadline, which the timer (a tick
 	// late at most) or a lookup may process later: a waiter still waiting
 	// at the deadline gets the key, even if its own wait has passed since.
-	return s.handoff(e, now, e.deadline, out)
+	return s.handoff(e, h, now, e.deadline, out)
 }
 
 // handoff gives e (out of the wheel, lease ended at instant freed) to the
@@ -144,7 +150,7 @@ func (s *shard) expire(e *entry, now int64, out *Out) bool {
 // now. A waiter that would get the key while no token can be had is
 // answered Busy (EffectBusy) and leaves the queue. It reports whether e is
 // still held.
-func (s *shard) handoff(e *entry, now, freed int64, out *Out) bool {
+func (s *shard) handoff(e *entry, h uint64, now, freed int64, out *Out) bool {
 	for e.wq != nil {
 		w := e.wq
 		s.unqueue(w)
@@ -161,13 +167,13 @@ func (s *shard) handoff(e *entry, now, freed int64, out *Out) bool {
 			s.freeWaiter(w)
 			continue
 		}
-		s.grant(e, now, w.lease, tok)
+		s.grant(e, now, w.lease, tok, w.conn)
 		s.ctr.Handoffs++
 		out.add(EffectGrant, w, e.token, e.key)
 		s.freeWaiter(w)
 		return true
 	}
-	s.freeEntry(e)
+	s.freeEntry(e, h)
 	return false
 }
 
@@ -175,7 +181,7 @@ func (s *shard) handoff(e *entry, now, freed int64, out *Out) bool {
 // (its effects go to out); nil if the key is free.
 func (s *shard) lookup(now int64, h uint64, key []byte, out *Out) *entry {
 	e := s.idx.find(h, key)
-	if e != nil && e.deadline <= now && !s.expire(e, now, out) {
+	if e != nil && e.deadline <= now && !s.expire(e, h, now, out) {
 		return nil
 	}
 	return e
@@ -268,7 +274,7 @@ func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owne
 			return Busy, 0
 		}
 		e = s.newEntry(h, key)
-		s.grant(e, now, lease, tok)
+		s.grant(e, now, lease, tok, c)
 		return Granted, e.token
 	}
 	if wait == 0 {
@@ -284,22 +290,28 @@ func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owne
 	return Queued, 0
 }
 
-func (s *shard) release(now int64, h uint64, key []byte, token uint64, out *Out) bool {
+func (s *shard) release(now int64, h uint64, key []byte, token uint64, c *Conn, out *Out) bool {
 	e := s.lookup(now, h, key, out)
 	if e == nil || e.token != token {
 		return false
 	}
 	s.wheel.delLease(e)
 	s.ctr.Releases++
+	if c != nil && e.holder != 0 && e.holder != c.id {
+		s.ctr.ForeignReleases++
+	}
 	s.emit(RecordRelease, e, 0)
-	s.handoff(e, now, now, out)
+	s.handoff(e, h, now, now, out)
 	return true
 }
 
-func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64, out *Out) bool {
+func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64, c *Conn, out *Out) bool {
 	e := s.lookup(now, h, key, out)
 	if e == nil || e.token != token {
 		return false
+	}
+	if c != nil && e.holder != 0 && e.holder != c.id {
+		s.ctr.ForeignRenews++
 	}
 	s.wheel.delLease(e)
 	e.lease = lease
@@ -327,7 +339,7 @@ func (s *shard) tick(now int64, out *Out) {
 		for e := w.leases[i]; e != nil; {
 			next := e.tnext
 			if e.deadline <= now {
-				s.expire(e, now, out)
+				s.expire(e, xxhash.Sum64(e.key), now, out)
 			}
 			e = next
 		}

@@ -118,10 +118,17 @@ func (t *Table) Acquire(now int64, key []byte, wait, lease uint8, owner uint64, 
 // token; then the key goes to the head waiter with a new token (an
 // EffectGrant in out) or becomes free. false answers N.
 func (t *Table) Release(now int64, key []byte, token uint64, out *Out) bool {
+	return t.ReleaseFrom(now, key, token, nil, out)
+}
+
+// ReleaseFrom is Release by a request that arrived on c: a release of a
+// grant made for another connection is counted (Counters.ForeignReleases:
+// any client that knows a token may release it, PROTOCOL.md §2).
+func (t *Table) ReleaseFrom(now int64, key []byte, token uint64, c *Conn, out *Out) bool {
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
 	s.mu.Lock()
-	ok := s.release(now, h, key, token, out)
+	ok := s.release(now, h, key, token, c, out)
 	s.mu.Unlock()
 	return ok
 }
@@ -130,10 +137,16 @@ func (t *Table) Release(now int64, key []byte, token uint64, out *Out) bool {
 // current token (true: answer K); false answers N. A lease that has passed at
 // now is expired first (so the renew answers N).
 func (t *Table) Renew(now int64, key []byte, lease uint8, token uint64, out *Out) bool {
+	return t.RenewFrom(now, key, lease, token, nil, out)
+}
+
+// RenewFrom is Renew by a request that arrived on c, counting a renew of a
+// grant made for another connection (Counters.ForeignRenews).
+func (t *Table) RenewFrom(now int64, key []byte, lease uint8, token uint64, c *Conn, out *Out) bool {
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
 	s.mu.Lock()
-	ok := s.renew(now, h, key, lease, token, out)
+	ok := s.renew(now, h, key, lease, token, c, out)
 	s.mu.Unlock()
 	return ok
 }
@@ -239,6 +252,14 @@ type Counters struct {
 	Releases uint64 // successful releases
 	Renews   uint64 // successful renews
 	NoToken  uint64 // acquires and handoffs answered Busy because no token was reserved
+
+	// ForeignReleases and ForeignRenews count successful releases and
+	// renews that came from a connection other than the one the grant was
+	// made for (ReleaseFrom, RenewFrom): legitimate for a client that
+	// reconnected or keeps several connections, and also what a client
+	// that guessed another's token does.
+	ForeignReleases uint64
+	ForeignRenews   uint64
 }
 
 // Counters sums the shards' counters, locking each shard in turn (for a
@@ -257,6 +278,8 @@ func (t *Table) Counters() Counters {
 		c.Releases += x.Releases
 		c.Renews += x.Renews
 		c.NoToken += x.NoToken
+		c.ForeignReleases += x.ForeignReleases
+		c.ForeignRenews += x.ForeignRenews
 	}
 	return c
 }
