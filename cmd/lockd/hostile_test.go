@@ -274,3 +274,58 @@ func TestFullDiskAnswersBusy(t *testing.T) {
 	}
 	t.Logf("shutdown on a full disk: %v, exit %d", took, exit)
 }
+
+// freePortPair returns a port p such that p and p+1 were free a moment ago.
+func freePortPair(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+1)))
+		l.Close()
+		if err == nil {
+			l2.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port pair")
+	return 0
+}
+
+// TestTwoInstancesNeedOnlyListen: two lockd processes on one host start
+// with nothing but their own --listen and --data-dir (the admin endpoint
+// follows --listen: its host, port + 1), and each serves its admin there.
+func TestTwoInstancesNeedOnlyListen(t *testing.T) {
+	for range 2 {
+		p := freePortPair(t)
+		listen := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+		d := startCommand(t, nil, "--listen", listen, "--data-dir", t.TempDir())
+		if want := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(p+1)); d.adminURL() != want {
+			t.Fatalf("admin at %s, want %s", d.adminURL(), want)
+		}
+		if code, _ := httpGet(t, d.adminURL()+"/healthz"); code != http.StatusOK {
+			t.Fatalf("/healthz of the instance on %s: %d", listen, code)
+		}
+	}
+}
+
+// TestFailedStartLeavesNoDataDir: a start that fails on a taken port does
+// not leave the data directory it created behind.
+func TestFailedStartLeavesNoDataDir(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := filepath.Join(t.TempDir(), "fresh")
+	cmd := exec.Command(binary, "--listen", ln.Addr().String(), "--admin", "", "--data-dir", dir)
+	if err := cmd.Run(); err == nil {
+		t.Fatal("lockd started on a taken port")
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the failed start left %s behind (%v)", dir, err)
+	}
+}
