@@ -128,7 +128,8 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 		s.barrier.RLock()
 		draining := s.draining.Load()
 		gate := s.node.Gate()
-		if gate.State == repl.Hold {
+		state := gate.Effective(now)
+		if state == repl.Hold {
 			// Read nothing: the requests wait in the connection's buffer
 			// until GateChanged wakes it under the next gate.
 			buf = nil
@@ -138,7 +139,7 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &sc.req)
 			if err == nil {
 				n += m
-				if gate.State == repl.Redirect {
+				if state == repl.Redirect {
 					r := &sc.req
 					sc.out = proto.AppendMoved(sc.out, r.Op, r.ID, gate.Addr)
 					sc.cnt.request(r.Op, resMoved)
@@ -269,11 +270,11 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 	if s.stopped.Load() {
 		return tickEvery, gnet.None
 	}
-	if s.node.Gate().State != repl.Serve {
+	now := s.now()
+	if s.node.Gate().Effective(now) != repl.Serve {
 		return tickEvery, gnet.None
 	}
 	sc := s.getScratch()
-	now := s.now()
 	s.table.Tick(now, &sc.fx)
 	if len(sc.fx.Effects) > 0 {
 		s.deliver(sc, nil, now)

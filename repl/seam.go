@@ -143,6 +143,22 @@ type Gate struct {
 	State GateState
 	// Addr is the active's or leader's client address for M (Redirect).
 	Addr string
+	// Until, when not 0, is the instant on the engine's clock after which
+	// Serve counts as Hold: the node must publish a new gate before it to
+	// keep serving. A node that is frozen (SIGSTOP, a stall) cannot, so a
+	// request that queued up meanwhile is not executed from stale state
+	// before the node has checked with the other members (PROTOCOL.md
+	// §6.2).
+	Until int64
+}
+
+// Effective is the state the engine applies at now: Hold once Until has
+// passed.
+func (g *Gate) Effective(now int64) GateState {
+	if g.State == Serve && g.Until != 0 && now > g.Until {
+		return Hold
+	}
+	return g.State
 }
 
 // Status describes a node.
@@ -158,13 +174,28 @@ type Status struct {
 	ReserveError  string // the last reservation error while reservations are failing, "" when healthy
 
 	Members []Member // the other members, in --peers order (empty for a single node)
+
+	// Cluster counters (priority mode).
+	InSync            bool    // a standby in sync with its active
+	LagSeconds        float64 // standby: how old the last batch applied was when it arrived
+	Failovers         uint64  // promotions of this member after the active went silent
+	Handovers         uint64  // planned handovers this member took part in
+	Demotions         uint64  // times this member stepped down for a later active
+	SnapshotsSent     uint64
+	SnapshotsReceived uint64
+	Batches           uint64 // replication batches sent (active) or applied (standby)
+	Records           uint64 // records in them
+	RawBytes          uint64 // their size before compression
+	WireBytes         uint64 // their size on the member link
 }
 
 // Member is what a node knows of another member.
 type Member struct {
-	Addr   string  // client address from --peers
-	Role   string  // as Status.Role, "" if unknown
-	Live   bool    // heard from within the failover timeout
-	InSync bool    // a standby that applied a snapshot and the stream after it
-	Lag    float64 // replication lag in seconds, as the active measures it
+	Addr       string  // client address from --peers
+	Role       string  // as Status.Role, "" if unknown
+	Live       bool    // heard from within the failover timeout
+	InSync     bool    // a standby that applied a snapshot and the stream after it
+	LagSeconds float64 // active: age of the oldest batch the standby has not acknowledged
+	LagRecords uint64  // active: records sent or queued and not acknowledged
+	LagBytes   uint64  // active: bytes queued or sent and not acknowledged
 }

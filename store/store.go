@@ -17,9 +17,10 @@ import (
 
 // File names inside the data directory.
 const (
-	markFile = "tokens"     // the reserved token limit, decimal text
-	snapFile = "locks.snap" // the shutdown snapshot
-	lockFile = "LOCK"       // flock'ed while a daemon owns the directory
+	markFile  = "tokens"     // the reserved token limit, decimal text
+	epochFile = "epoch"      // a cluster member's highest epoch as active, decimal text
+	snapFile  = "locks.snap" // the shutdown snapshot
+	lockFile  = "LOCK"       // flock'ed while a daemon owns the directory
 )
 
 // ErrLocked means another process holds the data directory.
@@ -68,8 +69,20 @@ func (d *Dir) Close() error {
 
 // Mark returns the reserved token limit: no token above it was ever handed
 // out. 0 when none was recorded (a new or lost directory).
-func (d *Dir) Mark() (uint64, error) {
-	b, err := os.ReadFile(filepath.Join(d.path, markFile))
+func (d *Dir) Mark() (uint64, error) { return d.readUint(markFile, "token mark") }
+
+// Epoch returns the highest epoch this member was active in (a cluster
+// member), 0 when none was recorded.
+func (d *Dir) Epoch() (uint64, error) { return d.readUint(epochFile, "epoch") }
+
+// SetEpoch durably records e as the member's epoch.
+func (d *Dir) SetEpoch(e uint64) error {
+	return d.writeAtomic(epochFile, strconv.AppendUint(nil, e, 10))
+}
+
+// readUint reads a file holding one decimal number; 0 if it does not exist.
+func (d *Dir) readUint(name, what string) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(d.path, name))
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil
 	}
@@ -78,7 +91,7 @@ func (d *Dir) Mark() (uint64, error) {
 	}
 	v, err := strconv.ParseUint(string(bytes.TrimSpace(b)), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("store: token mark %s: %w", filepath.Join(d.path, markFile), err)
+		return 0, fmt.Errorf("store: %s %s: %w", what, filepath.Join(d.path, name), err)
 	}
 	return v, nil
 }

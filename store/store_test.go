@@ -140,3 +140,20 @@ func TestSnapshotCorruptMovedAside(t *testing.T) {
 		t.Fatalf("corrupt snapshot still in place: %v", err)
 	}
 }
+
+func TestEpoch(t *testing.T) {
+	d, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if e, err := d.Epoch(); err != nil || e != 0 {
+		t.Fatalf("new dir: epoch %d, %v", e, err)
+	}
+	if err := d.SetEpoch(7); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := d.Epoch(); err != nil || e != 7 {
+		t.Fatalf("epoch %d, %v after SetEpoch(7)", e, err)
+	}
+}
