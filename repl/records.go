@@ -1,3 +1,36 @@
+// Compression of the replication stream: s2 block, chosen by measurement.
+//
+// BenchmarkCompress and BenchmarkDecompress (records_test.go) on real
+// batches: a shard.Table driven like bench/ (acquire/release pairs on
+// 16-byte keys "bench/key/000123" over 100,000 keys, locks held and
+// renewed, handoffs on 16 contended keys, 1 s leases left to expire;
+// tokens from a wall-clock floor), its records cut every 8, 64, 512 and
+// 2000 records. A record is 30.9 bytes raw. Medians of 6 runs, 2 vCPUs,
+// klauspost/compress v1.20.4, one reused zstd encoder (no dictionary);
+// the machine is noisy (±30% per figure), the ratios are exact:
+//
+//	records  s2 block            zstd EncodeAll fastest  zstd default
+//	         ratio B/rec  µs     ratio B/rec  µs         ratio B/rec  µs
+//	8        1.64  18.8   0.49   1.70  18.2   9.3        1.70  18.2   8.8
+//	64       1.91  16.2   3.2    2.88  10.7   21         2.97  10.4   23
+//	512      1.95  15.8   22     3.20   9.6   104        3.38   9.1   96
+//	2000     1.92  16.1   101    3.21   9.6   317        3.34   9.3   362
+//
+// Decoding 512 records: s2 15 µs, zstd DecodeAll 35 µs.
+//
+// Choice: s2 block. zstd sends 40% fewer bytes from 64 records up, but
+// costs 3-7× the CPU to compress (0.16-0.33 µs a record against 0.04-0.05)
+// and 1.5-5× to decode, on a 2-core machine whose event loops need the CPU
+// (the cluster must keep 80% of single-node throughput); at ~16 bytes a
+// record, even 500,000 records/s are 8 MB/s, which loopback or a LAN
+// carries easily. The cost of s2 per batch also stays below 0.2 ms at
+// 2000 records, inside the 5 ms lag budget.
+//
+// Batches under 256 bytes stay raw (the format's rule): 8 records (247
+// bytes) go raw at 30.9 bytes a record, 33.6 with the Batch frame; from 64
+// records up a batch travels at 16.5 bytes a record with its frame.
+// Compressing the 8-record batches would save 39% for 0.5 µs each.
+
 package repl
 
 import (
