@@ -146,9 +146,12 @@ func NewFrameReader(r io.Reader) *FrameReader {
 }
 
 // Reset makes fr read from r from scratch (a new connection), keeping its
-// buffer.
+// buffer. A zero FrameReader is ready for use after Reset.
 func (fr *FrameReader) Reset(r io.Reader) {
 	fr.r, fr.start, fr.end, fr.err = r, 0, 0, nil
+	if fr.buf == nil {
+		fr.buf = make([]byte, readBufStart)
+	}
 }
 
 // Next returns the next frame's type and payload. The payload points into

@@ -370,6 +370,11 @@ func TestFrameReaderLargeFrames(t *testing.T) {
 	if len(fr.buf) > 2*(4+MaxFrame) {
 		t.Fatalf("buffer grew to %d", len(fr.buf))
 	}
+	var zero FrameReader // usable after Reset
+	zero.Reset(bytes.NewReader(s[:4+5+1]))
+	if typ, p, err := zero.Next(); err != nil || typ != MsgBatch || len(p) != 0 {
+		t.Fatalf("zero FrameReader after Reset: %v %d bytes %v", typ, len(p), err)
+	}
 	grown := &fr.buf[0]
 	fr.Reset(bytes.NewReader(AppendFrame(nil, MsgSnapEnd, nil)))
 	if typ, _, err := fr.Next(); err != nil || typ != MsgSnapEnd || &fr.buf[0] != grown {
