@@ -43,6 +43,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseResponse$$' -fuzztime $(FUZZTIME) ./proto/
 	$(GO) test -run '^$$' -fuzz '^FuzzRespReply$$' -fuzztime $(FUZZTIME) ./bench/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseSnapshot$$' -fuzztime $(FUZZTIME) ./store/
+	$(GO) test -run '^$$' -fuzz '^FuzzFrameReader$$' -fuzztime $(FUZZTIME) ./repl/
+	$(GO) test -run '^$$' -fuzz '^FuzzBatchRecords$$' -fuzztime $(FUZZTIME) ./repl/
+	$(GO) test -run '^$$' -fuzz '^FuzzSnapEntries$$' -fuzztime $(FUZZTIME) ./repl/
 
 clean:
 	rm -rf bin

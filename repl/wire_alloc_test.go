@@ -1,0 +1,155 @@
+//go:build !race
+
+package repl
+
+import (
+	"testing"
+
+	"github.com/lockd-dev/lockd/shard"
+)
+
+// The race detector's instrumentation allocates, so these run without it
+// (make test runs them with -run 'Allocs$').
+
+// wireSink keeps what a measured call returns, so that nothing is
+// optimised away or kept on the stack.
+var wireSink []byte
+
+// wireLoop serves its stream over and over, in reads of at most step bytes.
+type wireLoop struct {
+	stream []byte
+	off    int
+	step   int
+}
+
+func (r *wireLoop) Read(p []byte) (int, error) {
+	n := copy(p[:min(len(p), r.step)], r.stream[r.off:])
+	if r.off += n; r.off == len(r.stream) {
+		r.off = 0
+	}
+	return n, nil
+}
+
+// TestFrameReaderAllocs: once its buffer has grown, the reader allocates
+// nothing per frame, whether frames arrive whole or split.
+func TestFrameReaderAllocs(t *testing.T) {
+	stream, _ := wireStream()
+	big := AppendBatch(nil, 1, make([]byte, 200<<10)) // grows the buffer past its start size
+	stream = append(stream, big...)
+	cycle := len(wireCases()) + 1
+	for _, step := range []int{1 << 20, 7} {
+		fr := NewFrameReader(&wireLoop{stream: stream, step: step})
+		for range 3 * cycle { // warm up: the buffer grows once
+			if _, _, err := fr.Next(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// One run reads a whole cycle of frames: AllocsPerRun divides as
+		// integers, so an allocation in fewer than every run would not show.
+		if n := testing.AllocsPerRun(100, func() {
+			for range cycle {
+				var err error
+				if _, wireSink, err = fr.Next(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}); n != 0 {
+			t.Fatalf("reads of %d: %v allocs per cycle of frames, want 0", step, n)
+		}
+	}
+}
+
+// TestMessageAllocs: encoding every message into a buffer with room and
+// decoding it allocate nothing.
+func TestMessageAllocs(t *testing.T) {
+	dst := make([]byte, 0, 4096)
+	for _, c := range wireCases() {
+		frame := c.m.Append(nil)
+		p := frame[frameHead : len(frame)-frameTail]
+		back := newWireMsg(c.m)
+		if n := testing.AllocsPerRun(100, func() {
+			dst = c.m.Append(dst[:0])
+			if err := back.Decode(p); err != nil {
+				t.Fatal(err)
+			}
+		}); n != 0 {
+			t.Errorf("%s: %v allocs, want 0", c.name, n)
+		}
+	}
+}
+
+// TestRecordAllocs: adding records to a grown BatchWriter, reading them
+// back, and the same for snapshot entries, allocate nothing.
+func TestRecordAllocs(t *testing.T) {
+	recs := wireWorkload(t, 512, 11)
+	var w BatchWriter
+	add := func() {
+		w.Reset()
+		for i := range recs {
+			if err := w.Add(&recs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	add() // grows the buffer
+	if n := testing.AllocsPerRun(20, add); n != 0 {
+		t.Errorf("BatchWriter.Add: %v allocs per batch", n)
+	}
+	raw := w.Bytes()
+	var rr RecordReader
+	var r shard.Record
+	if n := testing.AllocsPerRun(20, func() {
+		for rr.Reset(raw); rr.Next(&r); {
+		}
+		if _, err := CheckRecords(raw); err != nil || rr.Err() != nil {
+			t.Fatal(err, rr.Err())
+		}
+	}); n != 0 {
+		t.Errorf("RecordReader: %v allocs per batch", n)
+	}
+
+	snap := make([]byte, 0, 64<<10)
+	var e SnapEntry
+	var sr SnapReader
+	if n := testing.AllocsPerRun(20, func() {
+		snap = snap[:0]
+		for i := range recs {
+			var err error
+			snap, err = AppendSnapEntry(snap, &SnapEntry{Key: recs[i].Key, Token: recs[i].Token, Left: 5e9, Lease: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for sr.Reset(snap); sr.Next(&e); {
+		}
+		if sr.Err() != nil {
+			t.Fatal(sr.Err())
+		}
+	}); n != 0 {
+		t.Errorf("snapshot entries: %v allocs per batch", n)
+	}
+}
+
+// TestCompressAllocs: framing a batch into a buffer with room (s2
+// included) and decompressing into a large enough buffer allocate
+// nothing.
+func TestCompressAllocs(t *testing.T) {
+	raw := wireBatches(t, wireWorkload(t, 512, 12), 512)[0]
+	dst := make([]byte, 0, 2*len(raw)+64)
+	scratch := make([]byte, len(raw))
+	var b Batch
+	if n := testing.AllocsPerRun(50, func() {
+		dst = AppendBatch(dst[:0], 1, raw)
+		if err := b.Decode(dst[frameHead : len(dst)-frameTail]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Raw(scratch); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("AppendBatch + Decode + Raw: %v allocs", n)
+	}
+	if b.Codec != CodecS2 {
+		t.Fatalf("a batch of 512 records sent %v", b.Codec)
+	}
+}

@@ -1,0 +1,505 @@
+package repl
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"hash/crc32"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// wireMsg is what every message struct of the member link implements.
+type wireMsg interface {
+	Append(dst []byte) []byte
+	Decode(p []byte) error
+}
+
+// wireSnapEnd adapts the payload-less SnapEnd to wireMsg.
+type wireSnapEnd struct{}
+
+func (wireSnapEnd) Append(dst []byte) []byte { return AppendSnapEnd(dst) }
+func (wireSnapEnd) Decode(p []byte) error    { return DecodeSnapEnd(p) }
+
+// wireCase is a message with its type and its payload written out by hand
+// from the member-link format table (hex, spaces ignored).
+type wireCase struct {
+	name    string
+	t       MsgType
+	m       wireMsg
+	payload string
+}
+
+func wireCases() []wireCase {
+	return []wireCase{
+		{"hello", MsgHello, &Hello{Version: 1, Mode: ModePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000},
+			"0001 01 03 02 00002710 00000040 000003e8"},
+		{"hello-raft-max", MsgHello, &Hello{Version: 1, Mode: ModeRaft, Members: 255, Self: 254, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000},
+			"0001 02 ff fe ffffffff 00010000 0000ea60"},
+		{"heartbeat-active", MsgHeartbeat, &Heartbeat{Epoch: 7, Role: RoleActive, Active: 0, InSync: true, Probe: 1, Echo: 2,
+			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0},
+			"0000000000000007 02 00 01 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000"},
+		{"heartbeat-standby-none", MsgHeartbeat, &Heartbeat{Epoch: 1<<64 - 1, Role: RoleStandby, Active: NoActive, LagNS: 1500000},
+			"ffffffffffffffff 01 ff 00 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 000000000016e360"},
+		{"heartbeat-leaving", MsgHeartbeat, &Heartbeat{Epoch: 9, Role: RoleLeaving, Active: 1, InSync: true},
+			"0000000000000009 03 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
+		{"batch-raw", MsgBatch, &Batch{Seq: 3, Codec: CodecRaw, RawLen: 4, Data: []byte("abcd")},
+			"0000000000000003 00 00000004 61626364"},
+		{"batch-s2", MsgBatch, &Batch{Seq: 1<<64 - 1, Codec: CodecS2, RawLen: 1000, Data: []byte{0xe8, 0x07, 0x00}},
+			"ffffffffffffffff 01 000003e8 e80700"},
+		{"reserve", MsgReserve, &Reserve{ID: 5, Limit: 0x0102030405060708},
+			"0000000000000005 0102030405060708"},
+		{"ack-batch", MsgAck, &Ack{Kind: AckBatch, Value: 42}, "01 000000000000002a"},
+		{"ack-reserve", MsgAck, &Ack{Kind: AckReserve, Value: 5}, "02 0000000000000005"},
+		{"ack-snapshot", MsgAck, &Ack{Kind: AckSnapshot, Value: 7}, "03 0000000000000007"},
+		{"ack-handoff", MsgAck, &Ack{Kind: AckHandoff, Value: 8}, "04 0000000000000008"},
+		{"snap-begin", MsgSnapBegin, &SnapBegin{Epoch: 7, Shards: 64, TokenLast: 100, Reserved: 200, Locks: 10000},
+			"0000000000000007 00000040 0000000000000064 00000000000000c8 0000000000002710"},
+		{"snap-shard-raw", MsgSnapShard, &SnapShard{Shard: 63, Seq: 99, Last: true, Codec: CodecRaw, RawLen: 2, Data: []byte("xy")},
+			"0000003f 0000000000000063 01 00 00000002 7879"},
+		{"snap-shard-s2", MsgSnapShard, &SnapShard{Shard: 0, Seq: 0, Last: false, Codec: CodecS2, RawLen: 5, Data: []byte{5, 1}},
+			"00000000 0000000000000000 00 01 00000005 0501"},
+		{"snap-end", MsgSnapEnd, wireSnapEnd{}, ""},
+		{"need-snapshot-gap", MsgNeedSnapshot, &NeedSnapshot{Reason: SnapGap}, "01"},
+		{"need-snapshot-start", MsgNeedSnapshot, &NeedSnapshot{Reason: SnapStart}, "02"},
+		{"need-snapshot-behind", MsgNeedSnapshot, &NeedSnapshot{Reason: SnapBehind}, "03"},
+		{"handoff", MsgHandoff, &Handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000},
+			"0000000000000008 00000000000003e8 00000000000007d0"},
+	}
+}
+
+func wireHex(t testing.TB, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// wireFrame builds a frame by hand: length, type, payload, CRC-32C.
+func wireFrame(t MsgType, payload []byte) []byte {
+	body := append([]byte{byte(t)}, payload...)
+	f := binary.BigEndian.AppendUint32(nil, uint32(len(body)+4))
+	f = append(f, body...)
+	return binary.BigEndian.AppendUint32(f, crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli)))
+}
+
+// newWireMsg returns a zero message of m's type.
+func newWireMsg(m wireMsg) wireMsg {
+	if _, ok := m.(wireSnapEnd); ok {
+		return wireSnapEnd{}
+	}
+	return reflect.New(reflect.TypeOf(m).Elem()).Interface().(wireMsg)
+}
+
+// TestMessageLayout: every message encodes to the bytes of the format
+// table, frames as the header says, decodes back to itself and re-encodes
+// to the same frame; the payload after a prefix of bytes appended keeps
+// nothing of an earlier decode.
+func TestMessageLayout(t *testing.T) {
+	for _, c := range wireCases() {
+		t.Run(c.name, func(t *testing.T) {
+			want := wireFrame(c.t, wireHex(t, c.payload))
+			got := c.m.Append([]byte("prefix"))
+			if !bytes.HasPrefix(got, []byte("prefix")) || !bytes.Equal(got[6:], want) {
+				t.Fatalf("Append:\n got %x\nwant prefix+%x", got, want)
+			}
+			typ, p, err := NewFrameReader(bytes.NewReader(want)).Next()
+			if err != nil || typ != c.t {
+				t.Fatalf("Next: %v, %v", typ, err)
+			}
+			back := newWireMsg(c.m)
+			if err := back.Decode(p); err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			if !reflect.DeepEqual(back, c.m) {
+				t.Fatalf("Decode: %+v, want %+v", back, c.m)
+			}
+			if again := back.Append(nil); !bytes.Equal(again, want) {
+				t.Fatalf("re-encoded %x, want %x", again, want)
+			}
+		})
+	}
+}
+
+// TestMessagePrefixesAndExtras: every proper prefix of a valid payload and
+// the payload with a byte added are refused (or, for compressed data,
+// refused by Raw); nothing panics.
+func TestMessagePrefixesAndExtras(t *testing.T) {
+	for _, c := range wireCases() {
+		t.Run(c.name, func(t *testing.T) {
+			p := wireHex(t, c.payload)
+			for i := range len(p) {
+				if err := decodeAll(newWireMsg(c.m), p[:i]); err == nil {
+					t.Errorf("prefix of %d/%d bytes decoded", i, len(p))
+				}
+			}
+			long := append(append([]byte{}, p...), 0x01)
+			err := decodeAll(newWireMsg(c.m), long)
+			compressed := c.t == MsgBatch && p[8] == byte(CodecS2) || c.t == MsgSnapShard && p[13] == byte(CodecS2)
+			if err == nil && !compressed {
+				t.Errorf("payload with a byte added decoded")
+			}
+		})
+	}
+}
+
+// decodeAll decodes p into m and, for a batch or snapshot frame, its data.
+func decodeAll(m wireMsg, p []byte) error {
+	if err := m.Decode(p); err != nil {
+		return err
+	}
+	var err error
+	switch m := m.(type) {
+	case *Batch:
+		_, err = m.Raw(nil)
+	case *SnapShard:
+		_, err = m.Raw(nil)
+	}
+	return err
+}
+
+// TestMessageBadFields: values the format does not allow are refused.
+func TestMessageBadFields(t *testing.T) {
+	cases := []struct {
+		name    string
+		m       wireMsg
+		payload string
+		want    error
+	}{
+		{"heartbeat-role-0", &Heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 48), ErrBadField},
+		{"heartbeat-role-4", &Heartbeat{}, "0000000000000007 04 00 01" + strings.Repeat("00", 48), ErrBadField},
+		{"heartbeat-insync-2", &Heartbeat{}, "0000000000000007 01 00 02" + strings.Repeat("00", 48), ErrBadField},
+		{"ack-kind-0", &Ack{}, "00 0000000000000001", ErrBadField},
+		{"ack-kind-5", &Ack{}, "05 0000000000000001", ErrBadField},
+		{"need-snapshot-0", &NeedSnapshot{}, "00", ErrBadField},
+		{"need-snapshot-4", &NeedSnapshot{}, "04", ErrBadField},
+		{"batch-codec-2", &Batch{}, "0000000000000001 02 00000001 00", ErrBadField},
+		{"batch-raw-len-short", &Batch{}, "0000000000000001 00 00000001 0000", ErrBadField},
+		{"batch-raw-len-long", &Batch{}, "0000000000000001 00 00000003 0000", ErrBadField},
+		{"batch-s2-no-data", &Batch{}, "0000000000000001 01 00000003", ErrBadField},
+		{"batch-s2-raw-len-over-max", &Batch{}, "0000000000000001 01 01000001 00", ErrBadField},
+		{"snap-shard-last-2", &SnapShard{}, "00000000 0000000000000000 02 00 00000000", ErrBadField},
+		{"snap-shard-codec-9", &SnapShard{}, "00000000 0000000000000000 00 09 00000000", ErrBadField},
+		{"snap-shard-raw-len", &SnapShard{}, "00000000 0000000000000000 01 00 00000001", ErrBadField},
+		{"snap-end-payload", wireSnapEnd{}, "00", ErrLongPayload},
+		{"reserve-short", &Reserve{}, "00", ErrShortPayload},
+		{"hello-short", &Hello{}, "0001 01", ErrShortPayload},
+		{"hello-long", &Hello{}, "0001 01 03 02 00002710 00000040 000003e8 00", ErrLongPayload},
+		{"hello-version-2", &Hello{}, "0002", ErrMismatch},
+		{"hello-version-0-long", &Hello{}, "0000 01 03 02 00002710 00000040 000003e8 00", ErrMismatch},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if err := c.m.Decode(wireHex(t, c.payload)); !errors.Is(err, c.want) {
+				t.Fatalf("Decode: %v, want %v", err, c.want)
+			}
+		})
+	}
+	var h Hello
+	err := h.Decode(wireHex(t, "0002 ffff"))
+	if h.Version != 2 || err == nil || !strings.Contains(err.Error(), "protocol version 2, here 1") {
+		t.Fatalf("version 2: %+v, %v", h, err)
+	}
+}
+
+func TestHelloCheck(t *testing.T) {
+	local := Hello{Version: 1, Mode: ModePriority, Members: 3, Self: 0, Offset: 10000, Shards: 64, FailoverMS: 1000}
+	peer := local
+	peer.Self = 1
+	cases := []struct {
+		name  string
+		edit  func(h *Hello)
+		wants []string // fragments of the error; nil: no error
+	}{
+		{"same", func(*Hello) {}, nil},
+		{"last-member", func(h *Hello) { h.Self = 2 }, nil},
+		{"version", func(h *Hello) { h.Version = 2 }, []string{"protocol version 2 (here 1)"}},
+		{"mode", func(h *Hello) { h.Mode = ModeRaft }, []string{"mode raft (here priority)"}},
+		{"mode-unknown", func(h *Hello) { h.Mode = 9 }, []string{"mode ClusterMode(9) (here priority)"}},
+		{"members", func(h *Hello) { h.Members = 5 }, []string{"5 members (here 3)"}},
+		{"offset", func(h *Hello) { h.Offset = 20000 }, []string{"peer offset 20000 (here 10000)"}},
+		{"shards", func(h *Hello) { h.Shards = 128 }, []string{"128 shards (here 64)"}},
+		{"failover", func(h *Hello) { h.FailoverMS = 2000 }, []string{"failover timeout 2000ms (here 1000ms)"}},
+		{"self-outside", func(h *Hello) { h.Self = 3 }, []string{"member index 3 outside its 3 members"}},
+		{"self-is-ours", func(h *Hello) { h.Self = 0 }, []string{"member index 0 is this node's own"}},
+		{"several", func(h *Hello) { h.Mode, h.Members, h.Shards = ModeRaft, 2, 8 },
+			[]string{"mode raft (here priority)", "2 members (here 3)", "8 shards (here 64)"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := peer
+			c.edit(&h)
+			err := h.Check(local)
+			if c.wants == nil {
+				if err != nil {
+					t.Fatalf("Check: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrMismatch) {
+				t.Fatalf("Check: %v, want ErrMismatch", err)
+			}
+			for _, w := range c.wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Check: %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestMsgTypeString(t *testing.T) {
+	want := []string{"MsgType(0)", "hello", "heartbeat", "batch", "reserve", "ack", "snap-begin",
+		"snap-shard", "snap-end", "need-snapshot", "handoff", "MsgType(11)"}
+	for i, w := range want {
+		if got := MsgType(i).String(); got != w {
+			t.Errorf("MsgType(%d) = %q, want %q", i, got, w)
+		}
+	}
+	for _, s := range []interface{ String() string }{Codec(2), AckKind(0), SnapReason(4), HeartbeatRole(0), ClusterMode(0)} {
+		if !strings.Contains(s.String(), "(") {
+			t.Errorf("unknown value named %q", s)
+		}
+	}
+}
+
+// wireStream is every case's frame, one after the other.
+func wireStream() ([]byte, []wireCase) {
+	var s []byte
+	cases := wireCases()
+	for _, c := range cases {
+		s = c.m.Append(s)
+	}
+	return s, cases
+}
+
+// readAllFrames reads frames until an error and checks them against cases.
+func readAllFrames(t *testing.T, fr *FrameReader, cases []wireCase) error {
+	t.Helper()
+	for i := 0; ; i++ {
+		typ, p, err := fr.Next()
+		if err != nil {
+			if i != len(cases) {
+				t.Fatalf("frame %d: %v", i, err)
+			}
+			return err
+		}
+		if i >= len(cases) {
+			t.Fatalf("frame %d beyond the %d written", i, len(cases))
+		}
+		if want := cases[i].m.Append(nil); typ != cases[i].t || !bytes.Equal(p, want[frameHead:len(want)-frameTail]) {
+			t.Fatalf("frame %d: %v %x, want %v %x", i, typ, p, cases[i].t, want[frameHead:len(want)-frameTail])
+		}
+	}
+}
+
+// wireChunks reads the chunks one per Read call.
+type wireChunks struct{ chunks [][]byte }
+
+func (r *wireChunks) Read(p []byte) (int, error) {
+	for len(r.chunks) > 0 && len(r.chunks[0]) == 0 {
+		r.chunks = r.chunks[1:]
+	}
+	if len(r.chunks) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.chunks[0])
+	r.chunks[0] = r.chunks[0][n:]
+	return n, nil
+}
+
+// TestFrameReaderSplits: the stream of every message, cut in two at every
+// offset (so every frame is split at each of its bytes), read through a
+// reader whose buffer starts at 16 bytes (so it compacts and grows) and
+// through the default one, yields every frame, then io.EOF.
+func TestFrameReaderSplits(t *testing.T) {
+	stream, cases := wireStream()
+	for _, small := range []bool{false, true} {
+		for i := 0; i <= len(stream); i++ {
+			fr := NewFrameReader(&wireChunks{chunks: [][]byte{stream[:i:i], stream[i:]}})
+			if small {
+				fr.buf = make([]byte, 16)
+			}
+			if err := readAllFrames(t, fr, cases); err != io.EOF {
+				t.Fatalf("split at %d (small %v): end %v, want io.EOF", i, small, err)
+			}
+		}
+	}
+	readers := map[string]io.Reader{
+		"one-byte": iotest.OneByteReader(bytes.NewReader(stream)),
+		"half":     iotest.HalfReader(bytes.NewReader(stream)),
+		"data-err": iotest.DataErrReader(bytes.NewReader(stream)),
+	}
+	for name, r := range readers {
+		fr := NewFrameReader(r)
+		fr.buf = make([]byte, 7)
+		if err := readAllFrames(t, fr, cases); err != io.EOF {
+			t.Fatalf("%s: end %v, want io.EOF", name, err)
+		}
+	}
+}
+
+// TestFrameReaderLargeFrames: frames up to MaxFrame grow the buffer and
+// read back whole; the buffer is then reused for the next connection.
+func TestFrameReaderLargeFrames(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), (MaxFrame-5)/16)
+	big = append(big, make([]byte, MaxFrame-5-len(big))...)
+	var s []byte
+	for _, n := range []int{0, 1, readBufStart - 9, readBufStart - 8, 3 * readBufStart, len(big)} {
+		s = AppendFrame(s, MsgBatch, big[:n])
+	}
+	if l := binary.BigEndian.Uint32(s[len(s)-4-len(big)-5:]); l != MaxFrame {
+		t.Fatalf("largest frame's length %d, want MaxFrame", l)
+	}
+	fr := NewFrameReader(iotest.HalfReader(bytes.NewReader(s)))
+	for _, n := range []int{0, 1, readBufStart - 9, readBufStart - 8, 3 * readBufStart, len(big)} {
+		typ, p, err := fr.Next()
+		if err != nil || typ != MsgBatch || !bytes.Equal(p, big[:n]) {
+			t.Fatalf("frame of %d: %v %d bytes %v", n, typ, len(p), err)
+		}
+	}
+	if _, _, err := fr.Next(); err != io.EOF {
+		t.Fatalf("end: %v", err)
+	}
+	if len(fr.buf) > 2*(4+MaxFrame) {
+		t.Fatalf("buffer grew to %d", len(fr.buf))
+	}
+	var zero FrameReader // usable after Reset
+	zero.Reset(bytes.NewReader(s[:4+5+1]))
+	if typ, p, err := zero.Next(); err != nil || typ != MsgBatch || len(p) != 0 {
+		t.Fatalf("zero FrameReader after Reset: %v %d bytes %v", typ, len(p), err)
+	}
+	grown := &fr.buf[0]
+	fr.Reset(bytes.NewReader(AppendFrame(nil, MsgSnapEnd, nil)))
+	if typ, _, err := fr.Next(); err != nil || typ != MsgSnapEnd || &fr.buf[0] != grown {
+		t.Fatalf("after Reset: %v %v, buffer kept %v", typ, err, &fr.buf[0] == grown)
+	}
+}
+
+// TestFrameReaderErrors: oversized, undersized, corrupted and unknown
+// frames are refused with their error, which then sticks; truncated
+// streams end with io.ErrUnexpectedEOF.
+func TestFrameReaderErrors(t *testing.T) {
+	good := (&Ack{Kind: AckBatch, Value: 1}).Append(nil)
+	flip := func(i int) []byte {
+		b := append([]byte{}, good...)
+		b[i] ^= 0x40
+		return b
+	}
+	withLen := func(n uint32) []byte { return binary.BigEndian.AppendUint32(nil, n) }
+	cases := []struct {
+		name   string
+		stream []byte
+		want   error
+	}{
+		{"length-over-max", withLen(MaxFrame + 1), ErrFrameTooLarge},
+		{"length-max-u32", withLen(1<<32 - 1), ErrFrameTooLarge},
+		{"length-0", withLen(0), ErrFrameTooShort},
+		{"length-4", append(withLen(4), 1, 0, 0, 0), ErrFrameTooShort},
+		{"crc-flipped", flip(len(good) - 1), ErrBadCRC},
+		{"type-flipped", flip(4), ErrBadCRC},
+		{"payload-flipped", flip(7), ErrBadCRC},
+		{"length-shorter", append(withLen(uint32(len(good)-5)), good[4:]...), ErrBadCRC},
+		{"type-0", wireFrame(0, nil), ErrUnknownType},
+		{"type-11", wireFrame(11, []byte{1, 2}), ErrUnknownType},
+		{"type-255", wireFrame(255, nil), ErrUnknownType},
+		{"truncated-length", good[:3], io.ErrUnexpectedEOF},
+		{"truncated-body", good[:len(good)-1], io.ErrUnexpectedEOF},
+		{"truncated-huge", append(withLen(MaxFrame), make([]byte, 100)...), io.ErrUnexpectedEOF},
+		{"empty", nil, io.EOF},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			stream := append(append([]byte{}, good...), c.stream...)
+			fr := NewFrameReader(bytes.NewReader(stream))
+			if typ, _, err := fr.Next(); err != nil || typ != MsgAck {
+				t.Fatalf("first frame: %v %v", typ, err)
+			}
+			if _, _, err := fr.Next(); err != c.want {
+				t.Fatalf("Next: %v, want %v", err, c.want)
+			}
+			if len(fr.buf) != readBufStart {
+				t.Fatalf("buffer grew to %d for a frame that never came", len(fr.buf))
+			}
+			if protocolErr := c.want != io.EOF && c.want != io.ErrUnexpectedEOF; protocolErr {
+				fr.r = bytes.NewReader(good)
+				if _, _, err := fr.Next(); err != c.want {
+					t.Fatalf("second Next: %v, want the same %v", err, c.want)
+				}
+			}
+		})
+	}
+}
+
+// wireFlaky returns errTimeout after every chunk, as a connection with a
+// read deadline might.
+type wireFlaky struct {
+	chunks [][]byte
+	fail   bool
+}
+
+var errWireTimeout = errors.New("timeout")
+
+func (r *wireFlaky) Read(p []byte) (int, error) {
+	if r.fail = !r.fail; !r.fail || len(r.chunks) == 0 {
+		if len(r.chunks) == 0 {
+			return 0, io.EOF
+		}
+		return 0, errWireTimeout
+	}
+	n := copy(p, r.chunks[0])
+	r.chunks = r.chunks[1:]
+	return n, nil
+}
+
+// TestFrameReaderResumes: a read error that is not the protocol's (a
+// deadline) is returned, and the next Next carries on with the bytes
+// already read; a reader that returns nothing forever ends in
+// ErrNoProgress.
+func TestFrameReaderResumes(t *testing.T) {
+	stream, cases := wireStream()
+	var chunks [][]byte
+	for i := 0; i < len(stream); i += 7 {
+		chunks = append(chunks, stream[i:min(i+7, len(stream))])
+	}
+	fr := NewFrameReader(&wireFlaky{chunks: chunks})
+	for i := 0; i < len(cases); {
+		typ, p, err := fr.Next()
+		if err == errWireTimeout {
+			continue
+		}
+		want := cases[i].m.Append(nil)
+		if err != nil || typ != cases[i].t || !bytes.Equal(p, want[frameHead:len(want)-frameTail]) {
+			t.Fatalf("frame %d: %v %x %v", i, typ, p, err)
+		}
+		i++
+	}
+	if _, _, err := fr.Next(); err != io.EOF && err != errWireTimeout {
+		t.Fatalf("end: %v", err)
+	}
+	fr = NewFrameReader(wireNothing{})
+	if _, _, err := fr.Next(); err != ErrNoProgress {
+		t.Fatalf("empty reads: %v", err)
+	}
+}
+
+type wireNothing struct{}
+
+func (wireNothing) Read([]byte) (int, error) { return 0, nil }
+
+// TestAppendFramePanicsAboveMax: a payload that cannot be framed is a bug
+// of the caller, not a frame the peer would refuse.
+func TestAppendFramePanicsAboveMax(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic")
+		}
+	}()
+	AppendFrame(nil, MsgBatch, make([]byte, MaxFrame-4))
+}
