@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/repl"
 )
 
 // Handler returns the admin endpoint's handler for srv. version is reported
@@ -68,6 +69,27 @@ type Status struct {
 	TokenLast     string `json:"token_last"`
 	TokenReserved string `json:"token_reserved"`
 	Limits        Limits `json:"limits"`
+
+	// Cluster: mode "single", "priority" or "raft"; the active's (or
+	// leader's) client address; the epoch (priority) or term (raft); the
+	// other members.
+	Mode    string   `json:"mode"`
+	Active  string   `json:"active"`
+	Epoch   uint64   `json:"epoch"`
+	InSync  bool     `json:"in_sync,omitempty"` // a standby in sync with its active
+	LagSecs float64  `json:"lag_seconds"`       // standby: age of the last batch when it arrived
+	Members []Member `json:"members,omitempty"` // the other members, in --peers order
+}
+
+// Member is what this node knows of another cluster member.
+type Member struct {
+	Addr       string  `json:"addr"`
+	Role       string  `json:"role"`
+	Live       bool    `json:"live"`
+	InSync     bool    `json:"in_sync"`
+	LagSeconds float64 `json:"lag_seconds"` // as the active measures it
+	LagRecords uint64  `json:"lag_records"`
+	LagBytes   uint64  `json:"lag_bytes"`
 }
 
 // Limits are the server's configured limits.
@@ -98,7 +120,22 @@ func status(srv *engine.Server, version string) Status {
 			MaxKey: cfg.MaxKey, MaxKeys: cfg.Table.MaxKeys, MaxWaitersPerKey: cfg.Table.MaxWaitersPerKey,
 			MaxWaiters: cfg.Table.MaxWaiters, MaxConns: cfg.MaxConns, MaxOutbound: cfg.MaxOutbound, Loops: cfg.Loops,
 		},
+		Mode:    node.Mode,
+		Active:  node.Active,
+		Epoch:   node.Epoch,
+		InSync:  node.InSync,
+		LagSecs: node.LagSeconds,
+		Members: members(node.Members),
 	}
+}
+
+func members(ms []repl.Member) []Member {
+	var out []Member
+	for _, m := range ms {
+		out = append(out, Member{Addr: m.Addr, Role: m.Role, Live: m.Live, InSync: m.InSync,
+			LagSeconds: m.LagSeconds, LagRecords: m.LagRecords, LagBytes: m.LagBytes})
+	}
+	return out
 }
 
 // Key is the JSON document of /keys/{key}.

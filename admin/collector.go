@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/repl"
 )
 
 // collector turns one engine.Metrics snapshot per scrape into Prometheus
@@ -15,6 +16,10 @@ type collector struct {
 	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
 	keys, waiters, conns, tokenLast, tokenReserved, wait, role, build, up    *prometheus.Desc
 	noToken, reserveErrs, reserveFailing, moved, foreign                     *prometheus.Desc
+
+	// cluster
+	epoch, failovers, handovers, demotions, snapshots, batches, records, rawBytes, wireBytes *prometheus.Desc
+	lagSecs, lagRecords, lagBytes, memberLive                                                *prometheus.Desc
 }
 
 func newCollector(srv *engine.Server, version string) *collector {
@@ -44,6 +49,19 @@ func newCollector(srv *engine.Server, version string) *collector {
 		reserveErrs:    d("token_reserve_failures_total", "Failed token reservation attempts."),
 		reserveFailing: d("token_reserve_failing", "1 while token reservations are failing (the node is unhealthy), else 0."),
 		moved:          d("waiters_moved_total", "Queued acquires answered M because this node stopped executing."),
+		epoch:          d("cluster_epoch", "The active's epoch (priority) or the term (raft)."),
+		failovers:      d("cluster_failovers_total", "Times this member promoted itself after the active went silent."),
+		handovers:      d("cluster_handovers_total", "Planned handovers this member took part in (giving or taking)."),
+		demotions:      d("cluster_demotions_total", "Times this member stepped down for an active that became active later."),
+		snapshots:      d("cluster_snapshot_transfers_total", "Snapshots of the whole table sent or received.", "direction"),
+		batches:        d("replication_batches_total", "Replication batches sent (active) or applied (standby)."),
+		records:        d("replication_records_total", "State-change records in those batches."),
+		rawBytes:       d("replication_raw_bytes_total", "Bytes of those records before compression."),
+		wireBytes:      d("replication_wire_bytes_total", "Bytes of those batches on the member link (compressed, framed); sent by the active."),
+		lagSecs:        d("replication_lag_seconds", "Active: age of the oldest batch a standby has not acknowledged; standby (member=\"self\"): age of the last batch applied when it arrived.", "member"),
+		lagRecords:     d("replication_lag_records", "Records sent or queued to a standby and not acknowledged.", "member"),
+		lagBytes:       d("replication_lag_bytes", "Raw bytes sent or queued to a standby and not acknowledged.", "member"),
+		memberLive:     d("cluster_member_live", "1 while a member has been heard from within the failover timeout.", "member", "role"),
 		foreign:        d("foreign_token_ops_total", "Successful releases and renews from a connection other than the one the grant was made for (a client's other connection, a reconnect, or a client using a token it did not get).", "op"),
 	}
 }
@@ -51,7 +69,9 @@ func newCollector(srv *engine.Server, version string) *collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
 		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
-		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.foreign} {
+		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.foreign,
+		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
+		c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive} {
 		ch <- d
 	}
 }
@@ -94,8 +114,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.moved, m.Moved)
 	counter(c.foreign, m.Table.ForeignReleases, "release")
 	counter(c.foreign, m.Table.ForeignRenews, "renew")
-	gauge(c.build, 1, c.version)
-
 	buckets := make(map[float64]uint64, len(engine.WaitBuckets))
 	var cum uint64
 	for i, ub := range engine.WaitBuckets {
@@ -104,4 +122,40 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	cum += m.WaitCounts[len(engine.WaitBuckets)]
 	ch <- prometheus.MustNewConstHistogram(c.wait, cum, m.WaitSum, buckets)
+	if node.Mode != "single" {
+		c.collectCluster(ch, node)
+	}
+}
+
+// collectCluster adds a cluster member's metrics.
+func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(c.epoch, float64(node.Epoch))
+	counter(c.failovers, node.Failovers)
+	counter(c.handovers, node.Handovers)
+	counter(c.demotions, node.Demotions)
+	counter(c.snapshots, node.SnapshotsSent, "sent")
+	counter(c.snapshots, node.SnapshotsReceived, "received")
+	counter(c.batches, node.Batches)
+	counter(c.records, node.Records)
+	counter(c.rawBytes, node.RawBytes)
+	counter(c.wireBytes, node.WireBytes)
+	gauge(c.lagSecs, node.LagSeconds, "self")
+	for _, mb := range node.Members {
+		live := 0.0
+		if mb.Live {
+			live = 1
+		}
+		gauge(c.memberLive, live, mb.Addr, mb.Role)
+		gauge(c.lagSecs, mb.LagSeconds, mb.Addr)
+		gauge(c.lagRecords, float64(mb.LagRecords), mb.Addr)
+		gauge(c.lagBytes, float64(mb.LagBytes), mb.Addr)
+	}
+	gauge(c.build, 1, c.version)
+
 }

@@ -357,9 +357,10 @@ type HeartbeatRole uint8
 
 // Heartbeat roles.
 const (
-	RoleStandby HeartbeatRole = 1
-	RoleActive  HeartbeatRole = 2
-	RoleLeaving HeartbeatRole = 3 // stepping down or handing off
+	RoleStandby  HeartbeatRole = 1 // follows an active (or none is known yet)
+	RoleActive   HeartbeatRole = 2 // executes requests and streams its changes
+	RoleHandover HeartbeatRole = 3 // an active handing its work to a successor: executes nothing
+	RoleLeaving  HeartbeatRole = 4 // shutting down: count it as not live at once
 )
 
 // String names the role.
@@ -369,6 +370,8 @@ func (r HeartbeatRole) String() string {
 		return "standby"
 	case RoleActive:
 		return "active"
+	case RoleHandover:
+		return "handing-over"
 	case RoleLeaving:
 		return "leaving"
 	}

@@ -45,8 +45,10 @@ func wireCases() []wireCase {
 			"0000000000000007 02 00 01 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000"},
 		{"heartbeat-standby-none", MsgHeartbeat, &Heartbeat{Epoch: 1<<64 - 1, Role: RoleStandby, Active: NoActive, LagNS: 1500000},
 			"ffffffffffffffff 01 ff 00 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 000000000016e360"},
-		{"heartbeat-leaving", MsgHeartbeat, &Heartbeat{Epoch: 9, Role: RoleLeaving, Active: 1, InSync: true},
+		{"heartbeat-handover", MsgHeartbeat, &Heartbeat{Epoch: 9, Role: RoleHandover, Active: 1, InSync: true},
 			"0000000000000009 03 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
+		{"heartbeat-leaving", MsgHeartbeat, &Heartbeat{Epoch: 9, Role: RoleLeaving, Active: 1, InSync: true},
+			"0000000000000009 04 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
 		{"batch-raw", MsgBatch, &Batch{Seq: 3, Codec: CodecRaw, RawLen: 4, Data: []byte("abcd")},
 			"0000000000000003 00 00000004 61626364"},
 		{"batch-s2", MsgBatch, &Batch{Seq: 1<<64 - 1, Codec: CodecS2, RawLen: 1000, Data: []byte{0xe8, 0x07, 0x00}},
@@ -173,7 +175,7 @@ func TestMessageBadFields(t *testing.T) {
 		want    error
 	}{
 		{"heartbeat-role-0", &Heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 48), ErrBadField},
-		{"heartbeat-role-4", &Heartbeat{}, "0000000000000007 04 00 01" + strings.Repeat("00", 48), ErrBadField},
+		{"heartbeat-role-5", &Heartbeat{}, "0000000000000007 05 00 01" + strings.Repeat("00", 48), ErrBadField},
 		{"heartbeat-insync-2", &Heartbeat{}, "0000000000000007 01 00 02" + strings.Repeat("00", 48), ErrBadField},
 		{"ack-kind-0", &Ack{}, "00 0000000000000001", ErrBadField},
 		{"ack-kind-5", &Ack{}, "05 0000000000000001", ErrBadField},

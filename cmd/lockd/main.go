@@ -14,11 +14,13 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/repl"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -38,6 +40,8 @@ func (e usageError) Error() string { return e.msg }
 type options struct {
 	admin       string
 	showVersion bool
+	cluster     string             // "", "priority" or "raft"
+	member      repl.ClusterConfig // the cluster flags, when cluster != ""
 }
 
 func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error) {
@@ -57,6 +61,11 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.DurationVar(&cfg.Drain, "drain", cfg.Drain, "on shutdown, how long connections stay open answering E 4 before they close (≤ 4s)")
 	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "event loops (default: number of cores)")
 	fs.Uint64Var(&cfg.TokenBlock, "token-block", cfg.TokenBlock, "tokens reserved in the data dir per disk write; up to two blocks are reserved ahead")
+	fs.StringVar(&opt.cluster, "cluster", "", "cluster mode: priority or raft (PROTOCOL.md §6); empty: a single node")
+	peers := fs.String("peers", "", "every member's client address, comma-separated, the same on every member (priority: first = highest priority)")
+	self := fs.String("self", "", "this member's entry in --peers, compared as text (default: --listen as written)")
+	fs.IntVar(&opt.member.PeerOffset, "peer-offset", repl.DefaultPeerOffset, "members talk on client port + this offset")
+	fs.DurationVar(&opt.member.FailoverTimeout, "failover-timeout", repl.DefaultFailoverTimeout, "priority: how long the active may be silent before a standby takes over; raft: the election timeout scale (100ms..60s)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
 	fs.BoolVar(&opt.showVersion, "version", false, "print the version and exit")
@@ -72,6 +81,9 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, opt, usageError{flagError(err)}
+	}
+	if err := clusterFlags(fs, &cfg, &opt, *peers, *self); err != nil {
+		return cfg, opt, err
 	}
 	adminSet := false
 	fs.Visit(func(f *flag.Flag) { adminSet = adminSet || f.Name == "admin" })
@@ -97,6 +109,55 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	}
 	cfg.Logger = slog.New(h)
 	return cfg, opt, nil
+}
+
+// clusterFlags checks the flags of PROTOCOL.md §6.1 and fills opt.member.
+func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, self string) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch opt.cluster {
+	case "":
+		for _, name := range []string{"peers", "self", "peer-offset", "failover-timeout"} {
+			if set[name] {
+				return usageError{fmt.Sprintf("--%s needs --cluster priority or --cluster raft", name)}
+			}
+		}
+		return nil
+	case "priority":
+	case "raft":
+		return usageError{"--cluster raft: not in this build yet (issue 12); use --cluster priority"}
+	default:
+		return usageError{fmt.Sprintf("--cluster %q: want priority or raft", opt.cluster)}
+	}
+	if peers == "" {
+		return usageError{"--peers: a cluster needs every member's address (host:port,host:port,...)"}
+	}
+	m := &opt.member
+	m.Peers = strings.Split(peers, ",")
+	for i := range m.Peers {
+		m.Peers[i] = strings.TrimSpace(m.Peers[i])
+	}
+	if self == "" {
+		self = cfg.Listen
+	}
+	m.Self = repl.SelfIndex(m.Peers, self)
+	if m.Self < 0 {
+		if set["self"] {
+			return usageError{fmt.Sprintf("--self %q: not an entry of --peers %q", self, peers)}
+		}
+		return usageError{fmt.Sprintf("--self: --listen %q is not an entry of --peers %q; give --self as this member appears there", self, peers)}
+	}
+	m.Listen, m.DataDir, m.TokenBlock = cfg.Listen, cfg.DataDir, cfg.TokenBlock
+	if err := m.Validate(); err != nil {
+		var fe *repl.FieldError
+		if errors.As(err, &fe) {
+			name := map[string]string{"Peers": "--peers", "Self": "--self", "PeerOffset": "--peer-offset",
+				"FailoverTimeout": "--failover-timeout", "Listen": "--listen"}[fe.Field]
+			return usageError{fmt.Sprintf("%s %v: %s", name, fe.Value, fe.Want)}
+		}
+		return usageError{err.Error()}
+	}
+	return nil
 }
 
 // flags maps engine.Config fields onto the daemon's flags.
@@ -184,6 +245,14 @@ func run(args []string, stderr io.Writer) int {
 			return 1
 		}
 		adminLn = limitListen(adminLn, adminMaxConns)
+	}
+	if opt.cluster == "priority" {
+		node, err := repl.NewPriority(opt.member)
+		if err != nil {
+			log.Error("start failed", "err", err)
+			return 1
+		}
+		cfg.Node = node
 	}
 	srv, err := engine.New(cfg)
 	if err != nil {
