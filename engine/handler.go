@@ -45,7 +45,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	ss := &session{c: c, loop: c.EventLoop()}
 	ss.st = s.statsFor(ss.loop)
-	ss.sc = shard.NewConn(ss)
+	ss.tconn = shard.NewConn(ss)
 	c.SetContext(ss)
 	s.addSession(ss)
 	return nil, gnet.None
@@ -69,7 +69,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	ss.mu.Unlock()
 
 	// Queued acquires leave their queues silently.
-	s.table.DropConn(ss.sc)
+	s.table.DropConn(ss.tconn)
 
 	// Grants that did not reach the socket are released at once
 	// (PROTOCOL.md §4: no phantom lock). gnet writes what is left in its
@@ -85,28 +85,26 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 			_ = unix.Shutdown(c.Fd(), unix.SHUT_WR)
 		}
 	}
-	sc := s.getScratch()
+	b := s.getScratch()
 	now := s.now()
 	if w := ss.writing; w != nil {
 		// The write itself failed: none of that batch left.
-		for _, off := range w.grants {
-			token, key, _ := grantAt(w.out, off)
-			s.table.Release(now, key, token, &sc.fx)
+		for _, g := range w.grants {
+			s.table.Release(now, g.key(w.out), g.token, &b.fx)
 		}
 	}
 	delivered := ss.written - uint64(c.OutboundBuffered())
 	for _, p := range ss.pend {
 		if p.end > delivered {
-			s.table.Release(now, ss.pkeys[p.koff:p.koff+p.klen], p.token, &sc.fx)
+			s.table.Release(now, ss.pkeys[p.koff:p.koff+p.klen], p.token, &b.fx)
 		}
 	}
-	for _, off := range mgrants {
-		token, key, _ := grantAt(mbox, off)
-		s.table.Release(now, key, token, &sc.fx)
+	for _, g := range mgrants {
+		s.table.Release(now, g.key(mbox), g.token, &b.fx)
 	}
 	ss.pend, ss.pkeys = nil, nil
-	s.deliver(sc, nil, now)
-	s.putScratch(sc)
+	s.deliver(b, nil, now)
+	s.putScratch(b)
 	return gnet.None
 }
 
@@ -116,9 +114,9 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	if ss == nil || ss.gone {
 		return gnet.Close
 	}
-	sc := s.getScratch()
-	defer s.putScratch(sc)
-	ss.takeMail(sc)
+	b := s.getScratch()
+	defer s.putScratch(b)
+	ss.takeMail(b)
 	now := s.now()
 	action := gnet.None
 
@@ -128,31 +126,31 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 		draining := s.draining.Load()
 		n := 0
 		for n < len(buf) {
-			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &sc.req)
+			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &b.req)
 			if err == nil {
 				n += m
-				h.apply(ss, sc, now, draining)
+				h.apply(ss, b, now, draining)
 				continue
 			}
 			if err == proto.ErrIncomplete {
 				break
 			}
-			r := &sc.req
+			r := &b.req
 			if err == proto.ErrBadFrame {
 				// Framing is lost: answer and close (PROTOCOL.md §3).
-				sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeBadFrame, msgBadFrame)
-				sc.cnt.error(r.Op, proto.CodeBadFrame)
+				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadFrame, msgBadFrame)
+				b.cnt.error(r.Op, proto.CodeBadFrame)
 				n = len(buf)
 				action = gnet.Close
 				break
 			}
 			n += m
 			if err == proto.ErrBadKey {
-				sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeBadKey, h.msgBadKey)
-				sc.cnt.error(r.Op, proto.CodeBadKey)
+				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadKey, h.msgBadKey)
+				b.cnt.error(r.Op, proto.CodeBadKey)
 			} else {
-				sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeBadLease, msgBadLease)
-				sc.cnt.error(r.Op, proto.CodeBadLease)
+				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadLease, msgBadLease)
+				b.cnt.error(r.Op, proto.CodeBadLease)
 			}
 		}
 		s.gate.RUnlock()
@@ -160,38 +158,38 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 			_, _ = c.Discard(n)
 		}
 	}
-	if len(sc.fx.Effects) > 0 {
-		s.deliver(sc, ss, now)
+	if len(b.fx.Effects) > 0 {
+		s.deliver(b, ss, now)
 	}
-	ss.st.add(&sc.cnt)
-	action = h.write(ss, sc, action)
+	ss.st.add(&b.cnt)
+	action = h.write(ss, b, action)
 	// Sessions of this loop that this batch handed a grant to: write their
 	// mail now instead of waking them through the loop's task queue.
-	for _, o := range sc.local {
+	for _, o := range b.local {
 		if !o.gone {
-			osc := s.getScratch()
-			o.takeMail(osc)
-			if h.write(o, osc, gnet.None) == gnet.Close {
+			ob := s.getScratch()
+			o.takeMail(ob)
+			if h.write(o, ob, gnet.None) == gnet.Close {
 				_ = o.c.Close()
 			}
-			s.putScratch(osc)
+			s.putScratch(ob)
 		}
 	}
 	return action
 }
 
-// write hands sc.out to ss's connection (one Write), tracks the grants in it
+// write hands b.out to ss's connection (one Write), tracks the grants in it
 // and enforces --max-outbound. It returns the action for the connection.
-func (h *handler) write(ss *session, sc *scratch, action gnet.Action) gnet.Action {
+func (h *handler) write(ss *session, b *scratch, action gnet.Action) gnet.Action {
 	s, c := h.s, ss.c
-	if len(sc.out) > 0 {
-		ss.writing = sc
-		_, _ = c.Write(sc.out)
+	if len(b.out) > 0 {
+		ss.writing = b
+		_, _ = c.Write(b.out)
 		ss.writing = nil
 		if ss.gone {
 			return gnet.None // the write failed and closed the connection
 		}
-		ss.afterWrite(sc)
+		ss.afterWrite(b)
 		if buffered := c.OutboundBuffered(); buffered > s.cfg.MaxOutbound && action == gnet.None {
 			s.log.Warn("closing connection that does not read its answers", "remote", c.RemoteAddr(), "buffered", buffered)
 			action = gnet.Close
@@ -209,45 +207,44 @@ func (h *handler) write(ss *session, sc *scratch, action gnet.Action) gnet.Actio
 var acquireResult = [...]int{shard.Granted: resGranted, shard.TimedOut: resTimeout, shard.Busy: resBusy, shard.Queued: resQueued}
 
 // apply executes one well-formed request and appends its immediate answer.
-func (h *handler) apply(ss *session, sc *scratch, now int64, draining bool) {
-	s, r := h.s, &sc.req
+func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
+	s, r := h.s, &b.req
 	if draining && r.Op != proto.OpPing {
-		sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeShutdown, msgShutdown)
-		sc.cnt.error(r.Op, proto.CodeShutdown)
+		b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeShutdown, msgShutdown)
+		b.cnt.error(r.Op, proto.CodeShutdown)
 		return
 	}
 	switch r.Op {
 	case proto.OpAcquire:
-		st, token := s.table.Acquire(now, r.Key, r.Wait, r.Lease, r.ID, ss.sc, &sc.fx)
+		st, token := s.table.Acquire(now, r.Key, r.Wait, r.Lease, r.ID, ss.tconn, &b.fx)
 		switch st {
 		case shard.Granted:
-			sc.grants = append(sc.grants, len(sc.out))
-			sc.out = proto.AppendAcquired(sc.out, r.ID, token, r.Key)
+			b.out = appendGrant(b.out, &b.grants, r.ID, token, r.Key)
 		case shard.TimedOut:
-			sc.out = proto.AppendTimeout(sc.out, r.ID, r.Key)
+			b.out = proto.AppendTimeout(b.out, r.ID, r.Key)
 		case shard.Busy:
-			sc.out = proto.AppendBusy(sc.out, r.ID, r.Key)
+			b.out = proto.AppendBusy(b.out, r.ID, r.Key)
 		}
-		sc.cnt.request(proto.OpAcquire, acquireResult[st])
+		b.cnt.request(proto.OpAcquire, acquireResult[st])
 	case proto.OpRelease:
-		if s.table.Release(now, r.Key, r.ID, &sc.fx) {
-			sc.out = proto.AppendReleased(sc.out, r.ID, r.Key)
-			sc.cnt.request(proto.OpRelease, resReleased)
+		if s.table.Release(now, r.Key, r.ID, &b.fx) {
+			b.out = proto.AppendReleased(b.out, r.ID, r.Key)
+			b.cnt.request(proto.OpRelease, resReleased)
 		} else {
-			sc.out = proto.AppendNotHeld(sc.out, proto.OpRelease, r.ID, r.Key)
-			sc.cnt.request(proto.OpRelease, resNotHeld)
+			b.out = proto.AppendNotHeld(b.out, proto.OpRelease, r.ID, r.Key)
+			b.cnt.request(proto.OpRelease, resNotHeld)
 		}
 	case proto.OpRenew:
-		if s.table.Renew(now, r.Key, r.Lease, r.ID, &sc.fx) {
-			sc.out = proto.AppendRenewed(sc.out, r.ID, r.Key)
-			sc.cnt.request(proto.OpRenew, resRenewed)
+		if s.table.Renew(now, r.Key, r.Lease, r.ID, &b.fx) {
+			b.out = proto.AppendRenewed(b.out, r.ID, r.Key)
+			b.cnt.request(proto.OpRenew, resRenewed)
 		} else {
-			sc.out = proto.AppendNotHeld(sc.out, proto.OpRenew, r.ID, r.Key)
-			sc.cnt.request(proto.OpRenew, resNotHeld)
+			b.out = proto.AppendNotHeld(b.out, proto.OpRenew, r.ID, r.Key)
+			b.cnt.request(proto.OpRenew, resNotHeld)
 		}
 	case proto.OpPing:
-		sc.out = proto.AppendPong(sc.out, r.ID)
-		sc.cnt.request(proto.OpPing, resPong)
+		b.out = proto.AppendPong(b.out, r.ID)
+		b.cnt.request(proto.OpPing, resPong)
 	}
 }
 
@@ -256,25 +253,25 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 	if s.stopped.Load() {
 		return tickEvery, gnet.None
 	}
-	sc := s.getScratch()
+	b := s.getScratch()
 	now := s.now()
-	s.table.Tick(now, &sc.fx)
-	if len(sc.fx.Effects) > 0 {
-		s.deliver(sc, nil, now)
+	s.table.Tick(now, &b.fx)
+	if len(b.fx.Effects) > 0 {
+		s.deliver(b, nil, now)
 	}
-	s.putScratch(sc)
+	s.putScratch(b)
 	return tickEvery, gnet.None
 }
 
-// deliver hands every effect in sc.fx to its connection: appended to sc.out
+// deliver hands every effect in b.fx to its connection: appended to b.out
 // when it is cur (the connection whose batch this is), else posted to the
 // connection's mailbox — with a Wake, or, for a connection of cur's own
-// loop, listed in sc.local for the caller to flush after its batch. A grant for a connection that is gone is released
-// at once, which may hand the key on to the next waiter (appended to sc.fx
+// loop, listed in b.local for the caller to flush after its batch. A grant for a connection that is gone is released
+// at once, which may hand the key on to the next waiter (appended to b.fx
 // and delivered in the same loop).
-func (s *Server) deliver(sc *scratch, cur *session, now int64) {
-	for i := 0; i < len(sc.fx.Effects); i++ {
-		e := sc.fx.Effects[i] // a copy: Release below may grow the slice
+func (s *Server) deliver(b *scratch, cur *session, now int64) {
+	for i := 0; i < len(b.fx.Effects); i++ {
+		e := b.fx.Effects[i] // a copy: Release below may grow the slice
 		ss := e.Conn.Tag.(*session)
 		switch e.Kind {
 		case shard.EffectGrant:
@@ -283,17 +280,17 @@ func (s *Server) deliver(sc *scratch, cur *session, now int64) {
 			s.cancelled.Add(1)
 		}
 		if ss == cur {
-			sc.out = appendEffect(sc.out, &sc.grants, &e)
+			b.out = appendEffect(b.out, &b.grants, &e)
 			continue
 		}
 		local := cur != nil && ss.loop == cur.loop
 		ok, flush := ss.post(&e, local)
 		if !ok && e.Kind == shard.EffectGrant {
-			s.table.Release(now, e.Key, e.Token, &sc.fx)
+			s.table.Release(now, e.Key, e.Token, &b.fx)
 		}
 		if flush {
-			sc.local = append(sc.local, ss)
+			b.local = append(b.local, ss)
 		}
 	}
-	sc.fx.Reset()
+	b.fx.Reset()
 }
