@@ -94,9 +94,9 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 		}
 	}
 	delivered := ss.written - uint64(c.OutboundBuffered())
-	for _, p := range ss.pend {
-		if p.end > delivered {
-			s.table.Release(now, ss.pkeys[p.koff:p.koff+p.klen], p.token, &b.fx)
+	for i := range ss.pend {
+		if p := &ss.pend[i]; p.end > delivered {
+			s.table.Release(now, ss.pendingKey(p), p.token, &b.fx)
 		}
 	}
 	for _, g := range mgrants {

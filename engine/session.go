@@ -61,8 +61,9 @@ type session struct {
 
 	// Owned by the connection's event loop.
 	written uint64   // bytes handed to c.Write so far
-	pend    []pgrant // grants whose frame may still sit in gnet's outbound buffer
-	pkeys   []byte   // key bytes of pend
+	pend    []pgrant // grants whose frame may still sit in gnet's outbound buffer, in stream order
+	pkeys   []byte   // key bytes of pend; pkeys[0] is at offset kbase of the key stream
+	kbase   uint64
 	writing *scratch // the batch inside c.Write (a failed write closes re-entrantly)
 	gone    bool     // OnClose ran
 
@@ -82,9 +83,16 @@ type session struct {
 type pgrant struct {
 	end   uint64 // stream offset just past its frame
 	token uint64
-	koff  int
+	koff  uint64 // offset of its key in the key stream (see kbase)
 	klen  int
 }
+
+// Capacities that pend and pkeys keep once every pending grant reached the
+// socket; larger buffers are given back.
+const (
+	keepPend  = 256
+	keepPKeys = 16 << 10
+)
 
 func (ss *session) hasMail() bool {
 	ss.mu.Lock()
@@ -151,8 +159,7 @@ func (ss *session) afterWrite(b *scratch) {
 	ss.written += uint64(len(b.out))
 	buffered := ss.c.OutboundBuffered()
 	if buffered == 0 {
-		ss.pend = ss.pend[:0]
-		ss.pkeys = ss.pkeys[:0]
+		ss.forgetPending()
 		return
 	}
 	delivered := ss.written - uint64(buffered)
@@ -163,24 +170,50 @@ func (ss *session) afterWrite(b *scratch) {
 			continue
 		}
 		key := g.key(b.out)
-		ss.pend = append(ss.pend, pgrant{end: end, token: g.token, koff: len(ss.pkeys), klen: len(key)})
+		ss.pend = append(ss.pend, pgrant{end: end, token: g.token, koff: ss.kbase + uint64(len(ss.pkeys)), klen: len(key)})
 		ss.pkeys = append(ss.pkeys, key...)
 	}
 }
 
-// prune forgets pending grants that reached the socket.
+// pendingKey returns the key of p, one of ss.pend.
+func (ss *session) pendingKey(p *pgrant) []byte {
+	off := p.koff - ss.kbase
+	return ss.pkeys[off : off+uint64(p.klen)]
+}
+
+// prune forgets the pending grants that reached the socket. pend and pkeys
+// are cut from the front: the next append that outgrows what is left of
+// their arrays moves only the live part to new ones (twice its size), so
+// their memory follows the live pending grants, whatever the client's
+// reading pattern.
 func (ss *session) prune(delivered uint64) {
 	i := 0
 	for i < len(ss.pend) && ss.pend[i].end <= delivered {
 		i++
 	}
 	if i == len(ss.pend) {
-		ss.pend = ss.pend[:0]
-		ss.pkeys = ss.pkeys[:0]
+		ss.forgetPending()
 		return
 	}
 	if i > 0 {
-		n := copy(ss.pend, ss.pend[i:])
-		ss.pend = ss.pend[:n]
+		cut := ss.pend[i].koff - ss.kbase
+		ss.pkeys = ss.pkeys[cut:]
+		ss.kbase += cut
+		ss.pend = ss.pend[i:]
 	}
+}
+
+// forgetPending empties pend and pkeys, giving back large arrays.
+func (ss *session) forgetPending() {
+	if cap(ss.pend) > keepPend {
+		ss.pend = nil
+	} else {
+		ss.pend = ss.pend[:0]
+	}
+	if cap(ss.pkeys) > keepPKeys {
+		ss.pkeys = nil
+	} else {
+		ss.pkeys = ss.pkeys[:0]
+	}
+	ss.kbase = 0
 }
