@@ -29,6 +29,12 @@ type Config struct {
 	// MaxOutbound bounds the answers buffered for one connection that does
 	// not read them; past it the connection is closed (default 4 MiB).
 	MaxOutbound int
+	// MaxPendingGrants bounds the grants one connection has not taken from
+	// its socket: while that many of its grants are buffered on its way
+	// (written, not yet reached the socket), its acquires are answered B
+	// (default 4096), so one client that reads slowly pins a bounded number
+	// of keys.
+	MaxPendingGrants int
 	// TokenBlock is how many tokens one durable reservation covers
 	// (default 1<<22). Larger blocks mean fewer disk syncs and larger gaps
 	// after a crash.
@@ -48,15 +54,16 @@ type Config struct {
 // DefaultConfig returns the defaults documented in README.md.
 func DefaultConfig() Config {
 	return Config{
-		Listen:      "127.0.0.1:7070",
-		DataDir:     "./lockd-data",
-		MaxKey:      proto.MaxKey,
-		MaxConns:    100_000,
-		Loops:       runtime.NumCPU(),
-		MaxOutbound: 4 << 20,
-		TokenBlock:  1 << 22,
-		Drain:       2 * time.Second,
-		Table:       shard.DefaultConfig(),
+		Listen:           "127.0.0.1:7070",
+		DataDir:          "./lockd-data",
+		MaxKey:           proto.MaxKey,
+		MaxConns:         100_000,
+		Loops:            runtime.NumCPU(),
+		MaxOutbound:      4 << 20,
+		MaxPendingGrants: 4096,
+		TokenBlock:       1 << 22,
+		Drain:            2 * time.Second,
+		Table:            shard.DefaultConfig(),
 	}
 }
 
@@ -96,6 +103,12 @@ func (c *Config) Validate() error {
 		c.MaxOutbound = d.MaxOutbound
 	case c.MaxOutbound < 64<<10:
 		return fmt.Errorf("--max-outbound %d: must be at least 65536", c.MaxOutbound)
+	}
+	switch {
+	case c.MaxPendingGrants == 0:
+		c.MaxPendingGrants = d.MaxPendingGrants
+	case c.MaxPendingGrants < 0:
+		return fmt.Errorf("--max-pending-grants %d: must be positive", c.MaxPendingGrants)
 	}
 	if c.TokenBlock == 0 {
 		c.TokenBlock = d.TokenBlock

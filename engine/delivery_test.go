@@ -178,3 +178,53 @@ func TestTokenReservationStaysAhead(t *testing.T) {
 		t.Fatalf("%d tokens issued, want 200", got)
 	}
 }
+
+// BenchmarkOnCloseHugeQueue measures how long OnClose holds its event loop
+// (loop-ms: no other connection of that loop is served meanwhile) for a
+// connection with 1,048,576 queued acquires, and how long until they are
+// all gone (drop-ms).
+func BenchmarkOnCloseHugeQueue(b *testing.B) {
+	const n = 1 << 20
+	for range b.N {
+		b.StopTimer()
+		cfg := DefaultConfig()
+		cfg.DataDir = b.TempDir()
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Table.MaxWaiters, cfg.Table.MaxWaitersPerConn = n, n
+		s, err := New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := &handler{s: s}
+		holder, _ := newSession(s)
+		ss, fc := newSession(s)
+		s.addSession(ss)
+		s.conns.Add(1)
+		var fx shard.Out
+		now := s.now()
+		keys := make([][]byte, n/4096)
+		for i := range keys {
+			keys[i] = []byte("q/" + strconv.Itoa(i))
+			s.table.Acquire(now, keys[i], 0, 60, 0, holder.tconn, &fx)
+		}
+		for i := range n {
+			if st, _ := s.table.Acquire(now, keys[i%len(keys)], 120, 10, uint64(i), ss.tconn, &fx); st != shard.Queued {
+				b.Fatalf("acquire %d: %v", i, st)
+			}
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		h.OnClose(fc, nil)
+		loop := time.Since(t0)
+		h.OnShutdown(gnet.Engine{}) // waits for the drop
+		dropped := time.Since(t0)
+		b.StopTimer()
+		if w := s.table.Stats().Waiters; w != 0 {
+			b.Fatalf("%d waiters left", w)
+		}
+		b.ReportMetric(float64(loop.Microseconds())/1000, "loop-ms")
+		b.ReportMetric(float64(dropped.Microseconds())/1000, "drop-ms")
+		s.stopReserver()
+		s.dir.Close()
+	}
+}

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -18,11 +20,22 @@ const (
 	msgShutdown = "server shutting down"
 )
 
+// dropInline is how many queued acquires of a closing connection OnClose
+// drops on its loop (tens of µs); a connection with more has the rest
+// dropped on a goroutine of its own.
+const dropInline = 1024
+
 // handler adapts Server to gnet's callbacks.
 type handler struct {
 	gnet.BuiltinEventEngine
 	s         *Server
 	msgBadKey string
+
+	// Goroutines dropping the waiters of closed connections; once
+	// stopping, OnClose drops them all inline.
+	dropMu   sync.Mutex
+	stopping bool
+	drops    sync.WaitGroup
 }
 
 func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
@@ -68,8 +81,15 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	ss.mbox, ss.mgrants = nil, nil
 	ss.mu.Unlock()
 
-	// Queued acquires leave their queues silently.
-	s.table.DropConn(ss.tconn)
+	// Queued acquires leave their queues silently: the first dropInline
+	// here (this marks the Conn dropped: nothing more queues), the rest on
+	// a goroutine, so that closing a connection with a huge queue does not
+	// stall this loop. A waiter not dropped yet may still be handed a key:
+	// its grant cannot be posted to this session any more, and the poster
+	// releases it.
+	if !s.table.DropWaiters(ss.tconn, dropInline) {
+		h.dropLater(ss.tconn)
+	}
 
 	// Grants that did not reach the socket are released at once
 	// (PROTOCOL.md §4: no phantom lock). gnet writes what is left in its
@@ -106,6 +126,38 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	s.deliver(b, nil, now)
 	s.putScratch(b)
 	return gnet.None
+}
+
+// dropLater drops the queued acquires of a closed connection on a goroutine
+// of its own (inline once the engine is stopping: OnShutdown waits for the
+// goroutines).
+func (h *handler) dropLater(c *shard.Conn) {
+	h.dropMu.Lock()
+	if h.stopping {
+		h.dropMu.Unlock()
+		h.s.table.DropConn(c)
+		return
+	}
+	h.drops.Add(1)
+	h.dropMu.Unlock()
+	go func() {
+		defer h.drops.Done()
+		// Slices with a yield between them: the loops, whose threads
+		// need a P back after each epoll_wait, go first.
+		for !h.s.table.DropWaiters(c, dropInline) {
+			runtime.Gosched()
+		}
+	}()
+}
+
+// OnShutdown runs once the engine stops, before the loops close their
+// connections: from here on closes drop their waiters inline, and the
+// drops already started finish before Serve returns.
+func (h *handler) OnShutdown(gnet.Engine) {
+	h.dropMu.Lock()
+	h.stopping = true
+	h.dropMu.Unlock()
+	h.drops.Wait()
 }
 
 func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
@@ -216,6 +268,12 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
 	}
 	switch r.Op {
 	case proto.OpAcquire:
+		if len(ss.pend)+len(b.grants) >= s.cfg.MaxPendingGrants && h.pendingFull(ss, b) {
+			// Grants this client has not taken pin as many keys already.
+			b.out = proto.AppendBusy(b.out, r.ID, r.Key)
+			b.cnt.request(proto.OpAcquire, resBusy)
+			return
+		}
 		st, token := s.table.Acquire(now, r.Key, r.Wait, r.Lease, r.ID, ss.tconn, &b.fx)
 		switch st {
 		case shard.Granted:
@@ -246,6 +304,16 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
 		b.out = proto.AppendPong(b.out, r.ID)
 		b.cnt.request(proto.OpPing, resPong)
 	}
+}
+
+// pendingFull reports whether ss has --max-pending-grants grants that did
+// not reach its socket: those gnet still buffers from earlier writes and,
+// if it buffers anything (so this batch's Write can only add to it), the
+// grants of this batch.
+func (h *handler) pendingFull(ss *session, b *scratch) bool {
+	buffered := ss.c.OutboundBuffered()
+	ss.prune(ss.written - uint64(buffered))
+	return buffered > 0 && len(ss.pend)+len(b.grants) >= h.s.cfg.MaxPendingGrants
 }
 
 func (h *handler) OnTick() (time.Duration, gnet.Action) {

@@ -52,6 +52,8 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.IntVar(&cfg.Table.MaxKeys, "max-keys", cfg.Table.MaxKeys, "distinct keys held at once; a new key beyond it is answered B")
 	fs.IntVar(&cfg.Table.MaxWaitersPerKey, "max-waiters-per-key", cfg.Table.MaxWaitersPerKey, "queued acquires per key; more are answered B")
 	fs.IntVar(&cfg.Table.MaxWaiters, "max-waiters", cfg.Table.MaxWaiters, "queued acquires over all keys; more are answered B")
+	fs.IntVar(&cfg.Table.MaxWaitersPerConn, "max-waiters-per-conn", cfg.Table.MaxWaitersPerConn, "queued acquires of one connection; more are answered B")
+	fs.IntVar(&cfg.MaxPendingGrants, "max-pending-grants", cfg.MaxPendingGrants, "grants one connection has not taken from its socket; while it has that many, its acquires are answered B")
 	fs.IntVar(&cfg.MaxConns, "max-conns", cfg.MaxConns, "open client connections; more are closed at once")
 	fs.IntVar(&cfg.MaxOutbound, "max-outbound", cfg.MaxOutbound, "bytes of answers buffered for a connection that does not read before it is closed")
 	fs.DurationVar(&cfg.Drain, "drain", cfg.Drain, "on shutdown, how long connections stay open answering E 4 before they close (≤ 4s)")
@@ -82,6 +84,8 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 		{"--max-keys", cfg.Table.MaxKeys, 1, 1 << 40},
 		{"--max-waiters-per-key", cfg.Table.MaxWaitersPerKey, 1, 1 << 40},
 		{"--max-waiters", cfg.Table.MaxWaiters, 1, 1 << 40},
+		{"--max-waiters-per-conn", cfg.Table.MaxWaitersPerConn, 1, 1 << 40},
+		{"--max-pending-grants", cfg.MaxPendingGrants, 1, 1 << 30},
 		{"--max-conns", cfg.MaxConns, 1, 1 << 30},
 		{"--max-outbound", cfg.MaxOutbound, 64 << 10, 1 << 40},
 		{"--loops", cfg.Loops, 1, 1024},

@@ -58,6 +58,8 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--max-keys", "-1"}, "--max-keys"},
 		{[]string{"--max-waiters-per-key", "0"}, "--max-waiters-per-key"},
 		{[]string{"--max-waiters", "0"}, "--max-waiters"},
+		{[]string{"--max-waiters-per-conn", "0"}, "--max-waiters-per-conn"},
+		{[]string{"--max-pending-grants", "-5"}, "--max-pending-grants"},
 		{[]string{"--max-conns", "0"}, "--max-conns"},
 		{[]string{"--loops", "0"}, "--loops"},
 		{[]string{"--listen", "nonsense"}, "--listen"},
