@@ -24,7 +24,9 @@ func Handler(srv *engine.Server, version string) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if srv.Metrics().Draining {
+		// Draining is one atomic: no shard lock, so a probe answers even
+		// while a shard is busy.
+		if srv.Draining() {
 			http.Error(w, "shutting down\n", http.StatusServiceUnavailable)
 			return
 		}

@@ -35,6 +35,11 @@ type Config struct {
 	// (default 4096), so one client that reads slowly pins a bounded number
 	// of keys.
 	MaxPendingGrants int
+	// FrameTimeout is how long a frame may stay incomplete: a connection
+	// whose inbound buffer has held the same partial frame for longer is
+	// closed (default 10 s, 100 ms..1 h). An idle connection between frames
+	// is never closed.
+	FrameTimeout time.Duration
 	// TokenBlock is how many tokens one durable reservation covers
 	// (default 1<<22). Larger blocks mean fewer disk syncs and larger gaps
 	// after a crash.
@@ -51,6 +56,12 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Bounds of Config.FrameTimeout.
+const (
+	MinFrameTimeout = 100 * time.Millisecond
+	MaxFrameTimeout = time.Hour
+)
+
 // DefaultConfig returns the defaults documented in README.md.
 func DefaultConfig() Config {
 	return Config{
@@ -61,6 +72,7 @@ func DefaultConfig() Config {
 		Loops:            runtime.NumCPU(),
 		MaxOutbound:      4 << 20,
 		MaxPendingGrants: 4096,
+		FrameTimeout:     10 * time.Second,
 		TokenBlock:       1 << 22,
 		Drain:            2 * time.Second,
 		Table:            shard.DefaultConfig(),
@@ -109,6 +121,12 @@ func (c *Config) Validate() error {
 		c.MaxPendingGrants = d.MaxPendingGrants
 	case c.MaxPendingGrants < 0:
 		return fmt.Errorf("--max-pending-grants %d: must be positive", c.MaxPendingGrants)
+	}
+	switch {
+	case c.FrameTimeout == 0:
+		c.FrameTimeout = d.FrameTimeout
+	case c.FrameTimeout < MinFrameTimeout || c.FrameTimeout > MaxFrameTimeout:
+		return fmt.Errorf("--frame-timeout %v: must be %v..%v", c.FrameTimeout, MinFrameTimeout, MaxFrameTimeout)
 	}
 	if c.TokenBlock == 0 {
 		c.TokenBlock = d.TokenBlock

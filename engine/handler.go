@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -31,6 +32,19 @@ type handler struct {
 	s         *Server
 	msgBadKey string
 
+	// Refusals at --max-conns since the last log line, and when that line
+	// was logged (table clock): one line a second at most.
+	refused    atomic.Int64
+	refusedLog atomic.Int64
+
+	// Sessions that may hold a partial frame, for the --frame-timeout
+	// sweep (OnTick, every sweepEvery).
+	partialMu    sync.Mutex
+	partial      []*session
+	partialSpare []*session
+	sweepEvery   int64
+	lastSweep    int64 // OnTick's goroutine only
+
 	// Goroutines dropping the waiters of closed connections; once
 	// stopping, OnClose drops them all inline.
 	dropMu   sync.Mutex
@@ -40,6 +54,8 @@ type handler struct {
 
 func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
 	h.msgBadKey = "bad key: must be 1.." + strconv.Itoa(h.s.cfg.MaxKey) + " bytes of UTF-8 without 0x0A"
+	h.refusedLog.Store(-int64(time.Second))
+	h.sweepEvery = int64(min(time.Second, h.s.cfg.FrameTimeout))
 	if !h.s.boot(eng) {
 		return gnet.Shutdown
 	}
@@ -53,7 +69,8 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	if n := s.conns.Add(1); n > int64(s.cfg.MaxConns) {
 		s.conns.Add(-1)
-		s.log.Warn("connection refused: --max-conns reached", "remote", c.RemoteAddr(), "max", s.cfg.MaxConns)
+		h.refused.Add(1)
+		h.logRefused(s.now())
 		return nil, gnet.Close
 	}
 	ss := &session{c: c, loop: c.EventLoop()}
@@ -71,6 +88,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 		return gnet.None
 	}
 	ss.gone = true
+	ss.partialSince.Store(0) // the sweep forgets it
 	s.conns.Add(-1)
 	s.removeSession(ss)
 
@@ -209,6 +227,11 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 		if n > 0 {
 			_, _ = c.Discard(n)
 		}
+		if n < len(buf) {
+			h.partialFrame(ss, now, n > 0)
+		} else if ss.partialSince.Load() != 0 {
+			ss.partialSince.Store(0)
+		}
 	}
 	if len(b.fx.Effects) > 0 {
 		s.deliver(b, ss, now)
@@ -328,7 +351,81 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 		s.deliver(b, nil, now)
 	}
 	s.putScratch(b)
+	if now-h.lastSweep >= h.sweepEvery {
+		h.lastSweep = now
+		h.sweep(now)
+	}
 	return tickEvery, gnet.None
+}
+
+// partialFrame notes (on ss's loop) that ss's inbound buffer ends with a
+// partial frame; fresh says it began in this batch (frames before it were
+// complete), so its age counts from now.
+func (h *handler) partialFrame(ss *session, now int64, fresh bool) {
+	if fresh || ss.partialSince.Load() == 0 {
+		ss.partialSince.Store(max(now, 1))
+	}
+	if !ss.listed.Load() && ss.listed.CompareAndSwap(false, true) {
+		h.partialMu.Lock()
+		h.partial = append(h.partial, ss)
+		h.partialMu.Unlock()
+	}
+}
+
+// sweep (OnTick, every sweepEvery) closes the connections whose partial
+// frame is older than --frame-timeout, forgets the sessions that have none
+// any more, and logs the refusals not logged yet. Its cost is proportional
+// to the sessions listed by partialFrame, not to all of them.
+func (h *handler) sweep(now int64) {
+	h.logRefused(now)
+	h.partialMu.Lock()
+	list := h.partial
+	h.partial = h.partialSpare[:0]
+	h.partialMu.Unlock()
+
+	timeout := int64(h.s.cfg.FrameTimeout)
+	keep, closed := list[:0], 0
+	for _, ss := range list {
+		since := ss.partialSince.Load()
+		switch {
+		case since != 0 && now-since > timeout:
+			_ = ss.c.Close() // safe from any goroutine; OnClose clears partialSince
+			ss.listed.Store(false)
+			closed++
+		case since != 0:
+			keep = append(keep, ss)
+		default:
+			// Unlist, then look again: a loop that saw listed still true
+			// in between did not list it.
+			ss.listed.Store(false)
+			if ss.partialSince.Load() != 0 && ss.listed.CompareAndSwap(false, true) {
+				keep = append(keep, ss)
+			}
+		}
+	}
+	if closed > 0 {
+		h.s.log.Warn("closed connections whose partial frame was older than --frame-timeout",
+			"closed", closed, "frame_timeout", h.s.cfg.FrameTimeout)
+	}
+
+	h.partialMu.Lock()
+	h.partial = append(h.partial, keep...)
+	clear(list[:cap(list)])
+	h.partialSpare = list[:0]
+	h.partialMu.Unlock()
+}
+
+// logRefused logs the connections refused at --max-conns since its last
+// line, at most once a second (a flood of connects makes one line a
+// second, not one per connect).
+func (h *handler) logRefused(now int64) {
+	last := h.refusedLog.Load()
+	if now-last < int64(time.Second) || h.refused.Load() == 0 || !h.refusedLog.CompareAndSwap(last, now) {
+		return
+	}
+	if n := h.refused.Swap(0); n > 0 {
+		h.s.log.Warn("connections refused: --max-conns reached", "refused", n, "max", h.s.cfg.MaxConns)
+	}
 }
 
 // deliver hands every effect in b.fx to its connection: appended to b.out

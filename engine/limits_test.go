@@ -2,9 +2,12 @@ package engine_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"log/slog"
 	"net"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -256,4 +259,116 @@ func BenchmarkCloseHugeQueue(b *testing.B) {
 		b.ReportMetric(float64(r.worst.Microseconds()), "stall-µs")
 		b.ReportMetric(float64(r.dropped.Milliseconds()), "drop-ms")
 	}
+}
+
+// TestFrameTimeout is issue 9 fault 5: a frame that has started but never
+// completes kept its connection forever. A connection whose partial frame
+// is older than --frame-timeout is closed, whether it sends nothing more or
+// trickles bytes; a connection idle between frames, or one whose frame
+// completes in time, stays.
+func TestFrameTimeout(t *testing.T) {
+	ts := startServer(t, func(c *engine.Config) { c.FrameTimeout = 300 * time.Millisecond })
+	frame := proto.AppendAcquire(nil, 0, 10, 1, "partial/key")
+	stuck, trickle, idle, slow := dial(t, ts.Addr()), dial(t, ts.Addr()), dial(t, ts.Addr()), dial(t, ts.Addr())
+	stuck.send(frame[:len(frame)-1]) // all but the newline
+	// 1023 bytes of a frame that never completes, a byte every 50 ms.
+	long := append([]byte{byte(proto.OpAcquire), 0, 10, 0, 0, 0, 0, 0, 0, 0, 2}, bytes.Repeat([]byte("k"), 1012)...)
+	trickleDone := make(chan struct{})
+	go func() {
+		defer close(trickleDone)
+		for _, c := range long {
+			if _, err := trickle.c.Write([]byte{c}); err != nil {
+				return // closed by the server
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	// Half a frame, the rest 100 ms later: answered.
+	slow.send(frame[:5])
+	time.Sleep(100 * time.Millisecond)
+	slow.send(frame[5:])
+	slow.expect(proto.OpAcquire, 1)
+
+	stuck.closed(5 * time.Second)
+	trickle.closed(5 * time.Second)
+	<-trickleDone
+	time.Sleep(time.Second) // three timeouts, at least one sweep
+	for i, w := range []*wire{idle, slow} {
+		w.send(proto.AppendPing(nil, uint64(i)))
+		w.expect(proto.OpPing, uint64(i))
+	}
+}
+
+// logBuffer collects JSON log lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lines returns the records whose msg is msg.
+func (l *logBuffer) lines(t *testing.T, msg string) []map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range bytes.Split(l.b.Bytes(), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal(line, &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if rec["msg"] == msg {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// TestMaxConnsRefusalsLoggedOncePerSecond is issue 9 fault 5: every
+// connection refused at --max-conns logged a WARN of its own (10,982 lines
+// in 2 s). Refusals are logged at most once a second, with the count
+// refused since the last line; no refusal goes uncounted.
+func TestMaxConnsRefusalsLoggedOncePerSecond(t *testing.T) {
+	var logs logBuffer
+	ts := startServer(t, func(c *engine.Config) {
+		c.MaxConns = 1
+		c.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	first := dial(t, ts.Addr())
+	first.send(proto.AppendPing(nil, 1))
+	first.expect(proto.OpPing, 1)
+	const refused = 200
+	began := time.Now()
+	for range refused {
+		c, err := net.DialTimeout("tcp", ts.Addr(), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := &wire{t: t, c: c}
+		w.closed(5 * time.Second)
+		c.Close()
+	}
+	took := time.Since(began)
+	const msg = "connections refused: --max-conns reached"
+	total := func() int {
+		n := 0
+		for _, rec := range logs.lines(t, msg) {
+			v, _ := rec["refused"].(float64)
+			n += int(v)
+		}
+		return n
+	}
+	lockdtest.WaitFor(t, "every refusal counted in the log", func() bool { return total() == refused })
+	lines := len(logs.lines(t, msg))
+	if maxLines := 2 + int(took/time.Second); lines > maxLines {
+		t.Fatalf("%d log lines for %d refusals in %v, want at most %d (one a second)", lines, refused, took, maxLines)
+	}
+	t.Logf("%d refusals in %v: %d log lines", refused, took.Round(time.Millisecond), lines)
 }

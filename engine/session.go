@@ -71,6 +71,13 @@ type session struct {
 	// (outbound bytes plus mail), read by Shutdown from another goroutine.
 	backlog atomic.Int64
 
+	// partialSince is when the partial frame that ends the inbound buffer
+	// was first seen (the table's clock, 0: none); listed says the session
+	// is in the handler's list of sessions with a partial frame. Written by
+	// the loop, read by the frame-timeout sweep.
+	partialSince atomic.Int64
+	listed       atomic.Bool
+
 	// Guarded by mu: answers made on other goroutines.
 	mu      sync.Mutex
 	mbox    []byte     // encoded frames

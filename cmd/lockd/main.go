@@ -54,6 +54,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.IntVar(&cfg.Table.MaxWaiters, "max-waiters", cfg.Table.MaxWaiters, "queued acquires over all keys; more are answered B")
 	fs.IntVar(&cfg.Table.MaxWaitersPerConn, "max-waiters-per-conn", cfg.Table.MaxWaitersPerConn, "queued acquires of one connection; more are answered B")
 	fs.IntVar(&cfg.MaxPendingGrants, "max-pending-grants", cfg.MaxPendingGrants, "grants one connection has not taken from its socket; while it has that many, its acquires are answered B")
+	fs.DurationVar(&cfg.FrameTimeout, "frame-timeout", cfg.FrameTimeout, "a connection whose partial frame is older than this is closed (100ms..1h)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", cfg.MaxConns, "open client connections; more are closed at once")
 	fs.IntVar(&cfg.MaxOutbound, "max-outbound", cfg.MaxOutbound, "bytes of answers buffered for a connection that does not read before it is closed")
 	fs.DurationVar(&cfg.Drain, "drain", cfg.Drain, "on shutdown, how long connections stay open answering E 4 before they close (≤ 4s)")
@@ -97,6 +98,9 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	}
 	if cfg.Drain < time.Millisecond || cfg.Drain > 4*time.Second {
 		return cfg, opt, usageError{fmt.Sprintf("--drain %v: must be 1ms..4s", cfg.Drain)}
+	}
+	if cfg.FrameTimeout < engine.MinFrameTimeout || cfg.FrameTimeout > engine.MaxFrameTimeout {
+		return cfg, opt, usageError{fmt.Sprintf("--frame-timeout %v: must be %v..%v", cfg.FrameTimeout, engine.MinFrameTimeout, engine.MaxFrameTimeout)}
 	}
 	if cfg.DataDir == "" {
 		return cfg, opt, usageError{"--data-dir: must not be empty"}
