@@ -22,6 +22,7 @@ import (
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
+	"github.com/lockd-dev/lockd/shard"
 )
 
 func TestMain(m *testing.M) {
@@ -38,8 +39,11 @@ type fixture struct {
 	buf  []byte
 }
 
-func setup(t *testing.T) *fixture {
-	srv := lockdtest.Start(t, nil) // closed after the cleanups below
+func setup(t *testing.T) *fixture { return setupWith(t, nil) }
+
+// setupWith is setup with the server's configuration changed by mod.
+func setupWith(t *testing.T, mod func(*engine.Config)) *fixture {
+	srv := lockdtest.Start(t, mod) // closed after the cleanups below
 	hs := httptest.NewServer(admin.Handler(srv, "v-test"))
 	c, err := net.Dial("tcp", srv.Addr())
 	if err != nil {
@@ -315,4 +319,39 @@ func TestForeignReleaseMetric(t *testing.T) {
 	if v := value(t, fams, "lockd_foreign_token_ops_total", "op", "renew"); v != 1 {
 		t.Fatalf("foreign renews = %v, want 1", v)
 	}
+}
+
+// TestHealthzTakesNoShardLock is issue 9 fault 5: /healthz took every shard
+// lock to read one flag, so a probe waited behind any busy shard. Here a
+// shard is held (its record sink blocks inside a grant, under the shard's
+// lock) while /healthz is asked: it answers at once.
+func TestHealthzTakesNoShardLock(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	f := setupWith(t, func(c *engine.Config) {
+		c.Table.Sink = func(r shard.Record) {
+			if r.Kind == shard.RecordGrant && string(r.Key) == "healthz/busy" {
+				close(entered)
+				<-release
+			}
+		}
+	})
+	if _, err := f.conn.Write(proto.AppendAcquire(nil, 0, 10, 1, "healthz/busy")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the grant never reached the sink")
+	}
+	client := &http.Client{Timeout: 3 * time.Second}
+	resp, err := client.Get(f.http.URL + "/healthz")
+	close(release)
+	if err != nil {
+		t.Fatalf("/healthz while a shard is locked: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz: %s", resp.Status)
+	}
+	client.CloseIdleConnections()
 }

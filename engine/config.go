@@ -33,6 +33,17 @@ type Config struct {
 	// not read them, 64 KiB..2^40 bytes; past it the connection is closed
 	// (default 4 MiB).
 	MaxOutbound int
+	// MaxPendingGrants bounds the grants one connection has not taken from
+	// its socket: while that many of its grants are buffered on their way
+	// (written, not yet reached the socket), its acquires are answered B
+	// (1..2^30, default 4096), so one client that reads slowly pins a
+	// bounded number of keys.
+	MaxPendingGrants int
+	// FrameTimeout is how long a frame may stay incomplete: a connection
+	// whose inbound buffer has held the same partial frame for longer is
+	// closed (default 10 s, 100 ms..1 h). An idle connection between frames
+	// is never closed.
+	FrameTimeout time.Duration
 	// TokenBlock is how many tokens one durable reservation covers, ≥ 2
 	// (default 1<<22). Larger blocks mean fewer disk syncs and larger gaps
 	// after a crash. Used by the default node (Node nil).
@@ -43,7 +54,7 @@ type Config struct {
 	// within 5 s of the signal.
 	Drain time.Duration
 	// Table sizes the lock table and its limits (MaxKeys, MaxWaitersPerKey,
-	// MaxWaiters: each 1..2^40).
+	// MaxWaiters, MaxWaitersPerConn: each 1..2^40).
 	Table shard.Config
 	// Node is where state goes beyond the event loops: persistence, token
 	// reservations, membership (package repl). nil means a single node on
@@ -63,18 +74,26 @@ const (
 	maxDrain = 4 * time.Second
 )
 
+// Bounds of Config.FrameTimeout.
+const (
+	MinFrameTimeout = 100 * time.Millisecond
+	MaxFrameTimeout = time.Hour
+)
+
 // DefaultConfig returns the defaults documented in README.md.
 func DefaultConfig() Config {
 	return Config{
-		Listen:      "127.0.0.1:7070",
-		DataDir:     "./lockd-data",
-		MaxKey:      proto.MaxKey,
-		MaxConns:    100_000,
-		Loops:       runtime.NumCPU(),
-		MaxOutbound: 4 << 20,
-		TokenBlock:  repl.DefaultTokenBlock,
-		Drain:       2 * time.Second,
-		Table:       shard.DefaultConfig(),
+		Listen:           "127.0.0.1:7070",
+		DataDir:          "./lockd-data",
+		MaxKey:           proto.MaxKey,
+		MaxConns:         100_000,
+		Loops:            runtime.NumCPU(),
+		MaxOutbound:      4 << 20,
+		MaxPendingGrants: 4096,
+		FrameTimeout:     10 * time.Second,
+		TokenBlock:       repl.DefaultTokenBlock,
+		Drain:            2 * time.Second,
+		Table:            shard.DefaultConfig(),
 	}
 }
 
@@ -112,6 +131,11 @@ func (c *Config) SetDefaults() {
 	setInt(&c.Table.MaxKeys, d.Table.MaxKeys)
 	setInt(&c.Table.MaxWaitersPerKey, d.Table.MaxWaitersPerKey)
 	setInt(&c.Table.MaxWaiters, d.Table.MaxWaiters)
+	setInt(&c.Table.MaxWaitersPerConn, d.Table.MaxWaitersPerConn)
+	setInt(&c.MaxPendingGrants, d.MaxPendingGrants)
+	if c.FrameTimeout == 0 {
+		c.FrameTimeout = d.FrameTimeout
+	}
 	if c.TokenBlock == 0 {
 		c.TokenBlock = d.TokenBlock
 	}
@@ -142,6 +166,8 @@ func (c *Config) Validate() error {
 		{"Table.MaxKeys", c.Table.MaxKeys, 1, maxLimit},
 		{"Table.MaxWaitersPerKey", c.Table.MaxWaitersPerKey, 1, maxLimit},
 		{"Table.MaxWaiters", c.Table.MaxWaiters, 1, maxLimit},
+		{"Table.MaxWaitersPerConn", c.Table.MaxWaitersPerConn, 1, maxLimit},
+		{"MaxPendingGrants", c.MaxPendingGrants, 1, maxConns},
 		{"MaxConns", c.MaxConns, 1, maxConns},
 		{"MaxOutbound", c.MaxOutbound, minOut, maxLimit},
 		{"Loops", c.Loops, 1, maxLoops},
@@ -156,6 +182,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Drain < minDrain || c.Drain > maxDrain {
 		return &ConfigError{"Drain", c.Drain, "must be 1ms..4s"}
+	}
+	if c.FrameTimeout < MinFrameTimeout || c.FrameTimeout > MaxFrameTimeout {
+		return &ConfigError{"FrameTimeout", c.FrameTimeout, "must be 100ms..1h"}
 	}
 	t := c.Table
 	if err := t.Validate(); err != nil {

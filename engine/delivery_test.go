@@ -42,7 +42,7 @@ func newTestServer(t *testing.T) *Server {
 func newSession(s *Server) (*session, *fakeConn) {
 	fc := &fakeConn{}
 	ss := &session{c: fc}
-	ss.sc = shard.NewConn(ss)
+	ss.tconn = shard.NewConn(ss)
 	fc.ctx = ss
 	return ss, fc
 }
@@ -56,24 +56,24 @@ func TestGrantToClosedConnectionMovesOn(t *testing.T) {
 	next, nextConn := newSession(s)
 	var fx shard.Out
 	now := s.now()
-	st, t1 := s.table.Acquire(now, []byte("k"), 0, 30, 1, holder.sc, &fx)
+	st, t1 := s.table.Acquire(now, []byte("k"), 0, 30, 1, holder.tconn, &fx)
 	if st != shard.Granted {
 		t.Fatalf("acquire: %v", st)
 	}
-	if st, _ := s.table.Acquire(now, []byte("k"), 10, 30, 2, gone.sc, &fx); st != shard.Queued {
+	if st, _ := s.table.Acquire(now, []byte("k"), 10, 30, 2, gone.tconn, &fx); st != shard.Queued {
 		t.Fatalf("gone: %v", st)
 	}
-	if st, _ := s.table.Acquire(now, []byte("k"), 10, 30, 3, next.sc, &fx); st != shard.Queued {
+	if st, _ := s.table.Acquire(now, []byte("k"), 10, 30, 3, next.tconn, &fx); st != shard.Queued {
 		t.Fatalf("next: %v", st)
 	}
 	gone.closed = true // closed after queueing, before its DropConn
 
-	sc := s.getScratch()
-	if !s.table.Release(now, []byte("k"), t1, &sc.fx) {
+	b := s.getScratch()
+	if !s.table.Release(now, []byte("k"), t1, &b.fx) {
 		t.Fatal("release failed")
 	}
-	s.deliver(sc, nil, now)
-	s.putScratch(sc)
+	s.deliver(b, nil, now)
+	s.putScratch(b)
 
 	if nextConn.wakes != 1 {
 		t.Fatalf("next woken %d times", nextConn.wakes)
@@ -99,7 +99,7 @@ func TestOnCloseReleasesUndeliveredGrants(t *testing.T) {
 	var fx shard.Out
 	now := s.now()
 	grant := func(key string) uint64 {
-		st, tok := s.table.Acquire(now, []byte(key), 0, 30, 1, ss.sc, &fx)
+		st, tok := s.table.Acquire(now, []byte(key), 0, 30, 1, ss.tconn, &fx)
 		if st != shard.Granted {
 			t.Fatalf("acquire %s: %v", key, st)
 		}
@@ -108,19 +108,17 @@ func TestOnCloseReleasesUndeliveredGrants(t *testing.T) {
 	delivered, buffered, mailed := grant("delivered"), grant("buffered"), grant("mailed")
 
 	// One write carrying two grants, of which gnet kept the second.
-	sc := s.getScratch()
-	sc.grants = append(sc.grants, len(sc.out))
-	sc.out = proto.AppendAcquired(sc.out, 1, delivered, "delivered")
-	sc.grants = append(sc.grants, len(sc.out))
-	sc.out = proto.AppendAcquired(sc.out, 1, buffered, "buffered")
-	fc.buffered = len(sc.out) - len(proto.AppendAcquired(nil, 1, delivered, "delivered"))
-	ss.afterWrite(sc)
-	s.putScratch(sc)
+	b := s.getScratch()
+	b.out = appendGrant(b.out, &b.grants, 1, delivered, []byte("delivered"))
+	b.out = appendGrant(b.out, &b.grants, 1, buffered, []byte("buffered"))
+	fc.buffered = len(b.out) - len(proto.AppendAcquired(nil, 1, delivered, "delivered"))
+	ss.afterWrite(b)
+	s.putScratch(b)
 	if len(ss.pend) != 1 {
 		t.Fatalf("pending grants %d, want 1", len(ss.pend))
 	}
 	// One grant posted but never written.
-	e := shard.Effect{Kind: shard.EffectGrant, Conn: ss.sc, Owner: 1, Token: mailed, Key: []byte("mailed")}
+	e := shard.Effect{Kind: shard.EffectGrant, Conn: ss.tconn, Owner: 1, Token: mailed, Key: []byte("mailed")}
 	if ok, _ := ss.post(&e, false, ""); !ok {
 		t.Fatal("post failed")
 	}

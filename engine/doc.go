@@ -13,6 +13,8 @@
 //
 // Concurrency: gnet calls OnTraffic, OnOpen and OnClose of one connection on
 // that connection's event-loop goroutine; OnTick on its own goroutine. A
+// closing connection with more queued acquires than OnClose drops at once
+// has the rest dropped on a goroutine of its own (OnShutdown waits for it). A
 // session's loop-owned fields are touched only from its loop; its mailbox is
 // guarded by a small mutex that is never held across a table call, a Write
 // or a Wake. Table calls take only shard locks. No callback does I/O other

@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"runtime"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -19,15 +22,41 @@ const (
 	msgShutdown = "server shutting down"
 )
 
+// dropInline is how many queued acquires of a closing connection OnClose
+// drops on its loop (tens of µs); a connection with more has the rest
+// dropped on a goroutine of its own.
+const dropInline = 1024
+
 // handler adapts Server to gnet's callbacks.
 type handler struct {
 	gnet.BuiltinEventEngine
 	s         *Server
 	msgBadKey string
+
+	// Refusals at --max-conns since the last log line, and when that line
+	// was logged (table clock): one line a second at most.
+	refused    atomic.Int64
+	refusedLog atomic.Int64
+
+	// Sessions that may hold a partial frame, for the --frame-timeout
+	// sweep (OnTick, every sweepEvery).
+	partialMu    sync.Mutex
+	partial      []*session
+	partialSpare []*session
+	sweepEvery   int64
+	lastSweep    int64 // OnTick's goroutine only
+
+	// Goroutines dropping the waiters of closed connections; once
+	// stopping, OnClose drops them all inline.
+	dropMu   sync.Mutex
+	stopping bool
+	drops    sync.WaitGroup
 }
 
 func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
 	h.msgBadKey = "bad key: must be 1.." + strconv.Itoa(h.s.cfg.MaxKey) + " bytes of UTF-8 without 0x0A"
+	h.refusedLog.Store(-int64(time.Second))
+	h.sweepEvery = int64(min(time.Second, h.s.cfg.FrameTimeout))
 	if !h.s.boot(eng) {
 		return gnet.Shutdown
 	}
@@ -41,12 +70,13 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	if n := s.conns.Add(1); n > int64(s.cfg.MaxConns) {
 		s.conns.Add(-1)
-		s.log.Warn("connection refused: --max-conns reached", "remote", c.RemoteAddr(), "max", s.cfg.MaxConns)
+		h.refused.Add(1)
+		h.logRefused(s.now())
 		return nil, gnet.Close
 	}
 	ss := &session{c: c, loop: c.EventLoop()}
 	ss.st = s.statsFor(ss.loop)
-	ss.sc = shard.NewConn(ss)
+	ss.tconn = shard.NewConn(ss)
 	c.SetContext(ss)
 	s.addSession(ss)
 	return nil, gnet.None
@@ -59,6 +89,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 		return gnet.None
 	}
 	ss.gone = true
+	ss.partialSince.Store(0) // the sweep forgets it
 	s.conns.Add(-1)
 	s.removeSession(ss)
 
@@ -69,8 +100,15 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	ss.mbox, ss.mgrants = nil, nil
 	ss.mu.Unlock()
 
-	// Queued acquires leave their queues silently.
-	s.table.DropConn(ss.sc)
+	// Queued acquires leave their queues silently: the first dropInline
+	// here (this marks the Conn dropped: nothing more queues), the rest on
+	// a goroutine, so that closing a connection with a huge queue does not
+	// stall this loop. A waiter not dropped yet may still be handed a key:
+	// its grant cannot be posted to this session any more, and the poster
+	// releases it.
+	if !s.table.DropWaiters(ss.tconn, dropInline) {
+		h.dropLater(ss.tconn)
+	}
 
 	// Grants that did not reach the socket are released at once
 	// (PROTOCOL.md §4: no phantom lock). gnet writes what is left in its
@@ -86,29 +124,59 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 			_ = unix.Shutdown(c.Fd(), unix.SHUT_WR)
 		}
 	}
-	sc := s.getScratch()
+	b := s.getScratch()
 	now := s.now()
 	if w := ss.writing; w != nil {
 		// The write itself failed: none of that batch left.
-		for _, off := range w.grants {
-			token, key, _ := grantAt(w.out, off)
-			s.table.Release(now, key, token, &sc.fx)
+		for _, g := range w.grants {
+			s.table.Release(now, g.key(w.out), g.token, &b.fx)
 		}
 	}
 	delivered := ss.written - uint64(c.OutboundBuffered())
-	for _, p := range ss.pend {
-		if p.end > delivered {
-			s.table.Release(now, ss.pkeys[p.koff:p.koff+p.klen], p.token, &sc.fx)
+	for i := range ss.pend {
+		if p := &ss.pend[i]; p.end > delivered {
+			s.table.Release(now, ss.pendingKey(p), p.token, &b.fx)
 		}
 	}
-	for _, off := range mgrants {
-		token, key, _ := grantAt(mbox, off)
-		s.table.Release(now, key, token, &sc.fx)
+	for _, g := range mgrants {
+		s.table.Release(now, g.key(mbox), g.token, &b.fx)
 	}
 	ss.pend, ss.pkeys = nil, nil
-	s.deliver(sc, nil, now)
-	s.putScratch(sc)
+	s.deliver(b, nil, now)
+	s.putScratch(b)
 	return gnet.None
+}
+
+// dropLater drops the queued acquires of a closed connection on a goroutine
+// of its own (inline once the engine is stopping: OnShutdown waits for the
+// goroutines).
+func (h *handler) dropLater(c *shard.Conn) {
+	h.dropMu.Lock()
+	if h.stopping {
+		h.dropMu.Unlock()
+		h.s.table.DropConn(c)
+		return
+	}
+	h.drops.Add(1)
+	h.dropMu.Unlock()
+	go func() {
+		defer h.drops.Done()
+		// Slices with a yield between them: the loops, whose threads
+		// need a P back after each epoll_wait, go first.
+		for !h.s.table.DropWaiters(c, dropInline) {
+			runtime.Gosched()
+		}
+	}()
+}
+
+// OnShutdown runs once the engine stops, before the loops close their
+// connections: from here on closes drop their waiters inline, and the
+// drops already started finish before Serve returns.
+func (h *handler) OnShutdown(gnet.Engine) {
+	h.dropMu.Lock()
+	h.stopping = true
+	h.dropMu.Unlock()
+	h.drops.Wait()
 }
 
 func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
@@ -117,9 +185,9 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	if ss == nil || ss.gone {
 		return gnet.Close
 	}
-	sc := s.getScratch()
-	defer s.putScratch(sc)
-	ss.takeMail(sc)
+	b := s.getScratch()
+	defer s.putScratch(b)
+	ss.takeMail(b)
 	now := s.now()
 	action := gnet.None
 
@@ -136,76 +204,81 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 		}
 		n := 0
 		for n < len(buf) {
-			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &sc.req)
+			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &b.req)
 			if err == nil {
 				n += m
 				if state == repl.Redirect {
-					r := &sc.req
-					sc.out = proto.AppendMoved(sc.out, r.Op, r.ID, gate.Addr)
-					sc.cnt.request(r.Op, resMoved)
+					r := &b.req
+					b.out = proto.AppendMoved(b.out, r.Op, r.ID, gate.Addr)
+					b.cnt.request(r.Op, resMoved)
 					continue
 				}
-				h.apply(ss, sc, now, draining)
+				h.apply(ss, b, now, draining)
 				continue
 			}
 			if err == proto.ErrIncomplete {
 				break
 			}
-			r := &sc.req
+			r := &b.req
 			if err == proto.ErrBadFrame {
 				// Framing is lost: answer and close (PROTOCOL.md §3).
-				sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeBadFrame, msgBadFrame)
-				sc.cnt.error(r.Op, proto.CodeBadFrame)
+				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadFrame, msgBadFrame)
+				b.cnt.error(r.Op, proto.CodeBadFrame)
 				n = len(buf)
 				action = gnet.Close
 				break
 			}
 			n += m
 			if err == proto.ErrBadKey {
-				sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeBadKey, h.msgBadKey)
-				sc.cnt.error(r.Op, proto.CodeBadKey)
+				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadKey, h.msgBadKey)
+				b.cnt.error(r.Op, proto.CodeBadKey)
 			} else {
-				sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeBadLease, msgBadLease)
-				sc.cnt.error(r.Op, proto.CodeBadLease)
+				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadLease, msgBadLease)
+				b.cnt.error(r.Op, proto.CodeBadLease)
 			}
 		}
 		s.barrier.RUnlock()
 		if n > 0 {
 			_, _ = c.Discard(n)
 		}
+		if n < len(buf) {
+			h.partialFrame(ss, now, n > 0)
+		} else if ss.partialSince.Load() != 0 {
+			ss.partialSince.Store(0)
+		}
 	}
-	if len(sc.fx.Effects) > 0 {
-		s.deliver(sc, ss, now)
+	if len(b.fx.Effects) > 0 {
+		s.deliver(b, ss, now)
 	}
-	ss.st.add(&sc.cnt)
-	action = h.write(ss, sc, action)
+	ss.st.add(&b.cnt)
+	action = h.write(ss, b, action)
 	// Sessions of this loop that this batch handed a grant to: write their
 	// mail now instead of waking them through the loop's task queue.
-	for _, o := range sc.local {
+	for _, o := range b.local {
 		if !o.gone {
-			osc := s.getScratch()
-			o.takeMail(osc)
-			if h.write(o, osc, gnet.None) == gnet.Close {
+			ob := s.getScratch()
+			o.takeMail(ob)
+			if h.write(o, ob, gnet.None) == gnet.Close {
 				_ = o.c.Close()
 			}
-			s.putScratch(osc)
+			s.putScratch(ob)
 		}
 	}
 	return action
 }
 
-// write hands sc.out to ss's connection (one Write), tracks the grants in it
+// write hands b.out to ss's connection (one Write), tracks the grants in it
 // and enforces --max-outbound. It returns the action for the connection.
-func (h *handler) write(ss *session, sc *scratch, action gnet.Action) gnet.Action {
+func (h *handler) write(ss *session, b *scratch, action gnet.Action) gnet.Action {
 	s, c := h.s, ss.c
-	if len(sc.out) > 0 {
-		ss.writing = sc
-		_, _ = c.Write(sc.out)
+	if len(b.out) > 0 {
+		ss.writing = b
+		_, _ = c.Write(b.out)
 		ss.writing = nil
 		if ss.gone {
 			return gnet.None // the write failed and closed the connection
 		}
-		ss.afterWrite(sc)
+		ss.afterWrite(b)
 		if buffered := c.OutboundBuffered(); buffered > s.cfg.MaxOutbound && action == gnet.None {
 			s.log.Warn("closing connection that does not read its answers", "remote", c.RemoteAddr(), "buffered", buffered)
 			action = gnet.Close
@@ -223,46 +296,61 @@ func (h *handler) write(ss *session, sc *scratch, action gnet.Action) gnet.Actio
 var acquireResult = [...]int{shard.Granted: resGranted, shard.TimedOut: resTimeout, shard.Busy: resBusy, shard.Queued: resQueued}
 
 // apply executes one well-formed request and appends its immediate answer.
-func (h *handler) apply(ss *session, sc *scratch, now int64, draining bool) {
-	s, r := h.s, &sc.req
+func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
+	s, r := h.s, &b.req
 	if draining && r.Op != proto.OpPing {
-		sc.out = proto.AppendError(sc.out, r.Op, r.ID, proto.CodeShutdown, msgShutdown)
-		sc.cnt.error(r.Op, proto.CodeShutdown)
+		b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeShutdown, msgShutdown)
+		b.cnt.error(r.Op, proto.CodeShutdown)
 		return
 	}
 	switch r.Op {
 	case proto.OpAcquire:
-		st, token := s.table.Acquire(now, r.Key, r.Wait, r.Lease, r.ID, ss.sc, &sc.fx)
+		if len(ss.pend)+len(b.grants) >= s.cfg.MaxPendingGrants && h.pendingFull(ss, b) {
+			// Grants this client has not taken pin as many keys already.
+			b.out = proto.AppendBusy(b.out, r.ID, r.Key)
+			b.cnt.request(proto.OpAcquire, resBusy)
+			return
+		}
+		st, token := s.table.Acquire(now, r.Key, r.Wait, r.Lease, r.ID, ss.tconn, &b.fx)
 		switch st {
 		case shard.Granted:
-			sc.grants = append(sc.grants, len(sc.out))
-			sc.out = proto.AppendAcquired(sc.out, r.ID, token, r.Key)
+			b.out = appendGrant(b.out, &b.grants, r.ID, token, r.Key)
 		case shard.TimedOut:
-			sc.out = proto.AppendTimeout(sc.out, r.ID, r.Key)
+			b.out = proto.AppendTimeout(b.out, r.ID, r.Key)
 		case shard.Busy:
-			sc.out = proto.AppendBusy(sc.out, r.ID, r.Key)
+			b.out = proto.AppendBusy(b.out, r.ID, r.Key)
 		}
-		sc.cnt.request(proto.OpAcquire, acquireResult[st])
+		b.cnt.request(proto.OpAcquire, acquireResult[st])
 	case proto.OpRelease:
-		if s.table.ReleaseFrom(now, r.Key, r.ID, ss.sc, &sc.fx) {
-			sc.out = proto.AppendReleased(sc.out, r.ID, r.Key)
-			sc.cnt.request(proto.OpRelease, resReleased)
+		if s.table.ReleaseFrom(now, r.Key, r.ID, ss.tconn, &b.fx) {
+			b.out = proto.AppendReleased(b.out, r.ID, r.Key)
+			b.cnt.request(proto.OpRelease, resReleased)
 		} else {
-			sc.out = proto.AppendNotHeld(sc.out, proto.OpRelease, r.ID, r.Key)
-			sc.cnt.request(proto.OpRelease, resNotHeld)
+			b.out = proto.AppendNotHeld(b.out, proto.OpRelease, r.ID, r.Key)
+			b.cnt.request(proto.OpRelease, resNotHeld)
 		}
 	case proto.OpRenew:
-		if s.table.RenewFrom(now, r.Key, r.Lease, r.ID, ss.sc, &sc.fx) {
-			sc.out = proto.AppendRenewed(sc.out, r.ID, r.Key)
-			sc.cnt.request(proto.OpRenew, resRenewed)
+		if s.table.RenewFrom(now, r.Key, r.Lease, r.ID, ss.tconn, &b.fx) {
+			b.out = proto.AppendRenewed(b.out, r.ID, r.Key)
+			b.cnt.request(proto.OpRenew, resRenewed)
 		} else {
-			sc.out = proto.AppendNotHeld(sc.out, proto.OpRenew, r.ID, r.Key)
-			sc.cnt.request(proto.OpRenew, resNotHeld)
+			b.out = proto.AppendNotHeld(b.out, proto.OpRenew, r.ID, r.Key)
+			b.cnt.request(proto.OpRenew, resNotHeld)
 		}
 	case proto.OpPing:
-		sc.out = proto.AppendPong(sc.out, r.ID)
-		sc.cnt.request(proto.OpPing, resPong)
+		b.out = proto.AppendPong(b.out, r.ID)
+		b.cnt.request(proto.OpPing, resPong)
 	}
+}
+
+// pendingFull reports whether ss has --max-pending-grants grants that did
+// not reach its socket: those gnet still buffers from earlier writes and,
+// if it buffers anything (so this batch's Write can only add to it), the
+// grants of this batch.
+func (h *handler) pendingFull(ss *session, b *scratch) bool {
+	buffered := ss.c.OutboundBuffered()
+	ss.prune(ss.written - uint64(buffered))
+	return buffered > 0 && len(ss.pend)+len(b.grants) >= h.s.cfg.MaxPendingGrants
 }
 
 func (h *handler) OnTick() (time.Duration, gnet.Action) {
@@ -271,27 +359,100 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 		return tickEvery, gnet.None
 	}
 	now := s.now()
-	if s.node.Gate().Effective(now) != repl.Serve {
-		return tickEvery, gnet.None
+	if s.node.Gate().Effective(now) == repl.Serve {
+		b := s.getScratch()
+		s.table.Tick(now, &b.fx)
+		if len(b.fx.Effects) > 0 {
+			s.deliver(b, nil, now)
+		}
+		s.putScratch(b)
 	}
-	sc := s.getScratch()
-	s.table.Tick(now, &sc.fx)
-	if len(sc.fx.Effects) > 0 {
-		s.deliver(sc, nil, now)
+	if now-h.lastSweep >= h.sweepEvery {
+		h.lastSweep = now
+		h.sweep(now)
 	}
-	s.putScratch(sc)
 	return tickEvery, gnet.None
 }
 
-// deliver hands every effect in sc.fx to its connection: appended to sc.out
+// partialFrame notes (on ss's loop) that ss's inbound buffer ends with a
+// partial frame; fresh says it began in this batch (frames before it were
+// complete), so its age counts from now.
+func (h *handler) partialFrame(ss *session, now int64, fresh bool) {
+	if fresh || ss.partialSince.Load() == 0 {
+		ss.partialSince.Store(max(now, 1))
+	}
+	if !ss.listed.Load() && ss.listed.CompareAndSwap(false, true) {
+		h.partialMu.Lock()
+		h.partial = append(h.partial, ss)
+		h.partialMu.Unlock()
+	}
+}
+
+// sweep (OnTick, every sweepEvery) closes the connections whose partial
+// frame is older than --frame-timeout, forgets the sessions that have none
+// any more, and logs the refusals not logged yet. Its cost is proportional
+// to the sessions listed by partialFrame, not to all of them.
+func (h *handler) sweep(now int64) {
+	h.logRefused(now)
+	h.partialMu.Lock()
+	list := h.partial
+	h.partial = h.partialSpare[:0]
+	h.partialMu.Unlock()
+
+	timeout := int64(h.s.cfg.FrameTimeout)
+	keep, closed := list[:0], 0
+	for _, ss := range list {
+		since := ss.partialSince.Load()
+		switch {
+		case since != 0 && now-since > timeout:
+			_ = ss.c.Close() // safe from any goroutine; OnClose clears partialSince
+			ss.listed.Store(false)
+			closed++
+		case since != 0:
+			keep = append(keep, ss)
+		default:
+			// Unlist, then look again: a loop that saw listed still true
+			// in between did not list it.
+			ss.listed.Store(false)
+			if ss.partialSince.Load() != 0 && ss.listed.CompareAndSwap(false, true) {
+				keep = append(keep, ss)
+			}
+		}
+	}
+	if closed > 0 {
+		h.s.log.Warn("closed connections whose partial frame was older than --frame-timeout",
+			"closed", closed, "frame_timeout", h.s.cfg.FrameTimeout)
+	}
+
+	h.partialMu.Lock()
+	h.partial = append(h.partial, keep...)
+	clear(list[:cap(list)])
+	h.partialSpare = list[:0]
+	h.partialMu.Unlock()
+}
+
+// logRefused logs the connections refused at --max-conns since its last
+// line, at most once a second (a flood of connects makes one line a
+// second, not one per connect).
+func (h *handler) logRefused(now int64) {
+	last := h.refusedLog.Load()
+	if now-last < int64(time.Second) || h.refused.Load() == 0 || !h.refusedLog.CompareAndSwap(last, now) {
+		return
+	}
+	if n := h.refused.Swap(0); n > 0 {
+		h.s.log.Warn("connections refused: --max-conns reached", "refused", n, "max", h.s.cfg.MaxConns)
+	}
+}
+
+// deliver hands every effect in b.fx to its connection: appended to b.out
 // when it is cur (the connection whose batch this is), else posted to the
 // connection's mailbox — with a Wake, or, for a connection of cur's own
-// loop, listed in sc.local for the caller to flush after its batch. A grant for a connection that is gone is released
-// at once, which may hand the key on to the next waiter (appended to sc.fx
+// loop, listed in b.local for the caller to flush after its batch. A grant for a connection that is gone is released
+// at once, which may hand the key on to the next waiter (appended to b.fx
 // and delivered in the same loop).
-func (s *Server) deliver(sc *scratch, cur *session, now int64) {
-	for i := 0; i < len(sc.fx.Effects); i++ {
-		e := sc.fx.Effects[i] // a copy: Release below may grow the slice
+func (s *Server) deliver(b *scratch, cur *session, now int64) {
+	for i := 0; i < len(b.fx.Effects); i++ {
+		e := b.fx.Effects[i] // a copy: Release below may grow the slice
 		ss := e.Conn.Tag.(*session)
 		switch e.Kind {
 		case shard.EffectGrant:
@@ -302,17 +463,17 @@ func (s *Server) deliver(sc *scratch, cur *session, now int64) {
 			s.moved.Add(1)
 		}
 		if ss == cur {
-			sc.out = appendEffect(sc.out, &sc.grants, &e, s.node.Gate().Addr)
+			b.out = appendEffect(b.out, &b.grants, &e, s.node.Gate().Addr)
 			continue
 		}
 		local := cur != nil && ss.loop == cur.loop
 		ok, flush := ss.post(&e, local, s.node.Gate().Addr)
 		if !ok && e.Kind == shard.EffectGrant {
-			s.table.Release(now, e.Key, e.Token, &sc.fx)
+			s.table.Release(now, e.Key, e.Token, &b.fx)
 		}
 		if flush {
-			sc.local = append(sc.local, ss)
+			b.local = append(b.local, ss)
 		}
 	}
-	sc.fx.Reset()
+	b.fx.Reset()
 }

@@ -52,13 +52,13 @@ func (ts *testServer) shutdown() {
 
 // wire is a raw protocol client over one TCP connection.
 type wire struct {
-	t    *testing.T
+	t    testing.TB
 	c    net.Conn
 	buf  []byte
 	resp proto.Response
 }
 
-func dial(t *testing.T, addr string) *wire {
+func dial(t testing.TB, addr string) *wire {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {

@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"bytes"
-	"encoding/binary"
 	"sync"
 	"sync/atomic"
 
@@ -13,10 +11,10 @@ import (
 )
 
 // scratch is a batch's working memory, pooled: the answers being built, the
-// offsets of grant frames among them, and the table's effects.
+// grant frames among them, and the table's effects.
 type scratch struct {
 	out    []byte
-	grants []int // offsets in out of A (acquired) frames
+	grants []grantRef // the A (acquired) frames in out
 	fx     shard.Out
 	req    proto.Request
 	local  []*session // sessions of this loop with mail to flush after the batch
@@ -25,26 +23,47 @@ type scratch struct {
 
 func (s *Server) getScratch() *scratch { return s.scratch.Get().(*scratch) }
 
-func (s *Server) putScratch(sc *scratch) {
-	sc.out = sc.out[:0]
-	sc.grants = sc.grants[:0]
-	sc.fx.Reset()
-	clear(sc.local)
-	sc.local = sc.local[:0]
-	s.scratch.Put(sc)
+func (s *Server) putScratch(b *scratch) {
+	b.out = b.out[:0]
+	b.grants = b.grants[:0]
+	b.fx.Reset()
+	clear(b.local)
+	b.local = b.local[:0]
+	s.scratch.Put(b)
+}
+
+// grantRef is an A frame in a buffer of answers, recorded when the frame is
+// appended: what the delivery tracking needs, without reading the frame
+// again.
+type grantRef struct {
+	token uint64
+	koff  int // offset of its key in the buffer
+	end   int // offset just past the frame (the key, then 0x0A)
+}
+
+// key returns the grant's key in buf, the buffer it was recorded in.
+func (g grantRef) key(buf []byte) []byte { return buf[g.koff : g.end-1] }
+
+// appendGrant appends an A frame to dst and records it in grants.
+func appendGrant(dst []byte, grants *[]grantRef, owner, token uint64, key []byte) []byte {
+	dst = proto.AppendAcquired(dst, owner, token, key)
+	end := len(dst)
+	*grants = append(*grants, grantRef{token: token, koff: end - 1 - len(key), end: end})
+	return dst
 }
 
 // session is one client connection.
 type session struct {
-	c    gnet.Conn
-	sc   *shard.Conn
-	loop gnet.EventLoop // the loop that owns c
-	st   *loopStats     // that loop's counters
+	c     gnet.Conn
+	tconn *shard.Conn    // the table's handle: this connection's queued acquires
+	loop  gnet.EventLoop // the loop that owns c
+	st    *loopStats     // that loop's counters
 
 	// Owned by the connection's event loop.
 	written uint64   // bytes handed to c.Write so far
-	pend    []pgrant // grants whose frame may still sit in gnet's outbound buffer
-	pkeys   []byte   // key bytes of pend
+	pend    []pgrant // grants whose frame may still sit in gnet's outbound buffer, in stream order
+	pkeys   []byte   // key bytes of pend; pkeys[0] is at offset kbase of the key stream
+	kbase   uint64
 	writing *scratch // the batch inside c.Write (a failed write closes re-entrantly)
 	gone    bool     // OnClose ran
 
@@ -52,21 +71,35 @@ type session struct {
 	// (outbound bytes plus mail), read by Shutdown from another goroutine.
 	backlog atomic.Int64
 
+	// partialSince is when the partial frame that ends the inbound buffer
+	// was first seen (the table's clock, 0: none); listed says the session
+	// is in the handler's list of sessions with a partial frame. Written by
+	// the loop, read by the frame-timeout sweep.
+	partialSince atomic.Int64
+	listed       atomic.Bool
+
 	// Guarded by mu: answers made on other goroutines.
 	mu      sync.Mutex
-	mbox    []byte // encoded frames
-	mgrants []int  // offsets in mbox of A frames
-	woken   bool   // a Wake is on its way
-	closed  bool   // no more mail: grants posted now are undeliverable
+	mbox    []byte     // encoded frames
+	mgrants []grantRef // the A frames in mbox
+	woken   bool       // a Wake is on its way
+	closed  bool       // no more mail: grants posted now are undeliverable
 }
 
 // pgrant is a grant frame that may not have reached the socket.
 type pgrant struct {
 	end   uint64 // stream offset just past its frame
 	token uint64
-	koff  int
+	koff  uint64 // offset of its key in the key stream (see kbase)
 	klen  int
 }
+
+// Capacities that pend and pkeys keep once every pending grant reached the
+// socket; larger buffers are given back.
+const (
+	keepPend  = 256
+	keepPKeys = 16 << 10
+)
 
 func (ss *session) hasMail() bool {
 	ss.mu.Lock()
@@ -96,15 +129,17 @@ func (ss *session) post(e *shard.Effect, local bool, moved string) (ok, flush bo
 	return true, claim && local
 }
 
-// takeMail moves the mailbox into sc (called on the session's loop).
-func (ss *session) takeMail(sc *scratch) {
+// takeMail moves the mailbox into b (called on the session's loop).
+func (ss *session) takeMail(b *scratch) {
 	ss.mu.Lock()
 	ss.woken = false
 	if len(ss.mbox) > 0 {
-		base := len(sc.out)
-		sc.out = append(sc.out, ss.mbox...)
-		for _, off := range ss.mgrants {
-			sc.grants = append(sc.grants, base+off)
+		base := len(b.out)
+		b.out = append(b.out, ss.mbox...)
+		for _, g := range ss.mgrants {
+			g.koff += base
+			g.end += base
+			b.grants = append(b.grants, g)
 		}
 		ss.mbox = ss.mbox[:0]
 		ss.mgrants = ss.mgrants[:0]
@@ -112,13 +147,12 @@ func (ss *session) takeMail(sc *scratch) {
 	ss.mu.Unlock()
 }
 
-// appendEffect encodes e's answer, recording a grant's offset; an
-// EffectMoved's M names moved.
-func appendEffect(dst []byte, grants *[]int, e *shard.Effect, moved string) []byte {
+// appendEffect encodes e's answer, recording a grant; an EffectMoved's M
+// names moved.
+func appendEffect(dst []byte, grants *[]grantRef, e *shard.Effect, moved string) []byte {
 	switch e.Kind {
 	case shard.EffectGrant:
-		*grants = append(*grants, len(dst))
-		return proto.AppendAcquired(dst, e.Owner, e.Token, e.Key)
+		return appendGrant(dst, grants, e.Owner, e.Token, e.Key)
 	case shard.EffectTimeout:
 		return proto.AppendTimeout(dst, e.Owner, e.Key)
 	case shard.EffectBusy:
@@ -130,50 +164,68 @@ func appendEffect(dst []byte, grants *[]int, e *shard.Effect, moved string) []by
 	}
 }
 
-// grantAt decodes the A frame at off in buf: its token, key and end.
-func grantAt(buf []byte, off int) (token uint64, key []byte, end int) {
-	token = binary.BigEndian.Uint64(buf[off+9:])
-	k := buf[off+17:]
-	n := bytes.IndexByte(k, '\n')
-	return token, k[:n], off + 17 + n + 1
-}
-
-// afterWrite runs after sc.out was handed to c.Write: grants whose bytes
+// afterWrite runs after b.out was handed to c.Write: grants whose bytes
 // gnet had to buffer are remembered until they reach the socket.
-func (ss *session) afterWrite(sc *scratch) {
+func (ss *session) afterWrite(b *scratch) {
 	start := ss.written
-	ss.written += uint64(len(sc.out))
+	ss.written += uint64(len(b.out))
 	buffered := ss.c.OutboundBuffered()
 	if buffered == 0 {
-		ss.pend = ss.pend[:0]
-		ss.pkeys = ss.pkeys[:0]
+		ss.forgetPending()
 		return
 	}
 	delivered := ss.written - uint64(buffered)
 	ss.prune(delivered)
-	for _, off := range sc.grants {
-		token, key, end := grantAt(sc.out, off)
-		if start+uint64(end) <= delivered {
+	for _, g := range b.grants {
+		end := start + uint64(g.end)
+		if end <= delivered {
 			continue
 		}
-		ss.pend = append(ss.pend, pgrant{end: start + uint64(end), token: token, koff: len(ss.pkeys), klen: len(key)})
+		key := g.key(b.out)
+		ss.pend = append(ss.pend, pgrant{end: end, token: g.token, koff: ss.kbase + uint64(len(ss.pkeys)), klen: len(key)})
 		ss.pkeys = append(ss.pkeys, key...)
 	}
 }
 
-// prune forgets pending grants that reached the socket.
+// pendingKey returns the key of p, one of ss.pend.
+func (ss *session) pendingKey(p *pgrant) []byte {
+	off := p.koff - ss.kbase
+	return ss.pkeys[off : off+uint64(p.klen)]
+}
+
+// prune forgets the pending grants that reached the socket. pend and pkeys
+// are cut from the front: the next append that outgrows what is left of
+// their arrays moves only the live part to new ones (twice its size), so
+// their memory follows the live pending grants, whatever the client's
+// reading pattern.
 func (ss *session) prune(delivered uint64) {
 	i := 0
 	for i < len(ss.pend) && ss.pend[i].end <= delivered {
 		i++
 	}
 	if i == len(ss.pend) {
-		ss.pend = ss.pend[:0]
-		ss.pkeys = ss.pkeys[:0]
+		ss.forgetPending()
 		return
 	}
 	if i > 0 {
-		n := copy(ss.pend, ss.pend[i:])
-		ss.pend = ss.pend[:n]
+		cut := ss.pend[i].koff - ss.kbase
+		ss.pkeys = ss.pkeys[cut:]
+		ss.kbase += cut
+		ss.pend = ss.pend[i:]
 	}
+}
+
+// forgetPending empties pend and pkeys, giving back large arrays.
+func (ss *session) forgetPending() {
+	if cap(ss.pend) > keepPend {
+		ss.pend = nil
+	} else {
+		ss.pend = ss.pend[:0]
+	}
+	if cap(ss.pkeys) > keepPKeys {
+		ss.pkeys = nil
+	} else {
+		ss.pkeys = ss.pkeys[:0]
+	}
+	ss.kbase = 0
 }

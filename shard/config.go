@@ -17,6 +17,10 @@ type Config struct {
 	MaxWaitersPerKey int
 	// MaxWaiters bounds queued acquires across all keys (default 1,048,576).
 	MaxWaiters int
+	// MaxWaitersPerConn bounds the queued acquires of one Conn (default
+	// 16,384, 1/64 of the default MaxWaiters), so that one connection
+	// cannot take every waiter slot.
+	MaxWaitersPerConn int
 	// Tick is the timer wheel's resolution (default and maximum 10 ms).
 	Tick time.Duration
 	// Sink, if not nil, receives every state change as a Record, in the
@@ -36,6 +40,8 @@ const (
 	DefaultMaxWaitersPerKey = 4096
 	// DefaultMaxWaiters is the default Config.MaxWaiters (1,048,576).
 	DefaultMaxWaiters = 1 << 20
+	// DefaultMaxWaitersPerConn is the default Config.MaxWaitersPerConn (16,384).
+	DefaultMaxWaitersPerConn = 1 << 14
 	// DefaultTick is the default Config.Tick.
 	DefaultTick = 10 * time.Millisecond
 
@@ -52,7 +58,8 @@ const (
 var (
 	// ErrShards rejects a shard count that is not a power of two in 1..MaxShards.
 	ErrShards = errors.New("shard: Shards must be a power of two between 1 and 65536")
-	// ErrLimit rejects a negative MaxKeys, MaxWaitersPerKey or MaxWaiters.
+	// ErrLimit rejects a negative MaxKeys, MaxWaitersPerKey, MaxWaiters or
+	// MaxWaitersPerConn.
 	ErrLimit = errors.New("shard: negative limit")
 	// ErrTick rejects a Tick outside MinTick..MaxTick.
 	ErrTick = errors.New("shard: Tick must be between 1µs and 10ms")
@@ -61,11 +68,12 @@ var (
 // DefaultConfig returns the defaults of PROTOCOL.md §4.
 func DefaultConfig() Config {
 	return Config{
-		Shards:           DefaultShards,
-		MaxKeys:          DefaultMaxKeys,
-		MaxWaitersPerKey: DefaultMaxWaitersPerKey,
-		MaxWaiters:       DefaultMaxWaiters,
-		Tick:             DefaultTick,
+		Shards:            DefaultShards,
+		MaxKeys:           DefaultMaxKeys,
+		MaxWaitersPerKey:  DefaultMaxWaitersPerKey,
+		MaxWaiters:        DefaultMaxWaiters,
+		MaxWaitersPerConn: DefaultMaxWaitersPerConn,
+		Tick:              DefaultTick,
 	}
 }
 
@@ -85,13 +93,16 @@ func (c *Config) Validate() error {
 	if c.MaxWaiters == 0 {
 		c.MaxWaiters = d.MaxWaiters
 	}
+	if c.MaxWaitersPerConn == 0 {
+		c.MaxWaitersPerConn = d.MaxWaitersPerConn
+	}
 	if c.Tick == 0 {
 		c.Tick = d.Tick
 	}
 	if c.Shards < 0 || c.Shards > MaxShards || c.Shards&(c.Shards-1) != 0 {
 		return ErrShards
 	}
-	if c.MaxKeys < 0 || c.MaxWaitersPerKey < 0 || c.MaxWaiters < 0 {
+	if c.MaxKeys < 0 || c.MaxWaitersPerKey < 0 || c.MaxWaiters < 0 || c.MaxWaitersPerConn < 0 {
 		return ErrLimit
 	}
 	if c.Tick < MinTick || c.Tick > MaxTick {

@@ -7,7 +7,8 @@ import (
 
 // Conn is the table's per-connection state. The caller allocates one per
 // connection (NewConn) and passes it with every acquire that may queue;
-// queued waiters are linked to it so DropConn can remove them in time
+// queued waiters are linked to it so that the table can cap them
+// (Config.MaxWaitersPerConn) and DropConn can remove them in time
 // proportional to that connection's own waiters. Tag is the caller's: the
 // table never reads it; effects hand the Conn back so the caller can find
 // its session through Tag.
@@ -48,11 +49,11 @@ func (c *Conn) Waiters() int {
 	return n
 }
 
-// link appends w to c's list, or reports false if c was dropped.
-// The caller holds w's shard lock.
-func (c *Conn) link(w *waiter) bool {
+// link appends w to c's list, or reports false if c was dropped or already
+// has max waiters. The caller holds w's shard lock.
+func (c *Conn) link(w *waiter, max int) bool {
 	c.mu.Lock()
-	if c.dropped {
+	if c.dropped || c.n >= max {
 		c.mu.Unlock()
 		return false
 	}

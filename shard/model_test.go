@@ -41,6 +41,7 @@ type model struct {
 	nwait                       int
 	dropped                     map[int]bool
 	maxKeys, perKey, maxWaiters int
+	perConn                     int
 	token                       uint64
 	out                         []mOut
 }
@@ -89,12 +90,25 @@ func (m *model) acquire(now int64, k string, wait, lease uint8, owner uint64, co
 		return Granted, mk.token
 	case wait == 0:
 		return TimedOut, 0
-	case len(mk.queue) >= m.perKey || m.nwait >= m.maxWaiters || m.dropped[conn]:
+	case len(mk.queue) >= m.perKey || m.nwait >= m.maxWaiters || m.dropped[conn] || m.connWaiters(conn) >= m.perConn:
 		return Busy, 0
 	}
 	mk.queue = append(mk.queue, mWaiter{conn: conn, owner: owner, deadline: now + int64(wait)*second, lease: lease})
 	m.nwait++
 	return Queued, 0
+}
+
+// connWaiters counts conn's queued acquires over every key.
+func (m *model) connWaiters(conn int) int {
+	n := 0
+	for _, mk := range m.keys {
+		for _, w := range mk.queue {
+			if w.conn == conn {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func (m *model) release(now int64, k string, token uint64) bool {
@@ -230,11 +244,12 @@ func runModel(t *testing.T, seed uint64, ops int) {
 	rng := rand.New(rand.NewPCG(seed, 0x10cd))
 	var got []mOut
 	cfg := Config{
-		Shards:           1 << rng.IntN(3),
-		MaxKeys:          1 + rng.IntN(8),
-		MaxWaitersPerKey: 1 + rng.IntN(4),
-		MaxWaiters:       1 + rng.IntN(10),
-		Tick:             []time.Duration{10 * time.Millisecond, time.Millisecond, time.Microsecond}[rng.IntN(3)],
+		Shards:            1 << rng.IntN(3),
+		MaxKeys:           1 + rng.IntN(8),
+		MaxWaitersPerKey:  1 + rng.IntN(4),
+		MaxWaiters:        1 + rng.IntN(10),
+		MaxWaitersPerConn: 1 + rng.IntN(4),
+		Tick:              []time.Duration{10 * time.Millisecond, time.Millisecond, time.Microsecond}[rng.IntN(3)],
 		Sink: func(r Record) {
 			got = append(got, mOut{what: "record " + r.Kind.String(), key: string(r.Key), token: r.Token, lease: r.Lease, dl: r.Deadline})
 		},
@@ -243,7 +258,8 @@ func runModel(t *testing.T, seed uint64, ops int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &model{keys: map[string]*mKey{}, dropped: map[int]bool{}, maxKeys: cfg.MaxKeys, perKey: cfg.MaxWaitersPerKey, maxWaiters: cfg.MaxWaiters}
+	m := &model{keys: map[string]*mKey{}, dropped: map[int]bool{}, maxKeys: cfg.MaxKeys, perKey: cfg.MaxWaitersPerKey, maxWaiters: cfg.MaxWaiters,
+		perConn: cfg.MaxWaitersPerConn}
 	const nconns = 5
 	conns := make([]*Conn, nconns)
 	for i := range conns {

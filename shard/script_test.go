@@ -22,12 +22,14 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //
 // Commands (durations as in time.ParseDuration; the clock starts at 0):
 //
-//	new [shards=N] [maxkeys=N] [perkey=N] [maxwaiters=N] [start=N] [limit=N]
+//	new [shards=N] [maxkeys=N] [perkey=N] [maxwaiters=N] [perconn=N] [start=N] [limit=N]
 //	at DUR | advance DUR
 //	acquire KEY [wait=N] lease=N owner=N [conn=NAME]
 //	release KEY token=N
 //	renew KEY lease=N token=N
 //	tick | cancel | stats | held | dropconn NAME
+//	dropwaiters NAME max=N (prints "done" or "more left")
+//	waiters NAME (the conn's queued acquires)
 //	restore KEY token=N deadline=DUR
 //	lookup KEY
 func TestScripts(t *testing.T) {
@@ -95,12 +97,13 @@ func runScript(t *testing.T, path string) {
 
 func (env *scriptEnv) reset(args map[string]string) {
 	cfg := Config{
-		Shards:           env.intArg(args, "shards", 4),
-		MaxKeys:          env.intArg(args, "maxkeys", 0),
-		MaxWaitersPerKey: env.intArg(args, "perkey", 0),
-		MaxWaiters:       env.intArg(args, "maxwaiters", 0),
-		Tick:             10 * time.Millisecond,
-		Sink:             env.sink,
+		Shards:            env.intArg(args, "shards", 4),
+		MaxKeys:           env.intArg(args, "maxkeys", 0),
+		MaxWaitersPerKey:  env.intArg(args, "perkey", 0),
+		MaxWaiters:        env.intArg(args, "maxwaiters", 0),
+		MaxWaitersPerConn: env.intArg(args, "perconn", 0),
+		Tick:              10 * time.Millisecond,
+		Sink:              env.sink,
 	}
 	start := uint64(env.intArg(args, "start", 0))
 	limit := uint64(env.intArg(args, "limit", 1<<40))
@@ -209,6 +212,14 @@ func (env *scriptEnv) run(line string) []string {
 		tab.Tokens().Extend(u64("limit"))
 	case "dropconn":
 		tab.DropConn(env.conn(pos[0]))
+	case "dropwaiters":
+		if tab.DropWaiters(env.conn(pos[0]), env.intArg(args, "max", 0)) {
+			res = append(res, "done")
+		} else {
+			res = append(res, "more left")
+		}
+	case "waiters":
+		res = append(res, fmt.Sprintf("waiters=%d", env.conn(pos[0]).Waiters()))
 	case "restore":
 		if err := tab.Restore(key(), u64("token"), env.durArg(args["deadline"])); err != nil {
 			res = append(res, "error: "+err.Error())

@@ -211,13 +211,13 @@ func (s *shard) freeWaiter(w *waiter) {
 }
 
 // enqueue queues an acquire at the tail of e's FIFO. It reports false (and
-// queues nothing) if c was dropped.
+// queues nothing) if c was dropped or has its Config.MaxWaitersPerConn.
 func (s *shard) enqueue(e *entry, now int64, wait, lease uint8, owner uint64, c *Conn) bool {
 	w := s.newWaiter()
 	w.e, w.conn, w.owner, w.lease = e, c, owner, lease
 	w.deadline = now + int64(wait)*second
 	w.queued = now
-	if c != nil && !c.link(w) {
+	if c != nil && !c.link(w, s.t.maxPerConn) {
 		s.freeWaiter(w)
 		return false
 	}

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"errors"
+	"math"
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
@@ -19,6 +20,7 @@ type Table struct {
 	sink   func(Record)
 
 	maxKeys, maxPerKey, maxWaiters int64
+	maxPerConn                     int
 
 	_       [64]byte
 	keys    atomic.Int64 // keys held, table-wide
@@ -58,6 +60,7 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		maxKeys:    int64(cfg.MaxKeys),
 		maxPerKey:  int64(cfg.MaxWaitersPerKey),
 		maxWaiters: int64(cfg.MaxWaiters),
+		maxPerConn: cfg.MaxWaitersPerConn,
 	}
 	bits := uint(0)
 	for 1<<bits < cfg.Shards {
@@ -103,8 +106,10 @@ func (t *Table) reserve(n *atomic.Int64, max int64) bool {
 // out). The key bytes are copied only when a new key entry is created.
 //
 // c may be nil (the waiter is then linked to no connection and its effects
-// carry a nil Conn). Acquiring with a Conn after DropConn(c) is a caller bug;
-// the table answers Busy instead of queueing such a request.
+// carry a nil Conn). An acquire that would queue answers Busy when c already
+// has Config.MaxWaitersPerConn queued acquires. Acquiring with a Conn after
+// DropConn or DropWaiters(c) is a caller bug; the table answers Busy instead
+// of queueing such a request.
 func (t *Table) Acquire(now int64, key []byte, wait, lease uint8, owner uint64, c *Conn, out *Out) (Status, uint64) {
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
@@ -165,21 +170,30 @@ func (t *Table) Tick(now int64, out *Out) {
 
 // DropConn removes every queued acquire of c silently (its connection
 // closed). Grants already made stay. Cost is proportional to c's waiters.
-func (t *Table) DropConn(c *Conn) {
+func (t *Table) DropConn(c *Conn) { t.DropWaiters(c, math.MaxInt) }
+
+// DropWaiters is DropConn in slices: it removes at most limit of c's queued
+// acquires and reports whether none is left. The first call marks c
+// dropped, so from then on c queues nothing (Acquire answers Busy), and
+// the waiters not removed yet can still be granted or time out meanwhile
+// (their effects carry c, as before). Call it again, from any goroutine,
+// until it reports true. Each waiter is removed under its own shard lock,
+// held for that waiter only.
+func (t *Table) DropWaiters(c *Conn, limit int) bool {
 	// Snapshot a batch of c's waiters under c.mu (the lock order is shard →
 	// Conn, so no shard lock may be taken while holding it), then remove each
 	// under its shard lock if it is still the same queued waiter (same
 	// generation, same conn). Every snapshot waiter leaves c's list, removed
 	// here or meanwhile by a grant or timeout, and c refuses new waiters once
-	// dropped, so the loop ends.
+	// dropped, so repeated calls end.
 	if c == nil {
-		return
+		return true
 	}
 	var buf [32]dropRef
 	for {
-		n := c.snapshot(buf[:])
+		n := c.snapshot(buf[:min(len(buf), max(limit, 0))])
 		if n == 0 {
-			return
+			return c.Waiters() == 0
 		}
 		for _, r := range buf[:n] {
 			s := &t.shards[r.shard]
@@ -190,6 +204,7 @@ func (t *Table) DropConn(c *Conn) {
 			}
 			s.mu.Unlock()
 		}
+		limit -= n
 	}
 }
 

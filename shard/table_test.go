@@ -30,6 +30,7 @@ func TestConfigValidate(t *testing.T) {
 		{"negative max keys", Config{MaxKeys: -1}, Config{}, ErrLimit},
 		{"negative per key", Config{MaxWaitersPerKey: -1}, Config{}, ErrLimit},
 		{"negative waiters", Config{MaxWaiters: -1}, Config{}, ErrLimit},
+		{"negative per conn", Config{MaxWaitersPerConn: -1}, Config{}, ErrLimit},
 		{"tick over 10ms", Config{Tick: 11 * time.Millisecond}, Config{}, ErrTick},
 		{"negative tick", Config{Tick: -time.Millisecond}, Config{}, ErrTick},
 		{"tick under 1µs", Config{Tick: time.Nanosecond}, Config{}, ErrTick},
@@ -49,6 +50,9 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatalf("New = %v, want %v", err2, tc.err)
 			}
 		})
+	}
+	if c := (Config{}); c.Validate() != nil || c.MaxWaitersPerConn != DefaultMaxWaitersPerConn {
+		t.Fatalf("MaxWaitersPerConn default: %d", c.MaxWaitersPerConn)
 	}
 	if _, err := New(Config{}, nil); !errors.Is(err, ErrNilTokens) {
 		t.Fatalf("New without tokens = %v", err)

@@ -56,6 +56,9 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.IntVar(&cfg.Table.MaxKeys, "max-keys", cfg.Table.MaxKeys, "distinct keys held at once; a new key beyond it is answered B")
 	fs.IntVar(&cfg.Table.MaxWaitersPerKey, "max-waiters-per-key", cfg.Table.MaxWaitersPerKey, "queued acquires per key; more are answered B")
 	fs.IntVar(&cfg.Table.MaxWaiters, "max-waiters", cfg.Table.MaxWaiters, "queued acquires over all keys; more are answered B")
+	fs.IntVar(&cfg.Table.MaxWaitersPerConn, "max-waiters-per-conn", cfg.Table.MaxWaitersPerConn, "queued acquires of one connection; more are answered B")
+	fs.IntVar(&cfg.MaxPendingGrants, "max-pending-grants", cfg.MaxPendingGrants, "grants one connection has not taken from its socket; while it has that many, its acquires are answered B")
+	fs.DurationVar(&cfg.FrameTimeout, "frame-timeout", cfg.FrameTimeout, "a connection whose partial frame is older than this is closed (100ms..1h)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", cfg.MaxConns, "open client connections; more are closed at once")
 	fs.IntVar(&cfg.MaxOutbound, "max-outbound", cfg.MaxOutbound, "bytes of answers buffered for a connection that does not read before it is closed")
 	fs.DurationVar(&cfg.Drain, "drain", cfg.Drain, "on shutdown, how long connections stay open answering E 4 before they close (≤ 4s)")
@@ -162,17 +165,20 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 
 // flags maps engine.Config fields onto the daemon's flags.
 var flags = map[string]string{
-	"Listen":                 "--listen",
-	"DataDir":                "--data-dir",
-	"MaxKey":                 "--max-key",
-	"Table.MaxKeys":          "--max-keys",
-	"Table.MaxWaitersPerKey": "--max-waiters-per-key",
-	"Table.MaxWaiters":       "--max-waiters",
-	"MaxConns":               "--max-conns",
-	"MaxOutbound":            "--max-outbound",
-	"Loops":                  "--loops",
-	"Drain":                  "--drain",
-	"TokenBlock":             "--token-block",
+	"Listen":                  "--listen",
+	"DataDir":                 "--data-dir",
+	"MaxKey":                  "--max-key",
+	"Table.MaxKeys":           "--max-keys",
+	"Table.MaxWaitersPerKey":  "--max-waiters-per-key",
+	"Table.MaxWaiters":        "--max-waiters",
+	"MaxConns":                "--max-conns",
+	"MaxOutbound":             "--max-outbound",
+	"Loops":                   "--loops",
+	"Drain":                   "--drain",
+	"Table.MaxWaitersPerConn": "--max-waiters-per-conn",
+	"MaxPendingGrants":        "--max-pending-grants",
+	"FrameTimeout":            "--frame-timeout",
+	"TokenBlock":              "--token-block",
 }
 
 // flagError words a validation error with the flag's name.

@@ -1,0 +1,6 @@
+//go:build !race
+
+package engine_test
+
+// raceEnabled scales the heaviest loads down under the race detector.
+const raceEnabled = false
