@@ -409,6 +409,23 @@ func (c *Cluster) Partition(groups ...[]int) error {
 	return nil
 }
 
+// Cut drops every byte member from sends to member to on their member
+// links — on the connection from dials (its Tx) and on the one to dials
+// (its Rx) — while to's bytes still reach from: a one-way partition. It
+// adds to the current faults; Heal lifts it.
+func (c *Cluster) Cut(from, to int) error {
+	if c.links == nil {
+		return ErrNotProxied
+	}
+	n := len(c.plan.client)
+	if from < 0 || from >= n || to < 0 || to >= n || from == to {
+		return fmt.Errorf("%w: Cut(%d, %d)", ErrBadOptions, from, to)
+	}
+	c.links[from][to].Member.Blackhole(faultproxy.Tx)
+	c.links[to][from].Member.Blackhole(faultproxy.Rx)
+	return nil
+}
+
 // Heal lifts every fault of every proxy (Partition's included).
 func (c *Cluster) Heal() {
 	for _, p := range c.proxies {

@@ -87,7 +87,7 @@ func TestSingleNodes(t *testing.T) {
 	if len(addrs) != 3 || len(slices.Compact(slices.Sorted(slices.Values(addrs)))) != 3 {
 		t.Fatalf("addresses %v", addrs)
 	}
-	if c.Peers(0) != nil || c.Proxied() || c.Partition([]int{0}) != ErrNotProxied {
+	if c.Peers(0) != nil || c.Proxied() || c.Partition([]int{0}) != ErrNotProxied || c.Cut(0, 1) != ErrNotProxied {
 		t.Fatal("a single-node set has peers or proxies")
 	}
 	for i, m := range c.Members() {
@@ -454,17 +454,30 @@ func TestProxiedCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHeard(t, c, func(from, to int) bool { return (from == 2) == (to == 2) })
-	// One-way: member 1's link to 2 only. 2 stops hearing 1; 1 still
-	// hears 2 (2 dials 1 through its own proxy).
+	// One way: 2 stops hearing 1 on both links between them (fakelockd
+	// beats both ways on every link); 1 still hears 2.
+	c.Heal()
+	if err := c.Cut(1, 2); err != nil {
+		t.Fatal(err)
+	}
+	waitHeard(t, c, func(from, to int) bool { return !(from == 1 && to == 2) })
+	// Blackholing one proxy's Tx is not enough for that: 2's own link
+	// to 1 still carries 1's beats back.
 	c.Heal()
 	c.Link(1, 2).Member.Blackhole(faultproxy.Tx)
-	waitHeard(t, c, func(from, to int) bool { return !(from == 1 && to == 2) })
+	time.Sleep(400 * time.Millisecond) // longer than fakelockd's 300 ms "heard" window
+	waitHeard(t, c, all)
 	c.Heal()
 	waitHeard(t, c, all)
 
 	for _, bad := range [][][]int{{{3}}, {{0}, {0, 1}}, {{-1}}} {
 		if err := c.Partition(bad...); !errors.Is(err, ErrBadOptions) {
 			t.Errorf("Partition(%v): %v", bad, err)
+		}
+	}
+	for _, bad := range [][2]int{{0, 0}, {0, 3}, {-1, 1}} {
+		if err := c.Cut(bad[0], bad[1]); !errors.Is(err, ErrBadOptions) {
+			t.Errorf("Cut(%v): %v", bad, err)
 		}
 	}
 	var dump strings.Builder

@@ -23,8 +23,9 @@
 //     member's --peers names the others through proxies of its own (§6.1
 //     allows a member to be written differently on different nodes) and
 //     its own entry, --self, as it listens. Partition(groups...) blackholes
-//     the member links between groups, Heal lifts every fault, Link gives
-//     the proxies of one direction for finer faults.
+//     the member links between groups, Cut(from, to) one way only, Heal
+//     lifts every fault, Link gives the proxies of one ordered pair for
+//     finer faults (delay, pause).
 //   - Member: Kill (SIGKILL), Stop/Cont (SIGSTOP/SIGCONT, returning once
 //     the kernel reports the state), Term (SIGTERM, exit code, bounded),
 //     Signal, Wait, Restart (same flags, same data dir), WipeData, Addr,

@@ -6,10 +6,10 @@
 //
 //   - on its client port answers every 10-byte ping frame with M naming its
 //     own --self (so a test can tell which member a path reaches);
-//   - on its member port (client port + --peer-offset) reads lines "i\n"
-//     from members, i being the sender's index in --peers;
-//   - dials every other member at its --peers entry's port + offset and
-//     sends its index every 50 ms, redialling on any error;
+//   - dials every other member at its --peers entry's port + offset
+//     (redialling on any error), accepts members on its member port (client
+//     port + --peer-offset), and on every such link sends a line with its
+//     index in --peers every 50 ms and reads the other side's;
 //   - serves /status on --admin: {"role":"fake","addr":…,"heard":[…]},
 //     heard[k] true when member k was heard from within the last 300 ms;
 //   - logs "admin endpoint" and "ready" like lockd, in json or text.
@@ -113,7 +113,9 @@ func main() {
 			}
 		}
 	})
-	go serve(ml, func(c net.Conn) { // members: their index, line by line
+	// A member link carries beats both ways: from the member that dialled
+	// and from the one that accepted.
+	listenBeats := func(c net.Conn) {
 		sc := bufio.NewScanner(c)
 		for sc.Scan() {
 			if k, err := strconv.Atoi(sc.Text()); err == nil && k >= 0 && k < len(peers) {
@@ -122,6 +124,10 @@ func main() {
 				mu.Unlock()
 			}
 		}
+	}
+	go serve(ml, func(c net.Conn) {
+		go func() { sendBeats(c, me); c.Close() }()
+		listenBeats(c)
 	})
 	for k, entry := range peers {
 		if k == me {
@@ -129,7 +135,17 @@ func main() {
 		}
 		h, pt, _ := net.SplitHostPort(entry)
 		pn, _ := strconv.Atoi(pt)
-		go beat(net.JoinHostPort(h, strconv.Itoa(pn+*offset)), me)
+		addr := net.JoinHostPort(h, strconv.Itoa(pn+*offset))
+		go func() {
+			for {
+				if c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond); err == nil {
+					go listenBeats(c)
+					sendBeats(c, me)
+					c.Close()
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
 	}
 	log.Info("ready", "addr", cl.Addr().String())
 	sigs := make(chan os.Signal, 1)
@@ -148,20 +164,13 @@ func serve(ln net.Listener, handle func(net.Conn)) {
 	}
 }
 
-// beat sends me's index to addr every 50 ms, redialling on any error.
-func beat(addr string, me int) {
+// sendBeats writes me's index on c every 50 ms until a write fails.
+func sendBeats(c net.Conn, me int) {
 	line := []byte(strconv.Itoa(me) + "\n")
 	for {
-		c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
-		if err == nil {
-			for {
-				_ = c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
-				if _, err := c.Write(line); err != nil {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			c.Close()
+		_ = c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+		if _, err := c.Write(line); err != nil {
+			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
