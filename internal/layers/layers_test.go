@@ -67,6 +67,13 @@ var rules = map[string]rule{
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"internal/layers": {},
+	// Test tools: the standard library only, and nothing of the module
+	// for the proxy; the cluster harness drives the lockd binary from
+	// outside, so it imports no server package (nor client: the tests
+	// that use it bring their own).
+	"internal/faultproxy": {noDeps: []string{mod + "/"}},
+	"internal/clustertest": {allow: lockd("proto", "internal/faultproxy"),
+		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
 }
 
 // goList runs go list with format f over pkgs.

@@ -1,0 +1,59 @@
+// Package clustertest runs real lockd processes on 127.0.0.1 — a cluster in
+// priority or raft mode, or independent single nodes — for multi-process
+// tests and the chaos command, in the manner of etcd's tests/framework/e2e.
+//
+// # What it owns
+//
+//   - Build: the lockd binary, built once per process (-race when
+//     available) or taken from $LOCKD_BIN; Main wraps a TestMain's m so the
+//     binary is built first and removed last.
+//   - Start (for tests) and New (for programs): pick ports such that every
+//     member's client port and client port + --peer-offset are free (both
+//     outside the kernel's ephemeral range), make a data dir per member and
+//     start each with --listen, --data-dir, --admin 127.0.0.1:0 (the port
+//     read back from the log), --log-format json and, in a cluster mode,
+//     exactly the flags of PROTOCOL.md §6.1: --cluster, --peers (priority
+//     order), --self, --peer-offset, --failover-timeout; then
+//     Options.ExtraArgs. A member is ready when it logs msg=ready with its
+//     address. Options.Deferred members wait for Member.Start.
+//   - Proxied clusters: for every ordered pair of members (j, k) a
+//     faultproxy pair — one on k's entry in j's --peers forwarding to k's
+//     client port, one on that entry's port + offset forwarding to k's
+//     member port, since a member dials an entry's port + offset — so each
+//     member's --peers names the others through proxies of its own (§6.1
+//     allows a member to be written differently on different nodes) and
+//     its own entry, --self, as it listens. Partition(groups...) blackholes
+//     the member links between groups, Cut(from, to) one way only, Heal
+//     lifts every fault, Link gives the proxies of one ordered pair for
+//     finer faults (delay, pause).
+//   - Member: Kill (SIGKILL), Stop/Cont (SIGSTOP/SIGCONT, returning once
+//     the kernel reports the state), Term (SIGTERM, exit code, bounded),
+//     Signal, Wait, Restart (same flags, same data dir), WipeData, Addr,
+//     AdminURL, Status (/status decoded), WaitStatus, Logs, WaitLog,
+//     Alive.
+//   - Conn: a raw protocol connection (frames from proto's AppendX, parsed
+//     responses, deadlines) to check the wire, such as the address of an M.
+//
+// # Processes
+//
+// Every member runs in a process group of its own; a kill goes to the
+// group and the process is always reaped. Start closes the cluster with
+// t.Cleanup (after logging the tail of every member's log and the proxies'
+// state when the test failed), so a t.Fatal leaves nothing running; on
+// Linux the kernel also kills a member whose starting thread dies (a test
+// binary killed by its -timeout). Every wait is bounded (StartTimeout,
+// StopTimeout, 10 s for a SIGKILL, 5 s for a stop or a continue).
+//
+// # Concurrency
+//
+// Cluster and Member methods are safe for concurrent use (a chaos nemesis
+// and a checker may share a cluster); Conn is not.
+//
+// # Who uses it, what it must not import
+//
+// Only tests and the chaos command; lockd itself never imports it. It
+// drives the binary from outside: it may import the standard library,
+// proto and internal/faultproxy, and must not import engine, shard, store,
+// repl, admin, client, bench or cmd (internal/layers enforces it; tests
+// that want the client library import it themselves).
+package clustertest

@@ -1,0 +1,212 @@
+package clustertest
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// host is the only address the harness uses.
+const host = "127.0.0.1"
+
+func hostPort(port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+// plan is where everything of a cluster listens, fixed before anything
+// starts, and the command lines that follow from it (PROTOCOL.md §6.1).
+type plan struct {
+	mode     string
+	offset   int
+	failover time.Duration
+	client   []int // member i's client port; its member port is client[i]+offset
+	// link[j][k], j != k, proxied only: the port of the proxy member j
+	// dials for member k (its client port; the proxy of the member link
+	// listens on link[j][k]+offset, since a member dials an entry's port
+	// + offset). nil without proxies.
+	link [][]int
+}
+
+// peers is member j's --peers: every member's client address in priority
+// order, the others through their proxies when there are proxies, its own
+// as it listens (so that --self matches it).
+func (pl *plan) peers(j int) []string {
+	out := make([]string, len(pl.client))
+	for k, port := range pl.client {
+		if pl.link != nil && k != j {
+			port = pl.link[j][k]
+		}
+		out[k] = hostPort(port)
+	}
+	return out
+}
+
+// args is member j's command line, without the binary: --listen, --data-dir,
+// --admin (a free port, read back from the log), --log-format, then in a
+// cluster mode the five flags of §6.1, then extra (last, so it can override).
+func (pl *plan) args(j int, dataDir, logFormat string, extra []string) []string {
+	self := hostPort(pl.client[j])
+	a := []string{"--listen", self, "--data-dir", dataDir, "--admin", host + ":0", "--log-format", logFormat}
+	if pl.mode != ModeSingle {
+		a = append(a,
+			"--cluster", pl.mode,
+			"--peers", strings.Join(pl.peers(j), ","),
+			"--self", self,
+			"--peer-offset", strconv.Itoa(pl.offset),
+			"--failover-timeout", pl.failover.String())
+	}
+	return append(a, extra...)
+}
+
+// proxySpec is one proxy of a proxied cluster: member from dials it to
+// reach member to, on the client port or (member) on the member link.
+type proxySpec struct {
+	from, to       int
+	member         bool
+	listen, target string
+}
+
+// proxies lists the proxies of a proxied plan: for every ordered pair of
+// members (j, k), one on k's entry in j's --peers, forwarding to k's client
+// port, and one on that entry's port + offset, forwarding to k's member
+// port.
+func (pl *plan) proxies() []proxySpec {
+	if pl.link == nil {
+		return nil
+	}
+	var out []proxySpec
+	for j := range pl.client {
+		for k := range pl.client {
+			if j == k {
+				continue
+			}
+			out = append(out,
+				proxySpec{from: j, to: k, listen: hostPort(pl.link[j][k]), target: hostPort(pl.client[k])},
+				proxySpec{from: j, to: k, member: true, listen: hostPort(pl.link[j][k] + pl.offset), target: hostPort(pl.client[k] + pl.offset)})
+		}
+	}
+	return out
+}
+
+// newPlan picks the ports of a cluster of n members: for each member, and
+// with proxies for each ordered pair of members, a port p such that p and
+// p+offset are free.
+func newPlan(mode string, n, offset int, failover time.Duration, proxied bool) (*plan, error) {
+	need := n
+	if proxied {
+		need += n * (n - 1)
+	}
+	ports, err := portsFree.pick(need, offset)
+	if err != nil {
+		return nil, err
+	}
+	pl := &plan{mode: mode, offset: offset, failover: failover, client: ports[:n]}
+	if proxied {
+		rest := ports[n:]
+		pl.link = make([][]int, n)
+		for j := range n {
+			pl.link[j] = make([]int, n)
+			for k := range n {
+				if j != k {
+					pl.link[j][k], rest = rest[0], rest[1:]
+				}
+			}
+		}
+	}
+	return pl, nil
+}
+
+// ErrNoPorts means no pair of free ports (p, p+offset) could be found.
+var ErrNoPorts = errors.New("clustertest: no free ports")
+
+// portPicker hands out base ports p such that p and p+offset are both free
+// when picked, both outside the kernel's ephemeral range (where outgoing
+// connections and ":0" listeners take their ports, so nothing else takes
+// them between the pick and the bind), and never handed out twice in this
+// process (so clusters of parallel tests do not collide).
+type portPicker struct {
+	mu       sync.Mutex
+	handed   map[int]bool
+	rng      *rand.Rand
+	eLo, eHi int // the ephemeral range
+}
+
+// minPort keeps the picks above well-known services (Redis, etcd…).
+const minPort = 12000
+
+var portsFree = newPortPicker()
+
+func newPortPicker() *portPicker {
+	lo, hi := 32768, 60999
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			l, err1 := strconv.Atoi(f[0])
+			h, err2 := strconv.Atoi(f[1])
+			if err1 == nil && err2 == nil && l <= h {
+				lo, hi = l, h
+			}
+		}
+	}
+	return &portPicker{handed: map[int]bool{}, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid()))), eLo: lo, eHi: hi}
+}
+
+// candidates lists the base ports p with p and p+offset in range, outside
+// the ephemeral range when possible.
+func (pp *portPicker) candidates(offset int) []int {
+	for _, strict := range []bool{true, false} {
+		ok := func(x int) bool {
+			if x < minPort || x > 65535 {
+				return false
+			}
+			return !strict || x < pp.eLo || x > pp.eHi
+		}
+		var out []int
+		for p := minPort; p <= 65535; p++ {
+			if ok(p) && ok(p+offset) {
+				out = append(out, p)
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return nil
+}
+
+// pick returns n base ports p, all of their p and p+offset distinct and
+// free at the time of the call.
+func (pp *portPicker) pick(n, offset int) ([]int, error) {
+	if offset == 0 {
+		return nil, fmt.Errorf("%w: the peer offset is 0", ErrNoPorts)
+	}
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	cands := pp.candidates(offset)
+	var out []int
+	for tries := 0; len(out) < n; tries++ {
+		if tries > 200*n || len(cands) == 0 {
+			return nil, fmt.Errorf("%w: %d pairs (p, p+%d) after %d tries", ErrNoPorts, n, offset, tries)
+		}
+		p := cands[pp.rng.IntN(len(cands))]
+		if pp.handed[p] || pp.handed[p+offset] || !free(p) || !free(p+offset) {
+			continue
+		}
+		pp.handed[p], pp.handed[p+offset] = true, true
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// free reports whether port can be listened on now.
+func free(port int) bool {
+	ln, err := net.Listen("tcp", hostPort(port))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
+}
