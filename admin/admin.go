@@ -1,11 +1,13 @@
 package admin
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -45,6 +47,23 @@ func Handler(srv *engine.Server, version string) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, keyState(srv, key))
+	})
+	mux.HandleFunc("GET /debug/locks", func(w http.ResponseWriter, _ *http.Request) {
+		// One line per held key: its token, the lease left in ms and the
+		// key (escaped as a Go string), for comparing members' tables.
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		bw := bufio.NewWriterSize(w, 64<<10)
+		var line []byte
+		srv.Locks(func(key []byte, token uint64, left time.Duration) {
+			line = strconv.AppendUint(line[:0], token, 10)
+			line = append(line, ' ')
+			line = strconv.AppendInt(line, left.Milliseconds(), 10)
+			line = append(line, ' ')
+			line = strconv.AppendQuote(line, string(key))
+			line = append(line, '\n')
+			_, _ = bw.Write(line)
+		})
+		_ = bw.Flush()
 	})
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

@@ -29,6 +29,21 @@ func (s *Server) Key(key []byte) KeyState {
 	return KeyState{Held: true, Token: info.Token, LeaseLeft: left, Waiters: info.Waiters}
 }
 
+// Locks calls fn for every held key whose lease has not ended, with its
+// token and the lease time left, one shard at a time (each shard locked
+// during its walk; fn must be quick and must not call back into the
+// server). key is valid only during the call.
+func (s *Server) Locks(fn func(key []byte, token uint64, left time.Duration)) {
+	for i := range s.table.Shards() {
+		now := s.now()
+		s.table.DumpShard(i, func(key []byte, token uint64, deadline int64, _ uint8) {
+			if deadline > now {
+				fn(key, token, time.Duration(deadline-now))
+			}
+		})
+	}
+}
+
 // NodeStatus is the node's account of itself (mode, role, active, epoch,
 // token reservations, members).
 func (s *Server) NodeStatus() repl.Status { return s.node.Status() }

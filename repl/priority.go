@@ -44,6 +44,9 @@ type Priority struct {
 	handoverDone chan uint64
 	reservedSeen uint64 // the highest reservation seen from an active (standby)
 	stopping     bool
+	// ready: this member, the active, has made its first reservation and
+	// may open its gate (a promotion happens in the role machine first).
+	ready bool
 
 	peers []*peer // by index; nil at Self
 	out   *outStream
@@ -164,12 +167,15 @@ func (p *Priority) Start(addr string, host Host) error {
 	p.log.Info("member link listening", "addr", ln.Addr().String(), "peers", p.cfg.Peers, "self", p.self)
 	p.publish(&Gate{State: Redirect})
 	for i := range p.cfg.Peers {
-		if i == p.cfg.Self {
-			continue
+		if i != p.cfg.Self {
+			p.peers[i] = newPeer(p, i)
 		}
-		p.peers[i] = newPeer(p, i)
-		p.wg.Add(1)
-		go p.peers[i].run()
+	}
+	for _, pe := range p.peers {
+		if pe != nil {
+			p.wg.Add(1)
+			go pe.run()
+		}
 	}
 	p.wg.Add(4)
 	go p.accept()
@@ -198,7 +204,7 @@ func (p *Priority) publish(g *Gate) {
 func (p *Priority) gateFor(now int64) *Gate {
 	r := p.roles
 	switch {
-	case r.serving():
+	case r.serving() && p.ready:
 		return &Gate{State: Serve, Until: now + p.timeout()/2}
 	case r.role == RoleActive || r.role == RoleHandover:
 		return &Gate{State: Hold}
@@ -379,6 +385,7 @@ func (p *Priority) becomeActive(handoffToken uint64, why string) {
 	p.out.setActive(true)
 	p.log.Info("active", "epoch", epoch, "why", why, "token_start", start)
 	p.mu.Lock()
+	p.ready = p.roles.role == RoleActive
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
 	p.publish(g)
@@ -389,6 +396,7 @@ func (p *Priority) becomeActive(handoffToken uint64, why string) {
 func (p *Priority) follow(a int) {
 	p.out.setActive(false)
 	p.mu.Lock()
+	p.ready = false
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
 	p.publish(g) // moves queued acquires to the active (M)
@@ -511,6 +519,7 @@ func (p *Priority) handover(ctx context.Context, s int, shutdown bool) bool {
 		return false
 	}
 	p.roles.handedOver(s, epoch)
+	p.ready = false
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
 	p.stats.handovers.Add(1)
@@ -653,7 +662,7 @@ func (p *Priority) Health() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.roles.serving():
+	case p.roles.serving() && p.ready:
 		return nil
 	case p.roles.role == RoleStandby && p.roles.active >= 0:
 		return nil

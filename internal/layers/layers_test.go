@@ -67,6 +67,7 @@ var rules = map[string]rule{
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"internal/layers": {},
+	"internal/e2e":    {noDeps: []string{cmds}},
 	// Test tools: the standard library only, and nothing of the module
 	// for the proxy; the cluster harness drives the lockd binary from
 	// outside, so it imports no server package (nor client: the tests

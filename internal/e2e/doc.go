@@ -1,0 +1,7 @@
+// Package e2e holds end-to-end tests that start real lockd processes as
+// clusters on 127.0.0.1 (internal/clustertest) and hurt them for real:
+// kill -9, SIGSTOP/SIGCONT, SIGTERM, restarts on the same data dir and
+// partitions of the member link through fault proxies. It has no code
+// outside its tests. It may import the client, proto and the test
+// harnesses; nothing imports it.
+package e2e

@@ -1,0 +1,181 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/proto"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(clustertest.Main(m),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"), // idle keep-alive conns of the harness's HTTP client
+	)
+}
+
+// short skips the slow cluster tests under -short.
+func short(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("cluster test: not under -short")
+	}
+}
+
+// active returns the index of the one live member that says it is active
+// and that every other live member names as its active, or -1. Members
+// in skip (frozen ones, whose admin endpoint cannot answer) are left out.
+func active(c *clustertest.Cluster, skip ...int) int {
+	found := -1
+	var addr string
+	skipped := func(i int) bool { return slices.Contains(skip, i) }
+	for _, m := range c.Members() {
+		if !m.Alive() || skipped(m.Index()) {
+			continue
+		}
+		st, err := m.Status()
+		if err != nil {
+			return -1
+		}
+		if st.Role == "active" {
+			if found >= 0 {
+				return -1
+			}
+			found, addr = m.Index(), m.Addr()
+		}
+	}
+	if found < 0 {
+		return -1
+	}
+	for _, m := range c.Members() {
+		if !m.Alive() || m.Index() == found || skipped(m.Index()) {
+			continue
+		}
+		st, err := m.Status()
+		if err != nil || st.Active != addr && st.Active != c.Peers(m.Index())[found] {
+			return -1
+		}
+	}
+	return found
+}
+
+// waitActive waits until one member is the active, as every live member
+// agrees, and returns it and how long it took.
+func waitActive(t *testing.T, c *clustertest.Cluster, within time.Duration, skip ...int) (int, time.Duration) {
+	t.Helper()
+	began := time.Now()
+	for {
+		if a := active(c, skip...); a >= 0 {
+			return a, time.Since(began)
+		}
+		if time.Since(began) > within {
+			t.Fatalf("no single active within %v", within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// dial connects a raw protocol client to member i.
+func dial(t *testing.T, c *clustertest.Cluster, i int) *clustertest.Conn {
+	t.Helper()
+	conn, err := clustertest.Dial(c.Member(i).Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.SetTimeout(10 * time.Second)
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// do sends one frame and returns the answer, failing the test on error.
+func do(t *testing.T, conn *clustertest.Conn, frame []byte) proto.Response {
+	t.Helper()
+	r, err := conn.Do(frame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// grant acquires key (wait 0) and returns its token.
+func grant(t *testing.T, conn *clustertest.Conn, key string, lease uint8, owner uint64) uint64 {
+	t.Helper()
+	r := do(t, conn, proto.AppendAcquire(nil, 0, lease, owner, key))
+	if r.Op != proto.OpAcquire || r.ID != owner {
+		t.Fatalf("acquire %q: %c id=%d tail=%q", key, r.Op, r.ID, r.Tail)
+	}
+	return r.Token
+}
+
+// keyState reads /keys/{key} of member i: held and its token.
+func keyState(t *testing.T, c *clustertest.Cluster, i int, key string) (bool, uint64) {
+	t.Helper()
+	hc := http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get(c.Member(i).AdminURL() + "/keys/" + url.PathEscape(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var k struct {
+		Held  bool   `json:"held"`
+		Token string `json:"token"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&k); err != nil {
+		t.Fatal(err)
+	}
+	tok, _ := strconv.ParseUint(k.Token, 10, 64)
+	return k.Held, tok
+}
+
+// env returns an integer from the environment, or def.
+func env(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+var inSyncRE = regexp.MustCompile(`in sync: snapshot applied`)
+
+// dumpKeys reads member i's /debug/locks: every held key and its token.
+func dumpKeys(t *testing.T, c *clustertest.Cluster, i int) map[string]uint64 {
+	t.Helper()
+	hc := http.Client{Timeout: 30 * time.Second}
+	resp, err := hc.Get(c.Member(i).AdminURL() + "/debug/locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	keys := map[string]uint64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		f := strings.SplitN(sc.Text(), " ", 3)
+		if len(f) != 3 {
+			t.Fatalf("bad /debug/locks line %q", sc.Text())
+		}
+		tok, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, err := strconv.Unquote(f[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[key] = tok
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}

@@ -1,0 +1,336 @@
+package e2e
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/proto"
+)
+
+func startPriority(t *testing.T, n int, proxied bool) (*clustertest.Cluster, int) {
+	t.Helper()
+	short(t)
+	c := clustertest.Start(t, clustertest.Options{Mode: "priority", Members: n, Proxied: proxied})
+	a, _ := waitActive(t, c, 10*time.Second)
+	return c, a
+}
+
+// TestPriorityStandbyRedirects: a standby answers every request, ping
+// included, with M naming the active (its --peers entry) and executes
+// nothing; malformed requests still get their E first.
+func TestPriorityStandbyRedirects(t *testing.T) {
+	c, a := startPriority(t, 3, false)
+	if a != 0 {
+		t.Fatalf("active %d at start, want the first member", a)
+	}
+	act := dial(t, c, 0)
+	tok := grant(t, act, "held", 60, 1)
+	sb := dial(t, c, 1)
+	want := c.Member(0).Addr()
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		op    proto.Op
+		id    uint64
+	}{
+		{"acquire", proto.AppendAcquire(nil, 5, 10, 7, "free"), proto.OpAcquire, 7},
+		{"acquire held", proto.AppendAcquire(nil, 0, 10, 8, "held"), proto.OpAcquire, 8},
+		{"release", proto.AppendRelease(nil, tok, "held"), proto.OpRelease, tok},
+		{"renew", proto.AppendRenew(nil, 10, tok, "held"), proto.OpRenew, tok},
+		{"ping", proto.AppendPing(nil, 99), proto.OpPing, 99},
+	} {
+		r := do(t, sb, tc.frame)
+		if r.Op != proto.OpMoved || r.ReqOp != tc.op || r.ID != tc.id || string(r.Tail) != want {
+			t.Fatalf("%s on a standby: %c op=%c id=%d tail=%q, want M %c %d %q", tc.name, r.Op, r.ReqOp, r.ID, r.Tail, tc.op, tc.id, want)
+		}
+	}
+	// Validation ranks before M: a bad lease is E 3 on any member.
+	if r := do(t, sb, proto.AppendAcquire(nil, 0, 0, 9, "k")); r.Op != proto.OpError || r.Code != proto.CodeBadLease {
+		t.Fatalf("bad lease on a standby: %c code %d", r.Op, r.Code)
+	}
+	// Nothing executed: the key is still held by the same token, free
+	// stays free.
+	if held, got := keyState(t, c, 0, "held"); !held || got != tok {
+		t.Fatalf("held after the standby's M: %v %d", held, got)
+	}
+	if held, _ := keyState(t, c, 0, "free"); held {
+		t.Fatal("a standby executed an acquire")
+	}
+}
+
+// TestPriorityKill9Failover: kill -9 of the active under held locks; a
+// standby serves within 3 s, the replicated locks are held with their
+// tokens (release gives R) and every new token is above every old one.
+func TestPriorityKill9Failover(t *testing.T) {
+	c, _ := startPriority(t, 3, false)
+	conn := dial(t, c, 0)
+	tokens := map[string]uint64{}
+	var last uint64
+	for i := range 200 {
+		key := fmt.Sprintf("k%d", i)
+		tokens[key] = grant(t, conn, key, 60, uint64(i+1))
+		last = tokens[key]
+	}
+	// A change answered more than 100 ms before the crash has reached the
+	// standbys (§6.3).
+	time.Sleep(150 * time.Millisecond)
+	if err := c.Member(0).Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	a, _ := waitActive(t, c, 3*time.Second)
+	took := time.Since(killed)
+	t.Logf("member %d active %v after kill -9", a, took)
+	if took > 3*time.Second {
+		t.Fatalf("failover took %v", took)
+	}
+	nc := dial(t, c, a)
+	first := grant(t, nc, "new", 10, 1000)
+	if first <= last {
+		t.Fatalf("first token after failover %d not above the last before %d", first, last)
+	}
+	for key, tok := range tokens {
+		r := do(t, nc, proto.AppendRelease(nil, tok, key))
+		if r.Op != proto.OpRelease || r.ID != tok {
+			t.Fatalf("release %s %d on the successor: %c", key, tok, r.Op)
+		}
+	}
+}
+
+// TestPriorityRestartTakesOver: the first member restarts after a
+// failover, syncs as a standby and takes over by a planned handover with
+// every lock kept.
+func TestPriorityRestartTakesOver(t *testing.T) {
+	c, _ := startPriority(t, 3, false)
+	conn := dial(t, c, 0)
+	a0 := grant(t, conn, "before", 60, 1)
+	time.Sleep(150 * time.Millisecond) // replicated (§6.3: 100 ms)
+	if err := c.Member(0).Kill(); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := waitActive(t, c, 3*time.Second)
+	conn = dial(t, c, a)
+	a1 := grant(t, conn, "during", 60, 2)
+	if err := c.Member(0).Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for active(c) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted first member did not take over")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for key, tok := range map[string]uint64{"before": a0, "during": a1} {
+		if held, got := keyState(t, c, 0, key); !held || got != tok {
+			t.Fatalf("%s after the handover: held=%v token %d, want %d", key, held, got, tok)
+		}
+	}
+	conn = dial(t, c, 0)
+	if tok := grant(t, conn, "after", 10, 3); tok <= a1 {
+		t.Fatalf("token %d after the handover not above %d", tok, a1)
+	}
+}
+
+// TestPriorityFrozenActive: SIGSTOP of the active past the failover
+// timeout, SIGCONT: one active within 2 × the timeout, and what queued up
+// on the frozen member is not answered with a grant from its stale state.
+func TestPriorityFrozenActive(t *testing.T) {
+	c, _ := startPriority(t, 3, false)
+	old := dial(t, c, 0)
+	grant(t, old, "warm", 10, 1)
+	if err := c.Member(0).Stop(); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := waitActive(t, c, 3*time.Second, 0)
+	// Take the key on the new active, so a stale grant would be a
+	// double grant.
+	nc := dial(t, c, a)
+	tok := grant(t, nc, "contested", 30, 2)
+	// Requests queue up in the frozen member's socket buffer.
+	if err := old.Send(proto.AppendAcquire(nil, 0, 10, 3, "contested"), proto.AppendAcquire(nil, 0, 10, 4, "fresh")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := c.Member(0).Cont(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Now()
+	for _, id := range []uint64{3, 4} {
+		r, err := old.Read()
+		if err != nil {
+			t.Fatalf("answer %d from the resumed member: %v", id, err)
+		}
+		if r.Op == proto.OpAcquire {
+			t.Fatalf("the resumed member granted %q (owner %d, token %d) from its stale state", r.Tail, r.ID, r.Token)
+		}
+		if r.Op != proto.OpMoved {
+			t.Fatalf("answer %d: %c, want M", id, r.Op)
+		}
+	}
+	waitActive(t, c, 2*time.Second) // 2 × the failover timeout
+	if held, got := keyState(t, c, active(c), "contested"); !held || got != tok {
+		t.Fatalf("contested after the freeze: %v %d, want %d", held, got, tok)
+	}
+	t.Logf("one active %v after SIGCONT", time.Since(resumed))
+}
+
+// TestPrioritySIGTERMHandsOver: SIGTERM of the active hands over: nothing
+// is answered E 4, a queued acquire gets M naming the successor, held
+// locks stay with their tokens, and the successor serves within 500 ms.
+func TestPrioritySIGTERMHandsOver(t *testing.T) {
+	c, _ := startPriority(t, 3, false)
+	conn := dial(t, c, 0)
+	tok := grant(t, conn, "held", 60, 1)
+	if err := conn.Send(proto.AppendAcquire(nil, 30, 10, 2, "held")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := c.Member(0).Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	signalled := time.Now()
+	r, err := conn.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Op != proto.OpMoved || r.ID != 2 || string(r.Tail) != c.Member(1).Addr() {
+		t.Fatalf("queued acquire at the handover: %c id=%d tail=%q, want M naming %s", r.Op, r.ID, r.Tail, c.Member(1).Addr())
+	}
+	nc := dial(t, c, 1)
+	for {
+		r := do(t, nc, proto.AppendPing(nil, 5))
+		if r.Op == proto.OpPing {
+			break
+		}
+		if time.Since(signalled) > 2*time.Second {
+			t.Fatalf("successor not serving 2 s after the signal: %c", r.Op)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(signalled)
+	t.Logf("successor served %v after SIGTERM", took)
+	if took > 500*time.Millisecond {
+		t.Errorf("successor served %v after the signal, want ≤ 500 ms", took)
+	}
+	// Anything that still reaches the old member is M, never E 4.
+	if r := do(t, conn, proto.AppendRelease(nil, tok, "held")); r.Op != proto.OpMoved {
+		t.Fatalf("release on the old member after the handover: %c", r.Op)
+	}
+	if r := do(t, nc, proto.AppendRelease(nil, tok, "held")); r.Op != proto.OpRelease {
+		t.Fatalf("release on the successor: %c", r.Op)
+	}
+	if code, err := c.Member(0).Wait(10 * time.Second); err != nil || code != 0 {
+		t.Fatalf("old active exit %d, %v", code, err)
+	}
+}
+
+// TestPriorityPartitionHeals: a partition of the member links between the
+// active and the others makes two actives; after the heal one steps down
+// within 2 × the failover timeout and tokens keep increasing.
+func TestPriorityPartitionHeals(t *testing.T) {
+	c, a := startPriority(t, 3, true)
+	conn := dial(t, c, a)
+	before := grant(t, conn, "pre", 60, 1)
+	if err := c.Partition([]int{a}, others(c, a)); err != nil {
+		t.Fatal(err)
+	}
+	// The majority side promotes after the failover timeout.
+	deadline := time.Now().Add(5 * time.Second)
+	b := -1
+	for b < 0 {
+		for _, i := range others(c, a) {
+			if st, err := c.Member(i).Status(); err == nil && st.Role == "active" {
+				b = i
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no active on the other side of the partition")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	bc := dial(t, c, b)
+	mid := grant(t, bc, "split", 60, 2)
+	if mid <= before {
+		t.Fatalf("token %d on the new side not above %d", mid, before)
+	}
+	c.Heal()
+	healed := time.Now()
+	w, _ := waitActive(t, c, 2*time.Second+500*time.Millisecond)
+	t.Logf("one active (member %d) %v after the heal", w, time.Since(healed))
+	wc := dial(t, c, w)
+	if after := grant(t, wc, "post", 10, 3); after <= mid || after <= before {
+		t.Fatalf("token %d after the heal not above %d and %d", after, mid, before)
+	}
+}
+
+func others(c *clustertest.Cluster, a int) []int {
+	var o []int
+	for i := range c.Members() {
+		if i != a {
+			o = append(o, i)
+		}
+	}
+	return o
+}
+
+// TestPrioritySnapshotOf100k: a standby that starts next to an active
+// holding 100,000 locks syncs by snapshot, then follows the stream with
+// nothing missing: the two tables agree key by key.
+func TestPrioritySnapshotOf100k(t *testing.T) {
+	short(t)
+	n := env("LOCKD_E2E_LOCKS", 100_000)
+	c := clustertest.Start(t, clustertest.Options{Mode: "priority", Members: 2, Deferred: []int{1}})
+	waitActive(t, c, 10*time.Second)
+	conn := dial(t, c, 0)
+	const pipe = 512
+	for i := 0; i < n; i += pipe {
+		var frames [][]byte
+		for j := i; j < min(i+pipe, n); j++ {
+			frames = append(frames, proto.AppendAcquire(nil, 0, 120, uint64(j+1), fmt.Sprintf("bulk/%07d", j)))
+		}
+		if err := conn.Send(frames...); err != nil {
+			t.Fatal(err)
+		}
+		for range frames {
+			if r, err := conn.Read(); err != nil || r.Op != proto.OpAcquire {
+				t.Fatalf("bulk acquire: %c %v", r.Op, err)
+			}
+		}
+	}
+	began := time.Now()
+	if err := c.Member(1).Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Member(1).WaitLog(inSyncRE, 20*time.Second); err != nil {
+		t.Fatalf("standby not in sync: %v", err)
+	}
+	t.Logf("standby in sync with %d locks %v after it started", n, time.Since(began))
+	// Changes after the snapshot: releases, new grants.
+	for j := 0; j < 1000; j++ {
+		key := fmt.Sprintf("bulk/%07d", j)
+		held, tok := keyState(t, c, 0, key)
+		if !held {
+			t.Fatalf("%s not held on the active", key)
+		}
+		if r := do(t, conn, proto.AppendRelease(nil, tok, key)); r.Op != proto.OpRelease {
+			t.Fatalf("release %s: %c", key, r.Op)
+		}
+	}
+	for j := 0; j < 1000; j++ {
+		grant(t, conn, fmt.Sprintf("late/%d", j), 120, uint64(n+j+1))
+	}
+	time.Sleep(300 * time.Millisecond)
+	a, s := dumpKeys(t, c, 0), dumpKeys(t, c, 1)
+	if len(a) != n || len(s) != len(a) {
+		t.Fatalf("active holds %d keys, standby %d, want %d", len(a), len(s), n)
+	}
+	for k, tok := range a {
+		if s[k] != tok {
+			t.Fatalf("key %s: active token %d, standby %d", k, tok, s[k])
+		}
+	}
+}
