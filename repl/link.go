@@ -19,8 +19,8 @@ const (
 	dialTimeout  = time.Second
 	maxQueue     = 64 << 20 // bytes queued for one standby before it is resynced instead
 	maxUnacked   = 4096     // batches tracked for lag figures
-	redialMin    = 50 * time.Millisecond
-	redialMax    = time.Second
+	redialMin    = 20 * time.Millisecond
+	redialMax    = 200 * time.Millisecond
 	helloVersion = 1
 )
 
@@ -41,6 +41,7 @@ type peer struct {
 
 	mu      sync.Mutex
 	wake    chan struct{} // capacity 1: something to send
+	redial  chan struct{} // capacity 1: the peer reached us, dial it now
 	hb      []byte        // the latest heartbeat frame, sent before anything queued
 	queue   [][]byte      // frames in order
 	qbytes  int
@@ -56,7 +57,8 @@ type peer struct {
 }
 
 func newPeer(p *Priority, i int) *peer {
-	return &peer{p: p, i: i, addr: p.cfg.memberAddr(i), wake: make(chan struct{}, 1), resCond: make(chan struct{})}
+	return &peer{p: p, i: i, addr: p.cfg.memberAddr(i), wake: make(chan struct{}, 1), redial: make(chan struct{}, 1),
+		resCond: make(chan struct{})}
 }
 
 func (pe *peer) kick() {
@@ -237,6 +239,8 @@ func (pe *peer) run() {
 			case <-pe.p.quit:
 				return
 			case <-time.After(backoff):
+			case <-pe.redial:
+				backoff = redialMin
 			}
 			backoff = min(2*backoff, redialMax)
 			continue
@@ -388,6 +392,15 @@ func (p *Priority) serveInbound(c net.Conn) {
 	if from == p.cfg.Self || from >= len(p.cfg.Peers) {
 		p.log.Error("member link refused: it says it is this member", "remote", c.RemoteAddr().String())
 		return
+	}
+	// The peer is up: dial it back now rather than at the end of a back-off,
+	// so a member that (re)starts hears from the others within its first
+	// failover timeout.
+	if pe := p.peers[from]; pe != nil {
+		select {
+		case pe.redial <- struct{}{}:
+		default:
+		}
 	}
 	in := &inbound{p: p, from: from}
 	for {

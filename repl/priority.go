@@ -67,6 +67,10 @@ type Priority struct {
 	restored int
 
 	stats clusterStats
+
+	// noWallFloor leaves the wall-clock floor out of a promotion's first
+	// token, so tests see the reservation rule alone.
+	noWallFloor bool
 }
 
 // clusterStats are the counters /metrics shows.
@@ -205,7 +209,10 @@ func (p *Priority) gateFor(now int64) *Gate {
 	r := p.roles
 	switch {
 	case r.serving() && p.ready:
-		return &Gate{State: Serve, Until: now + p.timeout()/2}
+		// Until counts from the ticker's last tick, never from now: only
+		// the ticker notices a freeze, so nothing else (a heartbeat read
+		// first after a SIGCONT) may extend it.
+		return &Gate{State: Serve, Until: r.lastTick + p.timeout()/2}
 	case r.role == RoleActive || r.role == RoleHandover:
 		return &Gate{State: Hold}
 	case r.active >= 0 && r.active != p.cfg.Self:
@@ -365,7 +372,7 @@ func (p *Priority) becomeActive(handoffToken uint64, why string) {
 	epoch := r.epoch
 	tokens := p.table.Tokens()
 	start := max(tokens.Last(), tokens.Limit(), p.reservedSeen, handoffToken)
-	if handoffToken == 0 {
+	if handoffToken == 0 && !p.noWallFloor {
 		start = max(start, WallFloor()+uint64(p.timeout()))
 	}
 	for i := range r.peers {

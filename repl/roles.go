@@ -112,9 +112,9 @@ func (r *roles) heard(now int64, from int, hb peerState) change {
 		return c
 	}
 	p := &r.peers[from]
-	echo := max(p.echo, hb.echo)
+	echo, lastKnown := max(p.echo, hb.echo), p.lastKnown
 	*p = hb
-	p.known, p.heard, p.echo = true, now, echo
+	p.known, p.heard, p.echo, p.lastKnown = true, now, echo, lastKnown
 	r.maxEpoch = max(r.maxEpoch, hb.epoch, hb.storedEpoch)
 	return r.decide(now, c)
 }

@@ -306,3 +306,39 @@ func TestRolesLeavingIsNotLive(t *testing.T) {
 		t.Fatalf("successor %d, want 2", got)
 	}
 }
+
+// TestRolesFreezeCheckWaitsForEchoes: after resuming, heartbeats that
+// were sent before the resumed member's new probe (they sat in its socket
+// buffers) do not end the freeze check; only echoes of a probe sent after
+// resuming, or a full timeout, do.
+func TestRolesFreezeCheckWaitsForEchoes(t *testing.T) {
+	s := newSim(t, 3)
+	s.step(2 * time.Second)
+	s.wantActive(0)
+	r := s.m[0]
+	oldEcho := r.peers[1].echo
+	r.tick(s.now + 2*int64(time.Second)) // frozen for 2 s
+	s.now += 2 * int64(time.Second)
+	if !r.checking() {
+		t.Fatal("the gap was not noticed")
+	}
+	// Stale heartbeats from both standbys, echoing old probes.
+	for _, j := range []int{1, 2} {
+		hb := s.heartbeat(j)
+		hb.echo = oldEcho
+		r.heard(s.now, j, hb)
+	}
+	if r.serving() {
+		t.Fatal("stale heartbeats ended the freeze check")
+	}
+	// Echoes of the first probe after resuming end it.
+	probe := r.nextProbe()
+	for _, j := range []int{1, 2} {
+		hb := s.heartbeat(j)
+		hb.echo = probe
+		r.heard(s.now, j, hb)
+	}
+	if !r.serving() {
+		t.Fatal("echoes of a probe sent after resuming did not end the check")
+	}
+}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"regexp"
 	"syscall"
 	"testing"
 	"time"
@@ -171,8 +172,8 @@ func TestPriorityFrozenActive(t *testing.T) {
 			t.Fatalf("answer %d: %c, want M", id, r.Op)
 		}
 	}
-	waitActive(t, c, 2*time.Second) // 2 × the failover timeout
-	if held, got := keyState(t, c, active(c), "contested"); !held || got != tok {
+	w, _ := waitActive(t, c, 2*time.Second) // 2 × the failover timeout
+	if held, got := keyState(t, c, w, "contested"); !held || got != tok {
 		t.Fatalf("contested after the freeze: %v %d, want %d", held, got, tok)
 	}
 	t.Logf("one active %v after SIGCONT", time.Since(resumed))
@@ -257,15 +258,33 @@ func TestPriorityPartitionHeals(t *testing.T) {
 	if mid <= before {
 		t.Fatalf("token %d on the new side not above %d", mid, before)
 	}
+	mark := c.Member(a).LogMark()
 	c.Heal()
 	healed := time.Now()
-	w, _ := waitActive(t, c, 2*time.Second+500*time.Millisecond)
-	t.Logf("one active (member %d) %v after the heal", w, time.Since(healed))
-	wc := dial(t, c, w)
+	// The member that became active earlier (a, the lower epoch) steps
+	// down within 2 × the failover timeout...
+	if _, err := c.Member(a).WaitLogSince(mark, steppingDownRE, 2*time.Second); err != nil {
+		t.Fatalf("the earlier active did not step down after the heal: %v", err)
+	}
+	t.Logf("member %d stepped down %v after the heal", a, time.Since(healed))
+	// ...then priority order is restored by a planned handover.
+	deadline = time.Now().Add(10 * time.Second)
+	for active(c) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("priority order not restored after the heal")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	wc := dial(t, c, 0)
 	if after := grant(t, wc, "post", 10, 3); after <= mid || after <= before {
 		t.Fatalf("token %d after the heal not above %d and %d", after, mid, before)
 	}
+	if held, tok := keyState(t, c, 0, "split"); !held || tok != mid {
+		t.Fatalf("the lock granted by the surviving side: held=%v token %d, want %d", held, tok, mid)
+	}
 }
+
+var steppingDownRE = regexp.MustCompile(`stepping down`)
 
 func others(c *clustertest.Cluster, a int) []int {
 	var o []int
