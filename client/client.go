@@ -220,16 +220,17 @@ func (cl *Client) unprefer(addr string) {
 }
 
 // goBackground runs fn on a goroutine the client waits for at Close, unless
-// the client is already closed.
-func (cl *Client) goBackground(fn func()) {
+// the client is already closed; it reports whether it started fn.
+func (cl *Client) goBackground(fn func()) bool {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	if cl.closed {
-		return
+		return false
 	}
 	cl.wg.Add(1)
 	go func() {
 		defer cl.wg.Done()
 		fn()
 	}()
+	return true
 }
