@@ -16,13 +16,15 @@ type Client struct {
 	dialer  net.Dialer
 	tickets sync.Pool
 
-	slots     atomic.Pointer[[]*slot] // copy on write, under mu
-	preferred atomic.Pointer[string]  // address an M pointed to
-	rr        atomic.Uint32
+	slots       atomic.Pointer[[]*slot] // copy on write, under mu
+	preferred   atomic.Pointer[string]  // address an M pointed to
+	rr          atomic.Uint32
+	established atomic.Bool // a server's answer has been read on some connection
 
 	mu      sync.Mutex
-	changed chan struct{} // closed and replaced when a connection comes up
+	changed chan struct{} // closed and replaced when a connection comes up or goes down
 	closed  bool
+	connErr error // why the last dial failed or the last connection ended
 
 	closing  chan struct{} // closed by Close
 	bg       context.Context
@@ -35,6 +37,7 @@ type Client struct {
 type slot struct {
 	addr string
 	cur  atomic.Pointer[conn]
+	down atomic.Bool // its last dial failed or its connection ended, and it is not up again
 }
 
 // New validates cfg and starts the client's connections in the background.
@@ -96,7 +99,8 @@ func (cl *Client) isClosed() bool {
 }
 
 // runSlot keeps one persistent connection: dial, serve until it dies, wait
-// ReconnectInterval, dial again.
+// ReconnectInterval, dial again. Each failure is recorded as the reason
+// given with ErrNoConnection.
 func (cl *Client) runSlot(s *slot) {
 	defer cl.wg.Done()
 	pause := time.NewTimer(time.Hour)
@@ -108,6 +112,7 @@ func (cl *Client) runSlot(s *slot) {
 			cl.wg.Add(1)
 			go c.readLoop()
 			s.cur.Store(c)
+			s.down.Store(false)
 			cl.signalChanged()
 			select {
 			case <-c.gone:
@@ -115,7 +120,16 @@ func (cl *Client) runSlot(s *slot) {
 				c.fail(ErrClosed)
 			}
 			s.cur.Store(nil)
+			err = c.endCause()
 		}
+		if cl.isClosed() {
+			return
+		}
+		cl.mu.Lock()
+		cl.connErr = err
+		cl.mu.Unlock()
+		s.down.Store(true)
+		cl.signalChanged()
 		pause.Reset(cl.cfg.ReconnectInterval)
 		select {
 		case <-pause.C:
@@ -131,6 +145,32 @@ func (cl *Client) signalChanged() {
 	close(cl.changed)
 	cl.changed = make(chan struct{})
 	cl.mu.Unlock()
+}
+
+// unreachable reports whether no server has been reached yet and every
+// slot has failed once (Config.FailFast).
+func (cl *Client) unreachable() bool {
+	if cl.established.Load() {
+		return false
+	}
+	for _, s := range *cl.slots.Load() {
+		if !s.down.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// noConnErr is ErrNoConnection with the reason of the last failure, if
+// one is known.
+func (cl *Client) noConnErr() error {
+	cl.mu.Lock()
+	cause := cl.connErr
+	cl.mu.Unlock()
+	if cause == nil {
+		return ErrNoConnection
+	}
+	return &noConnError{cause}
 }
 
 func (cl *Client) changedCh() <-chan struct{} {

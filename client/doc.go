@@ -31,10 +31,10 @@
 //     one is rejected with ErrInvalidWait (there is no infinite wait on the
 //     wire; loop to wait longer). The wire wait is recomputed by the writer
 //     just before the send: the remaining time rounded up to whole seconds,
-//     capped at 255. A request still unsent at the deadline is never sent
-//     (ErrTimeout; a wait>0 acquire that found no connection before its
-//     deadline fails with an error matching both ErrTimeout and
-//     ErrNoConnection: it was not sent, and no holder was the reason).
+//     capped at 255. A request still unsent at the deadline is never sent:
+//     ErrTimeout if it was queued on a live connection, ErrNoConnection
+//     (with the last dial error, or ErrRejected) if no connection was
+//     available — never ErrTimeout, since no holder was the reason.
 //   - The answer is awaited until the server's own obligation ends — the
 //     send plus the wire wait — plus Config.AnswerAllowance (1 s), so a T
 //     sent right at the end of the wait is read as a definitive ErrTimeout.

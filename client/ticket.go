@@ -360,7 +360,7 @@ func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
 	if t.trySend() {
 		return 0, true
 	}
-	if monoNow() >= t.sendBy {
+	if monoNow() >= t.sendBy || cl.cfg.FailFast && cl.unreachable() {
 		return outNoConn, false
 	}
 	t.arm(t.sendBy)
