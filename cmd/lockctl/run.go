@@ -87,7 +87,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 		return usageErr("--lease %v must exceed --margin %v + --grace %v + the renewal interval %v", o.lease, o.margin, o.grace, o.renewEvery)
 	}
 	o.retryRenewIn = min(o.renewEvery/4, time.Second)
-	cl, err := c.client()
+	ctx, cancel := c.context()
+	cl, err := c.client(ctx)
+	cancel()
 	if err != nil {
 		return err
 	}
