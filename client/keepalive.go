@@ -188,8 +188,8 @@ func (k *KeepAlive) lose(err error) {
 	}
 	k.mu.Unlock()
 	if first {
+		k.cancel(err) // before lost: whoever sees Lost sees the cause
 		close(k.lost)
-		k.cancel(err)
 	}
 }
 
