@@ -38,7 +38,23 @@ type slot struct {
 	addr string
 	cur  atomic.Pointer[conn]
 	down atomic.Bool // its last dial failed or its connection ended, and it is not up again
+
+	// Slots opened for an address an M named that is not in Config.Addrs.
+	redirect bool
+	named    atomic.Int64  // instant of the latest M naming addr: the least recent is evicted first
+	retired  chan struct{} // closed when evicted (nil for Config.Addrs)
 }
+
+// MaxRedirectAddrs bounds the addresses beyond Config.Addrs that a Client
+// keeps connections to because an M answer named them. When an M names
+// one more, the address least recently named is dropped: no new request
+// goes there, and its connections close once nothing sent on them awaits
+// an answer.
+const MaxRedirectAddrs = 8
+
+// retirePoll is how often an evicted slot's connection is checked for
+// requests still awaiting an answer.
+const retirePoll = 50 * time.Millisecond
 
 // New validates cfg and starts the client's connections in the background.
 // It does not wait for them: calls made before a connection is up wait for
@@ -118,11 +134,13 @@ func (cl *Client) runSlot(s *slot) {
 			case <-c.gone:
 			case <-cl.closing:
 				c.fail(ErrClosed)
+			case <-s.retired:
+				cl.drainRetired(c)
 			}
 			s.cur.Store(nil)
 			err = c.endCause()
 		}
-		if cl.isClosed() {
+		if cl.isClosed() || s.isRetired() {
 			return
 		}
 		cl.mu.Lock()
@@ -136,6 +154,37 @@ func (cl *Client) runSlot(s *slot) {
 		case <-cl.closing:
 			pause.Stop()
 			return
+		case <-s.retired:
+			pause.Stop()
+			return
+		}
+	}
+}
+
+func (s *slot) isRetired() bool {
+	select {
+	case <-s.retired:
+		return true
+	default:
+		return false
+	}
+}
+
+// drainRetired closes c, the connection of an evicted slot, once nothing
+// is queued on it or awaits an answer there (or when it dies, or the
+// client closes). Requests already on it finish there.
+func (cl *Client) drainRetired(c *conn) {
+	tm := time.NewTimer(retirePoll)
+	defer tm.Stop()
+	for !c.closeIfIdle(errRetired) {
+		select {
+		case <-c.gone:
+			return
+		case <-cl.closing:
+			c.fail(ErrClosed)
+			return
+		case <-tm.C:
+			tm.Reset(retirePoll)
 		}
 	}
 }
@@ -228,8 +277,10 @@ func pickAddr(slots []*slot, n, i0 uint32, addr string) *conn {
 	return nil
 }
 
-// follow makes addr (named by an M answer) the preferred address, adding a
-// connection to it if there is none.
+// follow makes addr (named by an M answer) the preferred address. An
+// address without a slot gets Config.ConnsPerAddr new ones; if that makes
+// more than MaxRedirectAddrs addresses beyond Config.Addrs, the one least
+// recently named by an M is evicted.
 func (cl *Client) follow(addr string) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
@@ -239,16 +290,58 @@ func (cl *Client) follow(addr string) {
 	a := addr
 	cl.preferred.Store(&a)
 	old := *cl.slots.Load()
+	now := int64(monoNow())
+	known := false
+	redirects := map[string]int64{} // address → latest naming
 	for _, s := range old {
 		if s.addr == addr {
-			return
+			known = true
+			if s.redirect {
+				s.named.Store(now)
+			}
+		}
+		if s.redirect {
+			redirects[s.addr] = s.named.Load()
 		}
 	}
-	s := &slot{addr: addr}
-	slots := append(old[:len(old):len(old)], s)
+	if known {
+		return
+	}
+	slots := make([]*slot, 0, len(old)+cl.cfg.ConnsPerAddr)
+	victim := ""
+	if len(redirects) >= MaxRedirectAddrs {
+		for a, at := range redirects {
+			if victim == "" || at < redirects[victim] {
+				victim = a
+			}
+		}
+	}
+	for _, s := range old {
+		if s.addr == victim {
+			close(s.retired)
+			continue
+		}
+		slots = append(slots, s)
+	}
+	for i := 0; i < cl.cfg.ConnsPerAddr; i++ {
+		s := &slot{addr: addr, redirect: true, retired: make(chan struct{})}
+		s.named.Store(now)
+		slots = append(slots, s)
+		cl.wg.Add(1)
+		go cl.runSlot(s)
+	}
 	cl.slots.Store(&slots)
-	cl.wg.Add(1)
-	go cl.runSlot(s)
+}
+
+// unreachableAddr reports whether no request can go to addr now: it has
+// no slot (an evicted redirect), or every slot of it is down.
+func (cl *Client) unreachableAddr(addr string) bool {
+	for _, s := range *cl.slots.Load() {
+		if s.addr == addr && !s.down.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // unprefer drops the preferred address if it is addr (its node answered M

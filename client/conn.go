@@ -309,9 +309,47 @@ func (c *conn) dispatchLocked(r *proto.Response) *Ticket {
 // sent ones as lost.
 func (c *conn) fail(cause error) {
 	c.mu.Lock()
-	if c.dead {
+	killed := c.killLocked(cause)
+	c.mu.Unlock()
+	if killed {
+		_ = c.nc.Close()
+		close(c.gone)
+	}
+}
+
+// closeIfIdle fails c unless a request is queued on it, being written or
+// awaiting an answer (stand-ins aside); it reports whether c is dead.
+func (c *conn) closeIfIdle(cause error) bool {
+	c.mu.Lock()
+	if !c.dead && (len(c.queue) > 0 || c.writing || c.awaitingLocked()) {
 		c.mu.Unlock()
-		return
+		return false
+	}
+	killed := c.killLocked(cause)
+	c.mu.Unlock()
+	if killed {
+		_ = c.nc.Close()
+		close(c.gone)
+	}
+	return true
+}
+
+// awaitingLocked reports whether a request sent on c awaits its answer.
+func (c *conn) awaitingLocked() bool {
+	for i := range c.pend {
+		if c.pend[i].awaiting() {
+			return true
+		}
+	}
+	return false
+}
+
+// killLocked marks c dead once (false if it was already): queued requests
+// are finished as definitely unsent, sent ones as lost. The caller closes
+// the socket and gone after unlocking.
+func (c *conn) killLocked(cause error) bool {
+	if c.dead {
+		return false
 	}
 	c.cause = cause
 	c.dead = true
@@ -331,7 +369,5 @@ func (c *conn) fail(cause error) {
 			}
 		})
 	}
-	c.mu.Unlock()
-	_ = c.nc.Close()
-	close(c.gone)
+	return true
 }

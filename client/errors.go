@@ -122,6 +122,7 @@ func (e *addrError) Unwrap() error { return e.err }
 // Internal causes for closing a connection.
 var (
 	errAbandoned = errors.New("client: request abandoned with its answer outstanding")
+	errRetired   = errors.New("client: connection to an address no M has named lately, closed once idle")
 	errBadAnswer = errors.New("client: server sent a bad frame")
 	errServerE1  = errors.New("client: server reported a bad frame (E 1)")
 )

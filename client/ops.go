@@ -200,8 +200,15 @@ func (t *Ticket) acquire() (Lock, error) {
 // up.
 func (t *Ticket) followMoved() bool {
 	if t.rtail != "" {
-		t.moved = t.rtail
 		t.cl.follow(t.rtail)
+		if t.cl.unreachableAddr(t.rtail) {
+			// The node named is down (its last dial failed or its
+			// connection ended): the one that answered may not know yet.
+			// Pause, then ask another.
+			t.moved, t.avoid = "", t.rtail
+			return false
+		}
+		t.moved = t.rtail
 		return true
 	}
 	t.moved = ""
