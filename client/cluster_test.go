@@ -10,7 +10,7 @@ import (
 	"github.com/lockd-dev/lockd/proto"
 )
 
-// Clients against fake cluster members (PROTOCOL.md §6.2, §7): a member
+// Clients against fake cluster members (docs/PROTOCOL.md §7): a member
 // that is not the active answers every request with M naming the active,
 // or with an empty address while none is known, and executes nothing.
 
@@ -267,7 +267,7 @@ func TestClusterMovedToDeadNode(t *testing.T) {
 
 // TestClusterReleaseAndRenewFollowM: releases and renews follow M too,
 // addressed at once and empty after the retry interval (Release: 5 s at
-// 200 ms, PROTOCOL.md §7).
+// 200 ms, docs/PROTOCOL.md §7).
 func TestClusterReleaseAndRenewFollowM(t *testing.T) {
 	var active atomic.Pointer[string]
 	act := member(t, &active)

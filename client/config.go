@@ -55,7 +55,8 @@ type Config struct {
 	FailFast bool
 }
 
-// DefaultConfig returns the defaults of PROTOCOL.md §7, without addresses.
+// DefaultConfig returns the defaults of docs/PROTOCOL.md §7, without
+// addresses.
 func DefaultConfig() Config {
 	return Config{
 		DialTimeout:          5 * time.Second,
