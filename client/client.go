@@ -292,7 +292,6 @@ func (cl *Client) follow(addr string) {
 	old := *cl.slots.Load()
 	now := int64(monoNow())
 	known := false
-	redirects := map[string]int64{} // address → latest naming
 	for _, s := range old {
 		if s.addr == addr {
 			known = true
@@ -300,14 +299,16 @@ func (cl *Client) follow(addr string) {
 				s.named.Store(now)
 			}
 		}
-		if s.redirect {
-			redirects[s.addr] = s.named.Load()
-		}
 	}
 	if known {
 		return
 	}
-	slots := make([]*slot, 0, len(old)+cl.cfg.ConnsPerAddr)
+	redirects := map[string]int64{} // address → latest naming
+	for _, s := range old {
+		if s.redirect {
+			redirects[s.addr] = s.named.Load()
+		}
+	}
 	victim := ""
 	if len(redirects) >= MaxRedirectAddrs {
 		for a, at := range redirects {
@@ -316,6 +317,7 @@ func (cl *Client) follow(addr string) {
 			}
 		}
 	}
+	slots := make([]*slot, 0, len(old)+cl.cfg.ConnsPerAddr)
 	for _, s := range old {
 		if s.addr == victim {
 			close(s.retired)
