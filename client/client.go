@@ -16,13 +16,15 @@ type Client struct {
 	dialer  net.Dialer
 	tickets sync.Pool
 
-	slots     atomic.Pointer[[]*slot] // copy on write, under mu
-	preferred atomic.Pointer[string]  // address an M pointed to
-	rr        atomic.Uint32
+	slots       atomic.Pointer[[]*slot] // copy on write, under mu
+	preferred   atomic.Pointer[string]  // address an M pointed to
+	rr          atomic.Uint32
+	established atomic.Bool // a server's answer has been read on some connection
 
 	mu      sync.Mutex
-	changed chan struct{} // closed and replaced when a connection comes up
+	changed chan struct{} // closed and replaced when a connection comes up or goes down
 	closed  bool
+	connErr error // why the last dial failed or the last connection ended
 
 	closing  chan struct{} // closed by Close
 	bg       context.Context
@@ -35,7 +37,24 @@ type Client struct {
 type slot struct {
 	addr string
 	cur  atomic.Pointer[conn]
+	down atomic.Bool // its last dial failed or its connection ended, and it is not up again
+
+	// Slots opened for an address an M named that is not in Config.Addrs.
+	redirect bool
+	named    atomic.Int64  // instant of the latest M naming addr: the least recent is evicted first
+	retired  chan struct{} // closed when evicted (nil for Config.Addrs)
 }
+
+// MaxRedirectAddrs bounds the addresses beyond Config.Addrs that a Client
+// keeps connections to because an M answer named them. When an M names
+// one more, the address least recently named is dropped: no new request
+// goes there, and its connections close once nothing sent on them awaits
+// an answer.
+const MaxRedirectAddrs = 8
+
+// retirePoll is how often an evicted slot's connection is checked for
+// requests still awaiting an answer.
+const retirePoll = 50 * time.Millisecond
 
 // New validates cfg and starts the client's connections in the background.
 // It does not wait for them: calls made before a connection is up wait for
@@ -96,7 +115,8 @@ func (cl *Client) isClosed() bool {
 }
 
 // runSlot keeps one persistent connection: dial, serve until it dies, wait
-// ReconnectInterval, dial again.
+// ReconnectInterval, dial again. Each failure is recorded as the reason
+// given with ErrNoConnection.
 func (cl *Client) runSlot(s *slot) {
 	defer cl.wg.Done()
 	pause := time.NewTimer(time.Hour)
@@ -108,20 +128,63 @@ func (cl *Client) runSlot(s *slot) {
 			cl.wg.Add(1)
 			go c.readLoop()
 			s.cur.Store(c)
+			s.down.Store(false)
 			cl.signalChanged()
 			select {
 			case <-c.gone:
 			case <-cl.closing:
 				c.fail(ErrClosed)
+			case <-s.retired:
+				cl.drainRetired(c)
 			}
 			s.cur.Store(nil)
+			err = c.endCause()
 		}
+		if cl.isClosed() || s.isRetired() {
+			return
+		}
+		cl.mu.Lock()
+		cl.connErr = err
+		cl.mu.Unlock()
+		s.down.Store(true)
+		cl.signalChanged()
 		pause.Reset(cl.cfg.ReconnectInterval)
 		select {
 		case <-pause.C:
 		case <-cl.closing:
 			pause.Stop()
 			return
+		case <-s.retired:
+			pause.Stop()
+			return
+		}
+	}
+}
+
+func (s *slot) isRetired() bool {
+	select {
+	case <-s.retired:
+		return true
+	default:
+		return false
+	}
+}
+
+// drainRetired closes c, the connection of an evicted slot, once nothing
+// is queued on it or awaits an answer there (or when it dies, or the
+// client closes). Requests already on it finish there.
+func (cl *Client) drainRetired(c *conn) {
+	tm := time.NewTimer(retirePoll)
+	defer tm.Stop()
+	for !c.closeIfIdle(errRetired) {
+		select {
+		case <-c.gone:
+			return
+		case <-cl.closing:
+			c.fail(ErrClosed)
+			return
+		case <-tm.C:
+			tm.Reset(retirePoll)
 		}
 	}
 }
@@ -131,6 +194,32 @@ func (cl *Client) signalChanged() {
 	close(cl.changed)
 	cl.changed = make(chan struct{})
 	cl.mu.Unlock()
+}
+
+// unreachable reports whether no server has been reached yet and every
+// slot has failed once (Config.FailFast).
+func (cl *Client) unreachable() bool {
+	if cl.established.Load() {
+		return false
+	}
+	for _, s := range *cl.slots.Load() {
+		if !s.down.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// noConnErr is ErrNoConnection with the reason of the last failure, if
+// one is known.
+func (cl *Client) noConnErr() error {
+	cl.mu.Lock()
+	cause := cl.connErr
+	cl.mu.Unlock()
+	if cause == nil {
+		return ErrNoConnection
+	}
+	return &noConnError{cause}
 }
 
 func (cl *Client) changedCh() <-chan struct{} {
@@ -188,8 +277,10 @@ func pickAddr(slots []*slot, n, i0 uint32, addr string) *conn {
 	return nil
 }
 
-// follow makes addr (named by an M answer) the preferred address, adding a
-// connection to it if there is none.
+// follow makes addr (named by an M answer) the preferred address. An
+// address without a slot gets Config.ConnsPerAddr new ones; if that makes
+// more than MaxRedirectAddrs addresses beyond Config.Addrs, the one least
+// recently named by an M is evicted.
 func (cl *Client) follow(addr string) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
@@ -199,16 +290,60 @@ func (cl *Client) follow(addr string) {
 	a := addr
 	cl.preferred.Store(&a)
 	old := *cl.slots.Load()
+	now := int64(monoNow())
+	known := false
 	for _, s := range old {
 		if s.addr == addr {
-			return
+			known = true
+			if s.redirect {
+				s.named.Store(now)
+			}
 		}
 	}
-	s := &slot{addr: addr}
-	slots := append(old[:len(old):len(old)], s)
+	if known {
+		return
+	}
+	redirects := map[string]int64{} // address → latest naming
+	for _, s := range old {
+		if s.redirect {
+			redirects[s.addr] = s.named.Load()
+		}
+	}
+	victim := ""
+	if len(redirects) >= MaxRedirectAddrs {
+		for a, at := range redirects {
+			if victim == "" || at < redirects[victim] {
+				victim = a
+			}
+		}
+	}
+	slots := make([]*slot, 0, len(old)+cl.cfg.ConnsPerAddr)
+	for _, s := range old {
+		if s.addr == victim {
+			close(s.retired)
+			continue
+		}
+		slots = append(slots, s)
+	}
+	for i := 0; i < cl.cfg.ConnsPerAddr; i++ {
+		s := &slot{addr: addr, redirect: true, retired: make(chan struct{})}
+		s.named.Store(now)
+		slots = append(slots, s)
+		cl.wg.Add(1)
+		go cl.runSlot(s)
+	}
 	cl.slots.Store(&slots)
-	cl.wg.Add(1)
-	go cl.runSlot(s)
+}
+
+// unreachableAddr reports whether no request can go to addr now: it has
+// no slot (an evicted redirect), or every slot of it is down.
+func (cl *Client) unreachableAddr(addr string) bool {
+	for _, s := range *cl.slots.Load() {
+		if s.addr == addr && !s.down.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // unprefer drops the preferred address if it is addr (its node answered M
@@ -220,16 +355,17 @@ func (cl *Client) unprefer(addr string) {
 }
 
 // goBackground runs fn on a goroutine the client waits for at Close, unless
-// the client is already closed.
-func (cl *Client) goBackground(fn func()) {
+// the client is already closed; it reports whether it started fn.
+func (cl *Client) goBackground(fn func()) bool {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	if cl.closed {
-		return
+		return false
 	}
 	cl.wg.Add(1)
 	go func() {
 		defer cl.wg.Done()
 		fn()
 	}()
+	return true
 }

@@ -43,9 +43,20 @@ type Config struct {
 	// DefaultLease is the lease of an acquire whose options give none
 	// (default 30 s).
 	DefaultLease time.Duration
+	// FailFast is for short-lived programs such as command-line tools.
+	// Until an answer has been read from some server, a call that finds
+	// no live connection fails at once with ErrNoConnection (and the
+	// reason: the dial error, or ErrRejected) as soon as every address has
+	// failed once, instead of waiting within its deadline for a
+	// background redial. Once a server has answered, connections that drop
+	// are redialled in the background as without it. Long-lived programs
+	// leave it false: a server that is down when they start is dialled
+	// again every ReconnectInterval and used when it comes up.
+	FailFast bool
 }
 
-// DefaultConfig returns the defaults of PROTOCOL.md §7, without addresses.
+// DefaultConfig returns the defaults of docs/PROTOCOL.md §7, without
+// addresses.
 func DefaultConfig() Config {
 	return Config{
 		DialTimeout:          5 * time.Second,

@@ -38,6 +38,9 @@ type conn struct {
 	isDead  atomic.Bool                      // dead, readable without mu
 	writing bool                             // a goroutine is in flush
 	gone    chan struct{}                    // closed by fail
+	cause   error                            // fail's argument; read after gone
+	opened  instant                          // when the dial succeeded
+	heard   atomic.Bool                      // a byte has been read from the server
 
 	// Owned by the goroutine in flush.
 	wbuf []byte  // the batch being written
@@ -45,7 +48,25 @@ type conn struct {
 }
 
 func newConn(cl *Client, addr string, nc net.Conn) *conn {
-	return &conn{cl: cl, addr: addr, nc: nc, gone: make(chan struct{})}
+	return &conn{cl: cl, addr: addr, nc: nc, gone: make(chan struct{}), opened: monoNow()}
+}
+
+// rejectedWithin is how soon after the dial a connection that ends without
+// a byte from the server counts as rejected by it (ErrRejected): lockd at
+// its --max-conns accepts and closes at once.
+const rejectedWithin = time.Second
+
+// endCause is why c ended, once gone is closed: ErrRejected at c's address
+// if the server closed it at once without a frame, else the cause of the
+// failure with the address.
+func (c *conn) endCause() error {
+	switch {
+	case c.cause == ErrClosed || c.cause == errAbandoned:
+		return &addrError{c.addr, c.cause}
+	case !c.heard.Load() && time.Duration(monoNow()-c.opened) < rejectedWithin:
+		return &rejectedError{c.addr}
+	}
+	return &addrError{c.addr, c.cause}
 }
 
 // enqueue attaches t to c for sending, and sends it. It reports false if
@@ -189,6 +210,7 @@ func (c *conn) readLoop() {
 	var r proto.Response
 	var wake []chan struct{}
 	var comp []*Ticket // stand-ins of acquires that received a grant
+	heard := false
 	for {
 		if end == len(buf) {
 			// A frame is at most proto.MaxResponseLen bytes, far less than buf.
@@ -199,6 +221,11 @@ func (c *conn) readLoop() {
 		n, err := c.nc.Read(buf[end:])
 		end += n
 		if n > 0 {
+			if !heard {
+				heard = true
+				c.heard.Store(true)
+				c.cl.established.Store(true)
+			}
 			var bad error
 			c.mu.Lock()
 			for start < end {
@@ -280,12 +307,51 @@ func (c *conn) dispatchLocked(r *proto.Response) *Ticket {
 
 // fail closes c once: queued requests are finished as definitely unsent,
 // sent ones as lost.
-func (c *conn) fail(error) {
+func (c *conn) fail(cause error) {
 	c.mu.Lock()
-	if c.dead {
-		c.mu.Unlock()
-		return
+	killed := c.killLocked(cause)
+	c.mu.Unlock()
+	if killed {
+		_ = c.nc.Close()
+		close(c.gone)
 	}
+}
+
+// closeIfIdle fails c unless a request is queued on it, being written or
+// awaiting an answer (stand-ins aside); it reports whether c is dead.
+func (c *conn) closeIfIdle(cause error) bool {
+	c.mu.Lock()
+	if !c.dead && (len(c.queue) > 0 || c.writing || c.awaitingLocked()) {
+		c.mu.Unlock()
+		return false
+	}
+	killed := c.killLocked(cause)
+	c.mu.Unlock()
+	if killed {
+		_ = c.nc.Close()
+		close(c.gone)
+	}
+	return true
+}
+
+// awaitingLocked reports whether a request sent on c awaits its answer.
+func (c *conn) awaitingLocked() bool {
+	for i := range c.pend {
+		if c.pend[i].awaiting() {
+			return true
+		}
+	}
+	return false
+}
+
+// killLocked marks c dead once (false if it was already): queued requests
+// are finished as definitely unsent, sent ones as lost. The caller closes
+// the socket and gone after unlocking.
+func (c *conn) killLocked(cause error) bool {
+	if c.dead {
+		return false
+	}
+	c.cause = cause
 	c.dead = true
 	c.isDead.Store(true)
 	for i, t := range c.queue {
@@ -303,7 +369,5 @@ func (c *conn) fail(error) {
 			}
 		})
 	}
-	c.mu.Unlock()
-	_ = c.nc.Close()
-	close(c.gone)
+	return true
 }

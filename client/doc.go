@@ -1,8 +1,69 @@
-// Package client is the Go client library of lockd: a pool of pipelined
-// connections to lockd servers and the lock operations built on it
-// (Acquire, AcquireAsync, Release, ReleaseAsync, Renew, Ping, WithLock). It speaks the
-// wire protocol through package proto and keeps every obligation of
-// PROTOCOL.md §7.
+// Package client is the Go client library of lockd: take a named lock with
+// a bounded wait and a lease, get its fencing token, keep the lease alive
+// while you work, release it.
+//
+// # Quick start
+//
+// Create one Client per process and share it between goroutines:
+//
+//	cl, err := client.New(client.Config{Addrs: []string{"127.0.0.1:7070"}})
+//	if err != nil {
+//		return err
+//	}
+//	defer cl.Close()
+//
+// WithLock takes the lock, runs fn while renewing the lease, and releases
+// it; fn passes the fencing token to the resource it protects (see package
+// fence) and stops when its context ends:
+//
+//	err = cl.WithLock(ctx, "reports/nightly", client.AcquireOptions{Wait: 10 * time.Second, Lease: 30 * time.Second},
+//		func(ctx context.Context, l client.Lock) error {
+//			return store.Write(ctx, l.Token, report)
+//		})
+//	switch {
+//	case err == nil:
+//		// done, lock released
+//	case errors.Is(err, client.ErrTimeout), errors.Is(err, client.ErrBusy):
+//		// lockd answered: the lock is held elsewhere (or lockd is full); skip this run
+//	case errors.Is(err, client.ErrNoConnection):
+//		// lockd is unreachable: an outage, not a busy lock; alert or retry later
+//	case errors.Is(err, client.ErrIndeterminate):
+//		// the lock may or may not have been granted: fn did not run; its lease frees it
+//	case errors.Is(err, client.ErrLockLost):
+//		// fn was cut short: the lock could no longer be shown to be held
+//	default:
+//		// fn's own error, a *ServerError, ctx.Err()
+//	}
+//
+// For explicit control: Acquire, then KeepAlive while working, then
+// Release (see the examples). AcquireAsync and ReleaseAsync keep many
+// requests in flight from one goroutine; Ping measures a round trip.
+//
+// # Outcomes
+//
+// Every error of Acquire except ErrIndeterminate (and errors matching it)
+// means that nothing was granted to the caller. ErrTimeout and ErrBusy
+// mean that lockd was reachable and the lock is held elsewhere (or lockd
+// is full); ErrNoConnection means no server could be reached before the
+// call's deadline, and carries the reason (the dial error, or
+// ErrRejected for a server that accepted and closed at once, as lockd does
+// at --max-conns). A command-line tool sets Config.FailFast to fail at
+// once when no server can be reached at all.
+//
+// # Clusters
+//
+// Give Config.Addrs every member's address. A member that is not the
+// active answers M, naming the active: the request, not executed there, is
+// sent to that address with the same owner and deadline, and the client
+// sends everything there until it answers M itself or dies. An M without
+// an address (no active known yet) makes the client pause
+// Config.RetryPause and try another member, within the call's deadline.
+// An M may name an address not in Config.Addrs; at most MaxRedirectAddrs
+// of those keep connections, the least recently named dropped first.
+//
+// The client keeps every obligation that lockd's protocol puts on clients
+// (docs/PROTOCOL.md §7 in the repository); the rest of this comment says
+// how.
 //
 // # What it owns
 //
@@ -31,10 +92,10 @@
 //     one is rejected with ErrInvalidWait (there is no infinite wait on the
 //     wire; loop to wait longer). The wire wait is recomputed by the writer
 //     just before the send: the remaining time rounded up to whole seconds,
-//     capped at 255. A request still unsent at the deadline is never sent
-//     (ErrTimeout; a wait>0 acquire that found no connection before its
-//     deadline fails with an error matching both ErrTimeout and
-//     ErrNoConnection: it was not sent, and no holder was the reason).
+//     capped at 255. A request still unsent at the deadline is never sent:
+//     ErrTimeout if it was queued on a live connection, ErrNoConnection
+//     (with the last dial error, or ErrRejected) if no connection was
+//     available — never ErrTimeout, since no holder was the reason.
 //   - The answer is awaited until the server's own obligation ends — the
 //     send plus the wire wait — plus Config.AnswerAllowance (1 s), so a T
 //     sent right at the end of the wait is read as a definitive ErrTimeout.
@@ -60,17 +121,28 @@
 //     it from then on, and sends the request there again, same owner and
 //     deadline. An M without an address (that node knows no active either)
 //     drops the preference for it; after Config.RetryPause (100 ms) the
-//     request goes to another node if one is up, until the deadline. E 4
-//     (server shutting down, not executed) also pauses and sends again.
-//     Other E codes are returned as *ServerError.
+//     request goes to another node if one is up, until the deadline. So
+//     does an M naming a node that is down (its last dial failed or its
+//     connection ended): the member that answered may not know yet. An
+//     address not in Config.Addrs gets Config.ConnsPerAddr connections of
+//     its own; beyond MaxRedirectAddrs such addresses, the one least
+//     recently named by an M is dropped: no new request goes there, and
+//     its connections close once nothing sent on them awaits an answer.
+//     E 4 (server shutting down, not executed) also pauses and sends
+//     again. Other E codes are returned as *ServerError.
 //   - Lock.Expires is the send instant of the granting request plus the
 //     lease: conservative, since the server's lease starts later.
 //
 // Release (and ReleaseAsync, which sends at once and waits in Wait)
 // retries for Config.ReleaseRetry (5 s) at
-// Config.ReleaseRetryInterval (200 ms) across connections; Renew retries
-// until Config.TransportTimeout. Both act on the exact token only, which
-// makes a resend harmless.
+// Config.ReleaseRetryInterval (200 ms) across connections, following M as
+// acquires do; Renew retries until Config.TransportTimeout. Both act on
+// the exact token only, which makes a resend harmless.
+//
+// KeepAlive renews in the background every third of the lease and reports
+// the lock lost (Lost, Err, a cancelled Context) on an N, on Close, or
+// when StopBy — Lock.Expires less KeepAliveOptions.Margin — passes without
+// a renewal; WithLock is Acquire, KeepAlive, fn, Release.
 //
 // A release, renew or ping left without an answer when its call's window
 // ends, after half a Config.TransportTimeout or more, closes its connection
@@ -78,8 +150,9 @@
 // request given up on with its answer outstanding leaves a stand-in in the
 // pending table that takes that answer when it comes, so that it is never
 // matched to a later request with the same id (a renew's late K to the
-// next renew of that token); a stand-in acquire releases a grant it gets. The goroutine that flushes a batch
-// may thus spend up to that long in Write on behalf of others.
+// next renew of that token); a stand-in acquire releases a grant it gets.
+// The goroutine that flushes a batch may thus spend up to that long in
+// Write on behalf of others.
 //
 // Close ends every goroutine the client started and fails every pending
 // call with ErrClosed (a call that may have been executed — an acquire,
@@ -100,8 +173,8 @@
 // context.Background. Deadlines are kept by one AfterFunc timer per
 // recycled Ticket, left armed across calls when it would only ring early;
 // an early ring re-arms it. Wake-ups are hints: a waiter always decides by
-// its request's state under the connection's mutex. No lock is held across a network write or a channel send
-// that can block; each connection's mutex guards its queue, its pending
+// its request's state under the connection's mutex. No lock is held
+// across a network write or a channel send that can block; each connection's mutex guards its queue, its pending
 // requests and the result fields of the requests attached to it.
 //
 // # What it must not import

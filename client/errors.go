@@ -11,9 +11,13 @@ import (
 // ErrIndeterminate (and errors that match it), every error returned by
 // Acquire means that no lock was granted to the caller.
 var (
-	// ErrTimeout is a definitive "not granted": the server answered T (the
-	// wait ended with the key still held), or the call's deadline passed
-	// before its request was sent.
+	// ErrTimeout is a definitive "not granted" while lockd was reachable:
+	// the server answered T (the wait ended with the key still held), or
+	// the wait ran out with a connection up and the request not yet sent
+	// or not executed (M without an address, E 4). A wait that ran out
+	// with no connection is ErrNoConnection, never ErrTimeout: an outage
+	// is not a busy lock. (Ping uses ErrTimeout for a pong that did not
+	// come back in time.)
 	ErrTimeout = errors.New("client: timed out, not acquired")
 	// ErrBusy is a definitive "not granted": the server answered B (its
 	// queue or key capacity is full); nothing was queued.
@@ -29,8 +33,16 @@ var (
 	// grant (released, or the lease ended).
 	ErrNotHeld = errors.New("client: lock not held")
 	// ErrNoConnection means no connection to any server was available
-	// before the call's transport deadline; nothing was sent.
+	// before the call's deadline (or, with Config.FailFast, none could be
+	// made at all); nothing was sent. The error returned carries the
+	// reason when one is known — the last dial error, or ErrRejected —
+	// in its message and through errors.Unwrap.
 	ErrNoConnection = errors.New("client: no connection to lockd")
+	// ErrRejected is the reason given with ErrNoConnection when a server
+	// accepted a connection and closed it at once without sending a frame:
+	// what lockd does at its connection limit (--max-conns) or while
+	// shutting down.
+	ErrRejected = errors.New("client: lockd accepted the connection and closed it at once without a frame")
 	// ErrClosed means the Client was closed. A pending acquire that may
 	// already have been sent when Close ran fails with an error matching
 	// both ErrClosed and ErrIndeterminate.
@@ -77,15 +89,40 @@ var (
 	// errClosedIndeterminate: a call that may have been executed when the
 	// client was closed.
 	errClosedIndeterminate error = &bothErr{"client: closed with the request possibly sent (outcome indeterminate)", ErrClosed, ErrIndeterminate}
-	// errTimeoutNoConnection: a wait>0 acquire that found no connection
-	// before its deadline: not sent, so not acquired (ErrTimeout), and the
-	// reason is the connection (ErrNoConnection), not a holder.
-	errTimeoutNoConnection error = &bothErr{"client: no connection before the wait ended, not acquired", ErrTimeout, ErrNoConnection}
 )
+
+// noConnError is ErrNoConnection with the reason of the last failure.
+type noConnError struct{ cause error }
+
+func (e *noConnError) Error() string { return ErrNoConnection.Error() + ": " + e.cause.Error() }
+
+func (e *noConnError) Is(target error) bool { return target == ErrNoConnection }
+
+func (e *noConnError) Unwrap() error { return e.cause }
+
+// rejectedError is ErrRejected at one address.
+type rejectedError struct{ addr string }
+
+func (e *rejectedError) Error() string {
+	return "lockd at " + e.addr + " accepted the connection and closed it at once without a frame: it may be at its connection limit (--max-conns) or shutting down"
+}
+
+func (e *rejectedError) Is(target error) bool { return target == ErrRejected }
+
+// addrError is why the connection to addr ended.
+type addrError struct {
+	addr string
+	err  error
+}
+
+func (e *addrError) Error() string { return "connection to " + e.addr + " lost: " + e.err.Error() }
+
+func (e *addrError) Unwrap() error { return e.err }
 
 // Internal causes for closing a connection.
 var (
 	errAbandoned = errors.New("client: request abandoned with its answer outstanding")
+	errRetired   = errors.New("client: connection to an address no M has named lately, closed once idle")
 	errBadAnswer = errors.New("client: server sent a bad frame")
 	errServerE1  = errors.New("client: server reported a bad frame (E 1)")
 )

@@ -144,10 +144,8 @@ func (t *Ticket) acquire() (Lock, error) {
 			}
 			return Lock{}, ErrTimeout
 		case outNoConn:
-			if t.wait0 {
-				return Lock{}, ErrNoConnection
-			}
-			return Lock{}, errTimeoutNoConnection
+			// An outage, not a holder: never ErrTimeout.
+			return Lock{}, cl.noConnErr()
 		case outCtx:
 			return Lock{}, t.ctx.Err()
 		case outClosed:
@@ -202,8 +200,15 @@ func (t *Ticket) acquire() (Lock, error) {
 // up.
 func (t *Ticket) followMoved() bool {
 	if t.rtail != "" {
-		t.moved = t.rtail
 		t.cl.follow(t.rtail)
+		if t.cl.unreachableAddr(t.rtail) {
+			// The node named is down (its last dial failed or its
+			// connection ended): the one that answered may not know yet.
+			// Pause, then ask another.
+			t.moved, t.avoid = "", t.rtail
+			return false
+		}
+		t.moved = t.rtail
 		return true
 	}
 	t.moved = ""
@@ -367,6 +372,12 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 			return closed()
 		case outLost, outAbandoned:
 			maybe = true
+		case outNoConn:
+			// The limit passed, or (Config.FailFast) no server can be
+			// reached: nothing was sent by this attempt.
+			if !maybe {
+				return cl.noConnErr()
+			}
 		}
 		if monoNow() >= limit || !t.sleep(pause, limit) {
 			switch {
@@ -377,7 +388,7 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 			case t.ctx.Err() != nil:
 				return t.ctx.Err()
 			}
-			return ErrNoConnection
+			return cl.noConnErr()
 		}
 	}
 }
@@ -420,7 +431,7 @@ func (cl *Client) Ping(ctx context.Context) (time.Duration, error) {
 		case outClosed:
 			return 0, ErrClosed
 		default:
-			return 0, ErrNoConnection
+			return 0, cl.noConnErr()
 		}
 	}
 }

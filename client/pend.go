@@ -163,3 +163,19 @@ func (p *pendTable) drain(f func(head *Ticket)) {
 	}
 	p.n = 0
 }
+
+// awaiting reports whether a request other than a stand-in awaits an
+// answer.
+func (p *pendTable) awaiting() bool {
+	if p.n == 0 {
+		return false
+	}
+	for _, s := range p.slots {
+		for t := s.t; t != nil; t = t.next {
+			if !t.tomb {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -233,11 +233,17 @@ func (t *Ticket) stopTimer() {
 	}
 }
 
-// trySend attaches t to a live connection, if one is available now.
+// trySend attaches t to a live connection, if one is available now. If
+// the address an M named cannot be reached (evicted, or down), t goes to
+// another node instead, which answers M again or executes it.
 func (t *Ticket) trySend() bool {
 	for {
 		c := t.cl.pick(t.moved, t.avoid)
 		if c == nil {
+			if t.moved != "" && t.cl.unreachableAddr(t.moved) {
+				t.avoid, t.moved = t.moved, ""
+				continue
+			}
 			return false
 		}
 		if c.enqueue(t) {
@@ -360,7 +366,7 @@ func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
 	if t.trySend() {
 		return 0, true
 	}
-	if monoNow() >= t.sendBy {
+	if monoNow() >= t.sendBy || cl.cfg.FailFast && cl.unreachable() {
 		return outNoConn, false
 	}
 	t.arm(t.sendBy)

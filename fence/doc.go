@@ -5,6 +5,10 @@
 // whose lease ended while it was paused, and which acts late, is turned
 // away: it always carries a token older than its successor's.
 //
+// The check and the write it guards must be one atomic step (Checker.Do):
+// a check followed by a separate write leaves a window in which a stale
+// holder that passed its check writes after its successor.
+//
 // # Concurrency
 //
 // A Checker is safe for concurrent use; its zero value is ready.

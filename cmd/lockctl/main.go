@@ -17,7 +17,7 @@ import (
 // Exit codes. run exits with the command's own code when it ran to its end.
 const (
 	exitOK            = 0
-	exitError         = 1  // no connection, server error, bad answer
+	exitError         = 1  // lockd unreachable (no connection), server error, bad answer
 	exitUsage         = 2  // bad command line
 	exitTimeout       = 10 // the wait ended with the lock still held elsewhere (T)
 	exitBusy          = 11 // the server's queue or capacity is full (B)
@@ -45,9 +45,9 @@ Common flags (also after the command):
 
 Exit codes:
   0    success (run: the command's own exit code)
-  1    error: no connection, server error
+  1    error: lockd unreachable (refused, closed at once, no connection), server error
   2    bad command line
-  10   timed out waiting for the lock
+  10   timed out: lockd answered that the lock is held elsewhere
   11   server busy (queue or capacity full)
   12   indeterminate: the lock may or may not have been granted
   13   not held: the token is not the key's current grant
@@ -112,12 +112,35 @@ func (c *common) context() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), c.timeout+time.Second)
 }
 
-func (c *common) client() (*client.Client, error) {
+// client returns a client for one command and checks, with a ping, that
+// a server answers: a refused dial on every address fails at once with
+// the dial error (FailFast), and a server that accepts and closes at once
+// (lockd at --max-conns) is reported as that, before any request that
+// could be left indeterminate is sent.
+func (c *common) client(ctx context.Context) (*client.Client, error) {
 	cfg := client.DefaultConfig()
 	cfg.Addrs = c.addrs
 	cfg.DialTimeout = c.timeout
 	cfg.TransportTimeout = c.timeout
-	return client.New(cfg)
+	cfg.FailFast = true
+	cl, err := client.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := cl.Ping(ctx); err != nil {
+		cl.Close()
+		return nil, pingErr(err)
+	}
+	return cl, nil
+}
+
+// pingErr words a failed ping: its ErrTimeout is a pong that did not come
+// back, not a lock held elsewhere (exit 10).
+func pingErr(err error) error {
+	if errors.Is(err, client.ErrTimeout) {
+		return &exitErr{code: exitError, msg: "no pong within --timeout (" + err.Error() + ")"}
+	}
+	return err
 }
 
 // usageError is a bad command line (exit 2).
@@ -252,7 +275,13 @@ func report(err error, stderr io.Writer) int {
 	case errors.Is(err, client.ErrIndeterminate):
 		code, msg = exitIndeterminate, "outcome indeterminate: the lock may or may not have been granted; it will be freed at the latest when its lease ends ("+err.Error()+")"
 	case errors.Is(err, client.ErrNoConnection):
-		msg = "no connection to lockd (" + err.Error() + "); is it running? addresses come from --addr or LOCKD_ADDRS"
+		msg = "no connection to lockd"
+		if cause := errors.Unwrap(err); cause != nil {
+			msg += ": " + cause.Error()
+		}
+		if !errors.Is(err, client.ErrRejected) {
+			msg += "; is it running? addresses come from --addr or LOCKD_ADDRS"
+		}
 	case errors.Is(err, client.ErrTimeout):
 		code, msg = exitTimeout, "timed out: the lock is held by someone else ("+err.Error()+")"
 	case errors.Is(err, client.ErrBusy):
@@ -310,14 +339,15 @@ func (c *common) lockArgs(fs *flag.FlagSet, args []string, cmd string) (client.L
 	return client.Lock{Key: pos[0], Token: tok}, err
 }
 
-// dial returns a client and the context for one command's network work;
-// done releases both.
+// dial returns a client whose server has answered a ping and the context
+// for one command's network work; done releases both.
 func (c *common) dial() (*client.Client, context.Context, func(), error) {
-	cl, err := c.client()
+	ctx, cancel := c.context()
+	cl, err := c.client(ctx)
 	if err != nil {
+		cancel()
 		return nil, nil, nil, err
 	}
-	ctx, cancel := c.context()
 	return cl, ctx, func() { cancel(); cl.Close() }, nil
 }
 
@@ -400,17 +430,14 @@ func cmdPing(args []string, stdout, stderr io.Writer) error {
 	if _, err := c.args(fs, args, 0, "ping takes no arguments"); err != nil {
 		return err
 	}
-	cl, ctx, done, err := c.dial()
+	cl, ctx, done, err := c.dial() // one ping to find a server
 	if err != nil {
 		return err
 	}
 	defer done()
-	rtt, err := cl.Ping(ctx)
-	if errors.Is(err, client.ErrTimeout) {
-		return &exitErr{code: exitError, msg: "no pong within --timeout (" + err.Error() + ")"}
-	}
+	rtt, err := cl.Ping(ctx) // one to measure
 	if err != nil {
-		return err
+		return pingErr(err)
 	}
 	fmt.Fprintf(stdout, "pong from %s in %s\n", strings.Join(c.addrs, ","), rtt.Round(time.Microsecond))
 	return nil

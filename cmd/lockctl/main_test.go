@@ -58,9 +58,10 @@ var (
 	adminRE = regexp.MustCompile(`msg="admin endpoint" addr=(\S+)`)
 )
 
-func startLockd(t *testing.T) *server {
+func startLockd(t *testing.T, extra ...string) *server {
 	t.Helper()
-	cmd := exec.Command(lockdBin, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", t.TempDir(), "--loops", "1", "--drain", "1ms")
+	args := append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", t.TempDir(), "--loops", "1", "--drain", "1ms"}, extra...)
+	cmd := exec.Command(lockdBin, args...)
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {
@@ -527,5 +528,57 @@ func TestRunInterruptedWhileWaiting(t *testing.T) {
 	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Fatal("the command ran")
+	}
+}
+
+// A refused port fails at once, with the dial error, not after --timeout
+// (10 s by default), and an acquire that never reached lockd is not "held
+// by someone else".
+func TestRefusedPortFailsFast(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	for _, args := range [][]string{
+		{"ping"},
+		{"acquire", "k", "--wait", "10s"},
+		{"release", "k", "5"},
+		{"renew", "k", "5"},
+		{"run", "k", "--", "true"},
+	} {
+		start := time.Now()
+		_, errs, code := ctl(t, []string{"LOCKD_ADDRS=" + addr}, args...)
+		if el := time.Since(start); el > 3*time.Second {
+			t.Errorf("%s: took %v against a refused port", args[0], el)
+		}
+		if code != exitError || !strings.Contains(errs, "connection refused") || !strings.Contains(errs, addr) {
+			t.Errorf("%s: exit %d, stderr %q; want 1 and the dial error", args[0], code, errs)
+		}
+	}
+}
+
+// A lockd at its --max-conns accepts and closes at once: lockctl says so
+// instead of "no connection", and does not leave an acquire indeterminate.
+func TestServerAtMaxConns(t *testing.T) {
+	s := startLockd(t, "--max-conns", "1")
+	hold, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	// The held connection is served (a ping answers), so it is the one.
+	_, _ = hold.Write([]byte("P\x00\x00\x00\x00\x00\x00\x00\x01\n"))
+	_ = hold.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := hold.Read(make([]byte, 64)); err != nil {
+		t.Fatalf("first connection not served: %v", err)
+	}
+	for _, args := range [][]string{{"ping"}, {"acquire", "k", "--wait", "5s"}} {
+		start := time.Now()
+		_, errs, code := ctl(t, []string{"LOCKD_ADDRS=" + s.addr}, args...)
+		if el := time.Since(start); el > 3*time.Second {
+			t.Errorf("%s: took %v", args[0], el)
+		}
+		if code != exitError || !strings.Contains(errs, "closed it at once") || !strings.Contains(errs, "--max-conns") {
+			t.Errorf("%s: exit %d, stderr %q; want 1 and a word on the connection limit", args[0], code, errs)
+		}
 	}
 }

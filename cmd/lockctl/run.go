@@ -32,7 +32,7 @@ type runOpts struct {
 	margin       time.Duration // the command is dead this long before the lease can end
 	grace        time.Duration // SIGTERM → SIGKILL
 	renewEvery   time.Duration
-	retryRenewIn time.Duration
+	retryRenewIn time.Duration // pause before a failed renewal is retried
 }
 
 func cmdRun(args []string, stdout, stderr io.Writer) error {
@@ -83,11 +83,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) error {
 	if o.renewEvery == 0 {
 		o.renewEvery = o.lease / 3
 	}
-	if o.renewEvery <= 0 || o.margin+o.grace+o.renewEvery >= o.lease {
+	if o.renewEvery <= 0 || o.margin+o.grace+max(o.renewEvery, killLead) >= o.lease {
 		return usageErr("--lease %v must exceed --margin %v + --grace %v + the renewal interval %v", o.lease, o.margin, o.grace, o.renewEvery)
 	}
 	o.retryRenewIn = min(o.renewEvery/4, time.Second)
-	cl, err := c.client()
+	ctx, cancel := c.context()
+	cl, err := c.client(ctx)
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -141,28 +143,37 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	// Lock.Expires counts from the acquire's send: after a long wait in
-	// the queue the kill deadline may come before the first renewal. Renew
-	// first, so the command starts with a lease it can keep.
-	if time.Until(l.Expires.Add(-o.margin-o.grace-killLead)) < o.renewEvery+o.retryRenewIn {
-		ctx, cancel := c.context()
-		nl, err := cl.Renew(ctx, l, o.lease)
-		cancel()
-		if err != nil {
-			if errors.Is(err, client.ErrNotHeld) {
-				return &exitErr{code: exitLockLost, msg: fmt.Sprintf("lock %q lost before the command started (renew answered N)", o.key)}
-			}
-			release()
-			return err
+	// The keep-alive renews every --renew-every and reports the lock lost
+	// at its StopBy: early enough to send SIGTERM, wait --grace, SIGKILL
+	// (killLead ahead) and have the group dead --margin before the lease
+	// can end. A lock granted after a long wait is renewed before the
+	// command starts.
+	ctx, cancel := c.context()
+	ka, err := cl.KeepAlive(ctx, l, client.KeepAliveOptions{
+		Lease:  o.lease,
+		Every:  o.renewEvery,
+		Retry:  o.retryRenewIn,
+		Margin: o.margin + o.grace + killLead,
+		OnRenewError: func(err error) {
+			fmt.Fprintf(stderr, "lockctl: renewing %q failed: %v; retrying\n", o.key, err)
+		},
+	})
+	cancel()
+	if err != nil {
+		if errors.Is(err, client.ErrNotHeld) {
+			return &exitErr{code: exitLockLost, msg: fmt.Sprintf("lock %q lost before the command started (renew answered N)", o.key)}
 		}
-		l = nl
+		release()
+		return err
 	}
+	defer ka.Stop()
 
 	cmd := exec.Command(o.argv[0], o.argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), "LOCKD_KEY="+o.key, "LOCKD_TOKEN="+strconv.FormatUint(l.Token, 10))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its own group: we can signal it whole
 	if err := cmd.Start(); err != nil {
+		ka.Stop()
 		release()
 		code := exitCannotExec
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
@@ -174,61 +185,26 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 
-	type renewResult struct {
-		l   client.Lock
-		err error
-	}
-	renewed := make(chan renewResult, 1)
-	renewing := false
-	renewT := time.NewTimer(o.renewEvery)
-	defer renewT.Stop()
-	// killAt: the last moment to start the kill so the group is dead
-	// --margin before the lease can end on the server.
-	killAt := func() time.Time { return l.Expires.Add(-o.margin - o.grace - killLead) }
-	killT := time.NewTimer(time.Until(killAt()))
-	defer killT.Stop()
-
-	var lost string
 loop:
 	for {
 		select {
 		case err := <-done:
 			// The command ended by itself. Anything it left in its group
-			// may still touch the resource: stop it before releasing.
+			// may still touch the resource: stop it (the lease still
+			// renewed) before releasing.
 			stopGroup(pgid, o.grace, nil)
+			ka.Stop()
 			release()
 			return exitStatus(err)
 		case sig := <-sigs:
 			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
-		case <-renewT.C:
-			if !renewing {
-				renewing = true
-				timeout := min(c.timeout, time.Until(killAt()))
-				go func(l client.Lock) {
-					ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Millisecond))
-					defer cancel()
-					nl, err := cl.Renew(ctx, l, o.lease)
-					renewed <- renewResult{nl, err}
-				}(l)
-			}
-		case r := <-renewed:
-			renewing = false
-			switch {
-			case r.err == nil:
-				l = r.l
-				killT.Reset(time.Until(killAt()))
-				renewT.Reset(o.renewEvery)
-			case errors.Is(r.err, client.ErrNotHeld):
-				lost = "the server says the lock is no longer held (renew answered N)"
-				break loop
-			default:
-				fmt.Fprintf(stderr, "lockctl: renewing %q failed: %v; retrying\n", o.key, r.err)
-				renewT.Reset(o.retryRenewIn)
-			}
-		case <-killT.C:
-			lost = fmt.Sprintf("renewals failed until %v before the lease could end", o.margin+o.grace)
+		case <-ka.Lost():
 			break loop
 		}
+	}
+	lost := fmt.Sprintf("renewals failed until %v before the lease could end", o.margin+o.grace)
+	if errors.Is(ka.Err(), client.ErrNotHeld) {
+		lost = "the server says the lock is no longer held (renew answered N)"
 	}
 	fmt.Fprintf(stderr, "lockctl: lock %q lost: %s; stopping the command (SIGTERM, SIGKILL after %v)\n", o.key, lost, o.grace)
 	stopGroup(pgid, o.grace, done)

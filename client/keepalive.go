@@ -1,0 +1,250 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// KeepAliveOptions configure Client.KeepAlive. Zero fields take the
+// defaults named on each.
+type KeepAliveOptions struct {
+	// Lease is the lease each renewal asks for, rounded up to whole
+	// seconds, 1..255 s; 0 means Config.DefaultLease.
+	Lease time.Duration
+	// Every is the interval between renewals (0: a third of Lease). A
+	// renewal also comes at the latest halfway to StopBy, so it comes
+	// sooner when less than two intervals are left.
+	Every time.Duration
+	// Retry is the pause before a failed renewal is tried again (0:
+	// Config.RetryPause).
+	Retry time.Duration
+	// Margin is how long before the lease's conservative end
+	// (Lock.Expires) the holder must have stopped: StopBy is Expires -
+	// Margin, and the lock is reported lost when StopBy passes without a
+	// renewal. 0 means at Expires. It must be below Lease.
+	Margin time.Duration
+	// OnRenewError, if not nil, is called on the keep-alive's goroutine
+	// with every renewal error that is retried (connection trouble, a
+	// server error); not with N or Close, which end the keep-alive. It
+	// must not block for long: the next renewal waits for it.
+	OnRenewError func(error)
+}
+
+// ErrInvalidKeepAlive rejects KeepAliveOptions with a negative duration or a
+// Margin not below the lease.
+var ErrInvalidKeepAlive = errors.New("client: keep-alive durations must not be negative, and Margin must be below the lease")
+
+// Why a keep-alive ended the lock. Each matches ErrLockLost.
+var (
+	errLostNotHeld  error = &bothErr{"client: lock lost: a renewal was answered N (not held)", ErrLockLost, ErrNotHeld}
+	errLostDeadline error = &bothErr{"client: lock lost: no renewal succeeded before the holder's stop time", ErrLockLost, ErrLockLost}
+	errLostClosed   error = &bothErr{"client: lock lost: the client was closed", ErrLockLost, ErrClosed}
+)
+
+// A KeepAlive renews a lock in the background, every Every, until Stop or
+// until the lock is lost: a renewal answered N, the client closed, or
+// StopBy (the lease's conservative end less Margin) passed without a
+// renewal. Loss closes Lost and cancels Context with a cause matching
+// ErrLockLost (and ErrNotHeld or ErrClosed where that is the reason). A
+// holder must stop touching the protected resource by StopBy, and should
+// pass the lock's token to it (package fence).
+//
+// A KeepAlive never releases the lock; the holder does, after Stop.
+// Its methods are safe for concurrent use.
+type KeepAlive struct {
+	cl    *Client
+	opts  KeepAliveOptions
+	lease time.Duration
+
+	ctx    context.Context // the holder's: cancelled on loss and by Stop
+	cancel context.CancelCauseFunc
+	rbase  context.Context // renewals: the caller's values, cancelled by Stop only
+	rstop  context.CancelFunc
+
+	stopOnce sync.Once
+	stop     chan struct{} // closed by Stop
+	done     chan struct{} // closed when the goroutine has ended
+	lost     chan struct{} // closed on loss, after err is set
+
+	mu   sync.Mutex
+	lock Lock  // the current lock (Expires moves with each renewal)
+	err  error // why the lock was lost; set once, before lost closes
+}
+
+// KeepAlive starts renewing l in the background and returns at once,
+// unless less than two renewal intervals are left before StopBy (a lock
+// granted after a long wait in the queue: Lock.Expires counts from the
+// acquire's send): then it renews once first, bounded by ctx, so that the
+// holder starts with a lease it can keep. That first renewal's error is
+// returned as it is (an N as an error matching both ErrLockLost and
+// ErrNotHeld), and the keep-alive is not started.
+//
+// ctx bounds only that first renewal, and is the parent of Context; the
+// background renewals keep its values but not its cancellation: they run
+// until Stop or loss. Call Stop when the work under the lock is done,
+// then release the lock.
+func (cl *Client) KeepAlive(ctx context.Context, l Lock, opts KeepAliveOptions) (*KeepAlive, error) {
+	if !validKey(l.Key) {
+		return nil, ErrInvalidKey
+	}
+	ls, err := cl.leaseSecs(opts.Lease)
+	if err != nil {
+		return nil, err
+	}
+	lease := time.Duration(ls) * time.Second
+	if opts.Every < 0 || opts.Retry < 0 || opts.Margin < 0 || opts.Margin >= lease {
+		return nil, ErrInvalidKeepAlive
+	}
+	if opts.Every == 0 {
+		opts.Every = lease / 3
+	}
+	if opts.Retry == 0 {
+		opts.Retry = cl.cfg.RetryPause
+	}
+	if cl.isClosed() {
+		return nil, ErrClosed
+	}
+	if time.Until(l.Expires.Add(-opts.Margin)) < 2*opts.Every {
+		nl, err := cl.Renew(ctx, l, lease)
+		if errors.Is(err, ErrNotHeld) {
+			return nil, errLostNotHeld
+		}
+		if err != nil {
+			return nil, err
+		}
+		l = nl
+	}
+	k := &KeepAlive{
+		cl:    cl,
+		opts:  opts,
+		lease: lease,
+		lock:  l,
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+		lost:  make(chan struct{}),
+	}
+	k.ctx, k.cancel = context.WithCancelCause(ctx)
+	k.rbase, k.rstop = context.WithCancel(context.WithoutCancel(ctx))
+	if !cl.goBackground(k.run) {
+		k.lose(errLostClosed)
+		k.rstop()
+		close(k.done)
+	}
+	return k, nil
+}
+
+// Lock returns the lock with the Expires of its latest renewal.
+func (k *KeepAlive) Lock() Lock {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lock
+}
+
+// StopBy is the instant by which the holder must have stopped acting
+// under the lock unless a renewal moves it: the latest renewal's
+// Lock.Expires less Margin. It carries a monotonic clock reading.
+func (k *KeepAlive) StopBy() time.Time {
+	return k.Lock().Expires.Add(-k.opts.Margin)
+}
+
+// Context is the holder's context: a child of the ctx given to
+// KeepAlive, cancelled when the lock is lost (context.Cause then matches
+// ErrLockLost) and by Stop.
+func (k *KeepAlive) Context() context.Context { return k.ctx }
+
+// Lost is closed when the lock is lost; Err says why.
+func (k *KeepAlive) Lost() <-chan struct{} { return k.lost }
+
+// Err is nil while the lock is not lost; then an error matching
+// ErrLockLost, and ErrNotHeld when a renewal was answered N, or ErrClosed
+// when the client was closed.
+func (k *KeepAlive) Err() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.err
+}
+
+// Stop ends the renewals (a renewal in flight is abandoned) and cancels
+// Context; it returns once the keep-alive's goroutine has ended, with Err.
+// It does not release the lock. Calling it again returns Err again.
+func (k *KeepAlive) Stop() error {
+	k.stopOnce.Do(func() {
+		close(k.stop)
+		k.rstop()
+		<-k.done
+		k.cancel(nil)
+	})
+	return k.Err()
+}
+
+// lose records why the lock was lost, once.
+func (k *KeepAlive) lose(err error) {
+	k.mu.Lock()
+	first := k.err == nil
+	if first {
+		k.err = err
+	}
+	k.mu.Unlock()
+	if first {
+		k.cancel(err) // before lost: whoever sees Lost sees the cause
+		close(k.lost)
+	}
+}
+
+// nextRenewal is the pause before the next renewal: Every, or half the
+// time left before StopBy if that is sooner.
+func (k *KeepAlive) nextRenewal() time.Duration {
+	return max(0, min(k.opts.Every, time.Until(k.StopBy())/2))
+}
+
+// run renews until Stop, the client's Close or loss.
+func (k *KeepAlive) run() {
+	defer close(k.done)
+	renew := time.NewTimer(k.nextRenewal())
+	defer renew.Stop()
+	deadline := time.NewTimer(time.Until(k.StopBy()))
+	defer deadline.Stop()
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-k.cl.closing:
+			k.lose(errLostClosed)
+			return
+		case <-deadline.C:
+			k.lose(errLostDeadline)
+			return
+		case <-renew.C:
+		}
+		by := k.StopBy()
+		ctx, cancel := context.WithDeadline(k.rbase, by)
+		nl, err := k.cl.Renew(ctx, k.Lock(), k.lease)
+		cancel()
+		switch {
+		case err == nil:
+			k.mu.Lock()
+			k.lock = nl
+			k.mu.Unlock()
+			deadline.Reset(time.Until(k.StopBy()))
+			renew.Reset(k.nextRenewal())
+			continue
+		case errors.Is(err, ErrNotHeld):
+			k.lose(errLostNotHeld)
+			return
+		case errors.Is(err, ErrClosed):
+			k.lose(errLostClosed)
+			return
+		case k.rbase.Err() != nil: // Stop
+			return
+		case !time.Now().Before(by):
+			k.lose(errLostDeadline)
+			return
+		}
+		if k.opts.OnRenewError != nil {
+			k.opts.OnRenewError(err)
+		}
+		renew.Reset(min(k.opts.Retry, time.Until(by)))
+	}
+}
