@@ -11,12 +11,13 @@ all: build
 
 build:
 	$(GO) build -o bin/lockd ./cmd/lockd
+	$(GO) build -o bin/lockctl ./cmd/lockctl
 
 ## test: what CI runs — lint, every test with the race detector, then the
 ## allocation tests, which only count without it (they are built !race).
 test: lint
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
-	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/
+	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/ ./repl/
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

@@ -306,9 +306,9 @@ func TestDeadlineBeforeSendNotSent(t *testing.T) {
 	cl := newClient(t, fastConfig(addr))
 	start := time.Now()
 	_, err := cl.Acquire(ctxT(t, 5*time.Second), "late", AcquireOptions{Wait: 500 * time.Millisecond})
-	wantErr(t, err, ErrTimeout)
+	wantErr(t, err, ErrNoConnection) // an outage, not a timeout (issue 9)
 	if el := time.Since(start); el < 500*time.Millisecond {
-		t.Fatalf("ErrTimeout after %v, before the deadline", el)
+		t.Fatalf("ErrNoConnection after %v, before the deadline", el)
 	}
 	f := newFakeAt(t, addr, nil)
 	waitUp(t, cl, 2)
@@ -859,13 +859,14 @@ func TestMovedWithoutAddressDropsPreference(t *testing.T) {
 }
 
 // TestNoConnectionWaitIsNotAHolder: a wait>0 acquire that finds no
-// connection before its deadline was not sent: ErrTimeout (not acquired)
-// and ErrNoConnection (the reason), so a caller can tell it from a key held
-// by someone else.
+// connection before its deadline was not sent: ErrNoConnection (the
+// reason), and not ErrTimeout, so a caller can tell an outage from a key
+// held by someone else (issue 9: an outage matched both, and a cron job
+// that treated ErrTimeout as "held elsewhere" skipped silently forever).
 func TestNoConnectionWaitIsNotAHolder(t *testing.T) {
 	cl := newClient(t, fastConfig(deadAddr(t)))
 	_, err := cl.Acquire(ctxT(t, 5*time.Second), "nobody", AcquireOptions{Wait: 300 * time.Millisecond})
-	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrNoConnection) {
-		t.Fatalf("err = %v, want ErrTimeout and ErrNoConnection", err)
+	if errors.Is(err, ErrTimeout) || !errors.Is(err, ErrNoConnection) {
+		t.Fatalf("err = %v, want ErrNoConnection and not ErrTimeout", err)
 	}
 }
