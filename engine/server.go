@@ -299,6 +299,12 @@ func (s *Server) wait4Batches(ctx context.Context) error {
 	}
 }
 
+// Committed implements repl.Host: not used yet by any node.
+func (s *Server) Committed(uint64) {}
+
+// Abandon implements repl.Host: not used yet by any node.
+func (s *Server) Abandon(uint64) {}
+
 // GateChanged applies the node's current gate (repl.Host): once no batch
 // that read the old gate is running, a gate that no longer serves answers
 // every queued acquire with M (Redirect) or keeps them (Hold); then every

@@ -18,6 +18,10 @@ type fakeHost struct{ changes atomic.Int64 }
 
 func (h *fakeHost) GateChanged() { h.changes.Add(1) }
 
+func (h *fakeHost) Committed(uint64) {}
+
+func (h *fakeHost) Abandon(uint64) {}
+
 // freePorts returns n ports p such that p and p+offset were free.
 func freePorts(t *testing.T, n, offset int) []int {
 	t.Helper()

@@ -106,6 +106,31 @@ type Host interface {
 	// returns once the barrier has passed (the answers may still be on their
 	// way).
 	GateChanged()
+	// Committed tells the engine that every record numbered up to seq
+	// (see Committer) is committed: answers held for them may leave.
+	// Safe from any goroutine; it does not wait for the answers to be
+	// written.
+	Committed(seq uint64)
+	// Abandon tells the engine that records numbered above seq will never
+	// commit (a leader lost its leadership with changes in flight): every
+	// connection holding answers that wait for them is closed, never
+	// answered (the client reports Indeterminate, PROTOCOL.md §6.4); the
+	// grants among those answers were never delivered. Safe from any
+	// goroutine.
+	Abandon(seq uint64)
+}
+
+// Committer is implemented by a node whose changes must be committed
+// before their answers leave (raft mode, PROTOCOL.md §6.4). The node
+// numbers the records its Sink receives 1, 2, 3, … in the order it
+// receives them; Barrier returns the number of the last one. After every
+// batch (and every timer tick, and every delivery of answers made
+// elsewhere) the engine reads Barrier and holds that batch's answers, on
+// their connection and in order, until Host.Committed reaches it; a node
+// that is not a Committer lets answers leave at once. Barrier is called
+// from every event loop and the ticker: it must be one atomic load.
+type Committer interface {
+	Barrier() uint64
 }
 
 // GateState is what the engine does with a well-formed request.
