@@ -167,8 +167,9 @@ func openTarget(name string, o *options) (*target, error) {
 			}
 			t.addr, t.stop, pid = p.addr, p.stop, p.pid()
 		}
-		t.etcd = newEtcdDriver(t.addr, max(1024, o.cfg.Fanin))
-		t.mem = func() (memStat, error) { return etcdMem(t.etcd, pid) }
+		t.etcd = newEtcdDriver(t.addr)
+		t.queues = true // contended runs concurrency.Mutex, which queues waiters
+		t.mem = func() (memStat, error) { return etcdMem(t.addr, pid) }
 	}
 	return t, nil
 }

@@ -6,6 +6,10 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 )
 
 // TestMain lets the test binary double as the server child (startChild
@@ -18,7 +22,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every goroutine a test starts — connection readers, etcd clients,
+	// sessions — must be gone when the tests end.
+	goleak.VerifyTestMain(m, lockdtest.LeakOptions...)
 }
 
 // smallConfig is a suite small enough for the race detector: every run

@@ -331,37 +331,31 @@ func drive(t *target, cfg *config, clk *clock, warm time.Duration, w workload, g
 
 // driveSync runs each slot as its own goroutine against the etcd driver.
 func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workload, groups [][]*slot, afterDial func()) (*stats, error) {
-	var slots []*slot
-	for _, g := range groups {
-		for _, s := range g {
-			s.local = 0
-			slots = append(slots, s)
-		}
+	mode := etcdSharedLease
+	switch w.(type) {
+	case *contended:
+		mode = etcdMutex
+	case *fanin:
+		mode = etcdLeasePerLock
 	}
-	// One lease per connection's worth of slots, reused by all their puts
-	// (a lease per acquire would double the round trips). Fanin's locks
-	// each live on their own short lease, granted with the acquire and
-	// renewed by keep-alives.
-	_, lazy := w.(*fanin)
-	leases := make([]int64, len(groups))
-	if !lazy {
-		for i := range groups {
-			id, err := t.etcd.grantLease(30)
-			if err != nil {
-				return nil, err
-			}
-			leases[i] = id
-		}
+	er, err := t.etcd.start(groups, mode)
+	if err != nil {
+		return nil, err
 	}
+	defer er.close()
 	if afterDial != nil {
-		// Open the connections first, as the pipelined targets do: one
-		// request per slot, all at once.
-		if err := t.etcd.warmConns(len(slots)); err != nil {
+		// Open the connections first, as the pipelined targets do.
+		if err := er.warm(); err != nil {
 			return nil, err
 		}
 		afterDial()
 	}
+	fsyncs, fsyncErr := etcdFsyncs(t.etcd.endpoint)
 	*clk = *newClock(cfg, warm)
+	var slots []*slot
+	for _, g := range groups {
+		slots = append(slots, g...)
+	}
 	shards := newShards(min(len(slots), 64))
 	var wg sync.WaitGroup
 	for i, s := range slots {
@@ -384,17 +378,7 @@ func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workloa
 						return
 					}
 					s.sentAt = clk.now()
-					lease := &leases[s.id%len(groups)]
-					if lazy && a.op == opAcquire {
-						id, err := t.etcd.grantLease(int(a.lease))
-						if err != nil {
-							t.etcd.lastErr.Store(err)
-							ans = answer{kind: ansError}
-							break
-						}
-						*lease = id
-					}
-					ans = t.etcd.do(s, &a, *lease)
+					ans = er.do(s, &a)
 				}
 				sh.mu.Lock()
 				a = w.next(s, &ans, clk.now(), sh.st)
@@ -404,11 +388,13 @@ func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workloa
 	}
 	wg.Wait()
 	st := mergeShards(shards)
-	if err, ok := t.etcd.lastErr.Swap(errNone).(error); ok && err != errNone && st.errs > 0 && cfg.Progress != nil {
-		cfg.Progress(fmt.Sprintf("    etcd: %d request errors, the last: %v", st.errs, err))
+	if cfg.Progress != nil {
+		if err := t.etcd.lastErr.Swap(nil); err != nil && st.errs > 0 {
+			cfg.Progress(fmt.Sprintf("    etcd: %d request errors, the last: %v", st.errs, *err))
+		}
+		if now, err := etcdFsyncs(t.etcd.endpoint); err == nil && fsyncErr == nil {
+			cfg.Progress(fmt.Sprintf("    etcd: %d WAL fsyncs during the run", now-fsyncs))
+		}
 	}
 	return st, nil
 }
-
-// errNone resets etcdDriver.lastErr (an atomic.Value cannot hold nil).
-var errNone = errors.New("none")
