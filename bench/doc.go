@@ -20,8 +20,9 @@
 // What bench owns: bench/ and BENCHMARKS.md. What it may import: the
 // standard library, proto (the wire codec), engine (to start a server),
 // gnet (the echo server), hdrhistogram-go (latency histograms), etcd's
-// client (go.etcd.io/etcd/client/v3 and its concurrency package) and
-// prometheus/common's expfmt (etcd's /metrics). It must not import client/:
+// client (go.etcd.io/etcd/client/v3 and its concurrency package),
+// prometheus/common's expfmt (etcd's /metrics) and gonum.org/v1/plot (the
+// latency plot, -svg). It must not import client/:
 // the harness speaks lockd's protocol itself, so a client library's costs or
 // bugs cannot hide in the server's numbers.
 package main
