@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
@@ -68,4 +69,35 @@ func run1(t *testing.T, tg *target, wl string, cfg *config) *Result {
 	}
 	t.Logf("%s %s: %s", tg.name, wl, oneLine(r))
 	return r
+}
+
+// TestTargetOfSeveralProcesses: a target may start several server
+// processes and drive one of them (as a standby or Raft target will): each
+// is profiled on its own, and stopping the target stops them all.
+func TestTargetOfSeveralProcesses(t *testing.T) {
+	tg := &target{name: "pair", skip: map[string]string{}, stop: func() {}}
+	for range 2 {
+		ch, err := startChild("echo", 1)
+		if err != nil {
+			tg.stop()
+			t.Fatal(err)
+		}
+		tg.own(ch)
+	}
+	tg.addr, tg.newCodec = tg.children[0].addr, func(int) codec { return newLockdCodec() }
+	cfg := smallConfig()
+	cfg.Profile = filepath.Join(t.TempDir(), "p")
+	r := run1(t, tg, wlUncontended, cfg)
+	tg.stop()
+	checkClean(t, r)
+	for _, f := range []string{"-p0.cpu.pprof", "-p0.allocs.pprof", "-p1.cpu.pprof", "-p1.allocs.pprof"} {
+		if st, err := os.Stat(cfg.Profile + "-pair-uncontended-r1" + f); err != nil || st.Size() == 0 {
+			t.Errorf("profile %s: %v", f, err)
+		}
+	}
+	for i, ch := range tg.children {
+		if ch.cmd.ProcessState == nil || !ch.cmd.ProcessState.Exited() {
+			t.Errorf("server process %d still running after the target stopped", i)
+		}
+	}
 }

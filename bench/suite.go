@@ -56,8 +56,8 @@ type target struct {
 	etcd     *etcdDriver          // the synchronous target
 	queues   bool                 // the server has a wait queue (else: retry)
 	mem      func() (memStat, error)
-	child    *child // server child process (lockd, echo), for profiles
-	stop     func()
+	children []*child          // server child processes (lockd, echo), for profiles
+	stop     func()            // stops every process the target started
 	skip     map[string]string // workload → why it does not apply
 }
 
@@ -122,14 +122,20 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		res.Skipped = why
 		return res, nil
 	}
-	if t.child != nil && cfg.Profile != "" {
-		if _, err := t.child.do(fmt.Sprintf("cpu %s-%s-%s-r%d.cpu.pprof", cfg.Profile, t.name, wl, round)); err != nil {
-			return nil, err
+	if cfg.Profile != "" {
+		for i, ch := range t.children {
+			prefix := fmt.Sprintf("%s-%s-%s-r%d", cfg.Profile, t.name, wl, round)
+			if len(t.children) > 1 {
+				prefix += fmt.Sprintf("-p%d", i)
+			}
+			if _, err := ch.do("cpu " + prefix + ".cpu.pprof"); err != nil {
+				return nil, err
+			}
+			defer func() {
+				ch.do("cpustop")
+				ch.do("allocs " + prefix + ".allocs.pprof")
+			}()
 		}
-		defer func() {
-			t.child.do("cpustop")
-			t.child.do(fmt.Sprintf("allocs %s-%s-%s-r%d.allocs.pprof", cfg.Profile, t.name, wl, round))
-		}()
 	}
 	var err error
 	switch wl {
