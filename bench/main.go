@@ -173,20 +173,20 @@ func openLockd(t *target, o *options) error {
 		t.addr = o.addr
 		return nil
 	}
-	ch, err := startChild("lockd", o.loops)
-	if err != nil {
-		return err
-	}
-	t.own(ch)
-	t.addr, t.mem = ch.addr, ch.mem
-	return nil
+	return t.startChild("lockd", o.loops)
 }
 
 // openEcho starts the echo ceiling in a child process.
 func openEcho(t *target, o *options) error {
 	t.newCodec = func(int) codec { return newLockdCodec() }
 	t.skip[wlContended] = "no lock state: nothing to wait for"
-	ch, err := startChild("echo", o.loops)
+	return t.startChild("echo", o.loops)
+}
+
+// startChild starts a server child of kind, owned by t, and points t's
+// driver and memory readings at it.
+func (t *target) startChild(kind string, loops int) error {
+	ch, err := startChild(kind, loops)
 	if err != nil {
 		return err
 	}
@@ -195,17 +195,27 @@ func openEcho(t *target, o *options) error {
 	return nil
 }
 
+// startPeer points t at addr if it is set (a running server), else starts
+// one with start; it returns the server's pid if it started it, else 0.
+func (t *target) startPeer(addr string, start func() (*peer, error)) (int, error) {
+	if addr != "" {
+		t.addr = addr
+		return 0, nil
+	}
+	p, err := start()
+	if err != nil {
+		return 0, err
+	}
+	prev := t.stop
+	t.addr, t.stop = p.addr, func() { p.stop(); prev() }
+	return p.pid(), nil
+}
+
 // openRedis starts redis-server (or uses -redis) and loads the scripts.
 func openRedis(t *target, o *options) error {
-	pid := 0
-	if o.redisAddr != "" {
-		t.addr = o.redisAddr
-	} else {
-		p, err := startRedis()
-		if err != nil {
-			return err
-		}
-		t.addr, t.stop, pid = p.addr, p.stop, p.pid()
+	pid, err := t.startPeer(o.redisAddr, startRedis)
+	if err != nil {
+		return err
 	}
 	if err := redisSetup(t.addr); err != nil {
 		return err
@@ -217,15 +227,9 @@ func openRedis(t *target, o *options) error {
 
 // openEtcd starts a one-member etcd (or uses -etcd).
 func openEtcd(t *target, o *options) error {
-	pid := 0
-	if o.etcdURL != "" {
-		t.addr = o.etcdURL
-	} else {
-		p, err := startEtcd()
-		if err != nil {
-			return err
-		}
-		t.addr, t.stop, pid = p.addr, p.stop, p.pid()
+	pid, err := t.startPeer(o.etcdURL, startEtcd)
+	if err != nil {
+		return err
 	}
 	t.etcd = newEtcdDriver(t.addr)
 	t.queues = true // contended runs concurrency.Mutex, which queues waiters
