@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,8 +43,26 @@ import (
 //     wait; release is Unlock. The fencing token is the lock key's creation
 //     revision.
 type etcdDriver struct {
-	endpoint string                // http://host:port
-	lastErr  atomic.Pointer[error] // the last request failure, for the report
+	endpoint string                    // http://host:port
+	lastErr  atomic.Pointer[error]     // the last request failure, for the report
+	failed   [opRenew + 1]atomic.Int64 // failed requests by op, for the report
+}
+
+// failures returns and resets the failed requests by op, as
+// "acquire 3, renew 2", and the last failure.
+func (d *etcdDriver) failures() (string, error) {
+	var parts []string
+	for op, name := range map[opKind]string{opAcquire: "acquire", opRelease: "release", opRenew: "renew"} {
+		if n := d.failed[op].Swap(0); n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", name, n))
+		}
+	}
+	slices.Sort(parts)
+	var last error
+	if err := d.lastErr.Swap(nil); err != nil {
+		last = *err
+	}
+	return strings.Join(parts, ", "), last
 }
 
 func newEtcdDriver(endpoint string) *etcdDriver { return &etcdDriver{endpoint: endpoint} }
@@ -201,6 +221,9 @@ func (r *etcdRun) do(s *slot, a *action) answer {
 	if err != nil {
 		if kind == ansError {
 			r.d.lastErr.Store(&err)
+			if a.op <= opRenew {
+				r.d.failed[a.op].Add(1)
+			}
 		}
 		return answer{kind: kind}
 	}

@@ -395,8 +395,8 @@ func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workloa
 	wg.Wait()
 	st := mergeShards(shards)
 	if cfg.Progress != nil {
-		if err := t.etcd.lastErr.Swap(nil); err != nil && st.errs > 0 {
-			cfg.Progress(fmt.Sprintf("    etcd: %d request errors, the last: %v", st.errs, *err))
+		if by, last := t.etcd.failures(); last != nil {
+			cfg.Progress(fmt.Sprintf("    etcd: failed requests: %s; the last: %v", by, last))
 		}
 		if now, err := etcdFsyncs(t.etcd.endpoint); err == nil && fsyncErr == nil {
 			cfg.Progress(fmt.Sprintf("    etcd: %d WAL fsyncs during the run", now-fsyncs))
