@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -102,11 +103,12 @@ func TestEtcdDriver(t *testing.T) {
 	checkFanin(t, run1(t, tg, wlFanin, cfg), cfg)
 }
 
-// TestEtcdMutex drives concurrency.Mutex through the driver by hand: a
-// waiter blocks until the holder releases, then gets a larger fencing
-// token; a wait that is spent is a refusal; the txn recipe's release with
-// a stale token is not-held.
-func TestEtcdMutex(t *testing.T) {
+// TestEtcdRecipes drives each etcd recipe through the driver by hand:
+// concurrency.Mutex (a waiter blocks until the holder releases, then gets a
+// larger fencing token; a wait that is spent is a refusal), the txn recipe
+// (a held key is refused, a stale token's release is not-held) and
+// fanin's renew (renewed while the lease lives, not-held once it is gone).
+func TestEtcdRecipes(t *testing.T) {
 	needPeer(t, "etcd")
 	tg := openTest(t, "etcd")
 	a, b := &slot{id: 0}, &slot{id: 1}
@@ -161,6 +163,29 @@ func TestEtcdMutex(t *testing.T) {
 	}
 	if r := tx.do(a, &action{op: opRelease, key: key, token: g.token}); r.kind != ansReleased {
 		t.Fatalf("txn release: %+v", r)
+	}
+
+	// fanin's lock: its own lease, renewed on the slot's lease stream,
+	// not held once the lease is gone.
+	fi, err := tg.etcd.start([][]*slot{{a}}, etcdLeasePerLock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fi.close()
+	if r := fi.do(a, &action{op: opAcquire, key: key, lease: 3}); r.kind != ansGranted {
+		t.Fatalf("fanin acquire: %+v", r)
+	}
+	for range 2 {
+		if r := fi.do(a, &action{op: opRenew, key: key, lease: 3}); r.kind != ansRenewed {
+			t.Fatalf("renew: %+v (last error %v)", r, tg.etcd.lastErr.Load())
+		}
+	}
+	es := &fi.slots[a.id]
+	if _, err := es.cli.Revoke(context.Background(), es.lease); err != nil {
+		t.Fatal(err)
+	}
+	if r := fi.do(a, &action{op: opRenew, key: key, lease: 3}); r.kind != ansNotHeld {
+		t.Fatalf("renew of a revoked lease: %+v, want not-held", r)
 	}
 }
 

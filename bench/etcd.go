@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -89,6 +88,51 @@ type etcdSlot struct {
 	sess  *concurrency.Session // contended: the slot's session,
 	mu    *concurrency.Mutex   // its Mutex on the key it last acquired,
 	muKey string               // and that key
+
+	ka       pb.Lease_LeaseKeepAliveClient // fanin: the slot's lease stream,
+	kaCancel context.CancelFunc            // and what closes it
+}
+
+// keepAlive sends one keep-alive for the slot's lease on its lease stream
+// (opened on first use and kept, as clientv3's own KeepAlive keeps one per
+// client) and returns the lease's remaining TTL. The stream is dropped
+// when a request fails or outlives ctx; the next renew opens another.
+//
+// Not KeepAliveOnce: it opens a stream per call and retries at once, in a
+// loop, while etcd answers Unavailable ("waiting for the applied index"),
+// which is what etcd answers while fanin's 10,000 acquires are being
+// applied: the renews became a storm of streams, and none completed.
+func (es *etcdSlot) keepAlive(ctx context.Context) (int64, error) {
+	if es.ka == nil {
+		sctx, cancel := context.WithCancel(context.Background())
+		ka, err := pb.NewLeaseClient(es.cli.ActiveConnection()).LeaseKeepAlive(sctx)
+		if err != nil {
+			cancel()
+			return 0, err
+		}
+		es.ka, es.kaCancel = ka, cancel
+	}
+	stop := context.AfterFunc(ctx, es.kaCancel)
+	err := es.ka.Send(&pb.LeaseKeepAliveRequest{ID: int64(es.lease)})
+	var resp *pb.LeaseKeepAliveResponse
+	if err == nil {
+		resp, err = es.ka.Recv()
+	}
+	if !stop() || err != nil {
+		es.dropStream()
+	}
+	if err != nil {
+		return 0, err
+	}
+	return resp.TTL, nil
+}
+
+// dropStream closes the slot's lease stream, if it has one.
+func (es *etcdSlot) dropStream() {
+	if es.ka != nil {
+		es.kaCancel()
+		es.ka, es.kaCancel = nil, nil
+	}
 }
 
 // etcdRun is one workload's clients, leases and sessions.
@@ -194,6 +238,7 @@ func (r *etcdRun) close() {
 		revoked := map[clientv3.LeaseID]bool{clientv3.NoLease: true}
 		for i := range r.slots {
 			s := &r.slots[i]
+			s.dropStream()
 			if s.sess != nil {
 				s.sess.Close()
 			} else if s.cli != nil && !r.perLock && !revoked[s.lease] {
@@ -285,12 +330,12 @@ func (r *etcdRun) op(ctx context.Context, es *etcdSlot, a *action) (ansKind, uin
 		return ansNotHeld, 0, nil
 	case a.op == opRenew:
 		// The lock lives as long as its lease: renewing is a keep-alive.
-		_, err := es.cli.KeepAliveOnce(ctx, es.lease)
+		ttl, err := es.keepAlive(ctx)
 		switch {
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			return ansNotHeld, 0, nil
 		case err != nil:
 			return ansError, 0, err
+		case ttl <= 0: // the lease has expired: the lock is gone
+			return ansNotHeld, 0, nil
 		}
 		return ansRenewed, 0, nil
 	}
