@@ -75,6 +75,15 @@ var rules = map[string]rule{
 	"internal/faultproxy": {noDeps: []string{mod + "/"}},
 	"internal/clustertest": {allow: lockd("proto", "internal/faultproxy"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
+	// The history checkers know nothing of the wire or the server: the
+	// standard library and porcupine only.
+	"internal/history": {allow: []string{"github.com/anishathalye/porcupine"},
+		noDeps: append([]string{gnet, cmds}, lockd("proto", "engine", "shard", "store", "repl", "admin", "client", "bench", "internal/")...)},
+	// The chaos command drives real lockd processes from outside, as a
+	// user would: the client library, the fence, the harness and the
+	// checkers; never a server package.
+	"chaos": {allow: lockd("client", "fence", "internal/clustertest", "internal/faultproxy", "internal/history"),
+		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "bench")...)},
 }
 
 // goList runs go list with format f over pkgs.
