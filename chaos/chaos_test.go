@@ -1,0 +1,319 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockd-dev/lockd/client"
+	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/internal/history"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(clustertest.Main(m),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"), // idle keep-alive conns of the harness's HTTP client
+	)
+}
+
+// shortDuration is the length of each CI run (LOCKD_CHAOS_SHORT overrides).
+func shortDuration(t *testing.T) time.Duration {
+	if v := os.Getenv("LOCKD_CHAOS_SHORT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("LOCKD_CHAOS_SHORT=%q: %v", v, err)
+		}
+		return d
+	}
+	return 12 * time.Second
+}
+
+// logWriter sends the run's progress lines to the test log.
+type logWriter struct {
+	t  *testing.T
+	mu sync.Mutex
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestChaosShort is the CI form: both modes, a fixed seed and a random
+// one (in the log; a failure prints the command that reruns it), each for
+// a short run. Every checker must pass, and the run must have injected
+// faults and granted locks (a run that did nothing proves nothing).
+func TestChaosShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos runs real clusters for a while: not under -short")
+	}
+	d := shortDuration(t)
+	random := rand.Uint64()%1_000_000_000 + 1
+	t.Logf("seeds: 1 and %d (random), %v each", random, d)
+	for _, mode := range []string{"priority", "raft"} {
+		unavailable := ""
+		for _, seed := range []uint64{1, random} {
+			t.Run(fmt.Sprintf("%s/seed=%d", mode, seed), func(t *testing.T) {
+				if unavailable != "" {
+					t.Skip(unavailable)
+				}
+				cfg := DefaultConfig()
+				cfg.Mode, cfg.Duration, cfg.Seed = mode, d, seed
+				rep, err := Run(context.Background(), cfg, &logWriter{t: t})
+				if errors.Is(err, ErrModeUnavailable) {
+					unavailable = err.Error()
+					t.Skip(unavailable)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("report:\n%s", rep.Text())
+				if !rep.Passed {
+					t.Errorf("the chaos run failed; rerun with: %s", rep.Command)
+				}
+				if rep.FaultsTotal == 0 {
+					t.Error("no fault was injected")
+				}
+				if rep.Availability.Granted == 0 {
+					t.Error("no lock was granted")
+				}
+				if len(rep.Checkers) != 7 {
+					t.Errorf("%d checkers ran, want 7", len(rep.Checkers))
+				}
+			})
+		}
+	}
+}
+
+// TestParseFlags: the flags map onto Config; bad values are rejected with
+// an error naming the flag.
+func TestParseFlags(t *testing.T) {
+	cfg, err := parseFlags([]string{"-mode", "raft", "-duration", "90s", "-seed", "42", "-faults", "kill, drop,kill", "-workers", "3"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Mode != "raft" || cfg.Duration != 90*time.Second || cfg.Seed != 42 || cfg.Workers != 3 ||
+		!slices.Equal(cfg.Faults, []string{"kill", "drop"}) || cfg.Keys != DefaultConfig().Keys {
+		t.Fatalf("parsed %+v", cfg)
+	}
+	if cfg, err := parseFlags([]string{"-mode", "priority", "-faults", "none"}, &bytes.Buffer{}); err != nil || cfg.faultsOn(FaultKill) {
+		t.Fatalf("-faults none: %+v %v", cfg, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{}, "-mode"},
+		{[]string{"-mode", "paxos"}, "-mode"},
+		{[]string{"-mode", "raft", "-duration", "0s"}, "-duration"},
+		{[]string{"-mode", "raft", "-seed", "-1"}, "-seed"},
+		{[]string{"-mode", "raft", "-workers", "0"}, "-workers"},
+		{[]string{"-mode", "raft", "-keys", "0"}, "-keys"},
+		{[]string{"-mode", "raft", "-lease", "1500ms"}, "-lease"},
+		{[]string{"-mode", "raft", "-failover-timeout", "10ms"}, "-failover-timeout"},
+		{[]string{"-mode", "raft", "-faults", "kill,flood"}, "-faults"},
+		{[]string{"-mode", "raft", "-faults", "none,kill"}, "-faults"},
+		{[]string{"-mode", "raft", "-interval", "1ms"}, "-interval"},
+		{[]string{"-mode", "raft", "-max-active", "0"}, "-max-active"},
+		{[]string{"-mode", "raft", "-check-timeout", "1ms"}, "-check-timeout"},
+		{[]string{"-mode", "raft", "extra"}, "unexpected"},
+		{[]string{"-mode", "raft", "-nope"}, "-nope"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, err := parseFlags(tc.args, &bytes.Buffer{})
+			if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), tc.flag) {
+				t.Fatalf("error %v, want ErrUsage naming %s", err, tc.flag)
+			}
+		})
+	}
+}
+
+// TestCommandReruns: the command a report prints parses back into the
+// same configuration.
+func TestCommandReruns(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Mode, cfg.Seed, cfg.Duration = "priority", 77, 10*time.Minute
+	cfg.Workers, cfg.Lease, cfg.Faults, cfg.Interval = 9, 5*time.Second, []string{"stop", "partition"}, 700*time.Millisecond
+	args := strings.Fields(cfg.Command())
+	if !slices.Equal(args[:3], []string{"go", "run", "./chaos"}) {
+		t.Fatalf("command %q", cfg.Command())
+	}
+	back, err := parseFlags(args[3:], &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(back.Faults, cfg.Faults) {
+		t.Fatalf("faults %v, want %v", back.Faults, cfg.Faults)
+	}
+	back.Faults, cfg.Faults = nil, nil
+	if fmt.Sprint(back) != fmt.Sprint(cfg) {
+		t.Fatalf("rerun config %+v, want %+v", back, cfg)
+	}
+}
+
+// TestRealMainUsage: a bad flag exits 2 with a message naming it.
+func TestRealMainUsage(t *testing.T) {
+	var out, errw bytes.Buffer
+	if code := realMain(context.Background(), []string{"-mode", "priority", "-keys", "-3"}, &out, &errw); code != 2 {
+		t.Fatalf("exit %d, want 2", code)
+	}
+	if !strings.Contains(errw.String(), "-keys") {
+		t.Fatalf("stderr %q does not name -keys", errw.String())
+	}
+}
+
+// TestModeUnavailable: a lockd that rejects the mode ("not in this build")
+// makes the command exit 2 with that message, not 1.
+func TestModeUnavailable(t *testing.T) {
+	fake := filepath.Join(t.TempDir(), "lockd")
+	script := "#!/bin/sh\necho 'lockd: --cluster raft: not in this build yet (issue 12); use --cluster priority' >&2\nexit 2\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out, errw bytes.Buffer
+	code := realMain(context.Background(), []string{"-mode", "raft", "-duration", "1s", "-lockd", fake}, &out, &errw)
+	if code != 2 || !strings.Contains(errw.String(), "not in this build") {
+		t.Fatalf("exit %d, stderr %q; want 2 and the binary's reason", code, errw.String())
+	}
+}
+
+// TestNemesisPlans: a seed fixes the schedule of plans; every kind comes
+// up; holds are within their bounds (a freeze and a partition longer than
+// the failover timeout).
+func TestNemesisPlans(t *testing.T) {
+	cfg := DefaultConfig()
+	draw := func(seed uint64) []plan {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		var ps []plan
+		for range 500 {
+			_, p := nextPlan(rng, cfg, AllFaults, 3)
+			ps = append(ps, p)
+		}
+		return ps
+	}
+	a, b, c := draw(5), draw(5), draw(6)
+	if !slices.Equal(a, b) {
+		t.Fatal("one seed, two schedules")
+	}
+	if slices.Equal(a, c) {
+		t.Fatal("two seeds, one schedule")
+	}
+	seen := map[string]int{}
+	for _, p := range a {
+		seen[p.kind]++
+		if p.pick < 0 || p.pick > 2 || p.pick2 < 0 || p.pick2 > 1 {
+			t.Fatalf("picks out of range: %+v", p)
+		}
+		switch p.kind {
+		case FaultStop, FaultPartition:
+			if p.hold <= cfg.FailoverTimeout {
+				t.Fatalf("%s held %v, not past the failover timeout", p.kind, p.hold)
+			}
+		case FaultKill, FaultHandover:
+			if p.hold <= 0 || p.hold > 4*time.Second {
+				t.Fatalf("%s held %v", p.kind, p.hold)
+			}
+		}
+	}
+	for _, k := range AllFaults {
+		if seen[k] == 0 {
+			t.Fatalf("kind %s never planned in 500 draws", k)
+		}
+	}
+}
+
+// TestClassify: the client's errors map to outcomes as the protocol says
+// (§7): indeterminate both ways, the rest definitive.
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		out    history.Outcome
+		detail string
+	}{
+		{nil, history.OK, ""},
+		{client.ErrIndeterminate, history.Unknown, "indeterminate"},
+		{fmt.Errorf("wrapped: %w", client.ErrIndeterminate), history.Unknown, "indeterminate"},
+		{client.ErrTimeout, history.Fail, history.DetailTimeout},
+		{client.ErrBusy, history.Fail, history.DetailBusy},
+		{client.ErrNotHeld, history.Fail, history.DetailNotHeld},
+		{client.ErrNoConnection, history.Fail, history.DetailNoConn},
+		{context.DeadlineExceeded, history.Fail, "not sent: context deadline exceeded"},
+		{client.ErrClosed, history.Fail, "closed"},
+		{errors.New("surprise"), history.Unknown, "surprise"},
+	} {
+		out, detail := classify(tc.err)
+		if out != tc.out || detail != tc.detail {
+			t.Errorf("%v: %s %q, want %s %q", tc.err, out, detail, tc.out, tc.detail)
+		}
+		if tc.err != nil && tc.detail != "surprise" && !expected(out, detail) {
+			t.Errorf("%v: not an expected outcome", tc.err)
+		}
+	}
+	if expected(classify(&client.ServerError{Code: 2, Msg: "bad key"})) {
+		t.Error("a server error is expected")
+	}
+}
+
+// TestSplitWindows: a priority run excuses token order from a partition's
+// start until 2 × the failover timeout and the slack after its heal, and
+// only for partitions.
+func TestSplitWindows(t *testing.T) {
+	h := history.History{Faults: []history.Fault{
+		{Kind: FaultKill, Start: time.Second, End: 2 * time.Second},
+		{Kind: FaultPartition, Start: 3 * time.Second, End: 5 * time.Second},
+	}}
+	w := splitWindows(h, time.Second)
+	if len(w) != 1 || w[0].Start != 3*time.Second || w[0].End != 7*time.Second+splitSlack {
+		t.Fatalf("windows %+v", w)
+	}
+}
+
+// TestReport: a failing report says FAILED with the seed and the command;
+// its JSON parses back.
+func TestReport(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Mode, cfg.Seed = "raft", 99
+	rep := newReport(cfg)
+	rep.WorkloadEnd = 10 * time.Second
+	rep.addHistory(history.History{
+		Ops: []history.Op{
+			{ID: 0, Kind: history.Acquire, Key: "k", Token: 5, Call: time.Second, Return: 2 * time.Second, Outcome: history.OK, Grant: -1},
+			{ID: 1, Kind: history.Acquire, Key: "k", Call: 3 * time.Second, Return: 4 * time.Second, Outcome: history.Fail, Detail: history.DetailTimeout, Grant: -1},
+		},
+		Faults: []history.Fault{{Kind: FaultKill}, {Kind: FaultKill}, {Kind: "crash"}},
+	}, cfg)
+	rep.Checkers = []history.Result{{Name: "tokens", Verdict: history.Violated, Count: 1, Violations: []string{"token 5 granted twice"}}}
+	rep.finish(time.Minute)
+	if rep.Passed || rep.FaultsTotal != 2 || rep.Faults["crash"] != 1 || rep.Availability.Granted != 1 ||
+		rep.Availability.LongestGapSecs != 8 || rep.Operations["acquire"]["fail: timeout"] != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	text := rep.Text()
+	for _, want := range []string{"FAILED (seed 99)", "-seed 99", "token 5 granted twice", "kill 2"} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("text lacks %q:\n%s", want, text)
+		}
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil || back.Seed != 99 || back.Passed || back.Checkers[0].Count != 1 {
+		t.Fatalf("JSON round trip: %+v %v", back, err)
+	}
+}

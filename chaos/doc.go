@@ -1,0 +1,56 @@
+// Command chaos runs a Jepsen-style test against a lockd cluster: real
+// lockd processes (3 members, --cluster priority or raft, on loopback,
+// with fault proxies on the member links), client workers that take locks
+// on a few contended keys with the bundled client and write to a fenced
+// resource while they hold them, and a nemesis that hurts the cluster at
+// random times, in random order, for a bounded time. Every operation is
+// recorded; at the end everything is healed, every member restarted,
+// every lock released, and the history is checked (package
+// internal/history).
+//
+//	go run ./chaos -mode priority -duration 10m -seed 42
+//	go run ./chaos -mode raft -duration 30s -json
+//
+// # What it owns
+//
+//   - The workload (workload.go): W workers, each with its own client
+//     given every member's address (through a fault proxy per member, so
+//     that client connections can be dropped), acquiring keys from a small
+//     set with waits of 0–2 s and short leases, writing under the token
+//     to an in-process store guarded by fence.Checker (Checker.Do: the
+//     check and the write in one step), renewing, sometimes holding past
+//     the lease on purpose and writing late (a paused holder), and
+//     releasing; every call recorded with its outcome, indeterminate ones
+//     included.
+//   - The nemesis (nemesis.go): kill -9 and restart of a member, SIGSTOP
+//     and SIGCONT (a freeze longer than the failover timeout), partitions
+//     of the member links (one member isolated, every member alone, a
+//     one-way cut), a planned handover (SIGTERM, then restart), and client
+//     connection drops; at most -max-active at once, at most one member
+//     down or frozen at a time; every fault reverted at its end.
+//   - The run (run.go): start, the final heal (every fault lifted, every
+//     member running), the liveness check (one active/leader agreed by
+//     every member within 3 s, then a fresh acquire, write and release on
+//     every key, and no lock left held), the members check (no unexpected
+//     exit, clean SIGTERM exits, no race or panic in a member's log), and
+//     the checkers over the history.
+//   - The report (report.go): text, or JSON with -json; a failing run
+//     prints its seed and the command that reruns it, and keeps its
+//     history, the members' logs and any porcupine visualization in -out.
+//
+// The seed fixes every random choice (fault kinds, targets, durations,
+// pauses; the workers' keys, waits and hold times) but not the timing of
+// the processes, so a rerun follows the same schedule, not the same
+// interleaving.
+//
+// Exit status: 0 when every checker passed, 1 when one failed or the run
+// could not be completed, 2 for a bad flag or a mode this lockd binary
+// does not have.
+//
+// # What it must not import
+//
+// No server package (engine, shard, store, repl, admin) and no cmd: it
+// drives the lockd binary from outside as users do — the client library,
+// fence, internal/clustertest, internal/faultproxy and internal/history
+// (internal/layers enforces it).
+package main

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// realMain runs the command and returns its exit status.
+func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	rep, err := Run(ctx, cfg, stderr)
+	if errors.Is(err, ErrModeUnavailable) {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	if rep == nil {
+		fmt.Fprintln(stderr, "chaos:", err)
+		return 1
+	}
+	if cfg.JSON {
+		if err := rep.WriteJSON(stdout); err != nil {
+			fmt.Fprintln(stderr, "chaos:", err)
+			return 1
+		}
+	} else {
+		fmt.Fprint(stdout, rep.Text())
+	}
+	if !rep.Passed {
+		fmt.Fprintf(stderr, "chaos: FAILED (seed %d); rerun with:\n    %s\n", rep.Seed, rep.Command)
+		return 1
+	}
+	return 0
+}

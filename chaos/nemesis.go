@@ -1,0 +1,332 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/internal/faultproxy"
+	"github.com/lockd-dev/lockd/internal/history"
+)
+
+// maxDown is how many members may be killed, terminated or frozen at
+// once: one, so that a raft cluster keeps its majority through process
+// faults alone (partitions on top of one can still take it away).
+const maxDown = 1
+
+// nemesis injects faults at random times, in random order, bounded: at most
+// Config.MaxActive at once, at most maxDown members down or frozen, one
+// network fault at a time; each fault is reverted when its time is up or
+// when the nemesis stops.
+type nemesis struct {
+	cfg     Config
+	c       *clustertest.Cluster
+	ms      *members
+	rec     *history.Recorder
+	clients []*faultproxy.Proxy // the client-side proxies, one per member
+	rng     *rand.Rand
+	logf    func(string, ...any)
+
+	mu      sync.Mutex
+	active  int  // faults in force
+	down    int  // members down or frozen by a fault in force
+	netBusy bool // a network fault in force
+	wg      sync.WaitGroup
+}
+
+func newNemesis(cfg Config, c *clustertest.Cluster, ms *members, rec *history.Recorder, clients []*faultproxy.Proxy, logf func(string, ...any)) *nemesis {
+	return &nemesis{cfg: cfg, c: c, ms: ms, rec: rec, clients: clients, logf: logf,
+		rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d65736973))} // "nemesis"
+}
+
+// plan is one fault's random choices, drawn in the same number and order
+// whatever the cluster's state, so that a seed gives one schedule.
+type plan struct {
+	kind   string
+	hold   time.Duration
+	coin   float64 // aim at the active/leader when below the kind's bias
+	pick   int     // a member, when not aimed
+	pick2  int     // a second member
+	choice float64 // a variant
+}
+
+// run injects faults until stop is closed, then waits until every fault
+// it started has been reverted.
+func (n *nemesis) run(stop <-chan struct{}) {
+	defer n.wg.Wait()
+	var kinds []string
+	for _, k := range AllFaults {
+		if n.cfg.faultsOn(k) {
+			kinds = append(kinds, k)
+		}
+	}
+	if len(kinds) == 0 {
+		return
+	}
+	members := len(n.c.Members())
+	for {
+		wait, p := nextPlan(n.rng, n.cfg, kinds, members)
+		timer := time.NewTimer(wait)
+		select {
+		case <-stop:
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		n.start(p, stop)
+	}
+}
+
+// nextPlan draws the pause before the next fault and the fault's plan:
+// the same number of draws whatever comes out.
+func nextPlan(rng *rand.Rand, cfg Config, kinds []string, members int) (time.Duration, plan) {
+	wait := time.Duration(float64(cfg.Interval) * (0.3 + 1.4*rng.Float64()))
+	p := plan{kind: kinds[rng.IntN(len(kinds))], coin: rng.Float64(),
+		pick: rng.IntN(members), pick2: rng.IntN(members - 1), choice: rng.Float64()}
+	p.hold = holdFor(cfg, p.kind, rng.Float64())
+	return wait, p
+}
+
+// holdFor maps a uniform draw to how long a fault of kind lasts.
+func holdFor(cfg Config, kind string, u float64) time.Duration {
+	t := cfg.FailoverTimeout
+	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(u*float64(hi-lo)) }
+	switch kind {
+	case FaultKill:
+		return between(500*time.Millisecond, 4*time.Second)
+	case FaultStop:
+		return between(t*3/2, 4*t) // longer than the failover timeout
+	case FaultPartition:
+		return between(t*3/2, 6*t)
+	case FaultHandover:
+		return between(500*time.Millisecond, 3*time.Second)
+	}
+	return 0
+}
+
+// start begins fault p if the bounds allow it now (else it is skipped).
+func (n *nemesis) start(p plan, stop <-chan struct{}) {
+	n.mu.Lock()
+	if n.active >= n.cfg.MaxActive {
+		n.mu.Unlock()
+		return
+	}
+	switch p.kind {
+	case FaultKill, FaultStop, FaultHandover:
+		if n.down >= maxDown {
+			n.mu.Unlock()
+			return
+		}
+		n.down++
+	case FaultPartition:
+		if n.netBusy {
+			n.mu.Unlock()
+			return
+		}
+		n.netBusy = true
+	}
+	if p.kind != FaultDrop {
+		n.active++
+	}
+	n.mu.Unlock()
+	n.wg.Go(func() {
+		defer func() {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			switch p.kind {
+			case FaultKill, FaultStop, FaultHandover:
+				n.down--
+			case FaultPartition:
+				n.netBusy = false
+			}
+			if p.kind != FaultDrop {
+				n.active--
+			}
+		}()
+		switch p.kind {
+		case FaultKill:
+			n.kill(p, stop)
+		case FaultStop:
+			n.stop(p, stop)
+		case FaultHandover:
+			n.handover(p, stop)
+		case FaultPartition:
+			n.partition(p, stop)
+		case FaultDrop:
+			n.drop(p)
+		}
+	})
+}
+
+// target picks a member for a process fault: the active/leader when the
+// coin falls below bias and one is known, else the planned pick.
+func (n *nemesis) target(p plan, bias float64) (int, string) {
+	if p.coin < bias {
+		if l := n.ms.leader(); l >= 0 {
+			return l, "the active/leader"
+		}
+	}
+	return p.pick, ""
+}
+
+// hold waits d or until stop is closed.
+func hold(stop <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-stop:
+	}
+}
+
+// begin records the start of a fault and logs it.
+func (n *nemesis) begin(kind, target, note string) int {
+	n.logf("fault %s %s %s", kind, target, note)
+	return n.rec.AddFault(history.Fault{Kind: kind, Target: target, Start: n.rec.Now(), Note: note})
+}
+
+func (n *nemesis) end(f int, note string) {
+	n.rec.EndFault(f, n.rec.Now(), note)
+}
+
+// restart starts member m again after a kill or a termination.
+func (n *nemesis) restart(m int) string {
+	if err := n.c.Member(m).Restart(); err != nil {
+		n.ms.problem("member %d: restart: %v", m, err)
+		return "restart failed: " + err.Error()
+	}
+	n.ms.setDown(m, false)
+	return "restarted"
+}
+
+func (n *nemesis) kill(p plan, stop <-chan struct{}) {
+	m, why := n.target(p, 0.5)
+	target := fmt.Sprintf("member %d", m)
+	n.ms.setDown(m, true)
+	f := n.begin(FaultKill, target, why)
+	if err := n.c.Member(m).Kill(); err != nil {
+		n.ms.problem("member %d: kill: %v", m, err)
+	}
+	hold(stop, p.hold)
+	n.end(f, n.restart(m))
+}
+
+func (n *nemesis) stop(p plan, stop <-chan struct{}) {
+	m, why := n.target(p, 0.5)
+	target := fmt.Sprintf("member %d", m)
+	f := n.begin(FaultStop, target, why)
+	n.ms.setFrozen(m, true)
+	mem := n.c.Member(m)
+	if err := mem.Stop(); err != nil {
+		n.ms.setFrozen(m, false)
+		n.end(f, "SIGSTOP failed: "+err.Error())
+		return
+	}
+	hold(stop, p.hold)
+	note := "resumed"
+	if err := mem.Cont(); err != nil {
+		note = "SIGCONT failed: " + err.Error()
+		n.ms.problem("member %d: SIGCONT: %v", m, err)
+	}
+	n.ms.setFrozen(m, false)
+	n.end(f, note)
+}
+
+func (n *nemesis) handover(p plan, stop <-chan struct{}) {
+	m, why := n.target(p, 0.7)
+	target := fmt.Sprintf("member %d", m)
+	n.ms.setDown(m, true)
+	f := n.begin(FaultHandover, target, why)
+	code, err := n.c.Member(m).Term()
+	note := fmt.Sprintf("exit %d", code)
+	switch {
+	case err != nil:
+		note = "SIGTERM: " + err.Error()
+		n.ms.problem("member %d: SIGTERM: %v", m, err)
+	case code != 0:
+		n.ms.problem("member %d: exit status %d after SIGTERM, want 0", m, code)
+	}
+	hold(stop, p.hold)
+	n.end(f, note+"; "+n.restart(m))
+}
+
+func (n *nemesis) partition(p plan, stop <-chan struct{}) {
+	members := len(n.c.Members())
+	var err error
+	var target string
+	switch {
+	case p.choice < 0.55: // one member alone: the active/leader half the time
+		m, why := n.target(p, 0.5)
+		err = n.c.Partition([]int{m})
+		target = fmt.Sprintf("{%d} | {%s} %s", m, others(members, m), why)
+	case p.choice < 0.8: // one way: from stops reaching to; to still reaches from
+		from, _ := n.target(p, 0.5)
+		to := (from + 1 + p.pick2) % members
+		err = n.c.Cut(from, to)
+		target = fmt.Sprintf("cut %d → %d", from, to)
+	default: // every member alone
+		groups := make([][]int, members)
+		var names []string
+		for i := range groups {
+			groups[i] = []int{i}
+			names = append(names, fmt.Sprintf("{%d}", i))
+		}
+		err = n.c.Partition(groups...)
+		target = strings.Join(names, " | ")
+	}
+	f := n.begin(FaultPartition, target, "")
+	if err != nil {
+		n.c.Heal()
+		n.end(f, "failed: "+err.Error())
+		return
+	}
+	hold(stop, p.hold)
+	n.c.Heal()
+	n.end(f, "healed")
+}
+
+// others lists the members but m, space-separated.
+func others(members, m int) string {
+	var s []string
+	for i := range members {
+		if i != m {
+			s = append(s, fmt.Sprint(i))
+		}
+	}
+	return strings.Join(s, " ")
+}
+
+// drop resets client connections: to every member, or to one.
+func (n *nemesis) drop(p plan) {
+	members := len(n.c.Members())
+	var target string
+	var ps []*faultproxy.Proxy
+	if p.choice < 0.5 {
+		target = "every member"
+		ps = append(ps, n.clients...)
+		for j := range members {
+			for k := range members {
+				if l := n.c.Link(j, k).Client; l != nil {
+					ps = append(ps, l)
+				}
+			}
+		}
+	} else {
+		m := p.pick
+		target = fmt.Sprintf("member %d", m)
+		ps = append(ps, n.clients[m])
+		for j := range members {
+			if l := n.c.Link(j, m).Client; l != nil {
+				ps = append(ps, l)
+			}
+		}
+	}
+	f := n.begin(FaultDrop, "client connections to "+target, "")
+	for _, px := range ps {
+		px.ResetAll()
+	}
+	n.end(f, "")
+}

@@ -1,0 +1,428 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lockd-dev/lockd/client"
+	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/internal/faultproxy"
+	"github.com/lockd-dev/lockd/internal/history"
+)
+
+// ErrModeUnavailable: the lockd binary does not have the mode asked for
+// (exit status 2).
+var ErrModeUnavailable = errors.New("chaos: this lockd binary does not have the mode")
+
+// Bounds of a run's phases.
+const (
+	startAgreement = 20 * time.Second // the first active/leader after the start
+	// LivenessWithin is how soon after the final heal (every member
+	// running again) every member must agree on one active/leader.
+	LivenessWithin = 3 * time.Second
+	// livenessPatience keeps polling past LivenessWithin, to report how
+	// long agreement took when it was late.
+	livenessPatience = 20 * time.Second
+	// splitSlack is added to 2 × the failover timeout after a partition
+	// heals, for the member that became active earlier to step down on a
+	// loaded 2-core machine (docs/PROTOCOL.md §6.3 says within 2 × the
+	// timeout).
+	splitSlack = time.Second
+)
+
+// Run runs one chaos test and returns its report. It returns an error
+// without a report when the run could not start (a bad configuration, no
+// lockd binary, a mode the binary lacks: ErrModeUnavailable); once
+// started, what goes wrong goes into the report (Errors) and fails it.
+// logw receives a line at the start and the end, and with Config.Verbose
+// every fault and phase.
+func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	for cfg.Seed == 0 {
+		cfg.Seed = rand.Uint64() % 1_000_000_000_000
+	}
+	r := &runner{cfg: cfg, logw: logw, rep: newReport(cfg)}
+	if err := r.prepare(); err != nil {
+		r.cleanup()
+		return nil, err
+	}
+	r.rep.Phases["start"] = time.Since(r.began).Seconds()
+	r.run(ctx)
+	r.cleanup()
+	return r.rep, nil
+}
+
+// runner is one run's state.
+type runner struct {
+	cfg  Config
+	logw io.Writer
+	rep  *Report
+
+	out    string // the artifacts' directory
+	ownOut bool   // made here: removed unless the run fails
+	began  time.Time
+	c      *clustertest.Cluster
+	ms     *members
+	rec    *history.Recorder
+	prox   []*faultproxy.Proxy // the clients' proxies, one per member
+	logMu  sync.Mutex
+}
+
+func (r *runner) logf(format string, args ...any) {
+	if !r.cfg.Verbose {
+		return
+	}
+	r.say(format, args...)
+}
+
+// say writes one line to logw, stamped with the run's time.
+func (r *runner) say(format string, args ...any) {
+	r.logMu.Lock()
+	defer r.logMu.Unlock()
+	at := time.Duration(0)
+	if !r.began.IsZero() {
+		at = time.Since(r.began)
+	}
+	fmt.Fprintf(r.logw, "chaos [%7.2fs] %s\n", at.Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (r *runner) fail(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	r.rep.Errors = append(r.rep.Errors, msg)
+	r.say("error: %s", msg)
+}
+
+// prepare makes the output directory, builds lockd and starts the
+// cluster, its proxies and the recorder.
+func (r *runner) prepare() error {
+	r.began = time.Now()
+	if r.out = r.cfg.Out; r.out == "" {
+		dir, err := os.MkdirTemp("", "lockd-chaos-")
+		if err != nil {
+			return fmt.Errorf("chaos: %w", err)
+		}
+		r.out, r.ownOut = dir, true
+	} else if err := os.MkdirAll(r.out, 0o755); err != nil {
+		return fmt.Errorf("chaos: -out: %w", err)
+	}
+	r.say("mode %s, seed %d, duration %v; artifacts in %s", r.cfg.Mode, r.cfg.Seed, r.cfg.Duration, r.out)
+	bin := r.cfg.Binary
+	if bin == "" {
+		var err error
+		if bin, err = clustertest.Build(); err != nil {
+			return err
+		}
+	}
+	c, err := clustertest.New(clustertest.Options{
+		Mode: r.cfg.Mode, Members: 3, FailoverTimeout: r.cfg.FailoverTimeout, Proxied: true, Binary: bin,
+	})
+	if err != nil {
+		if strings.Contains(err.Error(), "not in this build") {
+			return fmt.Errorf("%w: --cluster %s: %v", ErrModeUnavailable, r.cfg.Mode, firstLine(err.Error(), "not in this build"))
+		}
+		return err
+	}
+	r.c = c
+	lead, took, why := waitAgreement(c, startAgreement)
+	if lead < 0 {
+		return fmt.Errorf("chaos: no agreed active/leader %v after the start: %s", took, why)
+	}
+	r.logf("cluster up: member %d leads (%v)", lead, took.Round(time.Millisecond))
+	for _, m := range c.Members() {
+		p, err := faultproxy.New("127.0.0.1:0", m.Addr())
+		if err != nil {
+			return err
+		}
+		r.prox = append(r.prox, p)
+	}
+	r.rec = history.NewRecorder(time.Now())
+	r.ms = newMembers(c, r.rec)
+	return nil
+}
+
+// firstLine returns the line of s that contains sub (s if none does).
+func firstLine(s, sub string) string {
+	for l := range strings.SplitSeq(s, "\n") {
+		if strings.Contains(l, sub) {
+			return strings.TrimSpace(l)
+		}
+	}
+	return s
+}
+
+// run is the run proper: the workload and the nemesis for the duration,
+// the final heal, the liveness check, the checkers.
+func (r *runner) run(ctx context.Context) {
+	var addrs []string
+	for _, p := range r.prox {
+		addrs = append(addrs, p.Addr())
+	}
+	res := newResource(r.rec)
+	wl := newWorkload(r.cfg, r.rec, res, addrs)
+
+	stopWorkers := make(chan struct{})
+	var workers sync.WaitGroup
+	var clients []*client.Client
+	for i := range r.cfg.Workers {
+		cl, err := wl.newClient()
+		if err != nil {
+			r.fail("worker %d: client: %v", i, err)
+			continue
+		}
+		clients = append(clients, cl)
+		k := &worker{w: wl, id: i, cl: cl, rng: rand.New(rand.NewPCG(r.cfg.Seed, uint64(i)))}
+		workers.Go(func() { k.run(stopWorkers) })
+	}
+	stopWatch := make(chan struct{})
+	var watcher sync.WaitGroup
+	watcher.Go(func() { r.ms.watch(stopWatch, r.logf) })
+	nem := newNemesis(r.cfg, r.c, r.ms, r.rec, r.prox, r.logf)
+	stopNemesis := make(chan struct{})
+	var nemDone sync.WaitGroup
+	nemDone.Go(func() { nem.run(stopNemesis) })
+
+	timer := time.NewTimer(r.cfg.Duration)
+	select {
+	case <-timer.C:
+	case <-ctx.Done():
+		timer.Stop()
+		r.fail("interrupted after %v: %v", r.rec.Now().Round(time.Millisecond), context.Cause(ctx))
+	}
+	r.rep.Phases["load"] = r.rec.Now().Seconds()
+	r.logf("stopping the nemesis: every fault reverted")
+	close(stopNemesis)
+	nemDone.Wait()
+	r.logf("stopping the workers: each ends its current operation")
+	close(stopWorkers)
+	workers.Wait()
+	for _, cl := range clients {
+		cl.Close()
+	}
+	r.rep.WorkloadEnd = r.rec.Now()
+	r.rep.Phases["stop"] = r.rep.WorkloadEnd.Seconds() - r.rep.Phases["load"]
+
+	// The final heal: every fault lifted, every member running.
+	healStart := r.rec.Now()
+	for _, e := range r.ms.heal(toProxies(r.prox)) {
+		r.fail("final heal: %s", e)
+	}
+	close(stopWatch)
+	watcher.Wait()
+	healed := r.rec.Now()
+	r.logf("healed in %v", (healed - healStart).Round(time.Millisecond))
+	r.rep.Phases["heal"] = (healed - healStart).Seconds()
+
+	live := r.liveness(res, healed)
+	r.rep.Phases["liveness"] = (r.rec.Now() - healed).Seconds()
+	checking := time.Now()
+	r.ms.logProblems()
+	members := r.membersResult()
+	clientErrs := clientErrors(wl)
+
+	h := r.rec.History()
+	r.rep.addHistory(h, r.cfg)
+	r.rep.Checkers = append(r.rep.Checkers, history.CheckFenced(h))
+	var windows []history.Window
+	if r.cfg.Mode == "priority" {
+		windows = splitWindows(h, r.cfg.FailoverTimeout)
+	}
+	r.rep.Checkers = append(r.rep.Checkers, history.CheckTokens(h, windows))
+	if r.cfg.Mode == "raft" {
+		r.rep.Checkers = append(r.rep.Checkers, history.CheckLinearizable(h, history.LinOptions{Timeout: r.cfg.CheckTimeout, Dir: r.out}))
+		r.rep.Checkers = append(r.rep.Checkers, history.CheckOverlap(h, true))
+	} else {
+		r.rep.Checkers = append(r.rep.Checkers, history.Result{Name: "linearizability", Verdict: history.Skipped,
+			Summary: "priority mode is not linearizable by design: a crash or a split brain can lose grants (docs/PROTOCOL.md §6.3); see unfenced-overlap"})
+		r.rep.Checkers = append(r.rep.Checkers, history.CheckOverlap(h, false))
+	}
+	r.rep.Checkers = append(r.rep.Checkers, live, members, clientErrs)
+	r.rep.Phases["check"] = time.Since(checking).Seconds()
+	r.rep.finish(time.Since(r.began))
+	r.keepArtifacts(h)
+	r.say("%s in %v", map[bool]string{true: "passed", false: "FAILED"}[r.rep.Passed], time.Since(r.began).Round(time.Second))
+}
+
+func toProxies(ps []*faultproxy.Proxy) []proxy {
+	out := make([]proxy, len(ps))
+	for i, p := range ps {
+		out[i] = p
+	}
+	return out
+}
+
+// splitWindows are the spans of a priority run in which two members may
+// both be active: from each partition's start until 2 × the failover
+// timeout (and splitSlack) after its heal (docs/PROTOCOL.md §6.3,
+// automatic demotion).
+func splitWindows(h history.History, failover time.Duration) []history.Window {
+	var out []history.Window
+	for _, f := range h.Faults {
+		if f.Kind == FaultPartition {
+			out = append(out, history.Window{Start: f.Start, End: f.End + 2*failover + splitSlack, Why: f.Target})
+		}
+	}
+	return out
+}
+
+// liveness checks, after the final heal, that every member agrees on one
+// active/leader within LivenessWithin, that a fresh client acquires,
+// writes under and releases every key (waiting out leases left by
+// indeterminate grants), and that no lock is left held.
+func (r *runner) liveness(res *resource, healed time.Duration) history.Result {
+	lr := history.Result{Name: "liveness", Figures: map[string]float64{}}
+	bad := func(format string, args ...any) {
+		lr.Count++
+		lr.Violations = append(lr.Violations, fmt.Sprintf(format, args...))
+	}
+	lead, took, why := waitAgreement(r.c, livenessPatience)
+	lr.Figures["agreement_seconds"] = took.Seconds()
+	switch {
+	case lead < 0:
+		bad("no agreed active/leader %v after the final heal: %s", took.Round(time.Millisecond), why)
+	case took > LivenessWithin:
+		bad("every member agreed on member %d only %v after the final heal (want ≤ %v)", lead, took.Round(time.Millisecond), LivenessWithin)
+	}
+	r.logf("agreement on member %d after %v", lead, took.Round(time.Millisecond))
+
+	var addrs []string
+	for _, p := range r.prox {
+		addrs = append(addrs, p.Addr())
+	}
+	cl, err := client.New(client.Config{Addrs: addrs})
+	if err != nil {
+		bad("client: %v", err)
+	} else {
+		wl := newWorkload(r.cfg, r.rec, res, addrs)
+		k := &worker{w: wl, id: r.cfg.Workers, cl: cl}
+		wait := min(r.cfg.Lease+2*r.cfg.FailoverTimeout+5*time.Second, 255*time.Second)
+		acquired := 0
+		for _, key := range wl.keys {
+			g, l := k.acquire(key, wait)
+			if l.Token == 0 {
+				o := r.rec.History().Ops[g]
+				bad("final acquire of %q: %s", key, o.Detail)
+				continue
+			}
+			acquired++
+			if !res.write(k.id, g, key, l.Token, false) {
+				bad("final write to %q under token %d rejected as stale", key, l.Token)
+			}
+			if out := k.release(g, l); out != history.OK {
+				bad("final release of %q: %s", key, r.rec.History().Ops[len(r.rec.History().Ops)-1].Detail)
+			}
+		}
+		cl.Close()
+		lr.Figures["final_acquires"] = float64(acquired)
+		for _, a := range wl.anomalies {
+			bad("%s", a)
+		}
+	}
+	if lead, _, _ = waitAgreement(r.c, livenessPatience); lead >= 0 {
+		st, err := r.c.Member(lead).Status()
+		switch {
+		case err != nil:
+			bad("member %d's /status: %v", lead, err)
+		case st.Keys != 0:
+			bad("member %d still holds %d locks after the final releases", lead, st.Keys)
+		}
+	}
+	lr.Figures["after_heal_seconds"] = (r.rec.Now() - healed).Seconds()
+	if lr.Count > 0 {
+		lr.Verdict = history.Violated
+	} else {
+		lr.Verdict = history.Pass
+	}
+	lr.Summary = fmt.Sprintf("one active/leader agreed %v after the final heal; %d/%d keys acquired, written and released",
+		took.Round(time.Millisecond), int(lr.Figures["final_acquires"]), r.cfg.Keys)
+	return lr
+}
+
+// membersResult reports the members' problems: unexpected exits, failed
+// restarts, unclean SIGTERM exits, race reports and panics in their logs.
+func (r *runner) membersResult() history.Result {
+	res := history.Result{Name: "members"}
+	r.ms.mu.Lock()
+	problems := append([]string(nil), r.ms.problems...)
+	r.ms.mu.Unlock()
+	res.Count = len(problems)
+	res.Violations = problems[:min(len(problems), history.MaxViolations)]
+	res.Verdict = history.Pass
+	if res.Count > 0 {
+		res.Verdict = history.Violated
+	}
+	res.Summary = fmt.Sprintf("%d problems: unexpected exits, failed restarts, unclean SIGTERM exits, races or panics in the logs", res.Count)
+	return res
+}
+
+// clientErrors reports answers the protocol does not allow under faults
+// (a server error, an unknown error).
+func clientErrors(wl *workload) history.Result {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	res := history.Result{Name: "client-errors", Count: len(wl.anomalies), Verdict: history.Pass}
+	res.Violations = append(res.Violations, wl.anomalies[:min(len(wl.anomalies), history.MaxViolations)]...)
+	if res.Count > 0 {
+		res.Verdict = history.Violated
+	}
+	res.Summary = fmt.Sprintf("%d answers outside what the protocol allows under faults", res.Count)
+	return res
+}
+
+// keepArtifacts writes the history (and, when the run failed, every
+// member's log) to the output directory; a temporary directory of a run
+// that passed is removed.
+func (r *runner) keepArtifacts(h history.History) {
+	if r.rep.Passed && r.ownOut {
+		return // cleanup removes it
+	}
+	write := func(name string, fn func(io.Writer) error) {
+		path := filepath.Join(r.out, name)
+		f, err := os.Create(path)
+		if err == nil {
+			err = fn(f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			r.fail("writing %s: %v", path, err)
+			return
+		}
+		r.rep.Artifacts = append(r.rep.Artifacts, path)
+	}
+	write("history.json", h.WriteJSON)
+	write("report.json", r.rep.WriteJSON)
+	if !r.rep.Passed && r.c != nil {
+		write("members.log", func(w io.Writer) error {
+			r.c.Dump(w, 1<<20)
+			return nil
+		})
+	}
+	r.rep.Out = r.out
+}
+
+// cleanup closes the proxies and the cluster, and removes a temporary
+// output directory of a run that passed (or never ran).
+func (r *runner) cleanup() {
+	for _, p := range r.prox {
+		p.Close()
+	}
+	if r.c != nil {
+		if err := r.c.Close(); err != nil {
+			r.say("closing the cluster: %v", err)
+		}
+	}
+	if r.ownOut && (r.rep == nil || r.rep.Passed || r.rep.Out == "") {
+		os.RemoveAll(r.out)
+	}
+}
