@@ -192,15 +192,17 @@ func TestModeUnavailable(t *testing.T) {
 }
 
 // TestNemesisPlans: a seed fixes the schedule of plans; every kind comes
-// up; holds are within their bounds (a freeze and a partition longer than
+// up once in every bag of len(AllFaults); holds are within their bounds (a freeze and a partition longer than
 // the failover timeout).
 func TestNemesisPlans(t *testing.T) {
 	cfg := DefaultConfig()
 	draw := func(seed uint64) []plan {
 		rng := rand.New(rand.NewPCG(seed, 1))
 		var ps []plan
+		var bag []string
 		for range 500 {
-			_, p := nextPlan(rng, cfg, AllFaults, 3)
+			var p plan
+			_, p, bag = nextPlan(rng, cfg, AllFaults, bag, 3)
 			ps = append(ps, p)
 		}
 		return ps
@@ -230,8 +232,17 @@ func TestNemesisPlans(t *testing.T) {
 		}
 	}
 	for _, k := range AllFaults {
-		if seen[k] == 0 {
-			t.Fatalf("kind %s never planned in 500 draws", k)
+		if seen[k] != 100 {
+			t.Fatalf("kind %s planned %d times in 500 draws, want 100 (one per bag)", k, seen[k])
+		}
+	}
+	for i := 0; i+len(AllFaults) <= len(a); i += len(AllFaults) {
+		bag := map[string]bool{}
+		for _, p := range a[i : i+len(AllFaults)] {
+			bag[p.kind] = true
+		}
+		if len(bag) != len(AllFaults) {
+			t.Fatalf("faults %d..%d do not hold every kind: %v", i, i+len(AllFaults)-1, bag)
 		}
 	}
 }

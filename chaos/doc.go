@@ -14,20 +14,27 @@
 // # What it owns
 //
 //   - The workload (workload.go): W workers, each with its own client
-//     given every member's address (through a fault proxy per member, so
-//     that client connections can be dropped), acquiring keys from a small
+//     given every member's address, acquiring keys from a small
 //     set with waits of 0–2 s and short leases, writing under the token
 //     to an in-process store guarded by fence.Checker (Checker.Do: the
 //     check and the write in one step), renewing, sometimes holding past
 //     the lease on purpose and writing late (a paused holder), and
 //     releasing; every call recorded with its outcome, indeterminate ones
 //     included.
+//   - Client locations: worker i sits beside member i mod 3 and reaches
+//     every member through a fault proxy of its location, so that a
+//     partition cuts clients off from the members of the other side, as
+//     between machines (Jepsen's clients live on the nodes), and client
+//     connections can be dropped.
 //   - The nemesis (nemesis.go): kill -9 and restart of a member, SIGSTOP
 //     and SIGCONT (a freeze longer than the failover timeout), partitions
-//     of the member links (one member isolated, every member alone, a
-//     one-way cut), a planned handover (SIGTERM, then restart), and client
-//     connection drops; at most -max-active at once, at most one member
-//     down or frozen at a time; every fault reverted at its end.
+//     (one member alone — the active/leader most of the time — or every
+//     member alone: member links and client paths between the sides; or a
+//     one-way cut of one member link), a planned handover (SIGTERM, then
+//     restart), and client connection drops; kinds drawn from a shuffled
+//     bag (every kind within any 10 faults), at most -max-active at once,
+//     at most one member down or frozen at a time; every fault reverted at
+//     its end.
 //   - The run (run.go): start, the final heal (every fault lifted, every
 //     member running), the liveness check (one active/leader agreed by
 //     every member within 3 s, then a fresh acquire, write and release on

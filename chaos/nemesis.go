@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -26,7 +27,7 @@ type nemesis struct {
 	c       *clustertest.Cluster
 	ms      *members
 	rec     *history.Recorder
-	clients []*faultproxy.Proxy // the client-side proxies, one per member
+	clients [][]*faultproxy.Proxy // the client-side proxies: [location][member]
 	rng     *rand.Rand
 	logf    func(string, ...any)
 
@@ -37,7 +38,7 @@ type nemesis struct {
 	wg      sync.WaitGroup
 }
 
-func newNemesis(cfg Config, c *clustertest.Cluster, ms *members, rec *history.Recorder, clients []*faultproxy.Proxy, logf func(string, ...any)) *nemesis {
+func newNemesis(cfg Config, c *clustertest.Cluster, ms *members, rec *history.Recorder, clients [][]*faultproxy.Proxy, logf func(string, ...any)) *nemesis {
 	return &nemesis{cfg: cfg, c: c, ms: ms, rec: rec, clients: clients, logf: logf,
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d65736973))} // "nemesis"
 }
@@ -67,8 +68,11 @@ func (n *nemesis) run(stop <-chan struct{}) {
 		return
 	}
 	members := len(n.c.Members())
+	var bag []string
 	for {
-		wait, p := nextPlan(n.rng, n.cfg, kinds, members)
+		var wait time.Duration
+		var p plan
+		wait, p, bag = nextPlan(n.rng, n.cfg, kinds, bag, members)
 		timer := time.NewTimer(wait)
 		select {
 		case <-stop:
@@ -80,14 +84,21 @@ func (n *nemesis) run(stop <-chan struct{}) {
 	}
 }
 
-// nextPlan draws the pause before the next fault and the fault's plan:
-// the same number of draws whatever comes out.
-func nextPlan(rng *rand.Rand, cfg Config, kinds []string, members int) (time.Duration, plan) {
+// nextPlan draws the pause before the next fault and the fault's plan,
+// with the same draws whatever comes out. Kinds come out of a bag that
+// holds each kind once, refilled in a random order when empty: every kind
+// comes up within any run of 2 × len(kinds) faults, so a short run sees
+// them all, in a random order. It returns the bag left.
+func nextPlan(rng *rand.Rand, cfg Config, kinds, bag []string, members int) (time.Duration, plan, []string) {
+	if len(bag) == 0 {
+		bag = slices.Clone(kinds)
+		rng.Shuffle(len(bag), func(i, j int) { bag[i], bag[j] = bag[j], bag[i] })
+	}
 	wait := time.Duration(float64(cfg.Interval) * (0.3 + 1.4*rng.Float64()))
-	p := plan{kind: kinds[rng.IntN(len(kinds))], coin: rng.Float64(),
+	p := plan{kind: bag[0], coin: rng.Float64(),
 		pick: rng.IntN(members), pick2: rng.IntN(members - 1), choice: rng.Float64()}
 	p.hold = holdFor(cfg, p.kind, rng.Float64())
-	return wait, p
+	return wait, p, bag[1:]
 }
 
 // holdFor maps a uniform draw to how long a fault of kind lasts.
@@ -100,7 +111,7 @@ func holdFor(cfg Config, kind string, u float64) time.Duration {
 	case FaultStop:
 		return between(t*3/2, 4*t) // longer than the failover timeout
 	case FaultPartition:
-		return between(t*3/2, 6*t)
+		return between(2*t, 8*t) // clients on the far side need seconds to notice
 	case FaultHandover:
 		return between(500*time.Millisecond, 3*time.Second)
 	}
@@ -253,39 +264,97 @@ func (n *nemesis) handover(p plan, stop <-chan struct{}) {
 	n.end(f, note+"; "+n.restart(m))
 }
 
+// partition cuts the cluster in groups. A two-way partition cuts the
+// member links between groups and the paths of the clients located with
+// one group to the members of another (a client at location L is on
+// member L's side), as a network partition between machines would. The
+// proxies an M answer leads clients to (member j's --peers entry for k)
+// are shared by clients of every location, so they are all cut, their
+// connections reset: a client cannot reach the other side through an
+// address it learned before the partition, and goes to the members of
+// its side directly. A one-way cut drops what one member sends to
+// another on the member link only. The client paths that are cut begin
+// with a reset of their connections (as a firewall that rejects, so
+// clients notice) and then drop everything (as one that drops).
 func (n *nemesis) partition(p plan, stop <-chan struct{}) {
 	members := len(n.c.Members())
 	var err error
 	var target string
+	var groups [][]int
 	switch {
-	case p.choice < 0.55: // one member alone: the active/leader half the time
-		m, why := n.target(p, 0.5)
-		err = n.c.Partition([]int{m})
+	case p.choice < 0.55: // one member alone: the active/leader most of the time
+		m, why := n.target(p, 0.7)
+		groups = [][]int{{m}}
 		target = fmt.Sprintf("{%d} | {%s} %s", m, others(members, m), why)
 	case p.choice < 0.8: // one way: from stops reaching to; to still reaches from
-		from, _ := n.target(p, 0.5)
+		from, _ := n.target(p, 0.7)
 		to := (from + 1 + p.pick2) % members
 		err = n.c.Cut(from, to)
 		target = fmt.Sprintf("cut %d → %d", from, to)
 	default: // every member alone
-		groups := make([][]int, members)
 		var names []string
-		for i := range groups {
-			groups[i] = []int{i}
+		for i := range members {
+			groups = append(groups, []int{i})
 			names = append(names, fmt.Sprintf("{%d}", i))
 		}
-		err = n.c.Partition(groups...)
 		target = strings.Join(names, " | ")
+	}
+	if groups != nil {
+		if err = n.c.Partition(groups...); err == nil {
+			n.cutClients(groups)
+		}
 	}
 	f := n.begin(FaultPartition, target, "")
 	if err != nil {
-		n.c.Heal()
+		n.healAll()
 		n.end(f, "failed: "+err.Error())
 		return
 	}
 	hold(stop, p.hold)
-	n.c.Heal()
+	n.healAll()
 	n.end(f, "healed")
+}
+
+// cutClients blackholes every client path between groups (members not
+// named form one more group, as in Cluster.Partition).
+func (n *nemesis) cutClients(groups [][]int) {
+	members := len(n.c.Members())
+	group := make([]int, members)
+	for i := range group {
+		group[i] = len(groups)
+	}
+	for g, ms := range groups {
+		for _, m := range ms {
+			group[m] = g
+		}
+	}
+	for loc := range n.clients {
+		for m, px := range n.clients[loc] {
+			if group[loc%members] != group[m] {
+				px.Blackhole(faultproxy.Both)
+				px.ResetAll()
+			}
+		}
+	}
+	for j := range members {
+		for k := range members {
+			if l := n.c.Link(j, k).Client; l != nil {
+				l.Blackhole(faultproxy.Both)
+				l.ResetAll()
+			}
+		}
+	}
+}
+
+// healAll lifts every network fault: the member links, the proxies the
+// M answers lead to, and the clients' own proxies.
+func (n *nemesis) healAll() {
+	n.c.Heal()
+	for _, row := range n.clients {
+		for _, px := range row {
+			px.Heal()
+		}
+	}
 }
 
 // others lists the members but m, space-separated.
@@ -306,7 +375,9 @@ func (n *nemesis) drop(p plan) {
 	var ps []*faultproxy.Proxy
 	if p.choice < 0.5 {
 		target = "every member"
-		ps = append(ps, n.clients...)
+		for _, row := range n.clients {
+			ps = append(ps, row...)
+		}
 		for j := range members {
 			for k := range members {
 				if l := n.c.Link(j, k).Client; l != nil {
@@ -317,7 +388,9 @@ func (n *nemesis) drop(p plan) {
 	} else {
 		m := p.pick
 		target = fmt.Sprintf("member %d", m)
-		ps = append(ps, n.clients[m])
+		for _, row := range n.clients {
+			ps = append(ps, row[m])
+		}
 		for j := range members {
 			if l := n.c.Link(j, m).Client; l != nil {
 				ps = append(ps, l)

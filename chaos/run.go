@@ -74,7 +74,7 @@ type runner struct {
 	c      *clustertest.Cluster
 	ms     *members
 	rec    *history.Recorder
-	prox   []*faultproxy.Proxy // the clients' proxies, one per member
+	prox   [][]*faultproxy.Proxy // the clients' proxies: [location][member]
 	logMu  sync.Mutex
 }
 
@@ -138,12 +138,22 @@ func (r *runner) prepare() error {
 		return fmt.Errorf("chaos: no agreed active/leader %v after the start: %s", took, why)
 	}
 	r.logf("cluster up: member %d leads (%v)", lead, took.Round(time.Millisecond))
-	for _, m := range c.Members() {
-		p, err := faultproxy.New("127.0.0.1:0", m.Addr())
-		if err != nil {
-			return err
+	// A client at location L reaches member k through its own proxy
+	// prox[L][k], so a partition can cut it off from the members of the
+	// other side.
+	for range c.Members() {
+		var row []*faultproxy.Proxy
+		for _, m := range c.Members() {
+			p, err := faultproxy.New("127.0.0.1:0", m.Addr())
+			if err != nil {
+				for _, p := range row {
+					p.Close()
+				}
+				return err
+			}
+			row = append(row, p)
 		}
-		r.prox = append(r.prox, p)
+		r.prox = append(r.prox, row)
 	}
 	r.rec = history.NewRecorder(time.Now())
 	r.ms = newMembers(c, r.rec)
@@ -163,18 +173,14 @@ func firstLine(s, sub string) string {
 // run is the run proper: the workload and the nemesis for the duration,
 // the final heal, the liveness check, the checkers.
 func (r *runner) run(ctx context.Context) {
-	var addrs []string
-	for _, p := range r.prox {
-		addrs = append(addrs, p.Addr())
-	}
 	res := newResource(r.rec)
-	wl := newWorkload(r.cfg, r.rec, res, addrs)
+	wl := newWorkload(r.cfg, r.rec, res, r.addrs)
 
 	stopWorkers := make(chan struct{})
 	var workers sync.WaitGroup
 	var clients []*client.Client
 	for i := range r.cfg.Workers {
-		cl, err := wl.newClient()
+		cl, err := wl.newClient(i % len(r.prox))
 		if err != nil {
 			r.fail("worker %d: client: %v", i, err)
 			continue
@@ -252,10 +258,22 @@ func (r *runner) run(ctx context.Context) {
 	r.say("%s in %v", map[bool]string{true: "passed", false: "FAILED"}[r.rep.Passed], time.Since(r.began).Round(time.Second))
 }
 
-func toProxies(ps []*faultproxy.Proxy) []proxy {
-	out := make([]proxy, len(ps))
-	for i, p := range ps {
-		out[i] = p
+func toProxies(rows [][]*faultproxy.Proxy) []proxy {
+	var out []proxy
+	for _, row := range rows {
+		for _, p := range row {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// addrs lists, for each location, the addresses of its proxies to every
+// member.
+func (r *runner) addrs(loc int) []string {
+	var out []string
+	for _, p := range r.prox[loc] {
+		out = append(out, p.Addr())
 	}
 	return out
 }
@@ -294,15 +312,11 @@ func (r *runner) liveness(res *resource, healed time.Duration) history.Result {
 	}
 	r.logf("agreement on member %d after %v", lead, took.Round(time.Millisecond))
 
-	var addrs []string
-	for _, p := range r.prox {
-		addrs = append(addrs, p.Addr())
-	}
-	cl, err := client.New(client.Config{Addrs: addrs})
+	wl := newWorkload(r.cfg, r.rec, res, r.addrs)
+	cl, err := wl.newClient(0)
 	if err != nil {
 		bad("client: %v", err)
 	} else {
-		wl := newWorkload(r.cfg, r.rec, res, addrs)
 		k := &worker{w: wl, id: r.cfg.Workers, cl: cl}
 		wait := min(r.cfg.Lease+2*r.cfg.FailoverTimeout+5*time.Second, 255*time.Second)
 		acquired := 0
@@ -414,8 +428,10 @@ func (r *runner) keepArtifacts(h history.History) {
 // cleanup closes the proxies and the cluster, and removes a temporary
 // output directory of a run that passed (or never ran).
 func (r *runner) cleanup() {
-	for _, p := range r.prox {
-		p.Close()
+	for _, row := range r.prox {
+		for _, p := range row {
+			p.Close()
+		}
 	}
 	if r.c != nil {
 		if err := r.c.Close(); err != nil {

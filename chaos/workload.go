@@ -103,7 +103,7 @@ type workload struct {
 	rec   *history.Recorder
 	res   *resource
 	keys  []string
-	addrs []string
+	addrs func(loc int) []string // every member's address, as a client at location loc reaches it
 
 	mu        sync.Mutex
 	anomalies []string
@@ -111,7 +111,7 @@ type workload struct {
 
 func keyName(i int) string { return "chaos/" + strconv.Itoa(i) }
 
-func newWorkload(cfg Config, rec *history.Recorder, res *resource, addrs []string) *workload {
+func newWorkload(cfg Config, rec *history.Recorder, res *resource, addrs func(int) []string) *workload {
 	w := &workload{cfg: cfg, rec: rec, res: res, addrs: addrs}
 	for i := range cfg.Keys {
 		w.keys = append(w.keys, keyName(i))
@@ -127,10 +127,11 @@ func (w *workload) anomaly(format string, args ...any) {
 	}
 }
 
-// newClient returns a client given every member's address (through the
-// client-side proxies), with the library's defaults.
-func (w *workload) newClient() (*client.Client, error) {
-	return client.New(client.Config{Addrs: w.addrs})
+// newClient returns a client at location loc (on member loc's side of a
+// partition) given every member's address through that location's
+// proxies, with the library's defaults.
+func (w *workload) newClient(loc int) (*client.Client, error) {
+	return client.New(client.Config{Addrs: w.addrs(loc)})
 }
 
 // worker is one client process of the workload.
