@@ -80,9 +80,19 @@ func (pe *peer) send(frame []byte) {
 }
 
 // sendHeartbeat replaces the pending heartbeat.
+//
+// An active's heartbeat to a standby in its stream carries the lag it
+// measures for that standby (the age of the oldest batch not acknowledged),
+// which the standby reports as its own.
 func (pe *peer) sendHeartbeat(hb Heartbeat) {
 	pe.mu.Lock()
 	hb.Echo = pe.p.echoFor(pe.i)
+	if hb.Role == RoleActive {
+		hb.LagNS = 0
+		if pe.stream && len(pe.unacked) > 0 {
+			hb.LagNS = uint64(time.Since(pe.unacked[0].at))
+		}
+	}
 	pe.hb = hb.Append(pe.hb[:0])
 	pe.mu.Unlock()
 	pe.kick()
