@@ -96,7 +96,7 @@ type Status struct {
 	Active  string   `json:"active"`
 	Epoch   uint64   `json:"epoch"`
 	InSync  bool     `json:"in_sync,omitempty"` // a standby in sync with its active
-	LagSecs float64  `json:"lag_seconds"`       // standby: age of the last batch when it arrived
+	LagSecs float64  `json:"lag_seconds"`       // standby: its lag as its active measures it
 	Members []Member `json:"members,omitempty"` // the other members, in --peers order
 }
 

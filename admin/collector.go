@@ -58,7 +58,7 @@ func newCollector(srv *engine.Server, version string) *collector {
 		records:        d("replication_records_total", "State-change records in those batches."),
 		rawBytes:       d("replication_raw_bytes_total", "Bytes of those records before compression."),
 		wireBytes:      d("replication_wire_bytes_total", "Bytes of those batches on the member link (compressed, framed); sent by the active."),
-		lagSecs:        d("replication_lag_seconds", "Active: age of the oldest batch a standby has not acknowledged; standby (member=\"self\"): age of the last batch applied when it arrived.", "member"),
+		lagSecs:        d("replication_lag_seconds", "Age of the oldest batch a standby has not acknowledged, as the active measures it: per standby on the active, and member=\"self\" on a standby (its active's last figure).", "member"),
 		lagRecords:     d("replication_lag_records", "Records sent or queued to a standby and not acknowledged.", "member"),
 		lagBytes:       d("replication_lag_bytes", "Raw bytes sent or queued to a standby and not acknowledged.", "member"),
 		memberLive:     d("cluster_member_live", "1 while a member has been heard from within the failover timeout.", "member", "role"),

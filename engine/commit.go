@@ -43,13 +43,7 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	s := h.s
 	bar := s.committer.Barrier()
 	if len(b.out) > 0 && (len(ss.hchunks) > 0 || bar > s.committedA.Load()) {
-		base := len(ss.held)
-		ss.held = append(ss.held, b.out...)
-		for _, g := range b.grants {
-			g.koff += base
-			g.end += base
-			ss.hgrants = append(ss.hgrants, g)
-		}
+		ss.held, ss.hgrants = appendAnswers(ss.held, ss.hgrants, b.out, b.grants)
 		ss.hchunks = append(ss.hchunks, heldChunk{end: len(ss.held), upto: bar, spec: spec})
 		b.out, b.grants = b.out[:0], b.grants[:0]
 	}

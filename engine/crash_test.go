@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -12,10 +11,10 @@ import (
 	"github.com/lockd-dev/lockd/shard"
 )
 
-// TestServeStoppingOnItsOwnKeepsLocks: when gnet's engine stops while no
-// Shutdown was asked for (as an accept error makes it), Serve returns
-// ErrStopped after the node has written its snapshot, and the next start
-// on the data dir reloads the held lock with its token.
+// TestServeStoppingOnItsOwnKeepsLocks: when serving ends while no Shutdown
+// was asked for (the listener fails for good), Serve returns ErrStopped
+// after the node has written its snapshot, and the next start on the data
+// dir reloads the held lock with its token.
 func TestServeStoppingOnItsOwnKeepsLocks(t *testing.T) {
 	dir := t.TempDir()
 	cfg := DefaultConfig()
@@ -37,10 +36,10 @@ func TestServeStoppingOnItsOwnKeepsLocks(t *testing.T) {
 	if st != shard.Granted {
 		t.Fatal(st)
 	}
-	// What gnet does on an accept error: stop its engine from inside.
-	if err := s.eng.Stop(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	// The listener fails for good while nobody asked to stop.
+	s.lnMu.Lock()
+	s.ln.Close()
+	s.lnMu.Unlock()
 	select {
 	case err := <-served:
 		if !errors.Is(err, ErrStopped) {

@@ -1,18 +1,25 @@
-// Package engine is lockd's network reactor: a gnet v2 server that speaks
-// PROTOCOL.md over TCP, applies requests to a shard.Table and writes the
-// answers.
+// Package engine is lockd's network reactor: gnet v2 event loops that speak
+// PROTOCOL.md over TCP, apply requests to a shard.Table and write the
+// answers. Connections are accepted by the engine's own goroutine on a
+// net.Listener and enrolled in the loops (gnet's acceptor would end the
+// whole engine on an accept error; docs/DESIGN.md "Accepting
+// connections").
 //
 // It owns the connections (sessions), the per-connection mailboxes through
 // which answers made elsewhere reach their connection (a handoff caused by
 // another connection's release, a timer's T or expiry handoff), the
 // delivered-or-not bookkeeping of grants (PROTOCOL.md §4: a grant that never
 // reached its socket is released at once), the gate a repl.Node sets
-// (serve, hold, or redirect with M), and the shutdown sequence of §4.
+// (serve, hold, or redirect with M), the answers held until a committing
+// node's changes commit (commit.go), and the shutdown sequence of §4.
 // Persistence, token reservations and membership are the node's
 // (repl.Node, docs/DESIGN.md "The seam"); the engine knows no cluster mode.
 //
 // Concurrency: gnet calls OnTraffic, OnOpen and OnClose of one connection on
-// that connection's event-loop goroutine; OnTick on its own goroutine. A
+// that connection's event-loop goroutine; OnTick on its own goroutine; the
+// accept goroutine only enrolls or closes new connections. Every batch and
+// tick holds the batch barrier's read lock from the gate it reads to the
+// write of its answers; the node's gate changes take its write lock. A
 // closing connection with more queued acquires than OnClose drops at once
 // has the rest dropped on a goroutine of its own (OnShutdown waits for it). A
 // session's loop-owned fields are touched only from its loop; its mailbox is

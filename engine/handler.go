@@ -37,6 +37,8 @@ type handler struct {
 	// was logged (table clock): one line a second at most.
 	refused    atomic.Int64
 	refusedLog atomic.Int64
+	acceptErrs atomic.Int64 // failed accepts (EMFILE, …) since start
+	acceptLog  time.Time    // the accept loop's last log line about them
 
 	// Sessions that may hold a partial frame, for the --frame-timeout
 	// sweep (OnTick, every sweepEvery).
@@ -53,13 +55,10 @@ type handler struct {
 	drops    sync.WaitGroup
 }
 
-func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
+func (h *handler) OnBoot(gnet.Engine) gnet.Action {
 	h.msgBadKey = "bad key: must be 1.." + strconv.Itoa(h.s.cfg.MaxKey) + " bytes of UTF-8 without 0x0A"
 	h.refusedLog.Store(-int64(time.Second))
 	h.sweepEvery = int64(min(time.Second, h.s.cfg.FrameTimeout))
-	if !h.s.boot(eng) {
-		return gnet.Shutdown
-	}
 	return gnet.None
 }
 

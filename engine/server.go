@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
@@ -34,11 +32,16 @@ type Server struct {
 	table *shard.Table
 	epoch time.Time // the table's clock is time.Since(epoch), monotonic
 
-	eng      gnet.Engine
-	addr     atomic.Value // string, set in OnBoot
-	ready    chan struct{}
-	done     chan struct{} // closed when Serve returns
-	serveErr error
+	cli       *gnet.Client  // the event loops (connections are enrolled, see Serve)
+	lnMu      sync.Mutex    // guards ln
+	ln        net.Listener  // the client listener, set once serving
+	stop      chan struct{} // closed when the loops are being stopped
+	loopsDone chan struct{} // closed once they have stopped
+	stopOnce  sync.Once
+	addr      atomic.Value // string, set by boot
+	ready     chan struct{}
+	done      chan struct{} // closed when Serve returns
+	serveErr  error
 
 	conns atomic.Int64
 	// barrier is held for reading by every batch while it applies requests
@@ -88,14 +91,16 @@ func New(cfg Config) (*Server, error) {
 		cfg.Node = repl.NewLocal(repl.LocalConfig{DataDir: cfg.DataDir, TokenBlock: cfg.TokenBlock})
 	}
 	s := &Server{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		node:     cfg.Node,
-		epoch:    time.Now(),
-		ready:    make(chan struct{}),
-		done:     make(chan struct{}),
-		sessions: make(map[*session]struct{}),
-		heldSet:  make(map[*session]struct{}),
+		cfg:       cfg,
+		log:       cfg.Logger,
+		node:      cfg.Node,
+		epoch:     time.Now(),
+		ready:     make(chan struct{}),
+		done:      make(chan struct{}),
+		stop:      make(chan struct{}),
+		loopsDone: make(chan struct{}),
+		sessions:  make(map[*session]struct{}),
+		heldSet:   make(map[*session]struct{}),
 	}
 	s.committer, _ = cfg.Node.(repl.Committer)
 	s.scratch.New = func() any { return new(scratch) }
@@ -130,45 +135,138 @@ func (s *Server) Addr() string {
 }
 
 // Serve runs the event loops until Shutdown completes. It returns nil after
-// a clean shutdown; ErrStopped (joined with gnet's error) when the loops
-// stopped on their own, after the node has written what a shutdown writes.
+// a clean shutdown; ErrStopped (joined with the cause) when serving ended
+// on its own, after the node has written what a shutdown writes.
+//
+// lockd accepts connections itself, on a net.Listener, and enrolls them in
+// gnet's event loops (a gnet Client's loops: the same reactor, without
+// gnet's acceptor). gnet's own acceptor tears its whole engine down when
+// accept fails (EMFILE), so a flood of connections could end the daemon;
+// this loop instead backs off and goes on, refuses a connection beyond
+// --max-conns by closing it at once (so descriptors never pile up), and is
+// simply closed at shutdown: lockd then really stops accepting.
 func (s *Server) Serve() error {
 	defer close(s.done)
 	h := &handler{s: s}
-	err := gnet.Run(h, "tcp://"+s.cfg.Listen,
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		s.serveErr = err
+		_ = s.closeNode(repl.FailedStart)
+		return err
+	}
+	cli, err := gnet.NewClient(h,
 		gnet.WithMulticore(true),
 		gnet.WithNumEventLoop(s.cfg.Loops),
 		gnet.WithTicker(true),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
-		gnet.WithReuseAddr(true),
 		gnet.WithLogger(gnetLogger{s.log}),
 	)
-	if err == nil && s.serveErr != nil {
-		err = s.serveErr // boot refused to serve
+	if err == nil {
+		err = cli.Start() // OnBoot, then the loops
 	}
-	started := false
-	select {
-	case <-s.ready:
-		started = true
-	default:
+	if err == nil && !s.boot(ln.Addr().String()) {
+		err = s.serveErr
+		_ = cli.Stop()
 	}
-	switch {
-	case !started:
-		// Never served: release the data directory, keep the snapshot.
-		if err == nil {
-			err = errors.New("engine: stopped before serving")
-		}
+	if err != nil {
+		ln.Close()
 		s.serveErr = err
 		_ = s.closeNode(repl.FailedStart)
-	case !s.stopped.Load():
-		// Not asked to stop: gnet tore its engine down (an accept error).
-		// Keep what a shutdown keeps.
-		s.serveErr = errors.Join(ErrStopped, err)
-		s.log.Error("event loops stopped on their own; writing the snapshot", "err", err)
-		s.stopped.Store(true)
-		_ = s.closeNode(repl.Crashed)
+		return err
 	}
+	s.cli = cli
+	acceptErr := make(chan error, 1)
+	go func() { acceptErr <- s.accept(ln, h) }()
+	s.lnMu.Lock()
+	s.ln = ln
+	s.lnMu.Unlock()
+	select {
+	case <-s.stop:
+		// Shutdown or Close stops the loops.
+		<-s.loopsDone
+		return s.serveErr
+	case err = <-acceptErr:
+	}
+	if s.stopped.Load() || s.draining.Load() {
+		// Shutdown closed the listener first; it stops the loops after the
+		// drain.
+		<-s.loopsDone
+		return s.serveErr
+	}
+	// The listener failed for good while nobody asked to stop: keep what a
+	// shutdown keeps.
+	s.serveErr = errors.Join(ErrStopped, err)
+	s.log.Error("cannot accept connections any more; writing the snapshot", "err", err)
+	s.stopped.Store(true)
+	s.stopLoops()
+	_ = s.closeNode(repl.Crashed)
 	return s.serveErr
+}
+
+// accept takes connections until the listener is closed, and enrolls them
+// in the event loops. Errors that come and go (EMFILE, ENFILE, ENOBUFS)
+// back off for up to a second and go on.
+func (s *Server) accept(ln net.Listener, h *handler) error {
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			if h.acceptErrs.Add(1) == 1 || time.Since(h.acceptLog) > 10*time.Second {
+				h.acceptLog = time.Now()
+				s.log.Error("accepting a connection failed; retrying", "err", err, "failures", h.acceptErrs.Load())
+			}
+			select {
+			case <-time.After(backoff):
+			case <-s.stop:
+				return net.ErrClosed
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		if s.draining.Load() || s.conns.Load() >= int64(s.cfg.MaxConns) {
+			c.Close()
+			if !s.draining.Load() {
+				h.refused.Add(1)
+				h.logRefused(s.now())
+			}
+			continue
+		}
+		if _, err := s.cli.Enroll(c); err != nil {
+			c.Close()
+			if s.stopped.Load() {
+				return net.ErrClosed
+			}
+			s.log.Warn("handing a connection to the event loops failed", "err", err)
+		}
+	}
+}
+
+// stopListening closes the listener: no connection is accepted any more.
+func (s *Server) stopListening() {
+	s.lnMu.Lock()
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	s.lnMu.Unlock()
+}
+
+// stopLoops stops the event loops once: each closes its connections
+// (OnClose releases grants that never reached their socket).
+func (s *Server) stopLoops() {
+	s.stopOnce.Do(func() {
+		s.stopListening()
+		close(s.stop)
+		if s.cli != nil {
+			if err := s.cli.Stop(); err != nil {
+				s.log.Warn("stopping the event loops", "err", err)
+			}
+		}
+		close(s.loopsDone)
+	})
 }
 
 // closeNode closes the node within ShutdownGrace.
@@ -182,24 +280,12 @@ func (s *Server) closeNode(why repl.CloseReason) error {
 func (s *Server) Done() <-chan struct{} { return s.done }
 
 // boot runs once the listener is bound, before any connection is
-// accepted: it consumes the snapshot (a start that failed earlier — the
-// address taken, the table too small for it — has kept it for the next
-// one; from here on it would be stale) and records the listener's real
-// address. false means the server must not serve (serveErr says why).
-func (s *Server) boot(eng gnet.Engine) bool {
-	s.eng = eng
-	addr := s.cfg.Listen
-	if fd, err := eng.Dup(); err == nil {
-		if sa, err := unix.Getsockname(fd); err == nil {
-			switch a := sa.(type) {
-			case *unix.SockaddrInet4:
-				addr = net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port))
-			case *unix.SockaddrInet6:
-				addr = net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port))
-			}
-		}
-		unix.Close(fd)
-	}
+// accepted: the node starts (a single node consumes the snapshot: a start
+// that failed earlier — the address taken, the table too small for it —
+// has kept it for the next one; from here on it would be stale), and the
+// listener's real address is recorded. false means the server must not
+// serve (serveErr says why).
+func (s *Server) boot(addr string) bool {
 	s.addr.Store(addr)
 	if err := s.node.Start(addr, s); err != nil {
 		s.serveErr = err
@@ -256,6 +342,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		<-s.done
 		return nil
 	}
+	s.stopListening() // PROTOCOL.md §4: stop accepting connections
 	// Wait for every batch that may have read draining == false.
 	if err := s.wait4Batches(ctx); err != nil {
 		return err
@@ -275,19 +362,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// flushed.
 	s.drain(ctx)
 
-	// Stop the engine: every loop closes its connections (OnClose releases
+	// Stop the loops: every loop closes its connections (OnClose releases
 	// grants that never reached their socket).
 	s.stopped.Store(true)
-	if err := s.eng.Stop(ctx); err != nil {
-		_ = s.node.Close(ctx, repl.Shutdown)
-		return err
-	}
+	stopped := make(chan struct{})
+	go func() { s.stopLoops(); close(stopped) }()
 	select {
-	case <-s.done:
+	case <-stopped:
 	case <-ctx.Done():
 		_ = s.node.Close(ctx, repl.Shutdown)
 		return ctx.Err()
 	}
+	<-s.done
 	return s.node.Close(ctx, repl.Shutdown)
 }
 
@@ -372,9 +458,9 @@ func (s *Server) Close() error {
 	}
 	s.draining.Store(true)
 	s.stopped.Store(true)
-	err := s.eng.Stop(context.Background())
+	s.stopLoops()
 	<-s.done
-	return errors.Join(err, s.closeNode(repl.Discard))
+	return s.closeNode(repl.Discard)
 }
 
 // gnetLogger sends gnet's logs to slog.

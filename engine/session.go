@@ -44,6 +44,19 @@ type grantRef struct {
 // key returns the grant's key in buf, the buffer it was recorded in.
 func (g grantRef) key(buf []byte) []byte { return buf[g.koff : g.end-1] }
 
+// appendAnswers appends the encoded answers src, whose A frames are
+// srcGrants, to dst and records those frames in grants.
+func appendAnswers(dst []byte, grants []grantRef, src []byte, srcGrants []grantRef) ([]byte, []grantRef) {
+	base := len(dst)
+	dst = append(dst, src...)
+	for _, g := range srcGrants {
+		g.koff += base
+		g.end += base
+		grants = append(grants, g)
+	}
+	return dst, grants
+}
+
 // appendGrant appends an A frame to dst and records it in grants.
 func appendGrant(dst []byte, grants *[]grantRef, owner, token uint64, key []byte) []byte {
 	dst = proto.AppendAcquired(dst, owner, token, key)
@@ -142,13 +155,7 @@ func (ss *session) takeMail(b *scratch) (took bool) {
 	ss.woken = false
 	took = len(ss.mbox) > 0
 	if took {
-		base := len(b.out)
-		b.out = append(b.out, ss.mbox...)
-		for _, g := range ss.mgrants {
-			g.koff += base
-			g.end += base
-			b.grants = append(b.grants, g)
-		}
+		b.out, b.grants = appendAnswers(b.out, b.grants, ss.mbox, ss.mgrants)
 		ss.mbox = ss.mbox[:0]
 		ss.mgrants = ss.mgrants[:0]
 	}

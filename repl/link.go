@@ -53,7 +53,8 @@ type peer struct {
 	resCond chan struct{} // closed and replaced on each reserve ack
 	unacked []sentBatch
 	snaps   uint64
-	synced  time.Time // when the last resync began
+	synced  time.Time // when the last snapshot to i ended (or a resync began)
+	snaping bool      // the writer is sending i a snapshot
 }
 
 func newPeer(p *Priority, i int) *peer {
@@ -80,9 +81,19 @@ func (pe *peer) send(frame []byte) {
 }
 
 // sendHeartbeat replaces the pending heartbeat.
+//
+// An active's heartbeat to a standby in its stream carries the lag it
+// measures for that standby (the age of the oldest batch not acknowledged),
+// which the standby reports as its own.
 func (pe *peer) sendHeartbeat(hb Heartbeat) {
 	pe.mu.Lock()
 	hb.Echo = pe.p.echoFor(pe.i)
+	if hb.Role == RoleActive {
+		hb.LagNS = 0
+		if pe.stream && len(pe.unacked) > 0 {
+			hb.LagNS = uint64(time.Since(pe.unacked[0].at))
+		}
+	}
 	pe.hb = hb.Append(pe.hb[:0])
 	pe.mu.Unlock()
 	pe.kick()
@@ -123,7 +134,7 @@ func (pe *peer) enqueueBatch(frame []byte, seq uint64, records, raw int) {
 // resync began.
 func (pe *peer) resyncIfStale(inSync bool, after time.Duration) {
 	pe.mu.Lock()
-	stale := pe.conn != nil && (!pe.stream || (!inSync && !pe.needSnp && time.Since(pe.synced) > after))
+	stale := pe.conn != nil && (!pe.stream || (!inSync && !pe.needSnp && !pe.snaping && time.Since(pe.synced) > after))
 	pe.mu.Unlock()
 	if stale {
 		pe.resync()
@@ -308,7 +319,14 @@ func (pe *peer) write(c net.Conn) error {
 			}
 		}
 		if snap {
-			if err := pe.p.out.writeSnapshot(w, pe, deadline); err != nil {
+			pe.mu.Lock()
+			pe.snaping = true
+			pe.mu.Unlock()
+			err := pe.p.out.writeSnapshot(w, pe, deadline)
+			pe.mu.Lock()
+			pe.snaping, pe.synced = false, time.Now()
+			pe.mu.Unlock()
+			if err != nil {
 				return err
 			}
 			continue // then the batches queued meanwhile

@@ -77,7 +77,7 @@ type Priority struct {
 type clusterStats struct {
 	failovers, handovers, demotions, snapshotsSent, snapshotsReceived atomic.Uint64
 	batches, records, rawBytes, wireBytes                             atomic.Uint64
-	lagNs                                                             atomic.Int64 // standby: age of the last batch applied when it arrived
+	lagNs                                                             atomic.Int64 // standby: its lag as its active last measured it
 }
 
 // NewPriority returns a priority-mode member.
@@ -270,9 +270,6 @@ func (p *Priority) heartbeat() Heartbeat {
 	hb := Heartbeat{Epoch: r.epoch, Role: role, Active: active, InSync: r.inSync,
 		Probe: r.nextProbe(), TokenLast: p.table.Tokens().Last(), Reserved: max(p.table.Tokens().Limit(), p.reservedSeen),
 		StoredEpoch: r.peers[p.cfg.Self].storedEpoch}
-	if role == RoleStandby {
-		hb.LagNS = uint64(max(p.stats.lagNs.Load(), 0))
-	}
 	return hb
 }
 
@@ -285,6 +282,9 @@ func (p *Priority) heardHeartbeat(from int, hb *Heartbeat) {
 		ps.follows = -1
 	}
 	p.mu.Lock()
+	if hb.Role == RoleActive && p.roles.role == RoleStandby && p.roles.active == from {
+		p.stats.lagNs.Store(int64(hb.LagNS))
+	}
 	c := p.roles.heard(now, from, ps)
 	if p.roles.role == RoleActive && hb.Role == RoleActive {
 		// Another active (a healed partition, a frozen member): whichever

@@ -153,6 +153,17 @@ func TestPriorityInProcess(t *testing.T) {
 	for i := 1; i < 3; i++ {
 		waitFor(t, fmt.Sprintf("standby %d to hold the active's locks", i), func() bool { return same(ms[i]) })
 	}
+	waitFor(t, "every batch acknowledged", func() bool {
+		for _, mb := range a.p.Status().Members {
+			if mb.LagRecords != 0 || mb.LagBytes != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if st := a.p.Status(); st.Batches == 0 || st.Records < 400 || st.WireBytes == 0 || st.RawBytes < st.Records*10 {
+		t.Fatalf("the active's stream counters: %+v", st)
+	}
 	if info := ms[1].table.Lookup([]byte("k200")); time.Duration(info.Deadline-ms[1].clock()) < 50*time.Second {
 		t.Fatalf("the renew did not reach the standby: %v left", time.Duration(info.Deadline-ms[1].clock()))
 	}

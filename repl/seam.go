@@ -202,7 +202,7 @@ type Status struct {
 
 	// Cluster counters (priority mode).
 	InSync            bool    // a standby in sync with its active
-	LagSeconds        float64 // standby: how old the last batch applied was when it arrived
+	LagSeconds        float64 // standby: its lag as its active last measured it (oldest unacknowledged batch)
 	Failovers         uint64  // promotions of this member after the active went silent
 	Handovers         uint64  // planned handovers this member took part in
 	Demotions         uint64  // times this member stepped down for a later active

@@ -392,7 +392,7 @@ type Heartbeat struct {
 	TokenLast   uint64
 	Reserved    uint64
 	StoredEpoch uint64 // the epoch in the sender's data directory
-	LagNS       uint64 // standby: now - receipt of the last batch applied; active: 0
+	LagNS       uint64 // active to a standby in its stream: the age of the oldest batch it has not acknowledged; else 0
 }
 
 const heartbeatLen = 8 + 3 + 6*8

@@ -427,20 +427,25 @@ func TestPrioritySIGTERMUnderLoad(t *testing.T) {
 				default:
 				}
 				key := fmt.Sprintf("raw/%d/%d", r, i%32)
-				resp, err := conn.Do(proto.AppendAcquire(nil, 0, 10, uint64(i), key))
-				if err != nil {
-					return // the old active closed the connection
-				}
-				rawAnswers.Add(1)
-				if resp.Op == proto.OpError && resp.Code == proto.CodeShutdown {
-					e4.Add(1)
-				}
-				if resp.Op == proto.OpAcquire {
-					if resp, err = conn.Do(proto.AppendRelease(nil, resp.Token, key)); err != nil {
-						return
+				// do sends one frame, counting the answers and any E 4.
+				do := func(frame []byte) (proto.Response, bool) {
+					resp, err := conn.Do(frame)
+					if err != nil {
+						return resp, false // the old active closed the connection
 					}
+					rawAnswers.Add(1)
 					if resp.Op == proto.OpError && resp.Code == proto.CodeShutdown {
 						e4.Add(1)
+					}
+					return resp, true
+				}
+				resp, ok := do(proto.AppendAcquire(nil, 0, 10, uint64(i), key))
+				if !ok {
+					return
+				}
+				if resp.Op == proto.OpAcquire {
+					if _, ok := do(proto.AppendRelease(nil, resp.Token, key)); !ok {
+						return
 					}
 				}
 			}
