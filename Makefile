@@ -5,7 +5,7 @@ FUZZTIME    ?= 15s
 BENCHTIME   ?= 1s
 PKGS        := ./...
 
-.PHONY: all build test test-short lint vet fmt-check staticcheck bench fuzz clean
+.PHONY: all build test test-short lint vet fmt-check staticcheck bench fuzz clean chaos chaos-short
 
 all: build
 
@@ -13,10 +13,14 @@ build:
 	$(GO) build -o bin/lockd ./cmd/lockd
 	$(GO) build -o bin/lockctl ./cmd/lockctl
 
-## test: what CI runs — lint, every test with the race detector, then the
-## allocation tests, which only count without it (they are built !race).
+## test: what CI runs — lint, every test with the race detector, then
+## chaos/ on its own (TestChaosShort: the short chaos form, both modes,
+## seed 1 and a random seed, 12 s each; alone, so that its clusters and the
+## e2e tests' do not share the 2 cores), then the allocation tests, which
+## only count without it (they are built !race).
 test: lint
-	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(GO) test -race -count=1 -timeout 15m $$($(GO) list $(PKGS) | grep -v '/chaos$$')
+	$(GO) test -race -count=1 -timeout 10m ./chaos/
 	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/ ./repl/
 
 test-short:
@@ -65,3 +69,19 @@ bench-peers:
 	@command -v redis-server >/dev/null && command -v etcd >/dev/null || \
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server etcd-server; }
 	$(GO) run ./bench -targets all -rounds $(ROUNDS) -svg bench/latency.svg -markdown
+
+## chaos: the long Jepsen-style run of each mode in CHAOS_MODES, for
+## CHAOS_DURATION each (docs/RELIABILITY.md); CHAOS_FLAGS adds flags
+## (-seed N, -json, -out DIR, ...). Fails on the first mode that fails.
+CHAOS_DURATION ?= 10m
+CHAOS_MODES    ?= priority raft
+CHAOS_FLAGS    ?=
+chaos:
+	@set -e; for m in $(CHAOS_MODES); do \
+		echo "== chaos -mode $$m -duration $(CHAOS_DURATION) $(CHAOS_FLAGS)"; \
+		$(GO) run ./chaos -mode $$m -duration $(CHAOS_DURATION) $(CHAOS_FLAGS); \
+	done
+
+## chaos-short: only the CI form (it also runs inside `make test`).
+chaos-short:
+	$(GO) test -race -count=1 -timeout 10m -run '^TestChaosShort$$' -v ./chaos/
