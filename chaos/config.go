@@ -40,6 +40,7 @@ type Config struct {
 	Binary          string        // -lockd: the lockd binary (default: built from this module)
 	CheckTimeout    time.Duration // -check-timeout: porcupine's bound per key
 	Verbose         bool          // -v: log every fault and phase on stderr
+	Recheck         string        // -recheck: check this saved history.json again, run nothing
 }
 
 // DefaultConfig returns the defaults of every flag (Mode has none).
@@ -123,6 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&cfg.Binary, "lockd", "", "the lockd binary (default: built from this module, with -race where possible)")
 	fs.DurationVar(&cfg.CheckTimeout, "check-timeout", cfg.CheckTimeout, "bound of the linearizability search per key")
 	fs.BoolVar(&cfg.Verbose, "v", false, "log every fault and phase on stderr")
+	fs.StringVar(&cfg.Recheck, "recheck", "", "run the history checkers again on a saved history.json (with -mode and -failover-timeout as in its run); start nothing")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, err

@@ -45,6 +45,11 @@
 //     prints its seed and the command that reruns it, and keeps its
 //     history, the members' logs and any porcupine visualization in -out.
 //
+// -recheck FILE runs the history checkers again on a history.json a run
+// kept (with that run's -mode and -failover-timeout), starting nothing: a
+// verdict can be reproduced exactly, and a changed checker tried on old
+// runs.
+//
 // The seed fixes every random choice (fault kinds, targets, durations,
 // pauses; the workers' keys, waits and hold times) but not the timing of
 // the processes, so a rerun follows the same schedule, not the same

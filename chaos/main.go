@@ -28,8 +28,13 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	rep, err := Run(ctx, cfg, stderr)
-	if errors.Is(err, ErrModeUnavailable) {
+	var rep *Report
+	if cfg.Recheck != "" {
+		rep, err = Recheck(cfg)
+	} else {
+		rep, err = Run(ctx, cfg, stderr)
+	}
+	if errors.Is(err, ErrModeUnavailable) || errors.Is(err, ErrUsage) {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
@@ -46,7 +51,9 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprint(stdout, rep.Text())
 	}
 	if !rep.Passed {
-		fmt.Fprintf(stderr, "chaos: FAILED (seed %d); rerun with:\n    %s\n", rep.Seed, rep.Command)
+		if rep.Recheck == "" {
+			fmt.Fprintf(stderr, "chaos: FAILED (seed %d); rerun with:\n    %s\n", rep.Seed, rep.Command)
+		}
 		return 1
 	}
 	return 0

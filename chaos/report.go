@@ -20,6 +20,7 @@ type Report struct {
 	Seed    uint64 `json:"seed"`
 	Command string `json:"command"` // reruns the same schedule
 	Passed  bool   `json:"passed"`
+	Recheck string `json:"recheck,omitempty"` // the saved history checked again, when that is what this is
 
 	Duration        float64  `json:"duration_seconds"` // the workload's and the nemesis's
 	Elapsed         float64  `json:"elapsed_seconds"`  // the whole run
@@ -143,8 +144,12 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 // Text renders the report for a person.
 func (rep *Report) Text() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "chaos: mode %s, seed %d, %v of faults and load, %d members, %d workers on %d keys, lease %vs, failover timeout %vs\n",
-		rep.Mode, rep.Seed, time.Duration(rep.Duration*float64(time.Second)), rep.Members, rep.Workers, rep.Keys, rep.Lease, rep.FailoverTimeout)
+	if rep.Recheck != "" {
+		fmt.Fprintf(&b, "chaos: the history in %s checked again, mode %s, failover timeout %vs\n", rep.Recheck, rep.Mode, rep.FailoverTimeout)
+	} else {
+		fmt.Fprintf(&b, "chaos: mode %s, seed %d, %v of faults and load, %d members, %d workers on %d keys, lease %vs, failover timeout %vs\n",
+			rep.Mode, rep.Seed, time.Duration(rep.Duration*float64(time.Second)), rep.Members, rep.Workers, rep.Keys, rep.Lease, rep.FailoverTimeout)
+	}
 	fmt.Fprintf(&b, "faults injected: %d (%s)\n", rep.FaultsTotal, countList(rep.Faults))
 	fmt.Fprintf(&b, "operations:\n")
 	for _, kind := range []string{"acquire", "renew", "release", "write"} {
@@ -167,17 +172,24 @@ func (rep *Report) Text() string {
 			fmt.Fprintf(&b, "  %s\n", l)
 		}
 	}
-	fmt.Fprintf(&b, "phases:")
-	for _, p := range []string{"start", "load", "stop", "heal", "liveness", "check"} {
-		fmt.Fprintf(&b, " %s %.1fs", p, rep.Phases[p])
+	if rep.Recheck == "" {
+		fmt.Fprintf(&b, "phases:")
+		for _, p := range []string{"start", "load", "stop", "heal", "liveness", "check"} {
+			fmt.Fprintf(&b, " %s %.1fs", p, rep.Phases[p])
+		}
+		fmt.Fprintf(&b, "\n")
 	}
-	fmt.Fprintf(&b, "\n")
 	for _, e := range rep.Errors {
 		fmt.Fprintf(&b, "error: %s\n", e)
 	}
-	if rep.Passed {
+	switch {
+	case rep.Recheck != "" && rep.Passed:
+		fmt.Fprintf(&b, "PASSED\n")
+	case rep.Recheck != "":
+		fmt.Fprintf(&b, "FAILED; check again with:\n    %s\n", rep.Command)
+	case rep.Passed:
 		fmt.Fprintf(&b, "PASSED (seed %d)\n", rep.Seed)
-	} else {
+	default:
 		fmt.Fprintf(&b, "FAILED (seed %d); rerun with:\n    %s\n", rep.Seed, rep.Command)
 	}
 	if rep.Out != "" {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -60,6 +62,34 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	r.run(ctx)
 	r.cleanup()
 	return r.rep, nil
+}
+
+// Recheck runs the history checkers again on the history saved by an
+// earlier run (Config.Recheck), with that run's mode and failover timeout:
+// a checker's verdict can be reproduced exactly, without a cluster.
+func Recheck(cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(cfg.Recheck)
+	if err != nil {
+		return nil, fmt.Errorf("%w: -recheck: %v", ErrUsage, err)
+	}
+	defer f.Close()
+	h, err := history.ReadJSON(f)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: -recheck %s: %w", cfg.Recheck, err)
+	}
+	rep := newReport(cfg)
+	rep.Recheck = cfg.Recheck
+	rep.Command = "go run ./chaos -mode " + cfg.Mode + " -failover-timeout " + cfg.FailoverTimeout.String() + " -recheck " + cfg.Recheck
+	for _, o := range h.Ops {
+		rep.WorkloadEnd = max(rep.WorkloadEnd, o.Return)
+	}
+	rep.addHistory(h, cfg)
+	rep.Checkers = checkHistory(h, cfg, filepath.Dir(cfg.Recheck))
+	rep.finish(0)
+	return rep, nil
 }
 
 // runner is one run's state.
@@ -237,20 +267,7 @@ func (r *runner) run(ctx context.Context) {
 
 	h := r.rec.History()
 	r.rep.addHistory(h, r.cfg)
-	r.rep.Checkers = append(r.rep.Checkers, history.CheckFenced(h))
-	var windows []history.Window
-	if r.cfg.Mode == "priority" {
-		windows = splitWindows(h, r.cfg.FailoverTimeout)
-	}
-	r.rep.Checkers = append(r.rep.Checkers, history.CheckTokens(h, windows))
-	if r.cfg.Mode == "raft" {
-		r.rep.Checkers = append(r.rep.Checkers, history.CheckLinearizable(h, history.LinOptions{Timeout: r.cfg.CheckTimeout, Dir: r.out}))
-		r.rep.Checkers = append(r.rep.Checkers, history.CheckOverlap(h, true))
-	} else {
-		r.rep.Checkers = append(r.rep.Checkers, history.Result{Name: "linearizability", Verdict: history.Skipped,
-			Summary: "priority mode is not linearizable by design: a crash or a split brain can lose grants (docs/PROTOCOL.md §6.3); see unfenced-overlap"})
-		r.rep.Checkers = append(r.rep.Checkers, history.CheckOverlap(h, false))
-	}
+	r.rep.Checkers = append(r.rep.Checkers, checkHistory(h, r.cfg, r.out)...)
 	r.rep.Checkers = append(r.rep.Checkers, live, members, clientErrs)
 	r.rep.Phases["check"] = time.Since(checking).Seconds()
 	r.rep.finish(time.Since(r.began))
@@ -281,15 +298,48 @@ func (r *runner) addrs(loc int) []string {
 // splitWindows are the spans of a priority run in which two members may
 // both be active: from each partition's start until 2 × the failover
 // timeout (and splitSlack) after its heal (docs/PROTOCOL.md §6.3,
-// automatic demotion).
+// automatic demotion). Windows that overlap are merged: a partition that
+// starts before the demotion after the previous one continues the same
+// split.
 func splitWindows(h history.History, failover time.Duration) []history.Window {
-	var out []history.Window
+	var ws []history.Window
 	for _, f := range h.Faults {
 		if f.Kind == FaultPartition {
-			out = append(out, history.Window{Start: f.Start, End: f.End + 2*failover + splitSlack, Why: f.Target})
+			ws = append(ws, history.Window{Start: f.Start, End: f.End + 2*failover + splitSlack, Why: f.Target})
 		}
 	}
+	slices.SortFunc(ws, func(a, b history.Window) int { return cmp.Compare(a.Start, b.Start) })
+	var out []history.Window
+	for _, w := range ws {
+		if n := len(out); n > 0 && w.Start <= out[n-1].End {
+			out[n-1].End = max(out[n-1].End, w.End)
+			out[n-1].Why += "; " + w.Why
+			continue
+		}
+		out = append(out, w)
+	}
 	return out
+}
+
+// checkHistory runs the checkers that need only the history: fenced
+// safety, tokens (priority: split windows excused), linearizability and
+// mutual exclusion (raft), or the unfenced overlap (priority).
+func checkHistory(h history.History, cfg Config, visualizeDir string) []history.Result {
+	out := []history.Result{history.CheckFenced(h)}
+	var windows []history.Window
+	if cfg.Mode == "priority" {
+		windows = splitWindows(h, cfg.FailoverTimeout)
+	}
+	out = append(out, history.CheckTokens(h, windows))
+	if cfg.Mode == "raft" {
+		return append(out,
+			history.CheckLinearizable(h, history.LinOptions{Timeout: cfg.CheckTimeout, Dir: visualizeDir}),
+			history.CheckOverlap(h, true))
+	}
+	return append(out,
+		history.Result{Name: "linearizability", Verdict: history.Skipped,
+			Summary: "priority mode is not linearizable by design: a crash or a split brain can lose grants (docs/PROTOCOL.md §6.3); see unfenced-overlap"},
+		history.CheckOverlap(h, false))
 }
 
 // liveness checks, after the final heal, that every member agrees on one
