@@ -6,6 +6,7 @@ import (
 	"log"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -20,6 +21,7 @@ type hclogAdapter struct {
 	name string
 	min  hclog.Level
 	args []any
+	mute *atomic.Bool // when set, drops every line (a closing transport's noise)
 }
 
 // newHclog returns an hclog.Logger writing to l from level min.
@@ -44,7 +46,7 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	if level == hclog.NoLevel {
 		level = hclog.Info
 	}
-	if level < h.min || h.min == hclog.Off {
+	if level < h.min || h.min == hclog.Off || (h.mute != nil && h.mute.Load()) {
 		return
 	}
 	sl := slogLevel(level)

@@ -130,6 +130,7 @@ type Raft struct {
 	actMu    sync.Mutex    // serialises step (actor, Stop)
 	actKick  chan struct{}
 	stopping atomic.Bool
+	closing  atomic.Bool // mutes the transport's log while it closes
 	quit     chan struct{}
 	wg       sync.WaitGroup
 	closeMu  sync.Mutex
@@ -305,8 +306,8 @@ func (n *Raft) openRaft() error {
 	if err != nil {
 		return fmt.Errorf("member port %s (--listen port + --peer-offset): %w", bind, err)
 	}
-	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second,
-		newHclog(n.log.With("component", "raft-net"), hclog.Warn))
+	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing}
+	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second, netLog)
 	n.closers = append(n.closers, n.trans)
 	conf := n.raftConfig()
 	existing, err := raft.HasExistingState(n.logs, n.stable, n.snaps)
@@ -575,6 +576,11 @@ func (n *Raft) leader() int {
 func (n *Raft) step() {
 	n.actMu.Lock()
 	defer n.actMu.Unlock()
+	n.stepLocked()
+}
+
+// stepLocked is step with actMu held.
+func (n *Raft) stepLocked() {
 	select {
 	case <-n.quit:
 		return
@@ -752,15 +758,16 @@ func (n *Raft) Stop(ctx context.Context) string {
 		n.log.Warn("leadership transfer failed: shutting down as a single node", "err", err)
 		return ""
 	}
-	n.actMu.Unlock()
-	// Wait for the new leader to be known, then give the leadership up.
+	// Wait for the new leader to be known, then give the leadership up:
+	// the queued acquires' M names it.
 	for ctx.Err() == nil && time.Now().Before(deadline.Add(n.cfg.FailoverTimeout)) {
 		if l := n.leader(); l >= 0 && l != n.cfg.Self {
 			break
 		}
 		time.Sleep(time.Millisecond)
 	}
-	n.step()
+	n.stepLocked()
+	n.actMu.Unlock()
 	g := n.Gate()
 	if g.State != Redirect || g.Addr == "" {
 		return ""
@@ -780,6 +787,7 @@ func (n *Raft) Close(ctx context.Context, why CloseReason) error {
 	n.closed = true
 	n.closeMu.Unlock()
 	close(n.quit)
+	n.closing.Store(true)
 	n.res.stop(ctx)
 	var err error
 	if n.r != nil {

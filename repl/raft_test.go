@@ -22,9 +22,19 @@ type raftHost struct {
 	commits   []uint64
 	abandoned []uint64
 	onCommit  func(seq uint64)
+	gate      func() *Gate
+	gates     []Gate // every gate GateChanged applied
 }
 
-func (h *raftHost) GateChanged() { h.changes.Add(1) }
+func (h *raftHost) GateChanged() {
+	h.changes.Add(1)
+	if h.gate != nil {
+		g := *h.gate()
+		h.mu.Lock()
+		h.gates = append(h.gates, g)
+		h.mu.Unlock()
+	}
+}
 
 func (h *raftHost) Committed(seq uint64) {
 	h.mu.Lock()
@@ -98,7 +108,7 @@ func (c *raftCluster) start(i int) *raftMember {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	m := &raftMember{n: n, host: &raftHost{}, clock: clock()}
+	m := &raftMember{n: n, host: &raftHost{gate: n.Gate}, clock: clock()}
 	m.table, err = n.Open(shard.Config{Shards: 8}, m.clock, quiet())
 	if err != nil {
 		c.t.Fatal(err)
@@ -485,6 +495,9 @@ func TestRaftStopTransfers(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	lm.host.mu.Lock()
+	before := len(lm.host.gates)
+	lm.host.mu.Unlock()
 	began := time.Now()
 	succ := lm.n.Stop(ctx)
 	took := time.Since(began)
@@ -494,6 +507,14 @@ func TestRaftStopTransfers(t *testing.T) {
 	}
 	if g := lm.n.Gate(); g.State != Redirect || g.Addr != succ {
 		t.Fatalf("old leader's gate after Stop: %+v", g)
+	}
+	lm.host.mu.Lock()
+	gates := slices.Clone(lm.host.gates[before:])
+	lm.host.mu.Unlock()
+	for _, g := range gates {
+		if g.State == Serve || (g.State == Redirect && g.Addr != succ) {
+			t.Fatalf("gates the old leader applied during Stop: %+v (want Hold, then M naming %s)", gates, succ)
+		}
 	}
 	if lm.host.lastCommit() != lm.n.Barrier() {
 		t.Fatalf("Stop returned with records not committed: %d of %d", lm.host.lastCommit(), lm.n.Barrier())
