@@ -816,6 +816,12 @@ func (n *Raft) Close(ctx context.Context, why CloseReason) error {
 	n.closeMu.Unlock()
 	close(n.quit)
 	n.closing.Store(true)
+	if e := n.stats.entries.Load(); e > 0 {
+		p50, p99 := n.stats.percentiles()
+		r := n.stats.records.Load()
+		n.log.Info("raft totals as leader", "entries", e, "records", r, "records_per_entry", float64(r)/float64(e),
+			"commit_p50", time.Duration(p50*1e9), "commit_p99", time.Duration(p99*1e9))
+	}
 	n.res.stop(ctx)
 	var err error
 	if n.r != nil {
