@@ -5,8 +5,10 @@
 // generator drives lockd, an echo ceiling (a bare gnet server answering each
 // frame with a frame of the size lockd would send), Redis (SET NX PX with a
 // compare-and-delete script; no wait queue, so waiting is retry with
-// back-off as redsync does) and etcd (txn acquire with a lease through the
-// v3 JSON gateway; the put's revision is the fencing token). With several
+// back-off as redsync does) and etcd (driven by its Go client: a txn
+// acquire with a lease, the put's revision being the fencing token, and for
+// the contended workload concurrency.Mutex, the recipe etcd users run for a
+// blocking lock). With several
 // rounds the targets are interleaved (A B A B …) and the report gives
 // medians and the per-round ratios of lockd to each other target. See
 // BENCHMARKS.md for the method and the numbers.
@@ -16,8 +18,11 @@
 // own, as Redis's and etcd's are.
 //
 // What bench owns: bench/ and BENCHMARKS.md. What it may import: the
-// standard library, proto (the wire codec), engine (to start a server) and
-// gnet (the echo server). It must not import client/: the harness speaks
-// the protocol itself, so a client library's costs or bugs cannot hide in
-// the server's numbers.
+// standard library, proto (the wire codec), engine (to start a server),
+// gnet (the echo server), hdrhistogram-go (latency histograms), etcd's
+// client (go.etcd.io/etcd/client/v3 and its concurrency package),
+// prometheus/common's expfmt (etcd's /metrics) and gonum.org/v1/plot (the
+// latency plot, -svg). It must not import client/:
+// the harness speaks lockd's protocol itself, so a client library's costs or
+// bugs cannot hide in the server's numbers.
 package main

@@ -2,9 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 func checkClean(t *testing.T, r *Result) {
@@ -78,13 +83,148 @@ func TestEtcdDriver(t *testing.T) {
 	tg := openTest(t, "etcd")
 	cfg := smallConfig()
 	cfg.Dur = 800 * cfg.Dur / 400 // etcd does a few hundred txns a second
+	before, err := etcdFsyncs(tg.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	checkClean(t, run1(t, tg, wlUncontended, cfg))
+	// etcd persists before it answers: a run of puts and deletes fsyncs its WAL.
+	if after, err := etcdFsyncs(tg.addr); err != nil || after <= before {
+		t.Errorf("etcd WAL fsyncs %d before the run, %d after (%v): etcd must fsync", before, after, err)
+	}
 	r := run1(t, tg, wlContended, cfg)
 	checkClean(t, r)
 	if r.Ops > 0 && r.Handoffs > r.Ops {
 		t.Errorf("etcd contended: %d handoffs of %d grants", r.Handoffs, r.Ops)
 	}
+	// concurrency.Mutex queues its waiters by revision: hand-offs happen,
+	// and no waiter starves.
+	checkContended(t, r, 0.5)
 	checkFanin(t, run1(t, tg, wlFanin, cfg), cfg)
+}
+
+// TestEtcdRecipes drives each etcd recipe through the driver by hand:
+// concurrency.Mutex (a waiter blocks until the holder releases, then gets a
+// larger fencing token; a wait that is spent is a refusal), the txn recipe
+// (a held key is refused, a stale token's release is not-held) and
+// fanin's renew (renewed while the lease lives, not-held once it is gone).
+func TestEtcdRecipes(t *testing.T) {
+	needPeer(t, "etcd")
+	tg := openTest(t, "etcd")
+	a, b := &slot{id: 0}, &slot{id: 1}
+	er, err := tg.etcd.start([][]*slot{{a}, {b}}, etcdMutex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer er.close()
+	lock := action{op: opAcquire, key: []byte("bench/test/mutex"), wait: 5, lease: 10}
+	ga := er.do(a, &lock)
+	if ga.kind != ansGranted || ga.token == 0 {
+		t.Fatalf("first Lock: %+v (last error %v)", ga, tg.etcd.lastErr.Load())
+	}
+	got := make(chan answer, 1)
+	go func() { got <- er.do(b, &lock) }()
+	select {
+	case gb := <-got:
+		t.Fatalf("second Lock answered %+v while the first holds the lock", gb)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if r := er.do(a, &action{op: opRelease, key: lock.key}); r.kind != ansReleased {
+		t.Fatalf("Unlock: %+v", r)
+	}
+	gb := <-got
+	if gb.kind != ansGranted || gb.token <= ga.token {
+		t.Fatalf("waiter after the hand-off: %+v, want granted with a token above %d", gb, ga.token)
+	}
+	short := lock
+	short.wait = 1
+	if r := er.do(a, &short); r.kind != ansRefused {
+		t.Fatalf("Lock with a 1 s wait on a held lock: %+v, want refused", r)
+	}
+	if r := er.do(b, &action{op: opRelease, key: lock.key}); r.kind != ansReleased {
+		t.Fatalf("Unlock: %+v", r)
+	}
+
+	tx, err := tg.etcd.start([][]*slot{{a}}, etcdSharedLease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.close()
+	key := []byte("bench/test/txn")
+	g := tx.do(a, &action{op: opAcquire, key: key, lease: 30})
+	if g.kind != ansGranted || g.token == 0 {
+		t.Fatalf("txn acquire: %+v", g)
+	}
+	if r := tx.do(a, &action{op: opAcquire, key: key, lease: 30}); r.kind != ansRefused {
+		t.Fatalf("txn acquire of a held key: %+v, want refused", r)
+	}
+	if r := tx.do(a, &action{op: opRelease, key: key, token: g.token - 1}); r.kind != ansNotHeld {
+		t.Fatalf("txn release with a stale token: %+v, want not-held", r)
+	}
+	if r := tx.do(a, &action{op: opRelease, key: key, token: g.token}); r.kind != ansReleased {
+		t.Fatalf("txn release: %+v", r)
+	}
+
+	// fanin's lock: its own lease, renewed on the slot's lease stream,
+	// not held once the lease is gone.
+	fi, err := tg.etcd.start([][]*slot{{a}}, etcdLeasePerLock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fi.close()
+	if r := fi.do(a, &action{op: opAcquire, key: key, lease: 3}); r.kind != ansGranted {
+		t.Fatalf("fanin acquire: %+v", r)
+	}
+	for range 2 {
+		if r := fi.do(a, &action{op: opRenew, key: key, lease: 3}); r.kind != ansRenewed {
+			t.Fatalf("renew: %+v (last error %v)", r, tg.etcd.lastErr.Load())
+		}
+	}
+	es := &fi.slots[a.id]
+	if _, err := es.cli.Revoke(context.Background(), es.lease); err != nil {
+		t.Fatal(err)
+	}
+	if r := fi.do(a, &action{op: opRenew, key: key, lease: 3}); r.kind != ansNotHeld {
+		t.Fatalf("renew of a revoked lease: %+v, want not-held", r)
+	}
+}
+
+// TestMetricSum reads gauges, counters and histogram counts from the
+// Prometheus text format, and names a metric that is missing.
+func TestMetricSum(t *testing.T) {
+	const text = `# TYPE go_memstats_heap_inuse_bytes gauge
+go_memstats_heap_inuse_bytes 1.2e+06
+# TYPE go_memstats_stack_inuse_bytes gauge
+go_memstats_stack_inuse_bytes 65536
+# TYPE etcd_disk_wal_fsync_duration_seconds histogram
+etcd_disk_wal_fsync_duration_seconds_bucket{le="0.001"} 3
+etcd_disk_wal_fsync_duration_seconds_bucket{le="+Inf"} 7
+etcd_disk_wal_fsync_duration_seconds_sum 0.5
+etcd_disk_wal_fsync_duration_seconds_count 7
+# TYPE grpc_server_handled_total counter
+grpc_server_handled_total{grpc_method="Txn"} 10
+grpc_server_handled_total{grpc_method="Range"} 5
+`
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	mfs, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		names []string
+		want  float64
+	}{
+		{[]string{"go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes"}, 1200000 + 65536},
+		{[]string{"etcd_disk_wal_fsync_duration_seconds"}, 7},
+		{[]string{"grpc_server_handled_total"}, 15},
+	} {
+		if got, err := metricSum(mfs, c.names...); err != nil || got != c.want {
+			t.Errorf("%v: %v %v, want %v", c.names, got, err, c.want)
+		}
+	}
+	if _, err := metricSum(mfs, "go_memstats_heap_inuse_bytes", "nope"); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("missing metric: %v", err)
+	}
 }
 
 // TestCommandAgainstAddr runs the command itself with -addr and -json

@@ -9,7 +9,8 @@ import (
 )
 
 // checkQuantiles compares h's quantiles with the exact ones of the sorted
-// samples: they must agree within the histogram's 1 % precision.
+// samples: they must agree within 1 % (the histogram promises 0.1 %), and
+// the extremes exactly.
 func checkQuantiles(t *testing.T, name string, h *Hist, samples []time.Duration) {
 	t.Helper()
 	s := slices.Clone(samples)
@@ -40,10 +41,6 @@ func TestHistUniform(t *testing.T) {
 		xs = append(xs, d)
 	}
 	checkQuantiles(t, "uniform 1µs..10ms", h, xs)
-	mean := h.Mean()
-	if math.Abs(float64(mean)-float64(5*time.Millisecond)) > float64(100*time.Microsecond) {
-		t.Errorf("mean %v, want ≈5ms", mean)
-	}
 }
 
 func TestHistExponential(t *testing.T) {
@@ -80,18 +77,15 @@ func TestHistSmallValuesExact(t *testing.T) {
 	}
 }
 
-func TestHistBucketsCoverRange(t *testing.T) {
-	for _, v := range []uint64{0, 1, 127, 128, 129, 255, 256, 1000, 1 << 40, math.MaxInt64, math.MaxUint64} {
-		i := histIndex(v)
-		if i < 0 || i >= histBuckets {
-			t.Fatalf("index of %d out of range: %d", v, i)
-		}
-		lo, hi := histBounds(i)
-		if v < lo || v > hi {
-			t.Fatalf("%d not within its bucket [%d, %d]", v, lo, hi)
-		}
-		if lo >= histSub && float64(hi-lo)/float64(lo) > 1.0/histSub {
-			t.Fatalf("bucket [%d, %d] wider than 1/%d", lo, hi, histSub)
+// TestHistRange: the extremes of the range are recorded, not dropped; a
+// value beyond it counts as the largest.
+func TestHistRange(t *testing.T) {
+	for _, d := range []time.Duration{0, 1, 127, 2047, 2048, 2049, time.Microsecond + 1, time.Second, histMax, histMax + 1, math.MaxInt64} {
+		h := NewHist()
+		h.Record(d)
+		want := min(d, histMax)
+		if h.Count() != 1 || h.Max() != want || h.Quantile(0.5) != want {
+			t.Errorf("%v: count %d, max %v, p50 %v; want 1, %v", d, h.Count(), h.Max(), h.Quantile(0.5), want)
 		}
 	}
 }
@@ -111,14 +105,14 @@ func TestHistMerge(t *testing.T) {
 	a.Merge(b)
 	a.Merge(nil)
 	a.Merge(NewHist())
-	if *a != *all {
+	if !a.h.Equals(all.h) || a.min != all.min || a.max != all.max {
 		t.Fatal("merged histogram differs from the one that saw every value")
 	}
 }
 
 func TestHistEmpty(t *testing.T) {
 	h := NewHist()
-	if h.Quantile(0.5) != 0 || h.Max() != 0 || h.Mean() != 0 || h.Count() != 0 {
+	if h.Quantile(0.5) != 0 || h.Max() != 0 || h.Count() != 0 {
 		t.Fatal("empty histogram must report zeros")
 	}
 }

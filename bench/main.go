@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,7 +59,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.addr, "addr", "", "benchmark a running lockd at host:port instead of starting one")
 	fs.StringVar(&o.redisAddr, "redis", "", "use a running Redis at host:port instead of starting redis-server")
 	fs.StringVar(&o.etcdURL, "etcd", "", "use a running etcd at http://host:port instead of starting etcd")
-	targets := fs.String("targets", "lockd,echo", "comma-separated targets: lockd, echo, redis, etcd, or all")
+	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all")
 	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds; each runs every workload on every target in turn (A B A B …)")
 	fs.IntVar(&o.loops, "loops", runtime.NumCPU(), "event loops of the lockd and echo servers")
@@ -83,12 +84,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if *targets == "all" {
-		*targets = "lockd,echo,redis,etcd"
+		*targets = strings.Join(targetNames(), ",")
 	}
 	o.targets = splitList(*targets)
 	o.workloads = splitList(*workloads)
 	for _, t := range o.targets {
-		if !strings.Contains(",lockd,echo,redis,etcd,", ","+t+",") {
+		if !slices.Contains(targetNames(), t) {
 			return nil, fmt.Errorf("-targets: unknown target %q", t)
 		}
 	}
@@ -120,57 +121,120 @@ func splitList(s string) []string {
 	return out
 }
 
+// targetKinds are the targets -targets accepts, in the order "all" runs
+// them, and how each is opened. A target may start several server
+// processes (target.own) and point the driver at one of them.
+var targetKinds = []struct {
+	name string
+	open func(t *target, o *options) error
+}{
+	{"lockd", openLockd},
+	{"echo", openEcho},
+	{"redis", openRedis},
+	{"etcd", openEtcd},
+}
+
+func targetNames() []string {
+	names := make([]string, len(targetKinds))
+	for i, k := range targetKinds {
+		names[i] = k.name
+	}
+	return names
+}
+
 // openTarget starts (or connects to) one target.
 func openTarget(name string, o *options) (*target, error) {
 	t := &target{name: name, skip: map[string]string{}, stop: func() {}}
-	switch name {
-	case "lockd", "echo":
-		t.newCodec = func(int) codec { return newLockdCodec() }
-		t.queues = name == "lockd"
-		if name == "echo" {
-			t.skip[wlContended] = "no lock state: nothing to wait for"
-		}
-		if name == "lockd" && o.addr != "" {
-			t.addr = o.addr
+	for _, k := range targetKinds {
+		if k.name == name {
+			if err := k.open(t, o); err != nil {
+				t.stop()
+				return nil, err
+			}
 			return t, nil
 		}
-		ch, err := startChild(name, o.loops)
-		if err != nil {
-			return nil, err
-		}
-		t.addr, t.child, t.mem, t.stop = ch.addr, ch, ch.mem, ch.stop
-	case "redis":
-		pid := 0
-		if o.redisAddr != "" {
-			t.addr = o.redisAddr
-		} else {
-			p, err := startRedis()
-			if err != nil {
-				return nil, err
-			}
-			t.addr, t.stop, pid = p.addr, p.stop, p.pid()
-		}
-		if err := redisSetup(t.addr); err != nil {
-			t.stop()
-			return nil, err
-		}
-		t.newCodec = func(int) codec { return newRedisCodec(rand.Uint64() >> 32) }
-		t.mem = func() (memStat, error) { return redisMem(t.addr, pid) }
-	case "etcd":
-		pid := 0
-		if o.etcdURL != "" {
-			t.addr = o.etcdURL
-		} else {
-			p, err := startEtcd()
-			if err != nil {
-				return nil, err
-			}
-			t.addr, t.stop, pid = p.addr, p.stop, p.pid()
-		}
-		t.etcd = newEtcdDriver(t.addr, max(1024, o.cfg.Fanin))
-		t.mem = func() (memStat, error) { return etcdMem(t.etcd, pid) }
 	}
-	return t, nil
+	return nil, fmt.Errorf("unknown target %q", name)
+}
+
+// own makes ch one of t's server processes: profiled with the others, and
+// stopped with t.
+func (t *target) own(ch *child) {
+	t.children = append(t.children, ch)
+	prev := t.stop
+	t.stop = func() { ch.stop(); prev() }
+}
+
+// openLockd starts lockd in a child process (or uses -addr).
+func openLockd(t *target, o *options) error {
+	t.newCodec = func(int) codec { return newLockdCodec() }
+	t.queues = true
+	if o.addr != "" {
+		t.addr = o.addr
+		return nil
+	}
+	return t.startChild("lockd", o.loops)
+}
+
+// openEcho starts the echo ceiling in a child process.
+func openEcho(t *target, o *options) error {
+	t.newCodec = func(int) codec { return newLockdCodec() }
+	t.skip[wlContended] = "no lock state: nothing to wait for"
+	return t.startChild("echo", o.loops)
+}
+
+// startChild starts a server child of kind, owned by t, and points t's
+// driver and memory readings at it.
+func (t *target) startChild(kind string, loops int) error {
+	ch, err := startChild(kind, loops)
+	if err != nil {
+		return err
+	}
+	t.own(ch)
+	t.addr, t.mem = ch.addr, ch.mem
+	return nil
+}
+
+// startPeer points t at addr if it is set (a running server), else starts
+// one with start; it returns the server's pid if it started it, else 0.
+func (t *target) startPeer(addr string, start func() (*peer, error)) (int, error) {
+	if addr != "" {
+		t.addr = addr
+		return 0, nil
+	}
+	p, err := start()
+	if err != nil {
+		return 0, err
+	}
+	prev := t.stop
+	t.addr, t.stop = p.addr, func() { p.stop(); prev() }
+	return p.pid(), nil
+}
+
+// openRedis starts redis-server (or uses -redis) and loads the scripts.
+func openRedis(t *target, o *options) error {
+	pid, err := t.startPeer(o.redisAddr, startRedis)
+	if err != nil {
+		return err
+	}
+	if err := redisSetup(t.addr); err != nil {
+		return err
+	}
+	t.newCodec = func(int) codec { return newRedisCodec(rand.Uint64() >> 32) }
+	t.mem = func() (memStat, error) { return redisMem(t.addr, pid) }
+	return nil
+}
+
+// openEtcd starts a one-member etcd (or uses -etcd).
+func openEtcd(t *target, o *options) error {
+	pid, err := t.startPeer(o.etcdURL, startEtcd)
+	if err != nil {
+		return err
+	}
+	t.etcd = newEtcdDriver(t.addr)
+	t.queues = true // contended runs concurrency.Mutex, which queues waiters
+	t.mem = func() (memStat, error) { return etcdMem(t.addr, pid) }
+	return nil
 }
 
 // run is the whole command; it returns the exit code.

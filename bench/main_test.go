@@ -3,9 +3,14 @@ package main
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 )
 
 // TestMain lets the test binary double as the server child (startChild
@@ -18,7 +23,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every goroutine a test starts — connection readers, etcd clients,
+	// sessions — must be gone when the tests end.
+	goleak.VerifyTestMain(m, lockdtest.LeakOptions...)
 }
 
 // smallConfig is a suite small enough for the race detector: every run
@@ -62,4 +69,35 @@ func run1(t *testing.T, tg *target, wl string, cfg *config) *Result {
 	}
 	t.Logf("%s %s: %s", tg.name, wl, oneLine(r))
 	return r
+}
+
+// TestTargetOfSeveralProcesses: a target may start several server
+// processes and drive one of them (as a standby or Raft target will): each
+// is profiled on its own, and stopping the target stops them all.
+func TestTargetOfSeveralProcesses(t *testing.T) {
+	tg := &target{name: "pair", skip: map[string]string{}, stop: func() {}}
+	for range 2 {
+		ch, err := startChild("echo", 1)
+		if err != nil {
+			tg.stop()
+			t.Fatal(err)
+		}
+		tg.own(ch)
+	}
+	tg.addr, tg.newCodec = tg.children[0].addr, func(int) codec { return newLockdCodec() }
+	cfg := smallConfig()
+	cfg.Profile = filepath.Join(t.TempDir(), "p")
+	r := run1(t, tg, wlUncontended, cfg)
+	tg.stop()
+	checkClean(t, r)
+	for _, f := range []string{"-p0.cpu.pprof", "-p0.allocs.pprof", "-p1.cpu.pprof", "-p1.allocs.pprof"} {
+		if st, err := os.Stat(cfg.Profile + "-pair-uncontended-r1" + f); err != nil || st.Size() == 0 {
+			t.Errorf("profile %s: %v", f, err)
+		}
+	}
+	for i, ch := range tg.children {
+		if ch.cmd.ProcessState == nil || !ch.cmd.ProcessState.Exited() {
+			t.Errorf("server process %d still running after the target stopped", i)
+		}
+	}
 }

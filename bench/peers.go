@@ -165,10 +165,9 @@ func startEtcdOnce() (*peer, error) {
 		return nil, err
 	}
 	p.addr = client
-	d := newEtcdDriver(client, 1)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if err := d.health(); err == nil {
+		if err := etcdHealth(client); err == nil {
 			return p, nil
 		}
 		select {

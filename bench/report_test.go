@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -154,11 +155,31 @@ func TestReportFormats(t *testing.T) {
 		if err != nil {
 			t.Fatalf("SVG is not well-formed: %v", err)
 		}
-		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "path" && isCurve(se) {
 			lines++
 		}
 	}
 	if lines != 4 {
 		t.Errorf("SVG has %d curves, want 4", lines)
 	}
+}
+
+// isCurve tells a latency curve among the SVG's paths: drawn in a target's
+// colour, and with more points than the two of its legend sample.
+func isCurve(se xml.StartElement) bool {
+	var style, d string
+	for _, a := range se.Attr {
+		switch a.Name.Local {
+		case "style":
+			style = strings.ToLower(a.Value)
+		case "d":
+			d = a.Value
+		}
+	}
+	for _, c := range palette {
+		if strings.Contains(style, fmt.Sprintf("stroke:#%02x%02x%02x;", c.R, c.G, c.B)) {
+			return strings.Count(d, "L") >= curvePoints-1
+		}
+	}
+	return false
 }

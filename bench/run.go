@@ -79,7 +79,7 @@ type stats struct {
 
 func newStats() *stats { return &stats{acq: NewHist(), handoff: NewHist()} }
 
-// statShard is a stats shared by several connections (a histogram is 58 KiB:
+// statShard is a stats shared by several connections (a histogram is 264 KiB:
 // fanin's 10,000 connections share 64 of them).
 type statShard struct {
 	mu sync.Mutex

@@ -56,8 +56,8 @@ type target struct {
 	etcd     *etcdDriver          // the synchronous target
 	queues   bool                 // the server has a wait queue (else: retry)
 	mem      func() (memStat, error)
-	child    *child // server child process (lockd, echo), for profiles
-	stop     func()
+	children []*child          // server child processes (lockd, echo), for profiles
+	stop     func()            // stops every process the target started
 	skip     map[string]string // workload → why it does not apply
 }
 
@@ -122,14 +122,20 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		res.Skipped = why
 		return res, nil
 	}
-	if t.child != nil && cfg.Profile != "" {
-		if _, err := t.child.do(fmt.Sprintf("cpu %s-%s-%s-r%d.cpu.pprof", cfg.Profile, t.name, wl, round)); err != nil {
-			return nil, err
+	if cfg.Profile != "" {
+		for i, ch := range t.children {
+			prefix := fmt.Sprintf("%s-%s-%s-r%d", cfg.Profile, t.name, wl, round)
+			if len(t.children) > 1 {
+				prefix += fmt.Sprintf("-p%d", i)
+			}
+			if _, err := ch.do("cpu " + prefix + ".cpu.pprof"); err != nil {
+				return nil, err
+			}
+			defer func() {
+				ch.do("cpustop")
+				ch.do("allocs " + prefix + ".allocs.pprof")
+			}()
 		}
-		defer func() {
-			t.child.do("cpustop")
-			t.child.do(fmt.Sprintf("allocs %s-%s-%s-r%d.allocs.pprof", cfg.Profile, t.name, wl, round))
-		}()
 	}
 	var err error
 	switch wl {
@@ -331,37 +337,31 @@ func drive(t *target, cfg *config, clk *clock, warm time.Duration, w workload, g
 
 // driveSync runs each slot as its own goroutine against the etcd driver.
 func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workload, groups [][]*slot, afterDial func()) (*stats, error) {
-	var slots []*slot
-	for _, g := range groups {
-		for _, s := range g {
-			s.local = 0
-			slots = append(slots, s)
-		}
+	mode := etcdSharedLease
+	switch w.(type) {
+	case *contended:
+		mode = etcdMutex
+	case *fanin:
+		mode = etcdLeasePerLock
 	}
-	// One lease per connection's worth of slots, reused by all their puts
-	// (a lease per acquire would double the round trips). Fanin's locks
-	// each live on their own short lease, granted with the acquire and
-	// renewed by keep-alives.
-	_, lazy := w.(*fanin)
-	leases := make([]int64, len(groups))
-	if !lazy {
-		for i := range groups {
-			id, err := t.etcd.grantLease(30)
-			if err != nil {
-				return nil, err
-			}
-			leases[i] = id
-		}
+	er, err := t.etcd.start(groups, mode)
+	if err != nil {
+		return nil, err
 	}
+	defer er.close()
 	if afterDial != nil {
-		// Open the connections first, as the pipelined targets do: one
-		// request per slot, all at once.
-		if err := t.etcd.warmConns(len(slots)); err != nil {
+		// Open the connections first, as the pipelined targets do.
+		if err := er.warm(); err != nil {
 			return nil, err
 		}
 		afterDial()
 	}
+	fsyncs, fsyncErr := etcdFsyncs(t.etcd.endpoint)
 	*clk = *newClock(cfg, warm)
+	var slots []*slot
+	for _, g := range groups {
+		slots = append(slots, g...)
+	}
 	shards := newShards(min(len(slots), 64))
 	var wg sync.WaitGroup
 	for i, s := range slots {
@@ -384,17 +384,7 @@ func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workloa
 						return
 					}
 					s.sentAt = clk.now()
-					lease := &leases[s.id%len(groups)]
-					if lazy && a.op == opAcquire {
-						id, err := t.etcd.grantLease(int(a.lease))
-						if err != nil {
-							t.etcd.lastErr.Store(err)
-							ans = answer{kind: ansError}
-							break
-						}
-						*lease = id
-					}
-					ans = t.etcd.do(s, &a, *lease)
+					ans = er.do(s, &a)
 				}
 				sh.mu.Lock()
 				a = w.next(s, &ans, clk.now(), sh.st)
@@ -404,11 +394,13 @@ func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workloa
 	}
 	wg.Wait()
 	st := mergeShards(shards)
-	if err, ok := t.etcd.lastErr.Swap(errNone).(error); ok && err != errNone && st.errs > 0 && cfg.Progress != nil {
-		cfg.Progress(fmt.Sprintf("    etcd: %d request errors, the last: %v", st.errs, err))
+	if cfg.Progress != nil {
+		if by, last := t.etcd.failures(); last != nil {
+			cfg.Progress(fmt.Sprintf("    etcd: failed requests: %s; the last: %v", by, last))
+		}
+		if now, err := etcdFsyncs(t.etcd.endpoint); err == nil && fsyncErr == nil {
+			cfg.Progress(fmt.Sprintf("    etcd: %d WAL fsyncs during the run", now-fsyncs))
+		}
 	}
 	return st, nil
 }
-
-// errNone resets etcdDriver.lastErr (an atomic.Value cannot hold nil).
-var errNone = errors.New("none")

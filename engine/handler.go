@@ -126,6 +126,18 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	}
 	b := s.getScratch()
 	now := s.now()
+	if !s.serving(now) {
+		// A standby's or follower's table changes only as the active's or
+		// the log does: it releases nothing of its own (an undelivered
+		// grant of an active that just stepped down ends with its lease).
+		ss.held, ss.hgrants, ss.hchunks, ss.pend, ss.pkeys = nil, nil, nil, nil, nil
+		s.heldMu.Lock()
+		delete(s.heldSet, ss)
+		s.heldMu.Unlock()
+		s.putScratch(b)
+		return gnet.None
+	}
+	s.releaseHeld(ss, b, now)
 	if w := ss.writing; w != nil {
 		// The write itself failed: none of that batch left.
 		for _, g := range w.grants {
@@ -187,16 +199,22 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	}
 	b := s.getScratch()
 	defer s.putScratch(b)
-	ss.takeMail(b)
+	ss.heldWake.Store(false)
+	// The barrier's read lock covers the whole batch, writes included: once
+	// GateChanged has its write lock, no batch that executed under the old
+	// gate is still on its way to a socket (Abandon relies on it).
+	s.barrier.RLock()
+	defer s.barrier.RUnlock()
+	spec := ss.takeMail(b) // answers made from the table's state
 	now := s.now()
 	action := gnet.None
 
 	buf, _ := c.Peek(-1)
 	if len(buf) > 0 {
-		s.barrier.RLock()
 		draining := s.draining.Load()
 		gate := s.node.Gate()
 		state := gate.Effective(now)
+		spec = spec || state == repl.Serve
 		if state == repl.Hold {
 			// Read nothing: the requests wait in the connection's buffer
 			// until GateChanged wakes it under the next gate.
@@ -237,7 +255,6 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 				b.cnt.error(r.Op, proto.CodeBadLease)
 			}
 		}
-		s.barrier.RUnlock()
 		if n > 0 {
 			_, _ = c.Discard(n)
 		}
@@ -251,14 +268,14 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 		s.deliver(b, ss, now)
 	}
 	ss.st.add(&b.cnt)
-	action = h.write(ss, b, action)
+	action = h.write(ss, b, action, spec)
 	// Sessions of this loop that this batch handed a grant to: write their
 	// mail now instead of waking them through the loop's task queue.
 	for _, o := range b.local {
 		if !o.gone {
 			ob := s.getScratch()
 			o.takeMail(ob)
-			if h.write(o, ob, gnet.None) == gnet.Close {
+			if h.write(o, ob, gnet.None, true) == gnet.Close {
 				_ = o.c.Close()
 			}
 			s.putScratch(ob)
@@ -269,8 +286,16 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 
 // write hands b.out to ss's connection (one Write), tracks the grants in it
 // and enforces --max-outbound. It returns the action for the connection.
-func (h *handler) write(ss *session, b *scratch, action gnet.Action) gnet.Action {
+//
+// spec says the answers were made from the table's state (see hold): with
+// a node that commits before answering they wait for it.
+func (h *handler) write(ss *session, b *scratch, action gnet.Action, spec bool) gnet.Action {
 	s, c := h.s, ss.c
+	if s.committer != nil && h.hold(ss, b, spec) {
+		s.log.Warn("closing a connection whose answers wait for changes that will not commit, or for too long",
+			"remote", c.RemoteAddr(), "held", len(ss.held))
+		return gnet.Close
+	}
 	if len(b.out) > 0 {
 		ss.writing = b
 		_, _ = c.Write(b.out)
@@ -359,6 +384,7 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 		return tickEvery, gnet.None
 	}
 	now := s.now()
+	s.barrier.RLock()
 	if s.node.Gate().Effective(now) == repl.Serve {
 		b := s.getScratch()
 		s.table.Tick(now, &b.fx)
@@ -367,6 +393,7 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 		}
 		s.putScratch(b)
 	}
+	s.barrier.RUnlock()
 	if now-h.lastSweep >= h.sweepEvery {
 		h.lastSweep = now
 		h.sweep(now)

@@ -57,6 +57,15 @@ type Server struct {
 	wait      waitHist      // acquire-to-grant of queued acquires
 	cancelled atomic.Uint64 // queued acquires answered E 4 at shutdown
 	moved     atomic.Uint64 // queued acquires answered M when the gate closed
+
+	// Answers waiting for a commit (commit.go); committer is nil when the
+	// node answers at once.
+	committer      repl.Committer
+	heldMu         sync.Mutex
+	heldSet        map[*session]struct{} // sessions holding answers
+	committed      uint64                // guarded by heldMu
+	committedA     atomic.Uint64         // committed, for the fast path
+	lostLo, lostHi uint64                // guarded by heldMu: abandoned records (lostLo, lostHi]
 }
 
 // ErrStopped is Serve's error when the engine stopped while no Shutdown
@@ -86,7 +95,9 @@ func New(cfg Config) (*Server, error) {
 		ready:    make(chan struct{}),
 		done:     make(chan struct{}),
 		sessions: make(map[*session]struct{}),
+		heldSet:  make(map[*session]struct{}),
 	}
+	s.committer, _ = cfg.Node.(repl.Committer)
 	s.scratch.New = func() any { return new(scratch) }
 	table, err := s.node.Open(cfg.Table, s.now, s.log)
 	if err != nil {
@@ -298,12 +309,6 @@ func (s *Server) wait4Batches(ctx context.Context) error {
 		return fmt.Errorf("engine: waiting for running batches: %w", ctx.Err())
 	}
 }
-
-// Committed implements repl.Host: not used yet by any node.
-func (s *Server) Committed(uint64) {}
-
-// Abandon implements repl.Host: not used yet by any node.
-func (s *Server) Abandon(uint64) {}
 
 // GateChanged applies the node's current gate (repl.Host): once no batch
 // that read the old gate is running, a gate that no longer serves answers

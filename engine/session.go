@@ -67,6 +67,13 @@ type session struct {
 	writing *scratch // the batch inside c.Write (a failed write closes re-entrantly)
 	gone    bool     // OnClose ran
 
+	// Answers waiting for a commit (commit.go), owned by the loop.
+	held    []byte
+	hgrants []grantRef // the A frames in held
+	hchunks []heldChunk
+	// heldWake: a wake for committed answers is on its way.
+	heldWake atomic.Bool
+
 	// backlog is what the connection still had buffered at its last batch
 	// (outbound bytes plus mail), read by Shutdown from another goroutine.
 	backlog atomic.Int64
@@ -130,10 +137,11 @@ func (ss *session) post(e *shard.Effect, local bool, moved string) (ok, flush bo
 }
 
 // takeMail moves the mailbox into b (called on the session's loop).
-func (ss *session) takeMail(b *scratch) {
+func (ss *session) takeMail(b *scratch) (took bool) {
 	ss.mu.Lock()
 	ss.woken = false
-	if len(ss.mbox) > 0 {
+	took = len(ss.mbox) > 0
+	if took {
 		base := len(b.out)
 		b.out = append(b.out, ss.mbox...)
 		for _, g := range ss.mgrants {
@@ -145,6 +153,7 @@ func (ss *session) takeMail(b *scratch) {
 		ss.mgrants = ss.mgrants[:0]
 	}
 	ss.mu.Unlock()
+	return took
 }
 
 // appendEffect encodes e's answer, recording a grant; an EffectMoved's M

@@ -40,7 +40,7 @@ Commands:
 
 Common flags (also after the command):
   --addr HOST:PORT   server address, repeatable (env LOCKD_ADDRS, comma-separated; default 127.0.0.1:7070)
-  --admin HOST:PORT  admin endpoint for status (env LOCKD_ADMIN; default 127.0.0.1:7071)
+  --admin HOST:PORT  admin endpoint for status (env LOCKD_ADMIN; default: each --addr's port + 1)
   --timeout D        network timeout for commands other than waiting for a lock (default 10s)
 
 Exit codes:
@@ -76,7 +76,7 @@ func (a *addrList) Set(v string) error { *a = append(*a, v); return nil }
 
 func (c *common) register(fs *flag.FlagSet) {
 	fs.Var(&c.addrs, "addr", "server address host:port, repeatable (env LOCKD_ADDRS)")
-	fs.StringVar(&c.admin, "admin", "", "admin endpoint host:port for status (env LOCKD_ADMIN, default 127.0.0.1:7071)")
+	fs.StringVar(&c.admin, "admin", "", "admin endpoint host:port for status (env LOCKD_ADMIN; default: each --addr's host at its port + 1, as lockd's own default)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "network timeout for everything but the wait for a lock")
 }
 
@@ -95,9 +95,6 @@ func (c *common) finish() error {
 	}
 	if c.admin == "" {
 		c.admin = os.Getenv("LOCKD_ADMIN")
-	}
-	if c.admin == "" {
-		c.admin = "127.0.0.1:7071"
 	}
 	if c.timeout <= 0 {
 		return usageErr("--timeout must be positive")

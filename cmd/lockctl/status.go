@@ -2,10 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -28,6 +31,20 @@ type statusDoc struct {
 		MaxWaiters       int `json:"max_waiters"`
 		MaxConns         int `json:"max_conns"`
 	} `json:"limits"`
+	Mode       string  `json:"mode"`
+	Active     string  `json:"active"`
+	Epoch      uint64  `json:"epoch"`
+	InSync     bool    `json:"in_sync"`
+	LagSeconds float64 `json:"lag_seconds"`
+	Members    []struct {
+		Addr       string  `json:"addr"`
+		Role       string  `json:"role"`
+		Live       bool    `json:"live"`
+		InSync     bool    `json:"in_sync"`
+		LagSeconds float64 `json:"lag_seconds"`
+		LagRecords uint64  `json:"lag_records"`
+		LagBytes   uint64  `json:"lag_bytes"`
+	} `json:"members"`
 }
 
 type keyDoc struct {
@@ -53,8 +70,14 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	hc := &http.Client{Timeout: c.timeout}
-	base := "http://" + c.admin
+	admins := c.adminAddrs()
 	if len(pos) == 1 {
+		// A key's state is the active's (or leader's): ask the members in
+		// turn for the one that says it is.
+		base, err := activeAdmin(hc, admins)
+		if err != nil {
+			return err
+		}
 		var k keyDoc
 		if err := getJSON(hc, base+"/keys/"+keyPath(pos[0]), &k); err != nil {
 			return err
@@ -67,24 +90,128 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 			k.Key, k.Token, (time.Duration(k.LeaseLeftMs) * time.Millisecond).String(), k.Waiters)
 		return nil
 	}
-	var s statusDoc
-	if err := getJSON(hc, base+"/status", &s); err != nil {
-		return err
+	var firstErr error
+	shown := 0
+	for _, a := range admins {
+		var s statusDoc
+		if err := getJSON(hc, "http://"+a+"/status", &s); err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("%s: %w", a, err)
+			}
+			if len(admins) > 1 {
+				fmt.Fprintf(stdout, "server:      (admin %s unreachable: %v)\n\n", a, err)
+			}
+			continue
+		}
+		printStatus(stdout, &s)
+		if shown++; len(admins) > 1 {
+			fmt.Fprintln(stdout)
+		}
 	}
+	if shown == 0 {
+		return firstErr
+	}
+	return nil
+}
+
+// adminAddrs are the admin endpoints to ask: --admin (or LOCKD_ADMIN) if
+// given, else every --addr's host at its port + 1 (lockd's default).
+func (c *common) adminAddrs() []string {
+	if c.admin != "" {
+		return []string{c.admin}
+	}
+	var out []string
+	for _, a := range c.addrs {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			continue
+		}
+		if p, err := strconv.Atoi(port); err == nil && p > 0 && p < 65535 {
+			out = append(out, net.JoinHostPort(host, strconv.Itoa(p+1)))
+		}
+	}
+	return out
+}
+
+// activeAdmin returns the base URL of the admin endpoint of the member
+// that serves (a single node, the active, the leader), else the first
+// that answers.
+func activeAdmin(hc *http.Client, admins []string) (string, error) {
+	var first string
+	var firstErr error
+	for _, a := range admins {
+		var s statusDoc
+		if err := getJSON(hc, "http://"+a+"/status", &s); err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("%s: %w", a, err)
+			}
+			continue
+		}
+		if s.Role == "active" || s.Role == "leader" {
+			return "http://" + a, nil
+		}
+		if first == "" {
+			first = "http://" + a
+		}
+	}
+	if first != "" {
+		return first, nil
+	}
+	if firstErr == nil {
+		firstErr = errors.New("no admin endpoint to ask")
+	}
+	return "", firstErr
+}
+
+func printStatus(w io.Writer, s *statusDoc) {
 	state := "serving"
 	if s.Draining {
 		state = "shutting down"
 	}
-	fmt.Fprintf(stdout, "server:      %s (%s, %s)\nversion:     %s\nuptime:      %s\nheld keys:   %d of %d\nwaiters:     %d of %d\nconnections: %d of %d\ntoken mark:  %s\n",
-		s.Addr, s.Role, state, s.Version, (time.Duration(s.UptimeSeconds) * time.Second).String(),
+	fmt.Fprintf(w, "server:      %s (%s, %s)\n", s.Addr, s.Role, state)
+	if s.Mode != "" && s.Mode != "single" {
+		fmt.Fprintf(w, "cluster:     %s, epoch %d, active %s\n", s.Mode, s.Epoch, orNone(s.Active))
+		if s.Role == "standby" || s.Role == "follower" {
+			fmt.Fprintf(w, "sync:        in sync %v, lag %s\n", s.InSync, seconds(s.LagSeconds))
+		}
+	}
+	fmt.Fprintf(w, "version:     %s\nuptime:      %s\nheld keys:   %d of %d\nwaiters:     %d of %d\nconnections: %d of %d\ntoken mark:  %s\n",
+		s.Version, (time.Duration(s.UptimeSeconds) * time.Second).String(),
 		s.Keys, s.Limits.MaxKeys, s.Waiters, s.Limits.MaxWaiters, s.Connections, s.Limits.MaxConns, s.TokenLast)
-	return nil
+	if len(s.Members) > 0 {
+		fmt.Fprintln(w, "members:")
+		for _, m := range s.Members {
+			live := "down"
+			if m.Live {
+				live = "live"
+			}
+			line := fmt.Sprintf("  %-21s %-12s %s", m.Addr, orNone(m.Role), live)
+			if m.InSync {
+				line += ", in sync"
+			}
+			if m.LagRecords > 0 || m.LagSeconds > 0 {
+				line += fmt.Sprintf(", lag %s (%d records, %d B)", seconds(m.LagSeconds), m.LagRecords, m.LagBytes)
+			}
+			fmt.Fprintln(w, line)
+		}
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+func seconds(s float64) string {
+	return (time.Duration(s * float64(time.Second))).Round(time.Microsecond).String()
 }
 
 func getJSON(hc *http.Client, u string, v any) error {
 	resp, err := hc.Get(u)
 	if err != nil {
-		return fmt.Errorf("admin endpoint: %v (is lockd running with --admin? set --admin or LOCKD_ADMIN)", err)
+		return fmt.Errorf("admin endpoint: %v (lockd serves it on its port + 1 unless started with --admin; set --admin or LOCKD_ADMIN)", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -179,3 +179,15 @@ func dumpKeys(t *testing.T, c *clustertest.Cluster, i int) map[string]uint64 {
 	}
 	return keys
 }
+
+// noRaces fails the test if any member's log shows the race detector's
+// report (the harness builds lockd with -race where it can).
+func noRaces(t *testing.T, c *clustertest.Cluster) {
+	t.Cleanup(func() {
+		for _, m := range c.Members() {
+			if strings.Contains(m.Logs(), "WARNING: DATA RACE") {
+				t.Errorf("member %d's log has a data race report", m.Index())
+			}
+		}
+	})
+}

@@ -1,12 +1,17 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"regexp"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -15,6 +20,7 @@ func startPriority(t *testing.T, n int, proxied bool) (*clustertest.Cluster, int
 	t.Helper()
 	short(t)
 	c := clustertest.Start(t, clustertest.Options{Mode: "priority", Members: n, Proxied: proxied})
+	noRaces(t, c)
 	a, _ := waitActive(t, c, 10*time.Second)
 	return c, a
 }
@@ -303,6 +309,7 @@ func TestPrioritySnapshotOf100k(t *testing.T) {
 	short(t)
 	n := env("LOCKD_E2E_LOCKS", 100_000)
 	c := clustertest.Start(t, clustertest.Options{Mode: "priority", Members: 2, Deferred: []int{1}})
+	noRaces(t, c)
 	waitActive(t, c, 10*time.Second)
 	conn := dial(t, c, 0)
 	const pipe = 512
@@ -350,6 +357,124 @@ func TestPrioritySnapshotOf100k(t *testing.T) {
 	for k, tok := range a {
 		if s[k] != tok {
 			t.Fatalf("key %s: active token %d, standby %d", k, tok, s[k])
+		}
+	}
+}
+
+// TestPrioritySIGTERMUnderLoad: SIGTERM of the active while clients of the
+// library (given every member) and raw pipelined connections load it:
+// nothing is answered E 4 (the raw connections see A, R, T or M only), no
+// library call ends Indeterminate, and every lock held across the signal
+// is still held on the successor with its token.
+func TestPrioritySIGTERMUnderLoad(t *testing.T) {
+	c, _ := startPriority(t, 3, false)
+	cl, err := client.New(client.Config{Addrs: c.Addrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	held := map[string]uint64{}
+	for i := range 50 {
+		key := fmt.Sprintf("held/%d", i)
+		l, err := cl.Acquire(ctx, key, client.AcquireOptions{Wait: 2 * time.Second, Lease: 60 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[key] = l.Token
+	}
+	time.Sleep(150 * time.Millisecond) // replicated
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var pairs, indeterminate, otherErrs atomic.Int64
+	var firstErr atomic.Value
+	for w := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("load/%d/%d", w, i%16)
+				l, err := cl.Acquire(ctx, key, client.AcquireOptions{Wait: 3 * time.Second, Lease: 10 * time.Second})
+				if err == nil {
+					err = cl.Release(ctx, l)
+				}
+				switch {
+				case err == nil:
+					pairs.Add(1)
+				case errors.Is(err, client.ErrIndeterminate):
+					indeterminate.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				default:
+					otherErrs.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		})
+	}
+	// Raw pipelined connections to the active: the wire shows any E 4.
+	var e4, rawAnswers atomic.Int64
+	for r := range 2 {
+		conn := dial(t, c, 0)
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("raw/%d/%d", r, i%32)
+				resp, err := conn.Do(proto.AppendAcquire(nil, 0, 10, uint64(i), key))
+				if err != nil {
+					return // the old active closed the connection
+				}
+				rawAnswers.Add(1)
+				if resp.Op == proto.OpError && resp.Code == proto.CodeShutdown {
+					e4.Add(1)
+				}
+				if resp.Op == proto.OpAcquire {
+					if resp, err = conn.Do(proto.AppendRelease(nil, resp.Token, key)); err != nil {
+						return
+					}
+					if resp.Op == proto.OpError && resp.Code == proto.CodeShutdown {
+						e4.Add(1)
+					}
+				}
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond)
+	before := pairs.Load()
+	if err := c.Member(0).Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := c.Member(0).Wait(15 * time.Second); err != nil || code != 0 {
+		t.Errorf("old active exit %d, %v", code, err)
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	t.Logf("%d pairs before the signal, %d in all; %d raw answers", before, pairs.Load(), rawAnswers.Load())
+	if n := e4.Load(); n != 0 {
+		t.Errorf("%d answers were E 4 during a planned handover", n)
+	}
+	if n := indeterminate.Load(); n != 0 {
+		t.Errorf("%d calls ended Indeterminate: %v", n, firstErr.Load())
+	}
+	if n := otherErrs.Load(); n != 0 {
+		t.Errorf("%d calls failed: %v", n, firstErr.Load())
+	}
+	if pairs.Load() <= before {
+		t.Error("no pair completed after the handover")
+	}
+	a, _ := waitActive(t, c, 3*time.Second)
+	conn := dial(t, c, a)
+	for key, tok := range held {
+		if r := do(t, conn, proto.AppendRelease(nil, tok, key)); r.Op != proto.OpRelease {
+			t.Fatalf("lock %s (token %d) after the handover: %c", key, tok, r.Op)
 		}
 	}
 }

@@ -62,7 +62,7 @@ var rules = map[string]rule{
 	"cmd/lockctl": {allow: lockd("client", "proto"),
 		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
 	"bench": {allow: append(lockd("client", "proto", "engine", "repl", "internal/"),
-		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/"),
+		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},

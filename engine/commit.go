@@ -1,0 +1,171 @@
+package engine
+
+import "github.com/lockd-dev/lockd/repl"
+
+// Answers that wait for a commit (a repl.Committer node: raft mode).
+//
+// After a batch the engine reads the node's Barrier — the number of the
+// last record the node has received — and, if the node has not yet
+// reported it committed, keeps the batch's answers on their connection
+// (session.held, in order, one chunk per batch tagged with that number)
+// instead of writing them. Host.Committed raises the committed number and
+// wakes the connections holding answers; each writes the chunks the
+// commit covers, in order, through the usual write path (so the delivered-
+// or-not bookkeeping of grants is unchanged). A connection that has held
+// chunks holds everything after them too: answers leave in order.
+//
+// A chunk is speculative when it was made from the table's state (a batch
+// that executed requests under a serving gate, or answers made elsewhere:
+// mail). Host.Abandon(seq) says that the records above seq, up to the
+// barrier at that moment, will never commit: a speculative chunk that
+// waits for one of them must never reach its client, so its connection is
+// closed (its grants are then undelivered, PROTOCOL.md §6.4); the node has
+// closed its gate first, so no batch is still executing from the
+// abandoned state. Non-speculative chunks (M, E, pongs after the gate
+// closed) are released at once: the committed number jumps to the barrier.
+//
+// Bounds: a connection's held answers count against --max-outbound like
+// its unread ones; past it the connection is closed.
+
+// heldChunk is one batch's answers waiting for a commit.
+type heldChunk struct {
+	end  int    // offset in session.held just past the chunk
+	upto uint64 // the node's barrier when the batch ended
+	spec bool   // made from the table's (possibly uncommitted) state
+}
+
+// hold routes b's answers through ss's held chunks when the node commits
+// before answering: it appends them as a chunk if anything waits, then
+// moves every chunk that is committed back into b (empty on return
+// otherwise). It reports whether the connection must be closed instead
+// (an abandoned speculative chunk, or too much held).
+func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
+	s := h.s
+	bar := s.committer.Barrier()
+	if len(b.out) > 0 && (len(ss.hchunks) > 0 || bar > s.committedA.Load()) {
+		base := len(ss.held)
+		ss.held = append(ss.held, b.out...)
+		for _, g := range b.grants {
+			g.koff += base
+			g.end += base
+			ss.hgrants = append(ss.hgrants, g)
+		}
+		ss.hchunks = append(ss.hchunks, heldChunk{end: len(ss.held), upto: bar, spec: spec})
+		b.out, b.grants = b.out[:0], b.grants[:0]
+	}
+	if len(ss.hchunks) == 0 {
+		return false
+	}
+	s.heldMu.Lock()
+	committed, lo, hi := s.committed, s.lostLo, s.lostHi
+	n, poisoned := 0, false
+	for i, ch := range ss.hchunks {
+		if ch.spec && ch.upto > lo && ch.upto <= hi {
+			poisoned = true
+		}
+		if ch.upto <= committed && n == i {
+			n = i + 1
+		}
+	}
+	if poisoned || n == len(ss.hchunks) {
+		delete(s.heldSet, ss)
+	} else {
+		s.heldSet[ss] = struct{}{}
+	}
+	s.heldMu.Unlock()
+	if poisoned {
+		return true
+	}
+	if n > 0 {
+		cut := ss.hchunks[n-1].end
+		b.out = append(b.out, ss.held[:cut]...)
+		k := 0
+		for k < len(ss.hgrants) && ss.hgrants[k].end <= cut {
+			b.grants = append(b.grants, ss.hgrants[k])
+			k++
+		}
+		ss.held = ss.held[:copy(ss.held, ss.held[cut:])]
+		ss.hgrants = ss.hgrants[:copy(ss.hgrants, ss.hgrants[k:])]
+		for i := range ss.hgrants {
+			ss.hgrants[i].koff -= cut
+			ss.hgrants[i].end -= cut
+		}
+		ss.hchunks = ss.hchunks[:copy(ss.hchunks, ss.hchunks[n:])]
+		for i := range ss.hchunks {
+			ss.hchunks[i].end -= cut
+		}
+	}
+	return len(ss.held) > s.cfg.MaxOutbound
+}
+
+// Committed implements repl.Host: records up to seq are committed; the
+// connections holding answers for them are woken to write them.
+func (s *Server) Committed(seq uint64) {
+	s.heldMu.Lock()
+	if seq > s.committed {
+		s.committed = seq
+		s.committedA.Store(seq)
+	}
+	list := s.heldList()
+	s.heldMu.Unlock()
+	wakeAll(list)
+}
+
+// Abandon implements repl.Host: records above seq, up to the node's
+// barrier now, will never commit; connections holding speculative answers
+// that wait for them are woken and close; other held answers leave.
+func (s *Server) Abandon(seq uint64) {
+	if s.committer == nil {
+		return
+	}
+	s.heldMu.Lock()
+	hi := s.committer.Barrier()
+	s.lostLo, s.lostHi = seq, hi
+	if hi > s.committed {
+		s.committed = hi
+		s.committedA.Store(hi)
+	}
+	list := s.heldList()
+	s.heldMu.Unlock()
+	s.log.Warn("changes abandoned: closing the connections whose answers waited for them", "committed", seq, "abandoned_up_to", hi, "connections", len(list))
+	wakeAll(list)
+}
+
+// heldList copies the sessions holding answers (s.heldMu held).
+func (s *Server) heldList() []*session {
+	if len(s.heldSet) == 0 {
+		return nil
+	}
+	list := make([]*session, 0, len(s.heldSet))
+	for ss := range s.heldSet {
+		list = append(list, ss)
+	}
+	return list
+}
+
+// wakeAll wakes each session once (a wake already on its way is enough).
+func wakeAll(list []*session) {
+	for _, ss := range list {
+		if ss.heldWake.CompareAndSwap(false, true) {
+			_ = ss.c.Wake(nil)
+		}
+	}
+}
+
+// releaseHeld releases the grants in ss's held answers (its connection
+// closed: they were never delivered). The caller holds a scratch for the
+// effects.
+func (s *Server) releaseHeld(ss *session, b *scratch, now int64) {
+	for _, g := range ss.hgrants {
+		s.table.Release(now, g.key(ss.held), g.token, &b.fx)
+	}
+	ss.held, ss.hgrants, ss.hchunks = nil, nil, nil
+	s.heldMu.Lock()
+	delete(s.heldSet, ss)
+	s.heldMu.Unlock()
+}
+
+// serving reports whether the gate lets this node change its table on its
+// own (release an undelivered grant): a node that does not serve must not
+// (a standby's or follower's table follows the active's or the log).
+func (s *Server) serving(now int64) bool { return s.node.Gate().Effective(now) == repl.Serve }

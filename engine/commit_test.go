@@ -1,0 +1,124 @@
+package engine_test
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/lockdtest"
+	"github.com/lockd-dev/lockd/proto"
+	"github.com/lockd-dev/lockd/repl"
+	"github.com/lockd-dev/lockd/shard"
+)
+
+// committing is a single node whose changes "commit" only when the test
+// says so: it numbers the table's records (repl.Committer) and the test
+// calls Server.Committed / Server.Abandon.
+type committing struct {
+	*repl.Local
+	records atomic.Uint64
+	gate    atomic.Pointer[repl.Gate] // when set, replaces Local's (always serving) gate
+}
+
+func (c *committing) Barrier() uint64 { return c.records.Load() }
+
+func (c *committing) Gate() *repl.Gate {
+	if g := c.gate.Load(); g != nil {
+		return g
+	}
+	return c.Local.Gate()
+}
+
+func startCommitting(t *testing.T) (*testServer, *committing) {
+	t.Helper()
+	node := &committing{}
+	ts := startServer(t, func(cfg *engine.Config) {
+		node.Local = repl.NewLocal(repl.LocalConfig{DataDir: cfg.DataDir})
+		cfg.Node = node
+		cfg.Table.Sink = func(shard.Record) { node.records.Add(1) }
+	})
+	return ts, node
+}
+
+// noAnswer checks that nothing arrives on w within d.
+func noAnswer(t *testing.T, w *wire, d time.Duration) {
+	t.Helper()
+	_ = w.c.SetReadDeadline(time.Now().Add(d))
+	var b [64]byte
+	if n, err := w.c.Read(b[:]); n > 0 || err == nil {
+		t.Fatalf("an answer left before its change committed: %q", b[:n])
+	}
+	_ = w.c.SetReadDeadline(time.Time{})
+}
+
+// TestAnswersWaitForCommit: with a node that commits before answering,
+// a grant is not answered until the node reports its record committed;
+// a ping sent after it on the same connection waits too (answers leave in
+// order); an answer that changed nothing on an idle server leaves at once.
+func TestAnswersWaitForCommit(t *testing.T) {
+	ts, node := startCommitting(t)
+	w := dial(t, ts.Addr())
+	w.send(append(proto.AppendAcquire(nil, 0, 30, 1, "k"), proto.AppendPing(nil, 2)...))
+	noAnswer(t, w, 200*time.Millisecond)
+	if node.Barrier() != 1 {
+		t.Fatalf("barrier %d after one grant", node.Barrier())
+	}
+	ts.Committed(1)
+	w.expect(proto.OpAcquire, 1)
+	w.expect(proto.OpPing, 2)
+	// Nothing uncommitted: a ping and a T (no change) leave at once.
+	w.send(append(proto.AppendPing(nil, 3), proto.AppendAcquire(nil, 0, 30, 4, "k")...))
+	w.expect(proto.OpPing, 3)
+	w.expect(proto.OpTimeout, 4)
+}
+
+// TestHandoffGrantWaitsForCommit: a grant handed to a waiter on another
+// connection by a release leaves only once the release's records commit.
+func TestHandoffGrantWaitsForCommit(t *testing.T) {
+	ts, node := startCommitting(t)
+	a, b := dial(t, ts.Addr()), dial(t, ts.Addr())
+	a.send(proto.AppendAcquire(nil, 0, 30, 1, "k"))
+	lockdtest.WaitFor(t, "the grant's record", func() bool { return node.Barrier() == 1 })
+	ts.Committed(node.Barrier())
+	tok := a.expect(proto.OpAcquire, 1).Token
+	b.send(proto.AppendAcquire(nil, 10, 30, 2, "k"))
+	lockdtest.WaitFor(t, "the waiter to queue", func() bool { return ts.Table().Lookup([]byte("k")).Waiters == 1 })
+	a.send(proto.AppendRelease(nil, tok, "k"))
+	noAnswer(t, b, 200*time.Millisecond)
+	lockdtest.WaitFor(t, "the release's and the handoff's records", func() bool { return node.Barrier() == 3 })
+	ts.Committed(node.Barrier())
+	a.expect(proto.OpRelease, tok)
+	if r := b.expect(proto.OpAcquire, 2); r.Token <= tok {
+		t.Fatalf("handoff grant: token %d", r.Token)
+	}
+}
+
+// TestAbandonClosesWaitingConnections: when the node loses the right to
+// commit (its gate closes, then it abandons the records that held answers
+// wait for), the connection waiting for them is closed without its grant,
+// and the table is left to the node (a node that does not serve releases
+// nothing on its own); answers that need no abandoned record (M after the
+// gate closed) leave at once.
+func TestAbandonClosesWaitingConnections(t *testing.T) {
+	ts, node := startCommitting(t)
+	w := dial(t, ts.Addr())
+	w.send(proto.AppendAcquire(nil, 0, 30, 1, "lost"))
+	lockdtest.WaitFor(t, "the grant's record", func() bool { return node.Barrier() == 1 })
+	node.gate.Store(&repl.Gate{State: repl.Redirect, Addr: "127.0.0.1:1"})
+	ts.GateChanged()
+	ts.Abandon(0)
+	_ = w.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var buf [64]byte
+	if n, err := w.c.Read(buf[:]); err == nil {
+		t.Fatalf("the abandoned grant reached its client: %q", buf[:n])
+	}
+	if node.Barrier() != 1 {
+		t.Fatalf("a node that does not serve changed its table on a close: barrier %d", node.Barrier())
+	}
+	other := dial(t, ts.Addr())
+	other.send(proto.AppendPing(nil, 7))
+	if r := other.expect(proto.OpMoved, 7); r.Tail != "127.0.0.1:1" {
+		t.Fatalf("M after the abandon names %q", r.Tail)
+	}
+}
