@@ -181,6 +181,7 @@ type Raft struct {
 	closed   bool
 
 	failing []atomic.Bool // leader: heartbeats to member i failing
+	tune    func(*raft.Config) // tests: adjusts raft's configuration
 	res     reserver
 	stats   raftStats
 }
@@ -272,6 +273,9 @@ func (n *Raft) raftConfig() *raft.Config {
 	c.TrailingLogs = 10240
 	c.Logger = newHclog(n.log.With("component", "raft"), hclog.Info)
 	c.NoLegacyTelemetry = true
+	if n.tune != nil {
+		n.tune(c)
+	}
 	return c
 }
 

@@ -77,13 +77,17 @@ type raftCluster struct {
 	dirs  []string
 	ms    []*raftMember
 	T     time.Duration
+	tune  func(*raft.Config)
 }
 
 const raftTestOffset = 1000
 
-func newRaftCluster(t *testing.T, size int) *raftCluster {
+func newRaftCluster(t *testing.T, size int, tune ...func(*raft.Config)) *raftCluster {
 	t.Helper()
 	c := &raftCluster{t: t, T: 400 * time.Millisecond}
+	if len(tune) > 0 {
+		c.tune = tune[0]
+	}
 	for _, p := range freePorts(t, size, raftTestOffset) {
 		c.peers = append(c.peers, "127.0.0.1:"+strconv.Itoa(p))
 		c.dirs = append(c.dirs, t.TempDir())
@@ -108,6 +112,7 @@ func (c *raftCluster) start(i int) *raftMember {
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	n.tune = c.tune
 	m := &raftMember{n: n, host: &raftHost{gate: n.Gate}, clock: clock()}
 	m.table, err = n.Open(shard.Config{Shards: 8}, m.clock, quiet())
 	if err != nil {
@@ -526,4 +531,50 @@ func TestRaftStopTransfers(t *testing.T) {
 		}
 	}
 	t.Logf("handover took %v", took)
+}
+
+// TestRaftFollowerCatchesUpBySnapshot: a follower that was down while the
+// leader's log was compacted past what it has receives the leader's
+// snapshot (built from the previous snapshot and the log) and the entries
+// after it, and ends with the leader's locks.
+func TestRaftFollowerCatchesUpBySnapshot(t *testing.T) {
+	c := newRaftCluster(t, 3, func(rc *raft.Config) { rc.TrailingLogs = 4; rc.SnapshotThreshold = 1 << 20 })
+	l := c.leader()
+	f := (l + 1) % 3
+	c.settle(l)
+	fLast, _ := c.ms[f].n.logs.LastIndex()
+	c.kill(f)
+	lm := c.ms[l]
+	var out shard.Out
+	tokens := map[string]uint64{}
+	for round := range 20 {
+		for i := range 50 {
+			key := fmt.Sprintf("p%d", round*50+i)
+			tokens[key] = lm.grant(t, key, 60)
+		}
+		for i := 0; i < 50; i += 5 {
+			key := fmt.Sprintf("p%d", round*50+i)
+			lm.table.Release(lm.clock(), []byte(key), tokens[key], &out)
+			delete(tokens, key)
+		}
+		waitFor(t, "the round to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+	}
+	if err := lm.n.r.Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot on the leader: %v", err)
+	}
+	first, _ := lm.n.logs.FirstIndex()
+	// More entries after the snapshot, which the follower gets as entries.
+	for i := range 30 {
+		key := fmt.Sprintf("q%d", i)
+		tokens[key] = lm.grant(t, key, 60)
+	}
+	fm := c.start(f)
+	c.settle(l)
+	if got := dumpTable(fm.table); !maps2Equal(got, dumpTable(lm.table)) || len(got) != len(tokens) {
+		t.Fatalf("the follower holds %d keys, the leader %d, want %d", len(got), lm.table.Stats().Keys, len(tokens))
+	}
+	if st := lm.n.Status(); st.Snapshots == 0 || st.SnapshotBytes == 0 || first <= fLast+1 {
+		t.Fatalf("no snapshot written or the log not compacted past the follower's %d: first index %d, %+v", fLast, first, st)
+	}
+	t.Logf("the follower had up to %d, the leader's log starts at %d; snapshot %d bytes", fLast, first, lm.n.Status().SnapshotBytes)
 }
