@@ -180,7 +180,7 @@ type Raft struct {
 	closeMu  sync.Mutex
 	closed   bool
 
-	failing []atomic.Bool // leader: heartbeats to member i failing
+	failing []atomic.Bool      // leader: heartbeats to member i failing
 	tune    func(*raft.Config) // tests: adjusts raft's configuration
 	res     reserver
 	stats   raftStats
@@ -759,8 +759,12 @@ func (n *Raft) rebuild(why string) {
 	n.mu.Lock()
 	n.dirty = false
 	n.mu.Unlock()
-	n.leading = 0
-	n.leadTerm.Store(0)
+	// The leadership ends (FSM.Apply stops skipping) only with the
+	// rebuild done: leadTerm 0 means the table is the committed state.
+	defer func() {
+		n.leading = 0
+		n.leadTerm.Store(0)
+	}()
 	var fx shard.Out
 	n.table.Reset(&fx)
 	st, from, err := replayInto(n.table, n.snaps, n.logs, n.applied, n.wallAtZero)
@@ -784,14 +788,15 @@ func (n *Raft) rebuild(why string) {
 // over (a single-node shutdown).
 func (n *Raft) Stop(ctx context.Context) string {
 	n.stopping.Store(true)
+	n.actMu.Lock() // a leadership change in progress finishes first
 	if n.leadTerm.Load() == 0 {
+		n.actMu.Unlock()
 		if l := n.leader(); l >= 0 && l != n.cfg.Self {
 			return n.cfg.Peers[l]
 		}
 		return ""
 	}
 	began := time.Now()
-	n.actMu.Lock()
 	n.publish(&Gate{State: Hold})
 	deadline := time.Now().Add(n.cfg.FailoverTimeout)
 	for n.committed.Load() < n.barrier.Load() && time.Now().Before(deadline) && ctx.Err() == nil {
