@@ -82,13 +82,9 @@ const (
 	raftLatencies = 1024
 )
 
-// Errors of the raft node.
-var (
-	// ErrNotLeader: a proposal on a member that is not the serving leader.
-	ErrNotLeader = errors.New("repl: not the raft leader")
-	// ErrClosed: the node is closed.
-	ErrClosed = errors.New("repl: raft node closed")
-)
+// ErrClosed: the raft node closed while a token reservation waited for a
+// leader.
+var ErrClosed = errors.New("repl: raft node closed")
 
 // LogStoreKind names a raft log store.
 type LogStoreKind string
