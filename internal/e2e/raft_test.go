@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -139,6 +143,30 @@ func TestRaftFollowersRedirect(t *testing.T) {
 		}
 	}
 	settleKeys(t, c, map[string]uint64{"held": tok})
+	// The leader's /status and /metrics show the log.
+	st, err := c.Member(l).Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := st.Raw["raft"].(map[string]any)
+	if st.Role != "leader" || r == nil || r["commit_index"] == nil || r["entries"] == nil {
+		t.Fatalf("leader's /status: role %q raft %v", st.Role, r)
+	}
+	if n, _ := r["entries"].(json.Number).Int64(); n < 1 {
+		t.Fatalf("leader's /status counts %d committed entries after a grant", n)
+	}
+	hc := http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get(c.Member(l).AdminURL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{"lockd_raft_term ", "lockd_raft_commit_index ", "lockd_raft_entry_records_total ", `lockd_raft_commit_latency_seconds{quantile="0.99"}`} {
+		if !strings.Contains(string(body), m) {
+			t.Fatalf("leader's /metrics lacks %s", m)
+		}
+	}
 }
 
 // loadGrants runs conns connections against addr, each keeping depth
