@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"runtime"
@@ -57,6 +58,7 @@ type target struct {
 	queues   bool                 // the server has a wait queue (else: retry)
 	mem      func() (memStat, error)
 	children []*child          // server child processes (lockd, echo), for profiles
+	cluster  *clusterTarget    // lockd processes from the binary (lockd-priority, lockd-raft, lockd-bin)
 	stop     func()            // stops every process the target started
 	skip     map[string]string // workload → why it does not apply
 }
@@ -90,7 +92,10 @@ type Result struct {
 	Errors   int64  `json:"errors,omitempty"`
 	Skipped  string `json:"skipped,omitempty"`
 
+	Repl *ReplStats `json:"replication,omitempty"` // cluster targets
+
 	hist, hand *Hist
+	from, to   time.Time // the measured window
 }
 
 // Pcts summarizes a histogram in microseconds.
@@ -122,7 +127,23 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		res.Skipped = why
 		return res, nil
 	}
+	var run *clusterRun
+	if t.cluster != nil {
+		var err error
+		if run, err = t.cluster.begin(t); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Profile != "" {
+		if t.cluster != nil {
+			secs := int(math.Ceil((cfg.Dur + 1500*time.Millisecond).Seconds()))
+			wait := t.cluster.profile(fmt.Sprintf("%s-%s-%s-r%d", cfg.Profile, t.name, wl, round), secs)
+			defer func() {
+				if err := wait(); err != nil && cfg.Progress != nil {
+					cfg.Progress(fmt.Sprintf("    %s: profile: %v", t.name, err))
+				}
+			}()
+		}
 		for i, ch := range t.children {
 			prefix := fmt.Sprintf("%s-%s-%s-r%d", cfg.Profile, t.name, wl, round)
 			if len(t.children) > 1 {
@@ -148,11 +169,17 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 	default:
 		err = fmt.Errorf("unknown workload %q", wl)
 	}
+	if run != nil {
+		var rerr error
+		res.Repl, rerr = run.end(res.from, res.to)
+		err = errors.Join(err, rerr)
+	}
 	return res, err
 }
 
 func (r *Result) fill(st *stats, clk *clock) {
 	r.Seconds = (clk.stopAt - clk.warm).Seconds()
+	r.from, r.to = clk.epoch.Add(clk.warm), clk.epoch.Add(clk.stopAt)
 	r.Ops = st.ops
 	r.Rate = float64(st.ops) / r.Seconds
 	r.hist = st.acq
