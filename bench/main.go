@@ -54,10 +54,11 @@ type options struct {
 	lockdBin  string
 	lagEvery  time.Duration
 	loadStart string // /proc/loadavg when the run started
+	failover  failoverConfig
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
-	o := &options{cfg: defaultConfig()}
+	o := &options{cfg: defaultConfig(), failover: defaultFailover()}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &o.cfg
@@ -84,8 +85,35 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.clientCPU, "clientprofile", "", "write a CPU profile of the load generator (this process) to this file")
 	fs.StringVar(&o.lockdBin, "lockd-bin", "", "the lockd binary of the targets made of lockd processes (lockd-priority, lockd-raft, lockd-bin; default: built from this tree)")
 	fs.DurationVar(&o.lagEvery, "lag-every", 10*time.Millisecond, "lockd-priority: read the active's replication lag this often during a run (0: not at all)")
+	fo := &o.failover
+	fs.IntVar(&fo.Trials, "failover", 0, "instead of the suite: N trials of each -failover-kinds on a priority cluster under load (median and worst; ≥ 10 for BENCHMARKS.md)")
+	fs.IntVar(&fo.Members, "failover-members", fo.Members, "failover: members of the priority cluster, 2..7")
+	kinds := fs.String("failover-kinds", strings.Join(fo.Kinds, ","), "failover: kill (SIGKILL of the active) and/or term (SIGTERM: a planned handover), alternated")
+	fs.IntVar(&fo.Workers, "failover-workers", fo.Workers, "failover: goroutines of the client library looping acquire → release")
+	fs.IntVar(&fo.Probes, "failover-probes", fo.Probes, "failover: raw probe connections that know which member answers")
+	fs.DurationVar(&fo.Timeout, "failover-timeout", fo.Timeout, "failover: the cluster's --failover-timeout")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	fo.Kinds = splitList(*kinds)
+	for _, k := range fo.Kinds {
+		if k != trialKill && k != trialTerm {
+			return nil, fmt.Errorf("-failover-kinds: unknown kind %q (want kill, term)", k)
+		}
+	}
+	switch {
+	case fo.Trials < 0 || fo.Trials > 1000:
+		return nil, errors.New("-failover must be 0..1000")
+	case fo.Members < 2 || fo.Members > 7:
+		return nil, errors.New("-failover-members must be 2..7")
+	case len(fo.Kinds) == 0:
+		return nil, errors.New("-failover-kinds: give kill, term or both")
+	case fo.Workers < 0 || fo.Workers > 1024:
+		return nil, errors.New("-failover-workers must be 0..1024")
+	case fo.Probes < 1 || fo.Probes > 64:
+		return nil, errors.New("-failover-probes must be 1..64")
+	case fo.Timeout < 100*time.Millisecond || fo.Timeout > time.Minute:
+		return nil, errors.New("-failover-timeout must be 100ms..60s")
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -290,6 +318,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	o.loadStart = loadAvg()
 	progress("machine load (1, 5, 15 min): " + o.loadStart)
 
+	if o.failover.Trials > 0 {
+		return failoverCmd(o, stdout, stderr)
+	}
 	var (
 		targets []*target
 		mu      sync.Mutex
@@ -429,6 +460,25 @@ func loadAvg() string {
 	return strings.Join(f[:3], " ")
 }
 
+// writeDoc writes doc as JSON to -jsonfile if set, and to w with -json.
+func writeDoc(o *options, w io.Writer, doc any) error {
+	if o.jsonFile != "" {
+		b, err := json.MarshalIndent(doc, "", "  ")
+		if err == nil {
+			err = os.WriteFile(o.jsonFile, append(b, '\n'), 0o644)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if o.jsonOut {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(doc)
+	}
+	return nil
+}
+
 // report writes the results in the chosen format, and the SVG.
 func report(w io.Writer, o *options, rs []*Result) error {
 	ss, rt := summarize(rs), ratios(rs)
@@ -457,19 +507,8 @@ func report(w io.Writer, o *options, rs []*Result) error {
 		Ratios    []ratio   `json:"ratios"`
 		Goals     []goal    `json:"goals,omitempty"`
 	}{machine(), o.loadStart, loadEnd, o.cfg, o.rounds, rs, ss, rt, gs}
-	if o.jsonFile != "" {
-		b, err := json.MarshalIndent(doc, "", "  ")
-		if err == nil {
-			err = os.WriteFile(o.jsonFile, append(b, '\n'), 0o644)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if o.jsonOut {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(doc)
+	if err := writeDoc(o, w, doc); err != nil || o.jsonOut {
+		return err
 	}
 	write := writeText
 	if o.markdown {
