@@ -290,6 +290,13 @@ func (t *target) startCluster(o *options, mode string, members int) error {
 	prev := t.stop
 	t.stop = func() { ct.close(); prev() }
 	t.cluster = ct
+	t.pids = func() []int {
+		var pids []int
+		for _, m := range c.Members() {
+			pids = append(pids, m.PID())
+		}
+		return pids
+	}
 	t.newCodec = func(int) codec { return newLockdCodec() }
 	t.queues = true
 	t.mem = ct.mem

@@ -165,7 +165,7 @@ func TestGoalsAndClusterRows(t *testing.T) {
 	if len(crow) != 5 {
 		t.Fatalf("%d cluster rows, want 5 (skipped runs left out)", len(crow))
 	}
-	if got := strings.Join(crow[1], " | "); got != "contended | lockd-priority | 1 | 70 grants/s | 70 % | 70 % | 100µs | 6.00ms | 12.00ms | 300 | 15.0 | 30.0 | 100 | 0" {
+	if got := strings.Join(crow[1], " | "); got != "contended | lockd-priority | 1 | 70 grants/s | 70 % | 70 % | 100µs | 6.00ms | 12.00ms | 300 | 15.0 | 30.0 | 100 | 0 | " {
 		t.Errorf("cluster row %q", got)
 	}
 	// No lockd-priority results: no goals.
@@ -297,5 +297,26 @@ func TestLockdBinTarget(t *testing.T) {
 	checkClean(t, r)
 	if r.Repl == nil || r.Repl.LagSamples != 0 || r.Repl.Records != 0 {
 		t.Errorf("a single node has no stream: %+v", r.Repl)
+	}
+}
+
+func TestParseCPU(t *testing.T) {
+	for _, c := range []struct {
+		stat string
+		want float64
+		ok   bool
+	}{
+		{"1234 (lockd) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 100 0 0", 3, true},
+		{"77 (a) b (c) R 1 77 77 0 -1 0 0 0 0 0 1 2 0 0 20 0 1 0 5 0 0", 0.03, true},
+		{"77 (short) R 1", 0, false},
+		{"no parenthesis", 0, false},
+	} {
+		got, ok := parseCPU(c.stat)
+		if ok != c.ok || !near(got, c.want) {
+			t.Errorf("parseCPU(%q) = %v, %v; want %v, %v", c.stat, got, ok, c.want, c.ok)
+		}
+	}
+	if v := cpuTimes([]int{os.Getpid(), -5}); len(v) != 2 || v[0] < 0 || v[1] != -1 {
+		t.Errorf("cpuTimes(self, bad pid) = %v", v)
 	}
 }

@@ -210,10 +210,17 @@ func openTarget(name string, o *options) (*target, error) {
 	return nil, fmt.Errorf("unknown target %q", name)
 }
 
-// own makes ch one of t's server processes: profiled with the others, and
-// stopped with t.
+// own makes ch one of t's server processes: profiled and its CPU time
+// counted with the others, and stopped with t.
 func (t *target) own(ch *child) {
 	t.children = append(t.children, ch)
+	t.pids = func() []int {
+		pids := make([]int, len(t.children))
+		for i, c := range t.children {
+			pids[i] = c.cmd.Process.Pid
+		}
+		return pids
+	}
 	prev := t.stop
 	t.stop = func() { ch.stop(); prev() }
 }
@@ -259,6 +266,8 @@ func (t *target) startPeer(addr string, start func() (*peer, error)) (int, error
 	if err != nil {
 		return 0, err
 	}
+	pid := p.pid()
+	t.pids = func() []int { return []int{pid} }
 	prev := t.stop
 	t.addr, t.stop = p.addr, func() { p.stop(); prev() }
 	return p.pid(), nil
@@ -404,6 +413,9 @@ func oneLine(r *Result) string {
 	if r.MemPerConn != nil {
 		s += fmt.Sprintf("  mem/conn %s heap %s rss  mem/lock %s heap %s rss", bytesStr(r.MemPerConn.Heap), bytesStr(r.MemPerConn.RSS), bytesStr(r.MemPerLock.Heap), bytesStr(r.MemPerLock.RSS))
 	}
+	if len(r.ServerCPU) > 0 {
+		s += "  server CPU " + cpuText(r.ServerCPU) + " s"
+	}
 	if p := r.Repl; p != nil {
 		s += "  " + replLine(p)
 	}
@@ -411,6 +423,19 @@ func oneLine(r *Result) string {
 		s += fmt.Sprintf("  (refused %d, timeouts %d, not-held %d, lost %d, errors %d)", r.Refused, r.Timeouts, r.NotHeld, r.Lost, r.Errors)
 	}
 	return s
+}
+
+// cpuText lists CPU seconds per process ("?" for one that could not be
+// read).
+func cpuText(v []float64) string {
+	parts := make([]string, len(v))
+	for i, c := range v {
+		parts[i] = "?"
+		if c >= 0 {
+			parts[i] = fmt.Sprintf("%.2f", c)
+		}
+	}
+	return strings.Join(parts, " · ")
 }
 
 // replLine summarizes a cluster run's replication figures.

@@ -259,7 +259,7 @@ func goals(rs []*Result) []goal {
 // lockd's in the same round and its replication figures.
 func clusterRows(rs []*Result) (head []string, rows [][]string) {
 	head = []string{"workload", "target", "round", "rate", "÷ lockd", "handoffs/s ÷ lockd", "lag p50", "lag p99", "lag max",
-		"lag samples", "wire B/record", "raw B/record", "records/batch", "failovers"}
+		"lag samples", "wire B/record", "raw B/record", "records/batch", "failovers", "CPU s: lockd · this target's processes"}
 	for _, r := range rs {
 		if r.Skipped != "" || !slices.Contains(clusterTargets, r.Target) {
 			continue
@@ -296,6 +296,11 @@ func clusterRows(rs []*Result) (head []string, rows [][]string) {
 			row = append(row, fmt.Sprintf("%d (epoch %d → %d)", p.Failovers, p.EpochFrom, p.EpochTo))
 		default:
 			row = append(row, "0")
+		}
+		if base != nil && len(base.ServerCPU) > 0 && len(r.ServerCPU) > 0 {
+			row = append(row, cpuText(base.ServerCPU)+" · "+cpuText(r.ServerCPU))
+		} else {
+			row = append(row, "")
 		}
 		rows = append(rows, row)
 	}

@@ -59,6 +59,7 @@ type target struct {
 	mem      func() (memStat, error)
 	children []*child          // server child processes (lockd, echo), for profiles
 	cluster  *clusterTarget    // lockd processes from the binary (lockd-priority, lockd-raft, lockd-bin)
+	pids     func() []int      // the server processes whose CPU time a run reports (nil: unknown)
 	stop     func()            // stops every process the target started
 	skip     map[string]string // workload → why it does not apply
 }
@@ -93,6 +94,11 @@ type Result struct {
 	Skipped  string `json:"skipped,omitempty"`
 
 	Repl *ReplStats `json:"replication,omitempty"` // cluster targets
+	// ServerCPU is the CPU time (user + system, seconds) each server
+	// process of the target used during the whole run — warm-up, window
+	// and drain — in the order the target started them (a cluster: in
+	// --peers order). Empty when the harness did not start the server.
+	ServerCPU []float64 `json:"server_cpu_s,omitempty"`
 
 	hist, hand *Hist
 	from, to   time.Time // the measured window
@@ -158,6 +164,10 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 			}()
 		}
 	}
+	var cpu0 []float64
+	if t.pids != nil {
+		cpu0 = cpuTimes(t.pids())
+	}
 	var err error
 	switch wl {
 	case wlUncontended:
@@ -168,6 +178,15 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		err = runFanin(t, cfg, res)
 	default:
 		err = fmt.Errorf("unknown workload %q", wl)
+	}
+	if cpu0 != nil {
+		for i, c := range cpuTimes(t.pids()) {
+			if i < len(cpu0) && cpu0[i] >= 0 && c >= cpu0[i] {
+				res.ServerCPU = append(res.ServerCPU, c-cpu0[i])
+			} else {
+				res.ServerCPU = append(res.ServerCPU, -1) // restarted or gone
+			}
+		}
 	}
 	if run != nil {
 		var rerr error
