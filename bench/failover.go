@@ -736,8 +736,10 @@ func failoverGoals(trials []*Trial) []failoverGoal {
 	return out
 }
 
-// failoverTables renders the trials, their summary and the goals.
-func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal) (heads [][]string, tables [][][]string) {
+// failoverTables renders the trials, their summary, the goals and the
+// non-answers: per trial (withOutcomes, for the text output), else summed
+// over the trials of a kind in a table of their own (for Markdown).
+func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal, withOutcomes bool) (heads [][]string, tables [][][]string) {
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
 	sp := func(s spread) string {
 		if s.N == 0 {
@@ -746,7 +748,10 @@ func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal) 
 		return f(s.Median) + " · " + f(s.Worst)
 	}
 	h := []string{"kind", "trial", "successor", "first grant ms", "library first grant ms", "longest gap ms (from)", "library gap ms",
-		"rejoin ms", "rejoin gap ms", "library rejoin gap ms", "exit", "answers", "not answered (failover)", "not answered (rejoin)"}
+		"rejoin ms", "rejoin gap ms", "library rejoin gap ms", "exit", "answers"}
+	if withOutcomes {
+		h = append(h, "not answered (failover)", "not answered (rejoin)")
+	}
 	var rows [][]string
 	for _, tr := range trials {
 		cg := "-"
@@ -757,9 +762,13 @@ func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal) 
 		if tr.Kind == trialTerm {
 			exit = strconv.Itoa(tr.ExitCode)
 		}
-		rows = append(rows, []string{tr.Kind, strconv.Itoa(tr.N), strconv.Itoa(tr.Successor), f(tr.FirstGrantMs), cg,
+		row := []string{tr.Kind, strconv.Itoa(tr.N), strconv.Itoa(tr.Successor), f(tr.FirstGrantMs), cg,
 			fmt.Sprintf("%s (%+.0f)", f(tr.GapMs), tr.GapAtMs), f(tr.ClientGapMs), f(tr.RejoinMs), f(tr.RejoinGapMs), f(tr.RejoinClientGapMs), exit,
-			strconv.Itoa(tr.Answered), outcomeText(tr.Outcomes), outcomeText(tr.RejoinOutcomes)})
+			strconv.Itoa(tr.Answered)}
+		if withOutcomes {
+			row = append(row, outcomeText(tr.Outcomes), outcomeText(tr.RejoinOutcomes))
+		}
+		rows = append(rows, row)
 	}
 	heads, tables = append(heads, h), append(tables, rows)
 	h = []string{"kind", "trials", "first grant ms (median · worst)", "library first grant", "longest gap", "library gap",
@@ -777,7 +786,53 @@ func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal) 
 		rows = append(rows, []string{g.What, f(g.Median), f(g.Worst), fmt.Sprintf("%d of %d trials", g.Met, g.Trials)})
 	}
 	heads, tables = append(heads, h), append(tables, rows)
+	if !withOutcomes {
+		h, rows = outcomeRows(trials)
+		heads, tables = append(heads, h), append(tables, rows)
+	}
 	return heads, tables
+}
+
+// outcomeRows sums the non-answers over the trials of each kind and phase:
+// how many, in how many trials, and the earliest and latest time after the
+// phase began.
+func outcomeRows(trials []*Trial) (head []string, rows [][]string) {
+	head = []string{"kind", "phase", "not answered", "total", "trials", "from ms", "to ms"}
+	type key struct{ kind, phase, name string }
+	type agg struct {
+		n, trials   int64
+		first, last float64
+	}
+	m := map[key]*agg{}
+	var order []key
+	for _, tr := range trials {
+		for _, ph := range []struct {
+			name string
+			m    map[string]Outcome
+		}{{"failover", tr.Outcomes}, {"rejoin", tr.RejoinOutcomes}} {
+			for name, o := range ph.m {
+				k := key{tr.Kind, ph.name, name}
+				a := m[k]
+				if a == nil {
+					a = &agg{first: o.First, last: o.Last}
+					m[k] = a
+					order = append(order, k)
+				}
+				a.n += o.N
+				a.trials++
+				a.first, a.last = min(a.first, o.First), max(a.last, o.Last)
+			}
+		}
+	}
+	slices.SortFunc(order, func(a, b key) int {
+		return strings.Compare(a.kind+"\x00"+a.phase+"\x00"+a.name, b.kind+"\x00"+b.phase+"\x00"+b.name)
+	})
+	for _, k := range order {
+		a := m[k]
+		rows = append(rows, []string{k.kind, k.phase, k.name, strconv.FormatInt(a.n, 10), strconv.FormatInt(a.trials, 10),
+			fmt.Sprintf("%.0f", a.first), fmt.Sprintf("%.0f", a.last)})
+	}
+	return head, rows
 }
 
 // outcomeText lists outcome counts, sorted by name, with when they
@@ -838,7 +893,7 @@ func failoverCmd(o *options, stdout, stderr io.Writer) int {
 			machine(), cfg.Members, cfg.Timeout, cfg.Workers, cfg.Probes)
 	}
 	fmt.Fprintf(stdout, "Load average (1, 5, 15 min): %s at the start, %s at the end.\n\n", o.loadStart, loadEnd)
-	heads, tables := failoverTables(trials, sums, gs)
+	heads, tables := failoverTables(trials, sums, gs, !o.markdown)
 	for i := range heads {
 		write(stdout, heads[i], tables[i])
 		fmt.Fprintln(stdout)

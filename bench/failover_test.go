@@ -107,12 +107,30 @@ func TestFailoverSummaryAndGoals(t *testing.T) {
 		gs[1].Met != 1 || gs[1].Trials != 2 || gs[1].Worst != 150 {
 		t.Errorf("goals %+v", gs)
 	}
-	heads, tables := failoverTables(trials, sums, gs)
+	heads, tables := failoverTables(trials, sums, gs, true)
 	if len(heads) != 3 || len(tables[0]) != 5 || len(tables[1]) != 2 || len(tables[2]) != 2 {
 		t.Fatalf("tables: %d, rows %d %d %d", len(heads), len(tables[0]), len(tables[1]), len(tables[2]))
 	}
 	if got := strings.Join(tables[2][0], " | "); !strings.Contains(got, "1000.0 | 1600.0 | 2 of 3 trials") {
 		t.Errorf("goal row %q", got)
+	}
+	if got := strings.Join(tables[0][0], " | "); !strings.HasSuffix(got, "library indeterminate 3 (+0..0 ms) | -") {
+		t.Errorf("trial row with outcomes %q", got)
+	}
+	// Markdown: outcomes summed per kind and phase in a fourth table.
+	heads, tables = failoverTables(trials, sums, gs, false)
+	if len(heads) != 4 || len(tables[3]) != 3 {
+		t.Fatalf("tables without per-trial outcomes: %d, outcome rows %v", len(heads), tables[len(tables)-1])
+	}
+	want := [][]string{
+		{trialKill, "failover", outIndeterminate, "3", "1", "0", "0"},
+		{trialTerm, "failover", outProbeE4, "2", "1", "0", "0"},
+		{trialTerm, "rejoin", outIndeterminate, "1", "1", "0", "0"},
+	}
+	for i, w := range want {
+		if strings.Join(tables[3][i], "|") != strings.Join(w, "|") {
+			t.Errorf("outcome row %d: %v, want %v", i, tables[3][i], w)
+		}
 	}
 }
 
