@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -318,5 +319,29 @@ func TestParseCPU(t *testing.T) {
 	}
 	if v := cpuTimes([]int{os.Getpid(), -5}); len(v) != 2 || v[0] < 0 || v[1] != -1 {
 		t.Errorf("cpuTimes(self, bad pid) = %v", v)
+	}
+}
+
+// TestRunKeepsTheLockdBinary: a finished run leaves the lockd binary that
+// clustertest built in place for the rest of the process (the command
+// removes it in main, once). Before the fix, run removed it on return,
+// and every later cluster target or failover run in the same process
+// failed with "no lockd binary: removed by RemoveBuild".
+func TestRunKeepsTheLockdBinary(t *testing.T) {
+	bin, err := lockdBinary(clusterOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := openTest(t, "lockd")
+	var out, errb bytes.Buffer
+	if code := run([]string{"-addr", srv.addr, "-targets", "lockd", "-workloads", "uncontended", "-dur", "200ms",
+		"-conns", "1", "-depth", "2"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Errorf("the lockd binary is gone after a run: %v", err)
+	}
+	if again, err := lockdBinary(clusterOpts()); err != nil || again != bin {
+		t.Errorf("lockd binary after a run: %q, %v; want %q", again, err, bin)
 	}
 }

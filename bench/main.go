@@ -33,7 +33,9 @@ func main() {
 		}
 		return
 	}
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	code := run(os.Args[1:], os.Stdout, os.Stderr)
+	clustertest.RemoveBuild() // the lockd binary, if the cluster targets built it
+	os.Exit(code)
 }
 
 // options are the command line.
@@ -310,7 +312,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	raiseNoFile()
-	defer clustertest.RemoveBuild() // the lockd binary, if the cluster targets built it
 	if o.clientCPU != "" {
 		f, err := os.Create(o.clientCPU)
 		if err == nil {
@@ -350,6 +351,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if _, ok := <-sig; ok {
 			fmt.Fprintln(stderr, "bench: interrupted, stopping the servers")
 			cleanup()
+			clustertest.RemoveBuild()
 			os.Exit(130)
 		}
 	}()
