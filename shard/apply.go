@@ -93,6 +93,17 @@ func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) 
 	return true, nil
 }
 
+// Locked runs fn(i) while holding shard i's lock. The owner of a Sink that
+// buffers records per shard takes them here, so that the Sink — which runs
+// under the same lock — needs no lock of its own. fn must be quick and must
+// not call back into the Table.
+func (t *Table) Locked(i int, fn func(int)) {
+	s := &t.shards[i]
+	s.mu.Lock()
+	fn(i)
+	s.mu.Unlock()
+}
+
 // Shards returns the number of shards.
 func (t *Table) Shards() int { return len(t.shards) }
 

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -421,5 +422,47 @@ func TestExtendLeases(t *testing.T) {
 	}
 	if n := tab.ExtendLeases(100 * second); n != 0 {
 		t.Fatalf("ExtendLeases on an empty table moved %d", n)
+	}
+}
+
+// TestLockedHoldsTheShardLock: Locked runs its function under the shard's
+// lock, so a Sink (which runs under it) and Locked never overlap.
+func TestLockedHoldsTheShardLock(t *testing.T) {
+	var inSink, overlaps atomic.Int32
+	var tab *Table
+	var err error
+	tab, err = New(Config{Shards: 1, Sink: func(Record) {
+		inSink.Add(1)
+		time.Sleep(10 * time.Microsecond)
+		inSink.Add(-1)
+	}}, NewTokens(0, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var out Out
+		for i := range 2000 {
+			tab.Acquire(0, []byte(fmt.Sprint("k", i%50)), 0, 5, 0, nil, &out)
+			out.Reset()
+		}
+	}()
+	calls := 0
+	for {
+		select {
+		case <-done:
+			if overlaps.Load() != 0 || calls == 0 {
+				t.Fatalf("%d of %d Locked calls overlapped a Sink call", overlaps.Load(), calls)
+			}
+			return
+		default:
+		}
+		tab.Locked(0, func(int) {
+			calls++
+			if inSink.Load() != 0 {
+				overlaps.Add(1)
+			}
+		})
 	}
 }
