@@ -70,6 +70,21 @@ bench-peers:
 		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server etcd-server; }
 	$(GO) run ./bench -targets all -rounds $(ROUNDS) -svg bench/latency.svg -markdown
 
+## bench-cluster: lockd against lockd-priority (an active and a standby,
+## separate lockd processes), lockd-raft (skipped while the binary refuses
+## --cluster raft) and lockd-bin (the binary as a single node), interleaved
+## over ROUNDS rounds; issue 11's targets judged per round.
+.PHONY: bench-cluster
+bench-cluster:
+	$(GO) run ./bench -targets lockd,lockd-priority,lockd-raft,lockd-bin -rounds $(ROUNDS) -markdown
+
+## bench-failover: kill -9 and SIGTERM of a priority cluster's active under
+## load, TRIALS times each (median and worst), and the handover back.
+TRIALS ?= 10
+.PHONY: bench-failover
+bench-failover:
+	$(GO) run ./bench -failover $(TRIALS) -markdown
+
 ## chaos: the long Jepsen-style run of each mode in CHAOS_MODES, for
 ## CHAOS_DURATION each (docs/RELIABILITY.md); CHAOS_FLAGS adds flags
 ## (-seed N, -json, -out DIR, ...). Fails on the first mode that fails.

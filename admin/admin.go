@@ -98,6 +98,23 @@ type Status struct {
 	InSync  bool     `json:"in_sync,omitempty"` // a standby in sync with its active
 	LagSecs float64  `json:"lag_seconds"`       // standby: its lag as its active measures it
 	Members []Member `json:"members,omitempty"` // the other members, in --peers order
+
+	Raft *RaftStatus `json:"raft,omitempty"` // a raft member's log figures
+}
+
+// RaftStatus is a raft member's log: indexes, group commit, snapshots.
+type RaftStatus struct {
+	Term              uint64  `json:"term"`
+	CommitIndex       uint64  `json:"commit_index"`
+	AppliedIndex      uint64  `json:"applied_index"`
+	Entries           uint64  `json:"entries"`            // entries this member proposed as leader and saw committed
+	RecordsPerEntry   float64 `json:"records_per_entry"`  // lock changes per entry
+	CommitP50Seconds  float64 `json:"commit_p50_seconds"` // over the last 1024 entries
+	CommitP99Seconds  float64 `json:"commit_p99_seconds"`
+	Snapshots         uint64  `json:"snapshots"`
+	LastSnapshotBytes uint64  `json:"last_snapshot_bytes"`
+	Elections         uint64  `json:"elections"`
+	Rebuilds          uint64  `json:"rebuilds"`
 }
 
 // Member is what this node knows of another cluster member.
@@ -145,7 +162,21 @@ func status(srv *engine.Server, version string) Status {
 		InSync:  node.InSync,
 		LagSecs: node.LagSeconds,
 		Members: members(node.Members),
+		Raft:    raftStatus(node),
 	}
+}
+
+func raftStatus(n repl.Status) *RaftStatus {
+	if n.Mode != "raft" {
+		return nil
+	}
+	r := &RaftStatus{Term: n.Epoch, CommitIndex: n.CommitIndex, AppliedIndex: n.AppliedIndex, Entries: n.Entries,
+		CommitP50Seconds: n.CommitP50, CommitP99Seconds: n.CommitP99, Snapshots: n.Snapshots,
+		LastSnapshotBytes: n.SnapshotBytes, Elections: n.Elections, Rebuilds: n.Rebuilds}
+	if n.Entries > 0 {
+		r.RecordsPerEntry = float64(n.EntryRecords) / float64(n.Entries)
+	}
+	return r
 }
 
 func members(ms []repl.Member) []Member {

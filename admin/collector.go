@@ -20,6 +20,10 @@ type collector struct {
 	// cluster
 	epoch, failovers, handovers, demotions, snapshots, batches, records, rawBytes, wireBytes *prometheus.Desc
 	lagSecs, lagRecords, lagBytes, memberLive                                                *prometheus.Desc
+
+	// raft
+	raftTerm, raftCommit, raftApplied, raftEntries, raftEntryRecords, raftCommitLatency *prometheus.Desc
+	raftSnapshots, raftSnapshotBytes, raftElections, raftRebuilds                       *prometheus.Desc
 }
 
 func newCollector(srv *engine.Server, version string) *collector {
@@ -28,41 +32,51 @@ func newCollector(srv *engine.Server, version string) *collector {
 	}
 	return &collector{
 		srv: srv, version: version,
-		requests:       d("requests_total", "Requests by op and result.", "op", "result"),
-		errors:         d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down).", "code"),
-		grants:         d("grants_total", "Grants, immediate or handoff."),
-		handoffs:       d("handoffs_total", "Grants to a queued acquire, on release or lease expiry."),
-		expiries:       d("expiries_total", "Leases that ended without a release."),
-		timeouts:       d("wait_timeouts_total", "Queued acquires whose wait passed (T)."),
-		releases:       d("releases_total", "Successful releases."),
-		renews:         d("renews_total", "Successful renews."),
-		keys:           d("held_keys", "Keys held now."),
-		waiters:        d("waiters", "Acquires queued now."),
-		conns:          d("connections", "Open client connections."),
-		tokenLast:      d("token_high_water", "Highest fencing token issued."),
-		tokenReserved:  d("token_reserved", "Durably reserved token mark."),
-		wait:           d("acquire_wait_seconds", "Time from acquire to grant (0 for immediate grants)."),
-		role:           d("role", "1 for the node's role.", "role"),
-		build:          d("build_info", "Build information.", "version"),
-		up:             d("uptime_seconds", "Seconds since the server started."),
-		noToken:        d("busy_no_token_total", "Acquires and handoffs answered B because no token was reserved (the data dir failing)."),
-		reserveErrs:    d("token_reserve_failures_total", "Failed token reservation attempts."),
-		reserveFailing: d("token_reserve_failing", "1 while token reservations are failing (the node is unhealthy), else 0."),
-		moved:          d("waiters_moved_total", "Queued acquires answered M because this node stopped executing."),
-		epoch:          d("cluster_epoch", "The active's epoch (priority) or the term (raft)."),
-		failovers:      d("cluster_failovers_total", "Times this member promoted itself after the active went silent."),
-		handovers:      d("cluster_handovers_total", "Planned handovers this member took part in (giving or taking)."),
-		demotions:      d("cluster_demotions_total", "Times this member stepped down for an active that became active later."),
-		snapshots:      d("cluster_snapshot_transfers_total", "Snapshots of the whole table sent or received.", "direction"),
-		batches:        d("replication_batches_total", "Replication batches sent (active) or applied (standby)."),
-		records:        d("replication_records_total", "State-change records in those batches."),
-		rawBytes:       d("replication_raw_bytes_total", "Bytes of those records before compression."),
-		wireBytes:      d("replication_wire_bytes_total", "Bytes of those batches on the member link (compressed, framed); sent by the active."),
-		lagSecs:        d("replication_lag_seconds", "Age of the oldest batch a standby has not acknowledged, as the active measures it: per standby on the active, and member=\"self\" on a standby (its active's last figure).", "member"),
-		lagRecords:     d("replication_lag_records", "Records sent or queued to a standby and not acknowledged.", "member"),
-		lagBytes:       d("replication_lag_bytes", "Raw bytes sent or queued to a standby and not acknowledged.", "member"),
-		memberLive:     d("cluster_member_live", "1 while a member has been heard from within the failover timeout.", "member", "role"),
-		foreign:        d("foreign_token_ops_total", "Successful releases and renews from a connection other than the one the grant was made for (a client's other connection, a reconnect, or a client using a token it did not get).", "op"),
+		requests:          d("requests_total", "Requests by op and result.", "op", "result"),
+		errors:            d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down).", "code"),
+		grants:            d("grants_total", "Grants, immediate or handoff."),
+		handoffs:          d("handoffs_total", "Grants to a queued acquire, on release or lease expiry."),
+		expiries:          d("expiries_total", "Leases that ended without a release."),
+		timeouts:          d("wait_timeouts_total", "Queued acquires whose wait passed (T)."),
+		releases:          d("releases_total", "Successful releases."),
+		renews:            d("renews_total", "Successful renews."),
+		keys:              d("held_keys", "Keys held now."),
+		waiters:           d("waiters", "Acquires queued now."),
+		conns:             d("connections", "Open client connections."),
+		tokenLast:         d("token_high_water", "Highest fencing token issued."),
+		tokenReserved:     d("token_reserved", "Durably reserved token mark."),
+		wait:              d("acquire_wait_seconds", "Time from acquire to grant (0 for immediate grants)."),
+		role:              d("role", "1 for the node's role.", "role"),
+		build:             d("build_info", "Build information.", "version"),
+		up:                d("uptime_seconds", "Seconds since the server started."),
+		noToken:           d("busy_no_token_total", "Acquires and handoffs answered B because no token was reserved (the data dir failing)."),
+		reserveErrs:       d("token_reserve_failures_total", "Failed token reservation attempts."),
+		reserveFailing:    d("token_reserve_failing", "1 while token reservations are failing (the node is unhealthy), else 0."),
+		moved:             d("waiters_moved_total", "Queued acquires answered M because this node stopped executing."),
+		epoch:             d("cluster_epoch", "The active's epoch (priority) or the term (raft)."),
+		failovers:         d("cluster_failovers_total", "Times this member promoted itself after the active went silent."),
+		handovers:         d("cluster_handovers_total", "Planned handovers this member took part in (giving or taking)."),
+		demotions:         d("cluster_demotions_total", "Times this member stepped down for an active that became active later."),
+		snapshots:         d("cluster_snapshot_transfers_total", "Snapshots of the whole table sent or received.", "direction"),
+		batches:           d("replication_batches_total", "Replication batches sent (active) or applied (standby)."),
+		records:           d("replication_records_total", "State-change records in those batches."),
+		rawBytes:          d("replication_raw_bytes_total", "Bytes of those records before compression."),
+		wireBytes:         d("replication_wire_bytes_total", "Bytes of those batches on the member link (compressed, framed); sent by the active."),
+		lagSecs:           d("replication_lag_seconds", "Age of the oldest batch a standby has not acknowledged, as the active measures it: per standby on the active, and member=\"self\" on a standby (its active's last figure).", "member"),
+		lagRecords:        d("replication_lag_records", "Records sent or queued to a standby and not acknowledged.", "member"),
+		lagBytes:          d("replication_lag_bytes", "Raw bytes sent or queued to a standby and not acknowledged.", "member"),
+		memberLive:        d("cluster_member_live", "1 while a member has been heard from within the failover timeout.", "member", "role"),
+		raftTerm:          d("raft_term", "The current raft term."),
+		raftCommit:        d("raft_commit_index", "Raft's commit index."),
+		raftApplied:       d("raft_applied_index", "The last log index applied to the lock table."),
+		raftEntries:       d("raft_entries_total", "Log entries of lock changes this member proposed as leader and saw committed."),
+		raftEntryRecords:  d("raft_entry_records_total", "Lock changes in those entries (records per entry = this / raft_entries_total)."),
+		raftCommitLatency: d("raft_commit_latency_seconds", "Time from proposing an entry to its commit over the last 1024 entries.", "quantile"),
+		raftSnapshots:     d("raft_snapshots_total", "Raft snapshots this member wrote."),
+		raftSnapshotBytes: d("raft_snapshot_bytes", "The size of the last raft snapshot."),
+		raftElections:     d("raft_elections_total", "Times this member became a serving leader."),
+		raftRebuilds:      d("raft_rebuilds_total", "Times the table was rebuilt from the log (leadership lost, a change outside the log)."),
+		foreign:           d("foreign_token_ops_total", "Successful releases and renews from a connection other than the one the grant was made for (a client's other connection, a reconnect, or a client using a token it did not get).", "op"),
 	}
 }
 
@@ -71,7 +85,9 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
 		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.foreign,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
-		c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive} {
+		c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive,
+		c.raftTerm, c.raftCommit, c.raftApplied, c.raftEntries, c.raftEntryRecords, c.raftCommitLatency,
+		c.raftSnapshots, c.raftSnapshotBytes, c.raftElections, c.raftRebuilds} {
 		ch <- d
 	}
 }
@@ -125,6 +141,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if node.Mode != "single" {
 		c.collectCluster(ch, node)
 	}
+	if node.Mode == "raft" {
+		c.collectRaft(ch, node)
+	}
 }
 
 // collectCluster adds a cluster member's metrics.
@@ -158,4 +177,25 @@ func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status
 	}
 	gauge(c.build, 1, c.version)
 
+}
+
+// collectRaft adds a raft member's metrics.
+func (c *collector) collectRaft(ch chan<- prometheus.Metric, node repl.Status) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(c.raftTerm, float64(node.Epoch))
+	gauge(c.raftCommit, float64(node.CommitIndex))
+	gauge(c.raftApplied, float64(node.AppliedIndex))
+	counter(c.raftEntries, node.Entries)
+	counter(c.raftEntryRecords, node.EntryRecords)
+	gauge(c.raftCommitLatency, node.CommitP50, "0.5")
+	gauge(c.raftCommitLatency, node.CommitP99, "0.99")
+	counter(c.raftSnapshots, node.Snapshots)
+	gauge(c.raftSnapshotBytes, float64(node.SnapshotBytes))
+	counter(c.raftElections, node.Elections)
+	counter(c.raftRebuilds, node.Rebuilds)
 }

@@ -8,10 +8,24 @@
 // back-off as redsync does) and etcd (driven by its Go client: a txn
 // acquire with a lease, the put's revision being the fencing token, and for
 // the contended workload concurrency.Mutex, the recipe etcd users run for a
-// blocking lock). With several
+// blocking lock). Three targets run the lockd binary itself (started with
+// internal/clustertest, built from this tree without the race detector):
+// lockd-priority, an active and one standby in separate processes, driven
+// at the active, with the replication lag, compressed bytes per record and
+// records per batch of each run; lockd-raft, three members in raft mode,
+// driven at the leader (skipped, with the binary's message, while the
+// binary refuses --cluster raft); and lockd-bin, one single node, the
+// baseline that separates a cluster's cost from the binary's. With several
 // rounds the targets are interleaved (A B A B …) and the report gives
 // medians and the per-round ratios of lockd to each other target. See
 // BENCHMARKS.md for the method and the numbers.
+//
+// `go run ./bench -failover N` measures failover instead of the suite: a
+// priority cluster of lockd processes under load from the client library
+// and from raw probes that know which member answers, its active killed
+// (kill -9) and stopped (SIGTERM) N times each, alternately: the time until
+// the successor's first grant, the longest time without an answer, and the
+// same for the planned handover back when the victim, restarted, rejoins.
 //
 // The lockd and echo servers run in a child process (this binary re-executed
 // with LOCKD_BENCH_SERVE set), so their memory and CPU profiles are their
@@ -21,8 +35,11 @@
 // standard library, proto (the wire codec), engine (to start a server),
 // gnet (the echo server), hdrhistogram-go (latency histograms), etcd's
 // client (go.etcd.io/etcd/client/v3 and its concurrency package),
-// prometheus/common's expfmt (etcd's /metrics) and gonum.org/v1/plot (the
-// latency plot, -svg). It must not import client/:
-// the harness speaks lockd's protocol itself, so a client library's costs or
-// bugs cannot hide in the server's numbers.
+// prometheus/common's expfmt (etcd's and lockd's /metrics),
+// gonum.org/v1/plot (the latency plot, -svg) and internal/clustertest (the
+// lockd processes of the cluster targets). It imports client/ in the
+// failover mode only, whose question is what an application sees; the
+// suite's load generator must not use it: it speaks lockd's protocol
+// itself, so a client library's costs or bugs cannot hide in the server's
+// numbers.
 package main

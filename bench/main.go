@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/lockd-dev/lockd/internal/clustertest"
 )
 
 func main() {
@@ -31,7 +33,9 @@ func main() {
 		}
 		return
 	}
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	code := run(os.Args[1:], os.Stdout, os.Stderr)
+	clustertest.RemoveBuild() // the lockd binary, if the cluster targets built it
+	os.Exit(code)
 }
 
 // options are the command line.
@@ -49,17 +53,21 @@ type options struct {
 	svg       string
 	jsonFile  string
 	clientCPU string
+	lockdBin  string
+	lagEvery  time.Duration
+	loadStart string // /proc/loadavg when the run started
+	failover  failoverConfig
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
-	o := &options{cfg: defaultConfig()}
+	o := &options{cfg: defaultConfig(), failover: defaultFailover()}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &o.cfg
 	fs.StringVar(&o.addr, "addr", "", "benchmark a running lockd at host:port instead of starting one")
 	fs.StringVar(&o.redisAddr, "redis", "", "use a running Redis at host:port instead of starting redis-server")
 	fs.StringVar(&o.etcdURL, "etcd", "", "use a running etcd at http://host:port instead of starting etcd")
-	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all")
+	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin)")
 	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds; each runs every workload on every target in turn (A B A B …)")
 	fs.IntVar(&o.loops, "loops", runtime.NumCPU(), "event loops of the lockd and echo servers")
@@ -77,14 +85,43 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.svg, "svg", "", "write latency percentile curves to this SVG file")
 	fs.StringVar(&o.jsonFile, "jsonfile", "", "also write the -json document to this file")
 	fs.StringVar(&o.clientCPU, "clientprofile", "", "write a CPU profile of the load generator (this process) to this file")
+	fs.StringVar(&o.lockdBin, "lockd-bin", "", "the lockd binary of the targets made of lockd processes (lockd-priority, lockd-raft, lockd-bin; default: built from this tree)")
+	fs.DurationVar(&o.lagEvery, "lag-every", 10*time.Millisecond, "lockd-priority: read the active's replication lag this often during a run (0: not at all)")
+	fo := &o.failover
+	fs.IntVar(&fo.Trials, "failover", 0, "instead of the suite: N trials of each -failover-kinds on a priority cluster under load (median and worst; ≥ 10 for BENCHMARKS.md)")
+	fs.IntVar(&fo.Members, "failover-members", fo.Members, "failover: members of the priority cluster, 2..7")
+	kinds := fs.String("failover-kinds", strings.Join(fo.Kinds, ","), "failover: kill (SIGKILL of the active) and/or term (SIGTERM: a planned handover), alternated")
+	fs.IntVar(&fo.Workers, "failover-workers", fo.Workers, "failover: goroutines of the client library looping acquire → release")
+	fs.IntVar(&fo.Probes, "failover-probes", fo.Probes, "failover: raw probe connections that know which member answers")
+	fs.DurationVar(&fo.Timeout, "failover-timeout", fo.Timeout, "failover: the cluster's --failover-timeout")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	fo.Kinds = splitList(*kinds)
+	for _, k := range fo.Kinds {
+		if k != trialKill && k != trialTerm {
+			return nil, fmt.Errorf("-failover-kinds: unknown kind %q (want kill, term)", k)
+		}
+	}
+	switch {
+	case fo.Trials < 0 || fo.Trials > 1000:
+		return nil, errors.New("-failover must be 0..1000")
+	case fo.Members < 2 || fo.Members > 7:
+		return nil, errors.New("-failover-members must be 2..7")
+	case len(fo.Kinds) == 0:
+		return nil, errors.New("-failover-kinds: give kill, term or both")
+	case fo.Workers < 0 || fo.Workers > 1024:
+		return nil, errors.New("-failover-workers must be 0..1024")
+	case fo.Probes < 1 || fo.Probes > 64:
+		return nil, errors.New("-failover-probes must be 1..64")
+	case fo.Timeout < 100*time.Millisecond || fo.Timeout > time.Minute:
+		return nil, errors.New("-failover-timeout must be 100ms..60s")
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if *targets == "all" {
-		*targets = strings.Join(targetNames(), ",")
+		*targets = strings.Join(allTargets(), ",")
 	}
 	o.targets = splitList(*targets)
 	o.workloads = splitList(*workloads)
@@ -107,6 +144,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-conns, -depth, -hot, -waiters, -fanin and -keys must be positive")
 	case c.Depth >= 1<<slotBits || c.Waiters >= 1<<slotBits:
 		return nil, errors.New("-depth and -waiters must be below 16M")
+	case o.lagEvery < 0 || o.lagEvery > time.Second:
+		return nil, errors.New("-lag-every must be 0..1s")
 	}
 	return o, nil
 }
@@ -121,23 +160,39 @@ func splitList(s string) []string {
 	return out
 }
 
-// targetKinds are the targets -targets accepts, in the order "all" runs
+// targetKinds are the targets -targets accepts, in the order a round runs
 // them, and how each is opened. A target may start several server
-// processes (target.own) and point the driver at one of them.
+// processes (target.own, target.startCluster) and point the driver at one
+// of them. "all" is every target but the extra ones.
 var targetKinds = []struct {
-	name string
-	open func(t *target, o *options) error
+	name  string
+	open  func(t *target, o *options) error
+	extra bool
 }{
-	{"lockd", openLockd},
-	{"echo", openEcho},
-	{"redis", openRedis},
-	{"etcd", openEtcd},
+	{"lockd", openLockd, false},
+	{"lockd-priority", openPriority, false},
+	{"lockd-raft", openRaft, false},
+	{"lockd-bin", openLockdBin, true},
+	{"echo", openEcho, false},
+	{"redis", openRedis, false},
+	{"etcd", openEtcd, false},
 }
 
+// targetNames are the targets -targets accepts; allTargets, what "all" means.
 func targetNames() []string {
 	names := make([]string, len(targetKinds))
 	for i, k := range targetKinds {
 		names[i] = k.name
+	}
+	return names
+}
+
+func allTargets() []string {
+	var names []string
+	for _, k := range targetKinds {
+		if !k.extra {
+			names = append(names, k.name)
+		}
 	}
 	return names
 }
@@ -157,10 +212,17 @@ func openTarget(name string, o *options) (*target, error) {
 	return nil, fmt.Errorf("unknown target %q", name)
 }
 
-// own makes ch one of t's server processes: profiled with the others, and
-// stopped with t.
+// own makes ch one of t's server processes: profiled and its CPU time
+// counted with the others, and stopped with t.
 func (t *target) own(ch *child) {
 	t.children = append(t.children, ch)
+	t.pids = func() []int {
+		pids := make([]int, len(t.children))
+		for i, c := range t.children {
+			pids[i] = c.cmd.Process.Pid
+		}
+		return pids
+	}
 	prev := t.stop
 	t.stop = func() { ch.stop(); prev() }
 }
@@ -206,6 +268,8 @@ func (t *target) startPeer(addr string, start func() (*peer, error)) (int, error
 	if err != nil {
 		return 0, err
 	}
+	pid := p.pid()
+	t.pids = func() []int { return []int{pid} }
 	prev := t.stop
 	t.addr, t.stop = p.addr, func() { p.stop(); prev() }
 	return p.pid(), nil
@@ -261,7 +325,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	progress := func(s string) { fmt.Fprintln(stderr, s) }
 	o.cfg.Progress = progress
+	o.loadStart = loadAvg()
+	progress("machine load (1, 5, 15 min): " + o.loadStart)
 
+	if o.failover.Trials > 0 {
+		return failoverCmd(o, stdout, stderr)
+	}
 	var (
 		targets []*target
 		mu      sync.Mutex
@@ -282,6 +351,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if _, ok := <-sig; ok {
 			fmt.Fprintln(stderr, "bench: interrupted, stopping the servers")
 			cleanup()
+			clustertest.RemoveBuild()
 			os.Exit(130)
 		}
 	}()
@@ -345,8 +415,47 @@ func oneLine(r *Result) string {
 	if r.MemPerConn != nil {
 		s += fmt.Sprintf("  mem/conn %s heap %s rss  mem/lock %s heap %s rss", bytesStr(r.MemPerConn.Heap), bytesStr(r.MemPerConn.RSS), bytesStr(r.MemPerLock.Heap), bytesStr(r.MemPerLock.RSS))
 	}
+	if len(r.ServerCPU) > 0 {
+		s += "  server CPU " + cpuText(r.ServerCPU) + " s"
+	}
+	if p := r.Repl; p != nil {
+		s += "  " + replLine(p)
+	}
 	if n := r.Refused + r.Timeouts + r.NotHeld + r.Lost + r.Errors; n > 0 {
 		s += fmt.Sprintf("  (refused %d, timeouts %d, not-held %d, lost %d, errors %d)", r.Refused, r.Timeouts, r.NotHeld, r.Lost, r.Errors)
+	}
+	return s
+}
+
+// cpuText lists CPU seconds per process ("?" for one that could not be
+// read).
+func cpuText(v []float64) string {
+	parts := make([]string, len(v))
+	for i, c := range v {
+		parts[i] = "?"
+		if c >= 0 {
+			parts[i] = fmt.Sprintf("%.2f", c)
+		}
+	}
+	return strings.Join(parts, " · ")
+}
+
+// replLine summarizes a cluster run's replication figures.
+func replLine(p *ReplStats) string {
+	s := ""
+	if p.LagEveryMs > 0 {
+		s = fmt.Sprintf("lag p50 %s p99 %s max %s (%d samples", durOr0(p.LagP50), durOr0(p.LagP99), durOr0(p.LagMax), p.LagSamples)
+		if p.LagErrors > 0 {
+			s += fmt.Sprintf(", %d failed", p.LagErrors)
+		}
+		s += ")  "
+	}
+	if p.Records > 0 {
+		s += fmt.Sprintf("%.1f B/record on the wire (%.1f raw), %.0f records/batch  ", p.WirePerRecord, p.RawPerRecord, p.RecordsPerBatch)
+	}
+	s += fmt.Sprintf("settled in %s", dur(p.SettleMs*1e3))
+	if p.Failovers > 0 || p.EpochTo != p.EpochFrom {
+		s += fmt.Sprintf("  FAILOVER during the run (%d; epoch %d → %d)", p.Failovers, p.EpochFrom, p.EpochTo)
 	}
 	return s
 }
@@ -365,6 +474,38 @@ func machine() string {
 	return fmt.Sprintf("%d × %s, %s %s/%s", runtime.NumCPU(), model, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
+// loadAvg is the machine's load averages over 1, 5 and 15 minutes.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// writeDoc writes doc as JSON to -jsonfile if set, and to w with -json.
+func writeDoc(o *options, w io.Writer, doc any) error {
+	if o.jsonFile != "" {
+		b, err := json.MarshalIndent(doc, "", "  ")
+		if err == nil {
+			err = os.WriteFile(o.jsonFile, append(b, '\n'), 0o644)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if o.jsonOut {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(doc)
+	}
+	return nil
+}
+
 // report writes the results in the chosen format, and the SVG.
 func report(w io.Writer, o *options, rs []*Result) error {
 	ss, rt := summarize(rs), ratios(rs)
@@ -381,33 +522,27 @@ func report(w io.Writer, o *options, rs []*Result) error {
 			return err
 		}
 	}
+	gs, loadEnd := goals(rs), loadAvg()
 	doc := struct {
-		Machine string    `json:"machine"`
-		Config  config    `json:"config"`
-		Rounds  int       `json:"rounds"`
-		Results []*Result `json:"results"`
-		Summary []summary `json:"summary"`
-		Ratios  []ratio   `json:"ratios"`
-	}{machine(), o.cfg, o.rounds, rs, ss, rt}
-	if o.jsonFile != "" {
-		b, err := json.MarshalIndent(doc, "", "  ")
-		if err == nil {
-			err = os.WriteFile(o.jsonFile, append(b, '\n'), 0o644)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if o.jsonOut {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(doc)
+		Machine   string    `json:"machine"`
+		LoadStart string    `json:"load_start"`
+		LoadEnd   string    `json:"load_end"`
+		Config    config    `json:"config"`
+		Rounds    int       `json:"rounds"`
+		Results   []*Result `json:"results"`
+		Summary   []summary `json:"summary"`
+		Ratios    []ratio   `json:"ratios"`
+		Goals     []goal    `json:"goals,omitempty"`
+	}{machine(), o.loadStart, loadEnd, o.cfg, o.rounds, rs, ss, rt, gs}
+	if err := writeDoc(o, w, doc); err != nil || o.jsonOut {
+		return err
 	}
 	write := writeText
 	if o.markdown {
 		write = writeMarkdown
-		fmt.Fprintf(w, "Machine: %s. Rounds: %d, %v per workload and target.\n\n", machine(), o.rounds, o.cfg.Dur)
+		fmt.Fprintf(w, "Machine: %s. Rounds: %d, %v per workload and target.\n", machine(), o.rounds, o.cfg.Dur)
 	}
+	fmt.Fprintf(w, "Load average (1, 5, 15 min): %s at the start, %s at the end.\n\n", o.loadStart, loadEnd)
 	head, rows := tableRows(ss)
 	heads, tables := byWorkload(head, rows)
 	for i := range heads {
@@ -416,6 +551,15 @@ func report(w io.Writer, o *options, rs []*Result) error {
 	}
 	if len(rt) > 0 {
 		h, r := ratioRows(rt)
+		write(w, h, r)
+	}
+	if h, r := clusterRows(rs); len(r) > 0 {
+		fmt.Fprintln(w)
+		write(w, h, r)
+	}
+	if len(gs) > 0 {
+		fmt.Fprintln(w)
+		h, r := goalRows(gs)
 		write(w, h, r)
 	}
 	return nil

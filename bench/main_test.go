@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
 )
 
@@ -24,8 +25,18 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	// Every goroutine a test starts — connection readers, etcd clients,
-	// sessions — must be gone when the tests end.
-	goleak.VerifyTestMain(m, lockdtest.LeakOptions...)
+	// sessions, lag samplers — must be gone when the tests end; the lockd
+	// binary the cluster targets built is removed after the last test.
+	goleak.VerifyTestMain(removingBuild{m}, lockdtest.LeakOptions...)
+}
+
+// removingBuild runs the tests, then removes the lockd binary that
+// clustertest.Build made for them (if any).
+type removingBuild struct{ m *testing.M }
+
+func (r removingBuild) Run() int {
+	defer clustertest.RemoveBuild()
+	return r.m.Run()
 }
 
 // smallConfig is a suite small enough for the race detector: every run

@@ -123,62 +123,216 @@ func summarize(rs []*Result) []summary {
 	return out
 }
 
+// find returns the result of workload wl on target tg in round (nil if
+// it was not run or was skipped).
+func find(rs []*Result, wl, tg string, round int) *Result {
+	for _, r := range rs {
+		if r.Workload == wl && r.Target == tg && r.Round == round && r.Skipped == "" {
+			return r
+		}
+	}
+	return nil
+}
+
+// maxRound is the number of rounds in rs.
+func maxRound(rs []*Result) int {
+	n := 0
+	for _, r := range rs {
+		n = max(n, r.Round)
+	}
+	return n
+}
+
+// perRound is f(a) ÷ f(b) in every round of workload wl (0 where either was
+// not measured), and the median of the measured ones (0 if none).
+func perRound(rs []*Result, wl, a, b string, f func(*Result) float64) (rounds []float64, med float64) {
+	var got []float64
+	for round := 1; round <= maxRound(rs); round++ {
+		x, y := find(rs, wl, a, round), find(rs, wl, b, round)
+		v := 0.0
+		if x != nil && y != nil && f(y) > 0 {
+			v = f(x) / f(y)
+			got = append(got, v)
+		}
+		rounds = append(rounds, v)
+	}
+	return rounds, median(got)
+}
+
 // ratios compares lockd with every other target, per round, on each
 // workload's throughput metric (and, for contended, real handoffs/s).
 func ratios(rs []*Result) []ratio {
 	var out []ratio
-	rounds := 0
-	for _, r := range rs {
-		rounds = max(rounds, r.Round)
-	}
-	find := func(wl, tg string, round int) *Result {
-		for _, r := range rs {
-			if r.Workload == wl && r.Target == tg && r.Round == round && r.Skipped == "" {
-				return r
-			}
-		}
-		return nil
-	}
 	type metric struct {
 		name string
 		f    func(*Result) float64
 	}
 	for _, wl := range order(rs, func(r *Result) string { return r.Workload }) {
+		if wl == wlFanin {
+			continue // renews/s is set by the renew interval, not by the server
+		}
 		ms := []metric{{"", func(r *Result) float64 { return r.Rate }}}
 		if wl == wlContended {
 			ms = append(ms, metric{"handoffs/s", func(r *Result) float64 { return r.HandoffRate }})
-		}
-		if wl == wlFanin {
-			continue // renews/s is set by the renew interval, not by the server
 		}
 		for _, m := range ms {
 			for _, tg := range order(rs, func(r *Result) string { return r.Target }) {
 				if tg == "lockd" {
 					continue
 				}
-				rt := ratio{Workload: wl, Metric: m.name, Versus: tg}
-				var got []float64
-				for round := 1; round <= rounds; round++ {
-					a, b := find(wl, "lockd", round), find(wl, tg, round)
-					v := 0.0
-					if a != nil && b != nil && m.f(b) > 0 {
-						v = m.f(a) / m.f(b)
-						got = append(got, v)
-						if rt.Metric == "" {
-							rt.Metric = a.Unit
-						}
-					}
-					rt.Rounds = append(rt.Rounds, v)
-				}
-				if len(got) == 0 {
+				rounds, med := perRound(rs, wl, "lockd", tg, m.f)
+				if med == 0 {
 					continue
 				}
-				rt.Median = median(got)
+				rt := ratio{Workload: wl, Metric: m.name, Versus: tg, Rounds: rounds, Median: med}
+				if rt.Metric == "" {
+					rt.Metric = find(rs, wl, "lockd", 1+slices.IndexFunc(rounds, func(v float64) bool { return v > 0 })).Unit
+				}
 				out = append(out, rt)
 			}
 		}
 	}
 	return out
+}
+
+// goal is one of issue 11's targets for lockd-priority, judged per round.
+type goal struct {
+	What   string    `json:"what"`
+	Rounds []float64 `json:"rounds"` // the figure in each round where it was measured
+	Median float64   `json:"median"`
+	Limit  float64   `json:"limit"`
+	AtMost bool      `json:"at_most"` // the figure must be ≤ Limit (else ≥)
+	Met    int       `json:"rounds_met"`
+}
+
+// clusterTargets are the targets whose results carry replication figures
+// and are compared with lockd.
+var clusterTargets = []string{"lockd-priority", "lockd-raft", "lockd-bin"}
+
+// goals judges issue 11's targets for lockd-priority: uncontended pairs/s
+// and contended real handoffs/s each ≥ 80 % of lockd's in the same round,
+// and the replication lag p99 ≤ 5 ms during those runs.
+func goals(rs []*Result) []goal {
+	const tg = "lockd-priority"
+	var out []goal
+	add := func(what string, limit float64, atMost bool, vals []float64) {
+		g := goal{What: what, Limit: limit, AtMost: atMost}
+		for _, v := range vals {
+			if v < 0 {
+				continue // not measured
+			}
+			g.Rounds = append(g.Rounds, v)
+			if atMost && v <= limit || !atMost && v >= limit {
+				g.Met++
+			}
+		}
+		if len(g.Rounds) > 0 {
+			g.Median = median(g.Rounds)
+			out = append(out, g)
+		}
+	}
+	measured := func(vals []float64) []float64 {
+		for i, v := range vals {
+			if v == 0 {
+				vals[i] = -1
+			}
+		}
+		return vals
+	}
+	up, _ := perRound(rs, wlUncontended, tg, "lockd", func(r *Result) float64 { return r.Rate })
+	add("uncontended pairs/s ÷ lockd", 0.8, false, measured(up))
+	hp, _ := perRound(rs, wlContended, tg, "lockd", func(r *Result) float64 { return r.HandoffRate })
+	add("contended handoffs/s ÷ lockd", 0.8, false, measured(hp))
+	for _, wl := range []string{wlUncontended, wlContended} {
+		var lag []float64
+		for round := 1; round <= maxRound(rs); round++ {
+			if r := find(rs, wl, tg, round); r != nil && r.Repl != nil && r.Repl.LagSamples > 0 {
+				lag = append(lag, r.Repl.LagP99/1e3)
+			}
+		}
+		add(wl+": replication lag p99, ms", 5, true, lag)
+	}
+	return out
+}
+
+// clusterRows is one row per run of a cluster target: its rate, its ratio to
+// lockd's in the same round and its replication figures.
+func clusterRows(rs []*Result) (head []string, rows [][]string) {
+	head = []string{"workload", "target", "round", "rate", "÷ lockd", "handoffs/s ÷ lockd", "lag p50", "lag p99", "lag max",
+		"lag samples", "wire B/record", "raw B/record", "records/batch", "failovers", "CPU s: lockd · this target's processes"}
+	for _, r := range rs {
+		if r.Skipped != "" || !slices.Contains(clusterTargets, r.Target) {
+			continue
+		}
+		base := find(rs, r.Workload, "lockd", r.Round)
+		vs := func(f func(*Result) float64) string {
+			if base == nil || f(base) <= 0 || f(r) <= 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.0f %%", 100*f(r)/f(base))
+		}
+		row := []string{r.Workload, r.Target, fmt.Sprint(r.Round), si(r.Rate) + " " + r.Unit, "-", "-"}
+		if r.Workload != wlFanin {
+			row[4] = vs(func(x *Result) float64 { return x.Rate })
+		}
+		if r.Workload == wlContended {
+			row[5] = vs(func(x *Result) float64 { return x.HandoffRate })
+		}
+		p := r.Repl
+		if p != nil && p.LagSamples > 0 {
+			row = append(row, durOr0(p.LagP50), durOr0(p.LagP99), durOr0(p.LagMax), fmt.Sprint(p.LagSamples))
+		} else {
+			row = append(row, "", "", "", "")
+		}
+		if p != nil && p.Records > 0 {
+			row = append(row, fmt.Sprintf("%.1f", p.WirePerRecord), fmt.Sprintf("%.1f", p.RawPerRecord), fmt.Sprintf("%.0f", p.RecordsPerBatch))
+		} else {
+			row = append(row, "", "", "")
+		}
+		switch {
+		case p == nil:
+			row = append(row, "")
+		case p.Failovers > 0 || p.EpochTo != p.EpochFrom:
+			row = append(row, fmt.Sprintf("%d (epoch %d → %d)", p.Failovers, p.EpochFrom, p.EpochTo))
+		default:
+			row = append(row, "0")
+		}
+		if base != nil && len(base.ServerCPU) > 0 && len(r.ServerCPU) > 0 {
+			row = append(row, cpuText(base.ServerCPU)+" · "+cpuText(r.ServerCPU))
+		} else {
+			row = append(row, "")
+		}
+		rows = append(rows, row)
+	}
+	return head, rows
+}
+
+// durOr0 formats microseconds, "0" for zero (a lag of nothing unacknowledged).
+func durOr0(us float64) string {
+	if us == 0 {
+		return "0"
+	}
+	return dur(us)
+}
+
+// goalRows renders the goals.
+func goalRows(gs []goal) (head []string, rows [][]string) {
+	head = []string{"lockd-priority target", "per round", "median", "met"}
+	for _, g := range gs {
+		f := func(v float64) string { return fmt.Sprintf("%.0f %%", 100*v) }
+		limit := "≥ " + f(g.Limit)
+		if g.AtMost {
+			f = func(v float64) string { return fmt.Sprintf("%.2f", v) }
+			limit = "≤ " + f(g.Limit)
+		}
+		per := make([]string, len(g.Rounds))
+		for i, v := range g.Rounds {
+			per[i] = f(v)
+		}
+		rows = append(rows, []string{g.What + " " + limit, strings.Join(per, ", "), f(g.Median),
+			fmt.Sprintf("%d of %d rounds", g.Met, len(g.Rounds))})
+	}
+	return head, rows
 }
 
 // si formats a rate with a k/M suffix.

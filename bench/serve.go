@@ -173,6 +173,47 @@ func rssOf(pid int) int64 {
 	return 0
 }
 
+// clockTicks is the unit of utime and stime in /proc/PID/stat (USER_HZ,
+// 100 on every Linux this runs on).
+const clockTicks = 100
+
+// cpuTimes returns each process's CPU time so far (user + system, seconds;
+// -1 for a process it cannot read).
+func cpuTimes(pids []int) []float64 {
+	out := make([]float64, len(pids))
+	for i, pid := range pids {
+		out[i] = -1
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			continue
+		}
+		if v, ok := parseCPU(string(b)); ok {
+			out[i] = v
+		}
+	}
+	return out
+}
+
+// parseCPU reads utime + stime from a /proc/PID/stat line: the fields
+// after the command, which is in parentheses and may hold anything.
+func parseCPU(stat string) (float64, bool) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(stat[i+1:])
+	// f[0] is the state (field 3); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, err1 := strconv.ParseUint(f[11], 10, 64)
+	s, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return float64(u+s) / clockTicks, true
+}
+
 // child is a server child process started by the harness.
 type child struct {
 	cmd  *exec.Cmd

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"runtime"
@@ -57,6 +58,8 @@ type target struct {
 	queues   bool                 // the server has a wait queue (else: retry)
 	mem      func() (memStat, error)
 	children []*child          // server child processes (lockd, echo), for profiles
+	cluster  *clusterTarget    // lockd processes from the binary (lockd-priority, lockd-raft, lockd-bin)
+	pids     func() []int      // the server processes whose CPU time a run reports (nil: unknown)
 	stop     func()            // stops every process the target started
 	skip     map[string]string // workload → why it does not apply
 }
@@ -90,7 +93,15 @@ type Result struct {
 	Errors   int64  `json:"errors,omitempty"`
 	Skipped  string `json:"skipped,omitempty"`
 
+	Repl *ReplStats `json:"replication,omitempty"` // cluster targets
+	// ServerCPU is the CPU time (user + system, seconds) each server
+	// process of the target used during the whole run — warm-up, window
+	// and drain — in the order the target started them (a cluster: in
+	// --peers order). Empty when the harness did not start the server.
+	ServerCPU []float64 `json:"server_cpu_s,omitempty"`
+
 	hist, hand *Hist
+	from, to   time.Time // the measured window
 }
 
 // Pcts summarizes a histogram in microseconds.
@@ -122,7 +133,23 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		res.Skipped = why
 		return res, nil
 	}
+	var run *clusterRun
+	if t.cluster != nil {
+		var err error
+		if run, err = t.cluster.begin(t); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Profile != "" {
+		if t.cluster != nil {
+			secs := int(math.Ceil((cfg.Dur + 1500*time.Millisecond).Seconds()))
+			wait := t.cluster.profile(fmt.Sprintf("%s-%s-%s-r%d", cfg.Profile, t.name, wl, round), secs)
+			defer func() {
+				if err := wait(); err != nil && cfg.Progress != nil {
+					cfg.Progress(fmt.Sprintf("    %s: profile: %v", t.name, err))
+				}
+			}()
+		}
 		for i, ch := range t.children {
 			prefix := fmt.Sprintf("%s-%s-%s-r%d", cfg.Profile, t.name, wl, round)
 			if len(t.children) > 1 {
@@ -137,6 +164,10 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 			}()
 		}
 	}
+	var cpu0 []float64
+	if t.pids != nil {
+		cpu0 = cpuTimes(t.pids())
+	}
 	var err error
 	switch wl {
 	case wlUncontended:
@@ -148,11 +179,26 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 	default:
 		err = fmt.Errorf("unknown workload %q", wl)
 	}
+	if cpu0 != nil {
+		for i, c := range cpuTimes(t.pids()) {
+			if i < len(cpu0) && cpu0[i] >= 0 && c >= cpu0[i] {
+				res.ServerCPU = append(res.ServerCPU, c-cpu0[i])
+			} else {
+				res.ServerCPU = append(res.ServerCPU, -1) // restarted or gone
+			}
+		}
+	}
+	if run != nil {
+		var rerr error
+		res.Repl, rerr = run.end(res.from, res.to)
+		err = errors.Join(err, rerr)
+	}
 	return res, err
 }
 
 func (r *Result) fill(st *stats, clk *clock) {
 	r.Seconds = (clk.stopAt - clk.warm).Seconds()
+	r.from, r.to = clk.epoch.Add(clk.warm), clk.epoch.Add(clk.stopAt)
 	r.Ops = st.ops
 	r.Rate = float64(st.ops) / r.Seconds
 	r.hist = st.acq

@@ -38,6 +38,9 @@ type slot struct {
 	addr string
 	cur  atomic.Pointer[conn]
 	down atomic.Bool // its last dial failed or its connection ended, and it is not up again
+	// redial (capacity 1) cuts the pause before the next dial short: an M
+	// named this address (a member that restarted and took over).
+	redial chan struct{}
 
 	// Slots opened for an address an M named that is not in Config.Addrs.
 	redirect bool
@@ -74,7 +77,7 @@ func New(cfg Config) (*Client, error) {
 	slots := make([]*slot, 0, len(cfg.Addrs)*cfg.ConnsPerAddr)
 	for i := 0; i < cfg.ConnsPerAddr; i++ {
 		for _, a := range cfg.Addrs {
-			slots = append(slots, &slot{addr: a})
+			slots = append(slots, &slot{addr: a, redial: make(chan struct{}, 1)})
 		}
 	}
 	cl.slots.Store(&slots)
@@ -151,6 +154,8 @@ func (cl *Client) runSlot(s *slot) {
 		pause.Reset(cl.cfg.ReconnectInterval)
 		select {
 		case <-pause.C:
+		case <-s.redial:
+			pause.Stop()
 		case <-cl.closing:
 			pause.Stop()
 			return
@@ -326,7 +331,7 @@ func (cl *Client) follow(addr string) {
 		slots = append(slots, s)
 	}
 	for i := 0; i < cl.cfg.ConnsPerAddr; i++ {
-		s := &slot{addr: addr, redirect: true, retired: make(chan struct{})}
+		s := &slot{addr: addr, redirect: true, retired: make(chan struct{}), redial: make(chan struct{}, 1)}
 		s.named.Store(now)
 		slots = append(slots, s)
 		cl.wg.Add(1)
@@ -336,14 +341,26 @@ func (cl *Client) follow(addr string) {
 }
 
 // unreachableAddr reports whether no request can go to addr now: it has
-// no slot (an evicted redirect), or every slot of it is down.
+// no slot (an evicted redirect), or every slot of it is down. Down slots
+// of addr are told to dial again at once: an M named it, so it is likely
+// up again (a member that restarted and took over by a handover) and the
+// background redial may be seconds away.
 func (cl *Client) unreachableAddr(addr string) bool {
+	reachable := false
 	for _, s := range *cl.slots.Load() {
-		if s.addr == addr && !s.down.Load() {
-			return false
+		if s.addr != addr {
+			continue
+		}
+		if !s.down.Load() {
+			reachable = true
+			continue
+		}
+		select {
+		case s.redial <- struct{}{}:
+		default:
 		}
 	}
-	return true
+	return !reachable
 }
 
 // unprefer drops the preferred address if it is addr (its node answered M

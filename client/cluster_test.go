@@ -265,6 +265,29 @@ func TestClusterMovedToDeadNode(t *testing.T) {
 	}
 }
 
+// TestClusterMovedToRestartedNode: an M names a member whose connection
+// is down (it restarted and took over): the client dials it again at once
+// instead of waiting for the background redial (ReconnectInterval).
+func TestClusterMovedToRestartedNode(t *testing.T) {
+	later := deadAddr(t)
+	var active atomic.Pointer[string]
+	setActive(&active, later)
+	standby := member(t, &active)
+	cfg := fastConfig(standby.addr(), later)
+	cfg.ReconnectInterval = 10 * time.Second
+	cfg.RetryPause = 50 * time.Millisecond
+	cl := newClient(t, cfg)
+	waitUp(t, cl, 1)                                            // the standby; the other address refused its dial
+	newFakeAt(t, later, func(fc *fconn, r freq) { fc.auto(r) }) // the member is back
+	start := time.Now()
+	if _, err := cl.Acquire(ctxT(t, 8*time.Second), "after-restart", AcquireOptions{Wait: 5 * time.Second}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("granted after %v: the client waited for its background redial", el)
+	}
+}
+
 // TestClusterReleaseAndRenewFollowM: releases and renews follow M too,
 // addressed at once and empty after the retry interval (Release: 5 s at
 // 200 ms, docs/PROTOCOL.md §7).

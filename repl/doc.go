@@ -1,7 +1,9 @@
 // Package repl is where lockd's state goes beyond the event loops: the seam
-// between the engine and persistence/membership (Node, Host, Gate), and its
-// implementations: Local, a single node durable through its data directory;
-// and (in later files) the cluster modes of PROTOCOL.md §6.
+// between the engine and persistence/membership (Node, Host, Gate,
+// Committer), and its implementations: Local, a single node durable through
+// its data directory; Priority, a member of a priority cluster (roles.go,
+// link.go, stream.go, the member link of wire.go and records.go); and Raft,
+// a member of a raft cluster on hashicorp/raft (raft*.go).
 //
 // # What it owns
 //

@@ -212,6 +212,18 @@ type Status struct {
 	Records           uint64 // records in them
 	RawBytes          uint64 // their size before compression
 	WireBytes         uint64 // their size on the member link
+
+	// Raft counters (raft mode).
+	CommitIndex   uint64  // raft's commit index
+	AppliedIndex  uint64  // the last index raft handed to the table
+	Entries       uint64  // log entries of records this member proposed as leader and saw committed
+	EntryRecords  uint64  // the records in them (EntryRecords / Entries: records per entry)
+	CommitP50     float64 // seconds from proposing an entry to its commit: median of the last 1024
+	CommitP99     float64 // … and their 99th percentile
+	Snapshots     uint64  // raft snapshots this member wrote
+	SnapshotBytes uint64  // the size of the last one
+	Elections     uint64  // times this member became a serving leader
+	Rebuilds      uint64  // times its table was rebuilt from the log (leadership lost, a change outside the log)
 }
 
 // Member is what a node knows of another member.

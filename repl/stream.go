@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -26,6 +27,7 @@ type outStream struct {
 	p       *Priority
 	active  atomic.Bool  // this member is the active
 	targets atomic.Int32 // standbys in the stream: records are kept only when > 0
+	pending atomic.Bool  // records are buffered and the flusher was told
 	bufs    []shardBuf
 	kick    chan struct{}
 	done    chan struct{}
@@ -33,37 +35,54 @@ type outStream struct {
 	flushMu sync.Mutex // one batch cut at a time (flusher, flushNow)
 	seq     uint64     // batch number, guarded by flushMu
 	raw     []byte
+	swapFn  func(int) // o.swap, bound once (a method value allocates)
+	swapped []int     // records taken from each shard by swap
 }
 
+// shardBuf is one shard's buffered records. w is written by the Sink
+// under the table's shard lock and swapped with spare by the flusher under
+// the same lock (Table.Locked): the Sink takes no lock of its own. The
+// padding keeps neighbouring shards' buffers, written by different event
+// loops, off each other's cache lines.
 type shardBuf struct {
-	mu sync.Mutex
-	w  BatchWriter
-	n  int // records
-	_  [40]byte
+	w, spare BatchWriter
+	n        int // records in w
+	_        [128 - 2*unsafe.Sizeof(BatchWriter{}) - 8]byte
 }
 
 func newOutStream(p *Priority) *outStream {
-	return &outStream{p: p, bufs: make([]shardBuf, p.table.Shards()), kick: make(chan struct{}, 1), done: make(chan struct{})}
+	o := &outStream{p: p, bufs: make([]shardBuf, p.table.Shards()), kick: make(chan struct{}, 1), done: make(chan struct{}),
+		swapped: make([]int, p.table.Shards())}
+	o.swapFn = o.swap
+	return o
 }
 
-// sink is the table's Sink (a shard lock is held): keep the record if
-// anyone will get it.
+// sink is the table's Sink (the record's shard lock is held): keep the
+// record if anyone will get it, and wake the flusher when the first record
+// of a batch arrives (an idle member's flusher sleeps) or a buffer fills.
 func (p *Priority) sink(r shard.Record) {
 	o := p.out
 	if o == nil || !o.active.Load() || o.targets.Load() == 0 {
 		return
 	}
 	b := &o.bufs[r.Shard]
-	b.mu.Lock()
 	b.w.Add(&r)
 	b.n++
-	full := b.w.Len() >= batchBytes/4
-	b.mu.Unlock()
-	if full {
+	if b.w.Len() >= batchBytes/4 || (!o.pending.Load() && o.pending.CompareAndSwap(false, true)) {
 		select {
 		case o.kick <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// swap takes shard i's buffered records (under its lock).
+func (o *outStream) swap(i int) {
+	b := &o.bufs[i]
+	o.swapped[i] = b.n
+	if b.n > 0 {
+		b.w, b.spare = b.spare, b.w
+		b.n = 0
 	}
 }
 
@@ -92,18 +111,28 @@ func (o *outStream) retarget() {
 	o.targets.Store(n)
 }
 
-// flusher cuts a batch every batchEvery, or sooner when a buffer fills.
+// flusher cuts a batch batchEvery after the first record of a batch
+// arrived, or sooner when a buffer fills; it sleeps while nothing comes.
 func (o *outStream) flusher() {
 	defer o.p.wg.Done()
-	t := time.NewTicker(batchEvery)
-	defer t.Stop()
+	t := time.NewTimer(batchEvery)
+	t.Stop()
 	for {
 		select {
 		case <-o.done:
 			return
-		case <-t.C:
 		case <-o.kick:
 		}
+		t.Reset(batchEvery)
+		select {
+		case <-o.done:
+			t.Stop()
+			return
+		case <-t.C:
+		case <-o.kick: // a buffer filled
+			t.Stop()
+		}
+		o.pending.Store(false) // records from here on wake the flusher again
 		o.flushNow()
 	}
 }
@@ -116,15 +145,13 @@ func (o *outStream) flushNow() {
 	o.raw = o.raw[:0]
 	records := 0
 	for i := range o.bufs {
-		b := &o.bufs[i]
-		b.mu.Lock()
-		if b.n > 0 {
-			o.raw = append(o.raw, b.w.Bytes()...)
-			records += b.n
-			b.w.Reset()
-			b.n = 0
+		o.p.table.Locked(i, o.swapFn)
+		if n := o.swapped[i]; n > 0 {
+			b := &o.bufs[i]
+			o.raw = append(o.raw, b.spare.Bytes()...)
+			records += n
+			b.spare.Reset()
 		}
-		b.mu.Unlock()
 	}
 	if records == 0 {
 		return

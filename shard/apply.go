@@ -93,6 +93,17 @@ func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) 
 	return true, nil
 }
 
+// Locked runs fn(i) while holding shard i's lock. The owner of a Sink that
+// buffers records per shard takes them here, so that the Sink — which runs
+// under the same lock — needs no lock of its own. fn must be quick and must
+// not call back into the Table.
+func (t *Table) Locked(i int, fn func(int)) {
+	s := &t.shards[i]
+	s.mu.Lock()
+	fn(i)
+	s.mu.Unlock()
+}
+
 // Shards returns the number of shards.
 func (t *Table) Shards() int { return len(t.shards) }
 
@@ -167,4 +178,30 @@ func (t *Table) MoveWaiters(out *Out) {
 		s.cancel(EffectMoved, out)
 		s.mu.Unlock()
 	}
+}
+
+// ExtendLeases moves every held key's lease deadline that is earlier than
+// min to min and returns how many it moved: a new Raft leader's lease rule
+// (PROTOCOL.md §6.4: the later of the stored deadline and its election
+// time plus the failover timeout, so a lease never ends earlier than on
+// the old leader, and repeated elections extend it by at most one failover
+// timeout each). A deadline at or after min is left as it is. It emits no
+// Record: the deadlines a leader keeps are its own, and the next leader
+// applies the rule again to what the log says.
+func (t *Table) ExtendLeases(min int64) int {
+	n := 0
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		for _, sl := range s.idx.slots {
+			if e := sl.e; e != nil && e.deadline < min {
+				s.wheel.delLease(e)
+				e.deadline = min
+				s.wheel.addLease(e)
+				n++
+			}
+		}
+		s.mu.Unlock()
+	}
+	return n
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -361,4 +362,107 @@ func TestForeignReleasesCounted(t *testing.T) {
 	}
 	tab.ReleaseFrom(0, []byte("r"), tok2+1, a, &out)
 	want(1, 1)
+}
+
+// TestExtendLeases: the new leader's lease rule moves every deadline
+// earlier than the floor up to it and leaves the later ones alone; the
+// moved leases fire at the floor (not before, and not at their old
+// deadline), the others at their own deadline; nothing is emitted.
+func TestExtendLeases(t *testing.T) {
+	var emitted int
+	tab, err := New(Config{Shards: 4, Sink: func(Record) { emitted++ }}, NewTokens(0, 1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Out
+	leases := map[string]uint8{"a": 1, "b": 2, "c": 5, "d": 10}
+	for k, l := range leases {
+		if st, _ := tab.Acquire(0, []byte(k), 0, l, 0, nil, &out); st != Granted {
+			t.Fatalf("acquire %s: %v", k, st)
+		}
+	}
+	emitted = 0
+	floor := 3 * second
+	if n := tab.ExtendLeases(floor); n != 2 {
+		t.Fatalf("ExtendLeases moved %d leases, want 2 (a, b)", n)
+	}
+	if emitted != 0 {
+		t.Fatalf("ExtendLeases emitted %d records", emitted)
+	}
+	want := map[string]int64{"a": floor, "b": floor, "c": 5 * second, "d": 10 * second}
+	for k, d := range want {
+		if info := tab.Lookup([]byte(k)); !info.Held || info.Deadline != d {
+			t.Fatalf("%s after ExtendLeases: %+v, want deadline %d", k, info, d)
+		}
+	}
+	// The timer wheel follows the new deadlines.
+	tests := []struct {
+		now  int64
+		held []string
+	}{
+		{2*second + second/2, []string{"a", "b", "c", "d"}}, // past a's and b's old deadlines
+		{floor, []string{"c", "d"}},
+		{5 * second, []string{"d"}},
+		{10 * second, nil},
+	}
+	for _, tc := range tests {
+		for now := int64(0); now <= tc.now; now += 10 * int64(time.Millisecond) {
+			tab.Tick(now, &out)
+		}
+		tab.Tick(tc.now, &out)
+		var got []string
+		for _, k := range []string{"a", "b", "c", "d"} {
+			if tab.Lookup([]byte(k)).Held {
+				got = append(got, k)
+			}
+		}
+		if !slices.Equal(got, tc.held) {
+			t.Fatalf("at %v: held %v, want %v", time.Duration(tc.now), got, tc.held)
+		}
+	}
+	if n := tab.ExtendLeases(100 * second); n != 0 {
+		t.Fatalf("ExtendLeases on an empty table moved %d", n)
+	}
+}
+
+// TestLockedHoldsTheShardLock: Locked runs its function under the shard's
+// lock, so a Sink (which runs under it) and Locked never overlap.
+func TestLockedHoldsTheShardLock(t *testing.T) {
+	var inSink, overlaps atomic.Int32
+	var tab *Table
+	var err error
+	tab, err = New(Config{Shards: 1, Sink: func(Record) {
+		inSink.Add(1)
+		time.Sleep(10 * time.Microsecond)
+		inSink.Add(-1)
+	}}, NewTokens(0, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var out Out
+		for i := range 2000 {
+			tab.Acquire(0, []byte(fmt.Sprint("k", i%50)), 0, 5, 0, nil, &out)
+			out.Reset()
+		}
+	}()
+	calls := 0
+	for {
+		select {
+		case <-done:
+			if overlaps.Load() != 0 || calls == 0 {
+				t.Fatalf("%d of %d Locked calls overlapped a Sink call", overlaps.Load(), calls)
+			}
+			return
+		default:
+		}
+		tab.Locked(0, func(int) {
+			calls++
+			if inSink.Load() != 0 {
+				overlaps.Add(1)
+			}
+		})
+	}
 }

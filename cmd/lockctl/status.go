@@ -45,6 +45,14 @@ type statusDoc struct {
 		LagRecords uint64  `json:"lag_records"`
 		LagBytes   uint64  `json:"lag_bytes"`
 	} `json:"members"`
+	Raft *struct {
+		Term            uint64  `json:"term"`
+		CommitIndex     uint64  `json:"commit_index"`
+		AppliedIndex    uint64  `json:"applied_index"`
+		RecordsPerEntry float64 `json:"records_per_entry"`
+		CommitP50       float64 `json:"commit_p50_seconds"`
+		CommitP99       float64 `json:"commit_p99_seconds"`
+	} `json:"raft"`
 }
 
 type keyDoc struct {
@@ -171,8 +179,12 @@ func printStatus(w io.Writer, s *statusDoc) {
 	fmt.Fprintf(w, "server:      %s (%s, %s)\n", s.Addr, s.Role, state)
 	if s.Mode != "" && s.Mode != "single" {
 		fmt.Fprintf(w, "cluster:     %s, epoch %d, active %s\n", s.Mode, s.Epoch, orNone(s.Active))
-		if s.Role == "standby" || s.Role == "follower" {
+		if s.Role == "standby" {
 			fmt.Fprintf(w, "sync:        in sync %v, lag %s\n", s.InSync, seconds(s.LagSeconds))
+		}
+		if r := s.Raft; r != nil {
+			fmt.Fprintf(w, "raft:        term %d, commit %d, applied %d, %.1f changes/entry, commit p50 %s p99 %s\n",
+				r.Term, r.CommitIndex, r.AppliedIndex, r.RecordsPerEntry, seconds(r.CommitP50), seconds(r.CommitP99))
 		}
 	}
 	fmt.Fprintf(w, "version:     %s\nuptime:      %s\nheld keys:   %d of %d\nwaiters:     %d of %d\nconnections: %d of %d\ntoken mark:  %s\n",

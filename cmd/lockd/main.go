@@ -126,9 +126,7 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 			}
 		}
 		return nil
-	case "priority":
-	case "raft":
-		return usageError{"--cluster raft: not in this build yet (issue 12); use --cluster priority"}
+	case "priority", "raft":
 	default:
 		return usageError{fmt.Sprintf("--cluster %q: want priority or raft", opt.cluster)}
 	}
@@ -252,8 +250,16 @@ func run(args []string, stderr io.Writer) int {
 		}
 		adminLn = limitListen(adminLn, adminMaxConns)
 	}
-	if opt.cluster == "priority" {
+	switch opt.cluster {
+	case "priority":
 		node, err := repl.NewPriority(opt.member)
+		if err != nil {
+			log.Error("start failed", "err", err)
+			return 1
+		}
+		cfg.Node = node
+	case "raft":
+		node, err := repl.NewRaft(opt.member)
 		if err != nil {
 			log.Error("start failed", "err", err)
 			return 1
