@@ -12,7 +12,14 @@ import (
 )
 
 func main() {
+	// The first SIGINT/SIGTERM ends the run early (it still heals, checks
+	// and reports); a second one kills the command (the members die with
+	// it: the harness gives them a parent-death signal).
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
