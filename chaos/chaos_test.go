@@ -37,7 +37,7 @@ func shortDuration(t *testing.T) time.Duration {
 		}
 		return d
 	}
-	return 12 * time.Second
+	return 20 * time.Second
 }
 
 // logWriter sends the run's progress lines to the test log.
