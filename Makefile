@@ -80,11 +80,14 @@ bench-cluster:
 	$(GO) run ./bench -targets lockd,lockd-priority,lockd-raft,lockd-bin -rounds $(ROUNDS) -markdown
 
 ## bench-failover: kill -9 and SIGTERM of a priority cluster's active under
-## load, TRIALS times each (median and worst), and the handover back.
+## load, TRIALS times each (median and worst), and the handover back;
+## FAILOVER_MODE=raft: of a raft cluster's current leader (3 members), and
+## the victim's rejoin as a follower.
 TRIALS ?= 10
+FAILOVER_MODE ?= priority
 .PHONY: bench-failover
 bench-failover:
-	$(GO) run ./bench -failover $(TRIALS) -markdown
+	$(GO) run ./bench -failover $(TRIALS) -failover-mode $(FAILOVER_MODE) -markdown
 
 ## chaos: the long Jepsen-style run of each mode in CHAOS_MODES, for
 ## CHAOS_DURATION each (docs/RELIABILITY.md); CHAOS_FLAGS adds flags

@@ -315,6 +315,13 @@ func (ct *clusterTarget) close() {
 // settle waits until the cluster is ready for a run (settled) and points
 // ct at the member to drive; it returns how long it waited.
 func (ct *clusterTarget) settle(timeout time.Duration) (time.Duration, error) {
+	return ct.settleWith(timeout, func(sts []clustertest.Status) (int, bool) { return settled(ct.mode, sts) })
+}
+
+// settleWith polls every member's /status (in --peers order) every 20 ms
+// until ok accepts them, for up to timeout, and points ct at the member ok
+// returns; it returns how long it waited.
+func (ct *clusterTarget) settleWith(timeout time.Duration, ok func([]clustertest.Status) (int, bool)) (time.Duration, error) {
 	began := time.Now()
 	deadline := began.Add(timeout)
 	var last []clustertest.Status
@@ -331,7 +338,7 @@ func (ct *clusterTarget) settle(timeout time.Duration) (time.Duration, error) {
 			sts = append(sts, st)
 		}
 		if lastErr == nil {
-			if i, ok := settled(ct.mode, sts); ok {
+			if i, done := ok(sts); done {
 				ct.driven = i
 				return time.Since(began), nil
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,10 +18,19 @@ import (
 	"github.com/lockd-dev/lockd/proto"
 )
 
-// The failover mode (-failover N): a priority cluster of lockd processes
-// under load, its active killed (kill -9) or stopped (SIGTERM) N times
-// each; after each trial the victim is restarted and the harness waits
-// until it has taken over again by a planned handover.
+// The failover mode (-failover N): a cluster of lockd processes under
+// load, the member that serves killed (kill -9) or stopped (SIGTERM) N
+// times each; after each trial the victim is restarted and the harness
+// waits until the cluster has settled again.
+//
+//   - priority (-failover-mode priority, the default): the victim is the
+//     active, always the first member once settled; settled means it has
+//     taken over again by a planned handover and every standby is in sync;
+//   - raft (-failover-mode raft): the victim is the current leader, found
+//     from /status (any member); settled means one leader, every other
+//     member a follower on its term, naming it and caught up with what it
+//     had committed: no handover back, so the next trial's victim may be
+//     another member.
 //
 // The load comes from two kinds of clients, both given every member's
 // address:
@@ -37,6 +47,12 @@ import (
 // Every answered request (a grant or a release) is recorded with the time
 // it was sent and answered; the figures of a trial come from that record.
 
+// Cluster modes of the failover mode.
+const (
+	failoverPriority = clustertest.ModePriority
+	failoverRaft     = clustertest.ModeRaft
+)
+
 // Kinds of trial.
 const (
 	trialKill = "kill" // SIGKILL of the active
@@ -52,7 +68,8 @@ var (
 // failoverConfig is the failover mode's command line.
 type failoverConfig struct {
 	Trials   int           `json:"trials"`  // per kind
-	Members  int           `json:"members"` // 2..7
+	Mode     string        `json:"mode"`    // failoverPriority or failoverRaft
+	Members  int           `json:"members"` // priority 2..7, raft 3..7
 	Kinds    []string      `json:"kinds"`
 	Workers  int           `json:"workers"` // library goroutines
 	Probes   int           `json:"probes"`  // raw probe connections
@@ -64,7 +81,7 @@ type failoverConfig struct {
 }
 
 func defaultFailover() failoverConfig {
-	return failoverConfig{Members: 2, Kinds: []string{trialKill, trialTerm}, Workers: 16, Probes: 2,
+	return failoverConfig{Mode: failoverPriority, Members: 2, Kinds: []string{trialKill, trialTerm}, Workers: 16, Probes: 2,
 		Timeout: time.Second, Steady: 500 * time.Millisecond, After: 300 * time.Millisecond, MaxWait: 15 * time.Second}
 }
 
@@ -242,9 +259,30 @@ func (o *outcomes) take(since int64) map[string]Outcome {
 
 // Outcome names the summary counts.
 const (
-	outIndeterminate = "library indeterminate"
-	outProbeE4       = "probe E4"
+	outIndeterminate  = "library indeterminate"
+	outProbeE4        = "probe E4"         // an acquire answered E 4
+	outProbeReleaseE4 = "probe release E4" // a release answered E 4
 )
+
+// probeErrorOutcome names a probe's acquire or release answered E code.
+func probeErrorOutcome(release bool, code uint8) string {
+	switch {
+	case code == proto.CodeShutdown && release:
+		return outProbeReleaseE4
+	case code == proto.CodeShutdown:
+		return outProbeE4
+	case release:
+		return "probe release E" + strconv.Itoa(int(code))
+	}
+	return "probe E" + strconv.Itoa(int(code))
+}
+
+// e4Answers counts the answers E 4 (shutting down) among a phase's
+// non-answers: the probes see every E; the library resends after an E 4
+// without telling its caller.
+func e4Answers(m map[string]Outcome) int64 {
+	return m[outProbeE4].N + m[outProbeReleaseE4].N
+}
 
 // clientOutcome names a library error.
 func clientOutcome(err error) string {
@@ -413,6 +451,8 @@ func (g *loadGen) probe(id int) {
 				next()
 			case r.Op == proto.OpRelease:
 				g.rec.add(event{start: s, end: g.rec.now(), member: int8(cur), kind: evRelease})
+			case r.Op == proto.OpError:
+				g.out.add(probeErrorOutcome(true, r.Code), g.rec.now())
 			default:
 				g.out.add("probe release "+r.Op.String(), g.rec.now())
 			}
@@ -424,11 +464,7 @@ func (g *loadGen) probe(id int) {
 				return
 			}
 		case proto.OpError:
-			if resp.Code == proto.CodeShutdown {
-				g.out.add(outProbeE4, g.rec.now())
-			} else {
-				g.out.add("probe E"+strconv.Itoa(int(resp.Code)), g.rec.now())
-			}
+			g.out.add(probeErrorOutcome(false, resp.Code), g.rec.now())
 			if !next() {
 				return
 			}
@@ -449,12 +485,71 @@ type failoverRun struct {
 	g   *loadGen
 }
 
-// waitSettled waits until the first member is active and every other one
-// is a standby in sync.
-func (f *failoverRun) waitSettled(timeout time.Duration) error {
-	ct := &clusterTarget{mode: clustertest.ModePriority, c: f.c}
-	_, err := ct.settle(timeout)
-	return err
+// waitSettled waits until the cluster is settled — priority: the first
+// member active and every other one a standby in sync; raft: raftSettled —
+// and returns the member that serves (the next trial's victim).
+func (f *failoverRun) waitSettled(timeout time.Duration) (int, error) {
+	ct := &clusterTarget{mode: f.cfg.Mode, c: f.c}
+	var err error
+	if f.cfg.Mode == failoverRaft {
+		rs := newRaftSettled()
+		_, err = ct.settleWith(timeout, rs.ok)
+	} else {
+		_, err = ct.settle(timeout)
+	}
+	return ct.driven, err
+}
+
+// raftField is the number raft.<name> of a raft member's /status (0 when
+// absent or not a number).
+func raftField(st clustertest.Status, name string) uint64 {
+	r, _ := st.Raw["raft"].(map[string]any)
+	var s string
+	switch v := r[name].(type) {
+	case json.Number:
+		s = v.String()
+	case string:
+		s = v
+	case float64:
+		return uint64(v)
+	}
+	n, _ := strconv.ParseUint(s, 10, 64)
+	return n
+}
+
+// raftSettled judges successive polls of a raft cluster's /status for the
+// failover mode. Settled is more than settled's "one leader, the others
+// followers": every follower names the leader, is on its term and has
+// applied every entry the leader had committed at the previous poll, with
+// the same leader and term — so a member restarted after a trial has
+// caught up before the next trial begins.
+type raftSettled struct {
+	leader int
+	term   uint64
+	commit uint64
+}
+
+func newRaftSettled() *raftSettled { return &raftSettled{leader: -1} }
+
+// ok is a settleWith predicate: it returns the leader once settled.
+func (r *raftSettled) ok(sts []clustertest.Status) (int, bool) {
+	l, ok := settled(failoverRaft, sts)
+	if !ok {
+		r.leader = -1
+		return -1, false
+	}
+	term, commit := raftField(sts[l], "term"), raftField(sts[l], "commit_index")
+	prevLeader, prevTerm, prevCommit := r.leader, r.term, r.commit
+	r.leader, r.term, r.commit = l, term, commit
+	if prevLeader != l || prevTerm != term {
+		return -1, false
+	}
+	for i, st := range sts {
+		if i != l && (st.Active != sts[l].Addr || raftField(st, "term") != term || raftField(st, "applied_index") < prevCommit) {
+			return -1, false
+		}
+	}
+	return l, true
 }
 
 // waitFor waits until the record holds an event ok accepts, for up to
@@ -501,10 +596,10 @@ func (f *failoverRun) gaps(from, to, resumed int64) (all, at, lib int64, n int, 
 
 // trial runs one failover of kind and the victim's rejoin.
 func (f *failoverRun) trial(kind string, n int) (*Trial, error) {
-	if err := f.waitSettled(settleTimeout); err != nil {
+	victim, err := f.waitSettled(settleTimeout)
+	if err != nil {
 		return nil, err
 	}
-	const victim = 0
 	m := f.c.Member(victim)
 	f.rec.reset()
 	time.Sleep(f.cfg.Steady)
@@ -554,13 +649,14 @@ func (f *failoverRun) trial(kind string, n int) (*Trial, error) {
 		return nil, err
 	}
 	tr.GapMs, tr.GapAtMs, tr.ClientGapMs = ms(all), ms(at), ms(lib)
-	// The rejoin: restart the victim, wait until it is active again.
+	// The rejoin: restart the victim, wait until the cluster is settled
+	// (priority: the victim active again; raft: it follows, caught up).
 	r0 := f.rec.now()
 	tr.Outcomes = f.g.out.take(t0)
 	if err := m.Restart(); err != nil {
 		return nil, err
 	}
-	if err := f.waitSettled(settleTimeout); err != nil {
+	if _, err := f.waitSettled(settleTimeout); err != nil {
 		return nil, err
 	}
 	r1 := f.rec.now()
@@ -579,14 +675,14 @@ func ms(ns int64) float64 { return float64(ns) / 1e6 }
 // runFailover starts the cluster and the load and runs every trial,
 // alternating the kinds (kill, term, kill, term, …).
 func runFailover(cfg *failoverConfig, bin string) ([]*Trial, error) {
-	c, err := clustertest.New(clustertest.Options{Mode: clustertest.ModePriority, Members: cfg.Members,
+	c, err := clustertest.New(clustertest.Options{Mode: cfg.Mode, Members: cfg.Members,
 		FailoverTimeout: cfg.Timeout, Binary: bin})
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
 	f := &failoverRun{cfg: cfg, c: c, rec: newRecorder(4 << 20)}
-	if err := f.waitSettled(settleTimeout); err != nil {
+	if _, err := f.waitSettled(settleTimeout); err != nil {
 		return nil, err
 	}
 	if f.g, err = startLoad(c.Addrs(), cfg.Workers, cfg.Probes, f.rec); err != nil {
@@ -597,7 +693,7 @@ func runFailover(cfg *failoverConfig, bin string) ([]*Trial, error) {
 	for n := 1; n <= cfg.Trials; n++ {
 		for _, kind := range cfg.Kinds {
 			if cfg.Progress != nil {
-				cfg.Progress(fmt.Sprintf("trial %d/%d  %s of the active ...", n, cfg.Trials, kind))
+				cfg.Progress(fmt.Sprintf("trial %d/%d  %s of the %s ...", n, cfg.Trials, kind, servingRole(cfg.Mode)))
 			}
 			tr, err := f.trial(kind, n)
 			if err != nil {
@@ -606,7 +702,7 @@ func runFailover(cfg *failoverConfig, bin string) ([]*Trial, error) {
 				return out, fmt.Errorf("trial %d %s: %w\n%s", n, kind, err, b.String())
 			}
 			if cfg.Progress != nil {
-				cfg.Progress("    " + trialLine(tr))
+				cfg.Progress("    " + trialLine(tr, cfg.Mode))
 			}
 			out = append(out, tr)
 		}
@@ -614,14 +710,29 @@ func runFailover(cfg *failoverConfig, bin string) ([]*Trial, error) {
 	return out, nil
 }
 
-// trialLine is a progress summary of one trial.
-func trialLine(tr *Trial) string {
-	s := fmt.Sprintf("member %d served %.0f ms after the signal", tr.Successor, tr.FirstGrantMs)
+// servingRole names the member the trials signal in mode.
+func servingRole(mode string) string {
+	if mode == failoverRaft {
+		return "leader"
+	}
+	return "active"
+}
+
+// trialLine is a progress summary of one trial of a cluster in mode.
+func trialLine(tr *Trial, mode string) string {
+	var s, rejoinGap string
+	if mode == failoverRaft {
+		s = fmt.Sprintf("leader %d %s: ", tr.Victim, tr.Kind)
+		rejoinGap = "gap"
+	} else {
+		rejoinGap = "handover gap"
+	}
+	s += fmt.Sprintf("member %d served %.0f ms after the signal", tr.Successor, tr.FirstGrantMs)
 	if tr.ClientGrantMs > 0 {
 		s += fmt.Sprintf(" (library %.0f ms)", tr.ClientGrantMs)
 	}
-	s += fmt.Sprintf("; longest gap %.1f ms from %+.0f ms (library %.1f ms); rejoined in %.0f ms, handover gap %.1f ms (library %.1f ms); %d answers",
-		tr.GapMs, tr.GapAtMs, tr.ClientGapMs, tr.RejoinMs, tr.RejoinGapMs, tr.RejoinClientGapMs, tr.Answered)
+	s += fmt.Sprintf("; longest gap %.1f ms from %+.0f ms (library %.1f ms); rejoined in %.0f ms, %s %.1f ms (library %.1f ms); %d answers",
+		tr.GapMs, tr.GapAtMs, tr.ClientGapMs, tr.RejoinMs, rejoinGap, tr.RejoinGapMs, tr.RejoinClientGapMs, tr.Answered)
 	if tr.Kind == trialTerm {
 		s += fmt.Sprintf("; exit %d", tr.ExitCode)
 	}
@@ -660,8 +771,8 @@ type failoverSummary struct {
 	RejoinClientGap   spread `json:"rejoin_client_gap_ms"`
 	Rejoin            spread `json:"rejoin_ms"`
 	ExitNonZero       int    `json:"exit_nonzero,omitempty"`
-	LibIndeterminate  int64  `json:"library_indeterminate"` // from the signal until the restart
-	ProbeShuttingDown int64  `json:"probe_e4"`
+	LibIndeterminate  int64  `json:"library_indeterminate"`        // from the signal until the restart
+	ProbeShuttingDown int64  `json:"probe_e4"`                     // acquires and releases answered E 4
 	RejoinLibIndet    int64  `json:"rejoin_library_indeterminate"` // from the restart until settled
 	RejoinProbeE4     int64  `json:"rejoin_probe_e4"`
 }
@@ -685,9 +796,9 @@ func summarizeTrials(trials []*Trial, kinds []string) []failoverSummary {
 				s.ExitNonZero++
 			}
 			s.LibIndeterminate += tr.Outcomes[outIndeterminate].N
-			s.ProbeShuttingDown += tr.Outcomes[outProbeE4].N
+			s.ProbeShuttingDown += e4Answers(tr.Outcomes)
 			s.RejoinLibIndet += tr.RejoinOutcomes[outIndeterminate].N
-			s.RejoinProbeE4 += tr.RejoinOutcomes[outProbeE4].N
+			s.RejoinProbeE4 += e4Answers(tr.RejoinOutcomes)
 		}
 		if len(fg) == 0 {
 			continue
@@ -699,7 +810,8 @@ func summarizeTrials(trials []*Trial, kinds []string) []failoverSummary {
 	return out
 }
 
-// failoverGoal is one of issue 11's failover targets.
+// failoverGoal is one failover target judged over the trials: issue 11's
+// (priority) or PROTOCOL.md §6.2's (raft).
 type failoverGoal struct {
 	What   string  `json:"what"`
 	Limit  float64 `json:"limit_ms"`
@@ -707,15 +819,24 @@ type failoverGoal struct {
 	Worst  float64 `json:"worst_ms"`
 	Met    int     `json:"trials_met"`
 	Trials int     `json:"trials"`
+	// Unit of Limit, Median and Worst when they are not milliseconds (the
+	// JSON names keep _ms).
+	Unit string `json:"unit,omitempty"`
 }
 
-// failoverGoals judges kill -9 (first grant by the successor ≤ 1.5 s at the
-// default 1 s timeout) and SIGTERM (the planned handover's longest gap ≤
-// 100 ms) over the trials.
-func failoverGoals(trials []*Trial) []failoverGoal {
+// goalAnswers is the Unit of a goal that counts answers.
+const goalAnswers = "answers"
+
+// failoverGoals judges the trials of a cluster in mode. Priority (issue
+// 11): kill -9, first grant by the successor ≤ 1.5 s at the default 1 s
+// timeout; SIGTERM, the planned handover's longest gap ≤ 100 ms. Raft
+// (PROTOCOL.md §6.2, issue 12): kill -9 of the leader, first grant by the
+// new leader ≤ 3 s; SIGTERM, first grant by the successor ≤ 500 ms and no
+// answer E 4.
+func failoverGoals(trials []*Trial, mode string) []failoverGoal {
 	var out []failoverGoal
-	judge := func(what, kind string, limit float64, f func(*Trial) float64) {
-		g := failoverGoal{What: what, Limit: limit}
+	judge := func(what, kind, unit string, limit float64, f func(*Trial) float64) {
+		g := failoverGoal{What: what, Limit: limit, Unit: unit}
 		var v []float64
 		for _, tr := range trials {
 			if tr.Kind == kind {
@@ -731,15 +852,28 @@ func failoverGoals(trials []*Trial) []failoverGoal {
 		g.Trials, g.Median, g.Worst = len(v), median(v), slices.Max(v)
 		out = append(out, g)
 	}
-	judge("kill -9 of the active: first grant by the successor ≤ 1.5 s", trialKill, 1500, func(tr *Trial) float64 { return tr.FirstGrantMs })
-	judge("SIGTERM of the active: planned handover unavailability (longest gap) ≤ 100 ms", trialTerm, 100, func(tr *Trial) float64 { return tr.GapMs })
+	firstGrant := func(tr *Trial) float64 { return tr.FirstGrantMs }
+	if mode == failoverRaft {
+		judge("kill -9 of the leader: first grant by the new leader ≤ 3 s (§6.2)", trialKill, "", 3000, firstGrant)
+		judge("SIGTERM of the leader: first grant by the successor ≤ 500 ms (§6.2)", trialTerm, "", 500, firstGrant)
+		judge("SIGTERM of the leader: no answer E 4 (§6.2)", trialTerm, goalAnswers, 0,
+			func(tr *Trial) float64 { return float64(e4Answers(tr.Outcomes)) })
+		return out
+	}
+	judge("kill -9 of the active: first grant by the successor ≤ 1.5 s", trialKill, "", 1500, firstGrant)
+	judge("SIGTERM of the active: planned handover unavailability (longest gap) ≤ 100 ms", trialTerm, "", 100,
+		func(tr *Trial) float64 { return tr.GapMs })
 	return out
 }
 
-// failoverTables renders the trials, their summary, the goals and the
-// non-answers: per trial (withOutcomes, for the text output), else summed
-// over the trials of a kind in a table of their own (for Markdown).
-func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal, withOutcomes bool) (heads [][]string, tables [][][]string) {
+// failoverTables renders the trials of a cluster in mode, their summary,
+// the goals and the non-answers: per trial (withOutcomes, for the text
+// output), else summed over the trials of a kind in a table of their own
+// (for Markdown). Raft's tables name the victim of each trial (the leader
+// then, any member) and the successor "new leader"; there is no handover
+// in its rejoin.
+func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal, mode string, withOutcomes bool) (heads [][]string, tables [][][]string) {
+	raft := mode == failoverRaft
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
 	sp := func(s spread) string {
 		if s.N == 0 {
@@ -749,6 +883,10 @@ func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal, 
 	}
 	h := []string{"kind", "trial", "successor", "first grant ms", "library first grant ms", "longest gap ms (from)", "library gap ms",
 		"rejoin ms", "rejoin gap ms", "library rejoin gap ms", "exit", "answers"}
+	if raft {
+		h = slices.Insert(h, 2, "leader killed/stopped")
+		h[3] = "new leader"
+	}
 	if withOutcomes {
 		h = append(h, "not answered (failover)", "not answered (rejoin)")
 	}
@@ -765,6 +903,9 @@ func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal, 
 		row := []string{tr.Kind, strconv.Itoa(tr.N), strconv.Itoa(tr.Successor), f(tr.FirstGrantMs), cg,
 			fmt.Sprintf("%s (%+.0f)", f(tr.GapMs), tr.GapAtMs), f(tr.ClientGapMs), f(tr.RejoinMs), f(tr.RejoinGapMs), f(tr.RejoinClientGapMs), exit,
 			strconv.Itoa(tr.Answered)}
+		if raft {
+			row = slices.Insert(row, 2, strconv.Itoa(tr.Victim))
+		}
 		if withOutcomes {
 			row = append(row, outcomeText(tr.Outcomes), outcomeText(tr.RejoinOutcomes))
 		}
@@ -773,6 +914,9 @@ func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal, 
 	heads, tables = append(heads, h), append(tables, rows)
 	h = []string{"kind", "trials", "first grant ms (median · worst)", "library first grant", "longest gap", "library gap",
 		"rejoin", "rejoin handover gap", "library rejoin gap", "library indeterminate (failover · rejoin)", "probe E4 (failover · rejoin)"}
+	if raft {
+		h[7] = "rejoin gap"
+	}
 	rows = nil
 	for _, s := range sums {
 		rows = append(rows, []string{s.Kind, strconv.Itoa(s.FirstGrant.N), sp(s.FirstGrant), sp(s.ClientGrant), sp(s.Gap), sp(s.ClientGap),
@@ -781,9 +925,19 @@ func failoverTables(trials []*Trial, sums []failoverSummary, gs []failoverGoal, 
 	}
 	heads, tables = append(heads, h), append(tables, rows)
 	h = []string{"failover target", "median ms", "worst ms", "met"}
+	unit := func(string) string { return "" }
+	if slices.ContainsFunc(gs, func(g failoverGoal) bool { return g.Unit != "" }) {
+		h[1], h[2] = "median", "worst"
+		unit = func(u string) string {
+			if u == "" {
+				return " ms"
+			}
+			return " " + u
+		}
+	}
 	rows = nil
 	for _, g := range gs {
-		rows = append(rows, []string{g.What, f(g.Median), f(g.Worst), fmt.Sprintf("%d of %d trials", g.Met, g.Trials)})
+		rows = append(rows, []string{g.What, f(g.Median) + unit(g.Unit), f(g.Worst) + unit(g.Unit), fmt.Sprintf("%d of %d trials", g.Met, g.Trials)})
 	}
 	heads, tables = append(heads, h), append(tables, rows)
 	if !withOutcomes {
@@ -869,7 +1023,7 @@ func failoverCmd(o *options, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 1
 	}
-	sums, gs, loadEnd := summarizeTrials(trials, cfg.Kinds), failoverGoals(trials), loadAvg()
+	sums, gs, loadEnd := summarizeTrials(trials, cfg.Kinds), failoverGoals(trials, cfg.Mode), loadAvg()
 	doc := struct {
 		Machine   string            `json:"machine"`
 		LoadStart string            `json:"load_start"`
@@ -889,11 +1043,15 @@ func failoverCmd(o *options, stdout, stderr io.Writer) int {
 	write := writeText
 	if o.markdown {
 		write = writeMarkdown
-		fmt.Fprintf(stdout, "Machine: %s. Priority cluster of %d members, --failover-timeout %v; %d library workers, %d probes.\n",
-			machine(), cfg.Members, cfg.Timeout, cfg.Workers, cfg.Probes)
+		cluster := "Priority cluster"
+		if cfg.Mode == failoverRaft {
+			cluster = "Raft cluster (fsync on)"
+		}
+		fmt.Fprintf(stdout, "Machine: %s. %s of %d members, --failover-timeout %v; %d library workers, %d probes.\n",
+			machine(), cluster, cfg.Members, cfg.Timeout, cfg.Workers, cfg.Probes)
 	}
 	fmt.Fprintf(stdout, "Load average (1, 5, 15 min): %s at the start, %s at the end.\n\n", o.loadStart, loadEnd)
-	heads, tables := failoverTables(trials, sums, gs, !o.markdown)
+	heads, tables := failoverTables(trials, sums, gs, cfg.Mode, !o.markdown)
 	for i := range heads {
 		write(stdout, heads[i], tables[i])
 		fmt.Fprintln(stdout)

@@ -59,6 +59,13 @@ type options struct {
 	failover  failoverConfig
 }
 
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{cfg: defaultConfig(), failover: defaultFailover()}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -88,9 +95,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.lockdBin, "lockd-bin", "", "the lockd binary of the targets made of lockd processes (lockd-priority, lockd-raft, lockd-bin; default: built from this tree)")
 	fs.DurationVar(&o.lagEvery, "lag-every", 10*time.Millisecond, "lockd-priority: read the active's replication lag this often during a run (0: not at all)")
 	fo := &o.failover
-	fs.IntVar(&fo.Trials, "failover", 0, "instead of the suite: N trials of each -failover-kinds on a priority cluster under load (median and worst; ≥ 10 for BENCHMARKS.md)")
-	fs.IntVar(&fo.Members, "failover-members", fo.Members, "failover: members of the priority cluster, 2..7")
-	kinds := fs.String("failover-kinds", strings.Join(fo.Kinds, ","), "failover: kill (SIGKILL of the active) and/or term (SIGTERM: a planned handover), alternated")
+	fs.IntVar(&fo.Trials, "failover", 0, "instead of the suite: N trials of each -failover-kinds on a cluster (-failover-mode) under load (median and worst; ≥ 10 for BENCHMARKS.md)")
+	fs.StringVar(&fo.Mode, "failover-mode", fo.Mode, "failover: the cluster, priority (signals the active) or raft (signals the current leader)")
+	fs.IntVar(&fo.Members, "failover-members", fo.Members, "failover: members of the cluster, priority 2..7, raft 3..7 (default 3 with -failover-mode raft)")
+	kinds := fs.String("failover-kinds", strings.Join(fo.Kinds, ","), "failover: kill (SIGKILL of the active or leader) and/or term (SIGTERM: a planned handover), alternated")
 	fs.IntVar(&fo.Workers, "failover-workers", fo.Workers, "failover: goroutines of the client library looping acquire → release")
 	fs.IntVar(&fo.Probes, "failover-probes", fo.Probes, "failover: raw probe connections that know which member answers")
 	fs.DurationVar(&fo.Timeout, "failover-timeout", fo.Timeout, "failover: the cluster's --failover-timeout")
@@ -103,11 +111,22 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil, fmt.Errorf("-failover-kinds: unknown kind %q (want kill, term)", k)
 		}
 	}
+	minMembers := 2
+	switch fo.Mode {
+	case failoverPriority:
+	case failoverRaft:
+		minMembers = 3 // a kill must leave a majority
+	default:
+		return nil, fmt.Errorf("-failover-mode: unknown mode %q (want priority, raft)", fo.Mode)
+	}
+	if !flagSet(fs, "failover-members") {
+		fo.Members = minMembers
+	}
 	switch {
 	case fo.Trials < 0 || fo.Trials > 1000:
 		return nil, errors.New("-failover must be 0..1000")
-	case fo.Members < 2 || fo.Members > 7:
-		return nil, errors.New("-failover-members must be 2..7")
+	case fo.Members < minMembers || fo.Members > 7:
+		return nil, fmt.Errorf("-failover-members must be %d..7 with -failover-mode %s", minMembers, fo.Mode)
 	case len(fo.Kinds) == 0:
 		return nil, errors.New("-failover-kinds: give kill, term or both")
 	case fo.Workers < 0 || fo.Workers > 1024:

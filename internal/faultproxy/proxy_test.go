@@ -600,10 +600,11 @@ func TestFaultsUnderTraffic(t *testing.T) {
 			}
 		}()
 	}
+	var faults sync.WaitGroup
 	for i := range 3 {
-		wg.Add(1)
+		faults.Add(1)
 		go func() {
-			defer wg.Done()
+			defer faults.Done()
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
 			for {
 				select {
@@ -640,6 +641,7 @@ func TestFaultsUnderTraffic(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	close(stop)
+	faults.Wait() // no fault is injected after the heal below
 	p.Heal()
 	p.ResetAll()
 	wg.Wait()
