@@ -236,10 +236,12 @@ func (p *Priority) ticker() {
 		}
 		now := p.clock()
 		p.mu.Lock()
-		wasChecking := p.roles.checking()
+		wasChecking, lastTick := p.roles.checking(), p.roles.lastTick
 		c := p.roles.tick(now)
 		if !wasChecking && p.roles.checking() {
-			p.log.Warn("this member was frozen or stalled: executing nothing until the others answer", "gap", time.Duration(now-p.roles.lastTick))
+			// Serve again only through resumeServing (the check's end).
+			p.ready = false
+			p.log.Warn("this member was frozen or stalled: executing nothing until the others answer", "gap", time.Duration(now-lastTick))
 		}
 		p.mu.Unlock()
 		p.act(c, "tick")
@@ -288,8 +290,15 @@ func (p *Priority) heardHeartbeat(from int, hb *Heartbeat) {
 	c := p.roles.heard(now, from, ps)
 	if p.roles.role == RoleActive && hb.Role == RoleActive {
 		// Another active (a healed partition, a frozen member): whichever
-		// stays, tokens must go on above everything the other issued.
-		p.table.Tokens().Observe(hb.TokenLast)
+		// stays, tokens must go on above everything the other issued. Its
+		// heartbeat is already a little old: since it, the other may have
+		// granted up to its reservation and extended that once more (an
+		// extension reserves two blocks past its last token, and a second
+		// one needs a block of grants, far more than a heartbeat interval
+		// allows). So this member's next token is above all of that; until
+		// its reserver has made the jump safe, acquires get B.
+		floor := max(hb.TokenLast, hb.Reserved) + 2*p.cfg.TokenBlock
+		p.table.Tokens().Observe(floor)
 		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
 	}
 	// A standby that follows this active but is not in the stream (its
@@ -315,7 +324,7 @@ type action struct {
 // readers and the ticker never wait for a handover or a reservation (a
 // handover waits for an answer that a reader must deliver).
 func (p *Priority) act(c change, why string) {
-	if !c.promote && !c.demote && c.follow < 0 && c.handover < 0 {
+	if !c.promote && !c.demote && c.follow < 0 && c.handover < 0 && !c.resume {
 		return
 	}
 	select {
@@ -340,6 +349,8 @@ func (p *Priority) actor() {
 // carryOut does what a change of the role machine asks.
 func (p *Priority) carryOut(c change, why string) {
 	switch {
+	case c.resume:
+		p.resumeServing(c.raise)
 	case c.promote:
 		p.stats.failovers.Add(1)
 		p.becomeActive(0, why)
@@ -395,6 +406,34 @@ func (p *Priority) becomeActive(handoffToken uint64, why string) {
 	p.ready = p.roles.role == RoleActive
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
+	p.publish(g)
+}
+
+// resumeServing is an active's return to service after its freeze check.
+// When the check ended because a member it knew stayed silent for a full
+// failover timeout (it may be alone, or cut off while the others promoted
+// someone), its tokens first jump above the wall clock plus the timeout,
+// as a promotion's do, so that they exceed whatever a successor issued
+// while this member was frozen (clocks agreeing within the timeout); the
+// jump is reserved before the gate opens.
+func (p *Priority) resumeServing(raise bool) {
+	tokens := p.table.Tokens()
+	if raise {
+		if !p.noWallFloor {
+			tokens.Observe(WallFloor() + uint64(p.timeout()))
+		}
+		limit := max(tokens.Limit(), tokens.Last()) + p.cfg.TokenBlock
+		if err := p.reserve(limit); err != nil {
+			p.log.Error("reservation after the freeze check failed: acquires get B until it succeeds", "err", err)
+		} else {
+			tokens.Extend(limit)
+		}
+	}
+	p.mu.Lock()
+	p.ready = p.roles.serving()
+	g := p.gateFor(p.clock())
+	p.mu.Unlock()
+	p.log.Info("serving again after the freeze check", "raised_tokens", raise, "next_token", tokens.Last()+1)
 	p.publish(g)
 }
 

@@ -24,6 +24,10 @@ type change struct {
 	demote   bool // this member stepped down (the active it now follows: follow)
 	follow   int  // start following this active (-1: no change): reset and request a snapshot
 	handover int  // start a planned handover to this member (-1: none)
+	// resume: an active's freeze check ended: it may serve again; raise:
+	// it ended by silence (a member it knew never answered for a full
+	// timeout), so its tokens are raised first.
+	resume, raise bool
 }
 
 func noChange() change { return change{follow: -1, handover: -1} }
@@ -140,22 +144,27 @@ func (r *roles) tick(now int64) change {
 }
 
 // checkResumed ends the freeze check once every member live before it has
-// echoed a probe sent after resuming, or a full timeout has passed.
-func (r *roles) checkResumed(now int64) {
+// echoed a probe sent after resuming, or a full timeout has passed. It
+// reports whether the check ended by the timeout while some member it knew
+// never answered (an active then raises its tokens before serving).
+func (r *roles) checkResumed(now int64) (ended, bySilence bool) {
 	if !r.checking() {
-		return
+		return false, false
 	}
-	if now-r.resumeAt < r.timeout {
-		for i := range r.peers {
-			if p := &r.peers[i]; p.lastKnown && p.echo < r.resumeProbe && p.role != RoleLeaving {
-				return
-			}
+	silent := false
+	for i := range r.peers {
+		if p := &r.peers[i]; p.lastKnown && p.echo < r.resumeProbe && p.role != RoleLeaving {
+			silent = true
 		}
+	}
+	if silent && now-r.resumeAt < r.timeout {
+		return false, false
 	}
 	r.resumeProbe = 0
 	for i := range r.peers {
 		r.peers[i].lastKnown = false
 	}
+	return true, silent
 }
 
 // bestActive returns the live member that says it is active and became
@@ -175,7 +184,7 @@ func (r *roles) bestActive(now int64) int {
 
 // decide applies the rules after the view changed.
 func (r *roles) decide(now int64, c change) change {
-	r.checkResumed(now)
+	ended, silent := r.checkResumed(now)
 	switch r.role {
 	case RoleActive:
 		if a := r.bestActive(now); a >= 0 && beats(r.peers[a].epoch, a, r.epoch, r.self) {
@@ -183,6 +192,9 @@ func (r *roles) decide(now int64, c change) change {
 			r.role, r.active, r.epoch, r.inSync = RoleStandby, a, r.peers[a].epoch, false
 			c.demote, c.follow = true, a
 			return c
+		}
+		if ended {
+			c.resume, c.raise = true, silent
 		}
 		if r.checking() {
 			return c

@@ -275,6 +275,40 @@ func TestRolesFrozenActiveAlone(t *testing.T) {
 	if !s.m[0].serving() {
 		t.Fatal("not serving after a full timeout alone")
 	}
+	// It serves again through a resume that raises its tokens first: the
+	// others' silence may hide a successor that granted meanwhile.
+	raised := false
+	for _, c := range s.changes[0] {
+		raised = raised || (c.resume && c.raise)
+	}
+	if !raised {
+		t.Fatalf("no resume with raised tokens after a check ended by silence: %+v", s.changes[0])
+	}
+}
+
+// TestRolesResumeAfterEchoes: a check that ends because every member
+// answered resumes without raising tokens.
+func TestRolesResumeAfterEchoes(t *testing.T) {
+	s := newSim(t, 3)
+	s.step(2 * time.Second)
+	s.wantActive(0)
+	r := s.m[0]
+	s.now += int64(700 * time.Millisecond) // a stall past T/2, not a failover
+	s.changes[0] = nil
+	s.step(300 * time.Millisecond)
+	if !r.serving() {
+		t.Fatal("not serving after every member answered")
+	}
+	resumed := false
+	for _, c := range s.changes[0] {
+		if c.resume && c.raise {
+			t.Fatalf("tokens raised although every member answered: %+v", s.changes[0])
+		}
+		resumed = resumed || c.resume
+	}
+	if !resumed {
+		t.Fatalf("no resume after the check: %+v", s.changes[0])
+	}
 }
 
 func TestRolesFrozenStandbyDoesNotPromoteAtOnce(t *testing.T) {

@@ -264,6 +264,29 @@ func TestPriorityPartitionHeals(t *testing.T) {
 	if mid <= before {
 		t.Fatalf("token %d on the new side not above %d", mid, before)
 	}
+	// The isolated old active keeps granting (it cannot know) until it
+	// steps down after the heal: every token either side issued must be
+	// below every token issued after the heal.
+	var splitMax atomic.Uint64
+	splitMax.Store(max(before, mid))
+	granting := make(chan struct{})
+	go func() {
+		defer close(granting)
+		for i := 0; ; i++ {
+			r, err := conn.Do(proto.AppendAcquire(nil, 0, 5, uint64(100+i), fmt.Sprintf("old-side/%d", i)))
+			if err != nil || r.Op == proto.OpMoved {
+				return
+			}
+			if r.Op == proto.OpAcquire && r.Token > splitMax.Load() {
+				splitMax.Store(r.Token)
+			}
+		}
+	}()
+	for i := range 200 { // and the new side too, up to the heal
+		if tok := grant(t, bc, fmt.Sprintf("new-side/%d", i), 5, uint64(1000+i)); tok > splitMax.Load() {
+			splitMax.Store(tok)
+		}
+	}
 	mark := c.Member(a).LogMark()
 	c.Heal()
 	healed := time.Now()
@@ -281,9 +304,14 @@ func TestPriorityPartitionHeals(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	select {
+	case <-granting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the old active still grants 10 s after the heal")
+	}
 	wc := dial(t, c, 0)
-	if after := grant(t, wc, "post", 10, 3); after <= mid || after <= before {
-		t.Fatalf("token %d after the heal not above %d and %d", after, mid, before)
+	if after := grant(t, wc, "post", 10, 3); after <= splitMax.Load() {
+		t.Fatalf("token %d after the heal not above %d, the largest either side issued during the split", after, splitMax.Load())
 	}
 	if held, tok := keyState(t, c, 0, "split"); !held || tok != mid {
 		t.Fatalf("the lock granted by the surviving side: held=%v token %d, want %d", held, tok, mid)
