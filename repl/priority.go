@@ -350,7 +350,7 @@ func (p *Priority) actor() {
 func (p *Priority) carryOut(c change, why string) {
 	switch {
 	case c.resume:
-		p.resumeServing(c.raise)
+		p.resumeServing()
 	case c.promote:
 		p.stats.failovers.Add(1)
 		p.becomeActive(0, why)
@@ -409,31 +409,30 @@ func (p *Priority) becomeActive(handoffToken uint64, why string) {
 	p.publish(g)
 }
 
-// resumeServing is an active's return to service after its freeze check.
-// When the check ended because a member it knew stayed silent for a full
-// failover timeout (it may be alone, or cut off while the others promoted
-// someone), its tokens first jump above the wall clock plus the timeout,
-// as a promotion's do, so that they exceed whatever a successor issued
-// while this member was frozen (clocks agreeing within the timeout); the
-// jump is reserved before the gate opens.
-func (p *Priority) resumeServing(raise bool) {
+// resumeServing is an active's return to service after its freeze check:
+// before its gate opens, its tokens jump above the wall clock plus the
+// failover timeout, as a promotion's do, and the jump is reserved. A
+// member it did not hear from after resuming — one it did not know as
+// live before the freeze, or one that stayed silent for the whole check —
+// may have been promoted meanwhile; its tokens are below that floor
+// (clocks agreeing within the timeout; docs/DESIGN.md "Tokens across a
+// failover").
+func (p *Priority) resumeServing() {
 	tokens := p.table.Tokens()
-	if raise {
-		if !p.noWallFloor {
-			tokens.Observe(WallFloor() + uint64(p.timeout()))
-		}
-		limit := max(tokens.Limit(), tokens.Last()) + p.cfg.TokenBlock
-		if err := p.reserve(limit); err != nil {
-			p.log.Error("reservation after the freeze check failed: acquires get B until it succeeds", "err", err)
-		} else {
-			tokens.Extend(limit)
-		}
+	if !p.noWallFloor {
+		tokens.Observe(WallFloor() + uint64(p.timeout()))
+	}
+	limit := max(tokens.Limit(), tokens.Last()) + p.cfg.TokenBlock
+	if err := p.reserve(limit); err != nil {
+		p.log.Error("reservation after the freeze check failed: acquires get B until it succeeds", "err", err)
+	} else {
+		tokens.Extend(limit)
 	}
 	p.mu.Lock()
 	p.ready = p.roles.serving()
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
-	p.log.Info("serving again after the freeze check", "raised_tokens", raise, "next_token", tokens.Last()+1)
+	p.log.Info("serving again after the freeze check", "next_token", tokens.Last()+1)
 	p.publish(g)
 }
 

@@ -24,10 +24,10 @@ type change struct {
 	demote   bool // this member stepped down (the active it now follows: follow)
 	follow   int  // start following this active (-1: no change): reset and request a snapshot
 	handover int  // start a planned handover to this member (-1: none)
-	// resume: an active's freeze check ended: it may serve again; raise:
-	// it ended by silence (a member it knew never answered for a full
-	// timeout), so its tokens are raised first.
-	resume, raise bool
+	// resume: an active's freeze check ended: it may serve again, once its
+	// tokens are raised (a member it did not hear from after resuming may
+	// have been promoted meanwhile).
+	resume bool
 }
 
 func noChange() change { return change{follow: -1, handover: -1} }
@@ -144,27 +144,24 @@ func (r *roles) tick(now int64) change {
 }
 
 // checkResumed ends the freeze check once every member live before it has
-// echoed a probe sent after resuming, or a full timeout has passed. It
-// reports whether the check ended by the timeout while some member it knew
-// never answered (an active then raises its tokens before serving).
-func (r *roles) checkResumed(now int64) (ended, bySilence bool) {
+// echoed a probe sent after resuming, or a full timeout has passed, and
+// reports whether it ended now.
+func (r *roles) checkResumed(now int64) (ended bool) {
 	if !r.checking() {
-		return false, false
+		return false
 	}
-	silent := false
-	for i := range r.peers {
-		if p := &r.peers[i]; p.lastKnown && p.echo < r.resumeProbe && p.role != RoleLeaving {
-			silent = true
+	if now-r.resumeAt < r.timeout {
+		for i := range r.peers {
+			if p := &r.peers[i]; p.lastKnown && p.echo < r.resumeProbe && p.role != RoleLeaving {
+				return false
+			}
 		}
-	}
-	if silent && now-r.resumeAt < r.timeout {
-		return false, false
 	}
 	r.resumeProbe = 0
 	for i := range r.peers {
 		r.peers[i].lastKnown = false
 	}
-	return true, silent
+	return true
 }
 
 // bestActive returns the live member that says it is active and became
@@ -184,7 +181,7 @@ func (r *roles) bestActive(now int64) int {
 
 // decide applies the rules after the view changed.
 func (r *roles) decide(now int64, c change) change {
-	ended, silent := r.checkResumed(now)
+	ended := r.checkResumed(now)
 	switch r.role {
 	case RoleActive:
 		if a := r.bestActive(now); a >= 0 && beats(r.peers[a].epoch, a, r.epoch, r.self) {
@@ -194,7 +191,7 @@ func (r *roles) decide(now int64, c change) change {
 			return c
 		}
 		if ended {
-			c.resume, c.raise = true, silent
+			c.resume = true
 		}
 		if r.checking() {
 			return c
