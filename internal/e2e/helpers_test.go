@@ -191,3 +191,31 @@ func noRaces(t *testing.T, c *clustertest.Cluster) {
 		}
 	})
 }
+
+// redirects checks that a member that is not the active/leader answers
+// every op, ping included, with M naming want and executes nothing, and
+// that validation ranks before M (a bad lease is E 3). tok is a token held
+// on the active, for the release and renew.
+func redirects(t *testing.T, conn *clustertest.Conn, tok uint64, want, who string) {
+	t.Helper()
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		op    proto.Op
+		id    uint64
+	}{
+		{"acquire", proto.AppendAcquire(nil, 5, 10, 7, "free"), proto.OpAcquire, 7},
+		{"acquire held", proto.AppendAcquire(nil, 0, 10, 8, "held"), proto.OpAcquire, 8},
+		{"release", proto.AppendRelease(nil, tok, "held"), proto.OpRelease, tok},
+		{"renew", proto.AppendRenew(nil, 10, tok, "held"), proto.OpRenew, tok},
+		{"ping", proto.AppendPing(nil, 99), proto.OpPing, 99},
+	} {
+		r := do(t, conn, tc.frame)
+		if r.Op != proto.OpMoved || r.ReqOp != tc.op || r.ID != tc.id || string(r.Tail) != want {
+			t.Fatalf("%s on %s: %c op=%c id=%d tail=%q, want M %c %d %q", tc.name, who, r.Op, r.ReqOp, r.ID, r.Tail, tc.op, tc.id, want)
+		}
+	}
+	if r := do(t, conn, proto.AppendAcquire(nil, 0, 0, 9, "k")); r.Op != proto.OpError || r.Code != proto.CodeBadLease {
+		t.Fatalf("bad lease on %s: %c code %d", who, r.Op, r.Code)
+	}
+}

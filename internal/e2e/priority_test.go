@@ -35,29 +35,7 @@ func TestPriorityStandbyRedirects(t *testing.T) {
 	}
 	act := dial(t, c, 0)
 	tok := grant(t, act, "held", 60, 1)
-	sb := dial(t, c, 1)
-	want := c.Member(0).Addr()
-	for _, tc := range []struct {
-		name  string
-		frame []byte
-		op    proto.Op
-		id    uint64
-	}{
-		{"acquire", proto.AppendAcquire(nil, 5, 10, 7, "free"), proto.OpAcquire, 7},
-		{"acquire held", proto.AppendAcquire(nil, 0, 10, 8, "held"), proto.OpAcquire, 8},
-		{"release", proto.AppendRelease(nil, tok, "held"), proto.OpRelease, tok},
-		{"renew", proto.AppendRenew(nil, 10, tok, "held"), proto.OpRenew, tok},
-		{"ping", proto.AppendPing(nil, 99), proto.OpPing, 99},
-	} {
-		r := do(t, sb, tc.frame)
-		if r.Op != proto.OpMoved || r.ReqOp != tc.op || r.ID != tc.id || string(r.Tail) != want {
-			t.Fatalf("%s on a standby: %c op=%c id=%d tail=%q, want M %c %d %q", tc.name, r.Op, r.ReqOp, r.ID, r.Tail, tc.op, tc.id, want)
-		}
-	}
-	// Validation ranks before M: a bad lease is E 3 on any member.
-	if r := do(t, sb, proto.AppendAcquire(nil, 0, 0, 9, "k")); r.Op != proto.OpError || r.Code != proto.CodeBadLease {
-		t.Fatalf("bad lease on a standby: %c code %d", r.Op, r.Code)
-	}
+	redirects(t, dial(t, c, 1), tok, c.Member(0).Addr(), "a standby")
 	// Nothing executed: the key is still held by the same token, free
 	// stays free.
 	if held, got := keyState(t, c, 0, "held"); !held || got != tok {

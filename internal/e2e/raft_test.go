@@ -120,27 +120,7 @@ func TestRaftFollowersRedirect(t *testing.T) {
 		if f.Index() == l {
 			continue
 		}
-		fc := dial(t, c, f.Index())
-		for _, tc := range []struct {
-			name  string
-			frame []byte
-			op    proto.Op
-			id    uint64
-		}{
-			{"acquire", proto.AppendAcquire(nil, 5, 10, 7, "free"), proto.OpAcquire, 7},
-			{"acquire held", proto.AppendAcquire(nil, 0, 10, 8, "held"), proto.OpAcquire, 8},
-			{"release", proto.AppendRelease(nil, tok, "held"), proto.OpRelease, tok},
-			{"renew", proto.AppendRenew(nil, 10, tok, "held"), proto.OpRenew, tok},
-			{"ping", proto.AppendPing(nil, 99), proto.OpPing, 99},
-		} {
-			r := do(t, fc, tc.frame)
-			if r.Op != proto.OpMoved || r.ReqOp != tc.op || r.ID != tc.id || string(r.Tail) != want {
-				t.Fatalf("%s on follower %d: %c op=%c id=%d tail=%q, want M %c %d %q", tc.name, f.Index(), r.Op, r.ReqOp, r.ID, r.Tail, tc.op, tc.id, want)
-			}
-		}
-		if r := do(t, fc, proto.AppendAcquire(nil, 0, 0, 9, "k")); r.Op != proto.OpError || r.Code != proto.CodeBadLease {
-			t.Fatalf("bad lease on a follower: %c code %d", r.Op, r.Code)
-		}
+		redirects(t, dial(t, c, f.Index()), tok, want, fmt.Sprintf("follower %d", f.Index()))
 	}
 	settleKeys(t, c, map[string]uint64{"held": tok})
 	// The leader's /status and /metrics show the log.
