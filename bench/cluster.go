@@ -43,9 +43,17 @@ const (
 	mFailovers = "lockd_cluster_failovers_total"
 	mHandovers = "lockd_cluster_handovers_total"
 	mEpoch     = "lockd_cluster_epoch"
+	// raft mode: the leader's log entries of lock changes and the changes
+	// in them.
+	mRaftEntries = "lockd_raft_entries_total"
+	mRaftRecords = "lockd_raft_entry_records_total"
 )
 
-var replCounters = []string{mRecords, mBatches, mRawBytes, mWireBytes, mFailovers, mHandovers, mEpoch}
+var replCounters = []string{mRecords, mBatches, mRawBytes, mWireBytes, mFailovers, mHandovers, mEpoch, mRaftEntries, mRaftRecords}
+
+// raftEvery is how often a lockd-raft run reads the leader's /status (its
+// commit latency and entry count) when lag sampling is on.
+const raftEvery = 100 * time.Millisecond
 
 // ReplStats is what a run on a cluster target measured besides the load
 // generator's figures.
@@ -77,6 +85,20 @@ type ReplStats struct {
 	EpochFrom uint64  `json:"epoch_from,omitempty"`
 	EpochTo   uint64  `json:"epoch_to,omitempty"`
 	SettleMs  float64 `json:"settle_ms"` // the wait for the cluster to settle before the run
+
+	// raft mode, from the leader: Entries and EntryRecords are counter
+	// deltas over the whole run (log entries of lock changes, and the
+	// changes in them); EntriesPerSec is the entry rate over the measured
+	// window and CommitP50/CommitP99 (µs) the medians, over the /status
+	// samples taken in the window, of the leader's commit latency
+	// quantiles (each over its last 1024 entries).
+	Entries         uint64  `json:"raft_entries,omitempty"`
+	EntryRecords    uint64  `json:"raft_entry_records,omitempty"`
+	RecordsPerEntry float64 `json:"raft_records_per_entry,omitempty"`
+	EntriesPerSec   float64 `json:"raft_entries_per_sec,omitempty"`
+	CommitP50       float64 `json:"raft_commit_p50_us,omitempty"`
+	CommitP99       float64 `json:"raft_commit_p99_us,omitempty"`
+	RaftSamples     int     `json:"raft_samples,omitempty"`
 }
 
 // lagSample is one reading of the active's view of its standbys.
@@ -84,6 +106,13 @@ type lagSample struct {
 	at      time.Time
 	secs    float64 // the largest lag over the standbys
 	records uint64
+}
+
+// raftSample is one reading of a raft leader's /status.
+type raftSample struct {
+	at                   time.Time
+	entries              uint64
+	commitP50, commitP99 float64 // seconds
 }
 
 // quantile is the nearest-rank q-quantile of sorted (0 when empty).
@@ -98,7 +127,7 @@ func quantile(sorted []float64, q float64) float64 {
 // replStats computes a run's ReplStats from the counters read before and
 // after it and the lag samples taken meanwhile: only samples inside
 // [from, to) count.
-func replStats(before, after map[string]float64, samples []lagSample, from, to time.Time) *ReplStats {
+func replStats(before, after map[string]float64, samples []lagSample, raft []raftSample, from, to time.Time) *ReplStats {
 	rs := &ReplStats{}
 	delta := func(name string) uint64 {
 		a, okA := after[name]
@@ -112,6 +141,30 @@ func replStats(before, after map[string]float64, samples []lagSample, from, to t
 	rs.RawBytes, rs.WireBytes = delta(mRawBytes), delta(mWireBytes)
 	rs.Failovers, rs.Handovers = delta(mFailovers), delta(mHandovers)
 	rs.EpochFrom, rs.EpochTo = uint64(before[mEpoch]), uint64(after[mEpoch])
+	rs.Entries, rs.EntryRecords = delta(mRaftEntries), delta(mRaftRecords)
+	if rs.Entries > 0 {
+		rs.RecordsPerEntry = float64(rs.EntryRecords) / float64(rs.Entries)
+	}
+	var first, last *raftSample
+	var p50s, p99s []float64
+	for i := range raft {
+		s := &raft[i]
+		if s.at.Before(from) || !s.at.Before(to) {
+			continue
+		}
+		if first == nil {
+			first = s
+		}
+		last = s
+		p50s, p99s = append(p50s, s.commitP50*1e6), append(p99s, s.commitP99*1e6)
+	}
+	rs.RaftSamples = len(p50s)
+	if first != nil && last != first && last.entries >= first.entries {
+		rs.EntriesPerSec = float64(last.entries-first.entries) / last.at.Sub(first.at).Seconds()
+	}
+	slices.Sort(p50s)
+	slices.Sort(p99s)
+	rs.CommitP50, rs.CommitP99 = quantile(p50s, .5), quantile(p99s, .5)
 	if rs.Records > 0 {
 		rs.WirePerRecord = float64(rs.WireBytes) / float64(rs.Records)
 		rs.RawPerRecord = float64(rs.RawBytes) / float64(rs.Records)
@@ -416,22 +469,33 @@ func (ct *clusterTarget) mem() (memStat, error) {
 		RSS: rssOf(ct.c.Member(ct.driven).PID())}, nil
 }
 
-// statusLag reads the active's /status: the largest lag over its standbys
-// and the records not acknowledged then.
-func (ct *clusterTarget) statusLag(url string) (float64, uint64, error) {
+// statusSample reads the driven member's /status: for an active, the
+// largest lag over its standbys and the records not acknowledged then; for
+// a raft leader, its entry count and commit latency.
+func (ct *clusterTarget) statusSample(url string) (lagSample, raftSample, error) {
 	var st struct {
 		Members []struct {
 			LagSeconds float64 `json:"lag_seconds"`
 			LagRecords uint64  `json:"lag_records"`
 		} `json:"members"`
+		Raft *struct {
+			Entries   uint64  `json:"entries"`
+			CommitP50 float64 `json:"commit_p50_seconds"`
+			CommitP99 float64 `json:"commit_p99_seconds"`
+		} `json:"raft"`
 	}
+	at := time.Now()
 	err := ct.get(url+"/status", func(r io.Reader) error { return json.NewDecoder(r).Decode(&st) })
-	var secs float64
-	var recs uint64
+	ls, rs := lagSample{at: at}, raftSample{at: at}
 	for _, m := range st.Members {
-		secs, recs = max(secs, m.LagSeconds), max(recs, m.LagRecords)
+		ls.secs, ls.records = max(ls.secs, m.LagSeconds), max(ls.records, m.LagRecords)
 	}
-	return secs, recs, err
+	if st.Raft != nil {
+		rs.entries, rs.commitP50, rs.commitP99 = st.Raft.Entries, st.Raft.CommitP50, st.Raft.CommitP99
+	} else if err == nil && ct.mode == clustertest.ModeRaft {
+		err = errors.New("/status has no raft section")
+	}
+	return ls, rs, err
 }
 
 // clusterRun is what a cluster target watches during one run.
@@ -443,16 +507,18 @@ type clusterRun struct {
 	done     chan struct{}
 	mu       sync.Mutex
 	samples  []lagSample
+	raft     []raftSample
 	errs     int
 	lagEvery time.Duration
 }
 
 // begin waits until the cluster is settled, points t at the member to
-// drive, reads the counters and starts the lag sampler (priority mode,
-// lagEvery > 0): every lagEvery it reads the active's /status, whose
+// drive, reads the counters and starts the sampler (lagEvery > 0): in
+// priority mode every lagEvery it reads the active's /status, whose
 // members[].lag_seconds is the figure lockd_replication_lag_seconds{member}
 // exports (the same function fills both; /status is cheaper to serve and
-// parse than the whole /metrics page).
+// parse than the whole /metrics page); in raft mode every raftEvery it
+// reads the leader's entry count and commit latency there.
 func (ct *clusterTarget) begin(t *target) (*clusterRun, error) {
 	waited, err := ct.settle(settleTimeout)
 	if err != nil {
@@ -465,14 +531,18 @@ func (ct *clusterTarget) begin(t *target) (*clusterRun, error) {
 	}
 	r := &clusterRun{ct: ct, settle: waited, before: before, stop: make(chan struct{}), done: make(chan struct{}),
 		lagEvery: ct.lagEvery}
-	if ct.mode != clustertest.ModePriority || ct.lagEvery <= 0 {
+	every := ct.lagEvery
+	if ct.mode == clustertest.ModeRaft {
+		every = raftEvery
+	}
+	if ct.mode == clustertest.ModeSingle || ct.lagEvery <= 0 {
 		close(r.done)
 		return r, nil
 	}
 	url := ct.admin()
 	go func() {
 		defer close(r.done)
-		tick := time.NewTicker(ct.lagEvery)
+		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
 			select {
@@ -480,13 +550,15 @@ func (ct *clusterTarget) begin(t *target) (*clusterRun, error) {
 				return
 			case <-tick.C:
 			}
-			at := time.Now()
-			secs, recs, err := ct.statusLag(url)
+			ls, rs, err := ct.statusSample(url)
 			r.mu.Lock()
-			if err != nil {
+			switch {
+			case err != nil:
 				r.errs++
-			} else {
-				r.samples = append(r.samples, lagSample{at: at, secs: secs, records: recs})
+			case ct.mode == clustertest.ModeRaft:
+				r.raft = append(r.raft, rs)
+			default:
+				r.samples = append(r.samples, ls)
 			}
 			r.mu.Unlock()
 		}
@@ -509,7 +581,7 @@ func (r *clusterRun) end(from, to time.Time) (*ReplStats, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rs := replStats(r.before, after, r.samples, from, to)
+	rs := replStats(r.before, after, r.samples, r.raft, from, to)
 	rs.LagErrors = r.errs
 	rs.SettleMs = float64(r.settle) / 1e6
 	if r.ct.mode == clustertest.ModePriority && r.lagEvery > 0 {

@@ -38,7 +38,7 @@ func TestReplStats(t *testing.T) {
 	for i := range 100 {
 		samples = append(samples, lagSample{at: from.Add(time.Duration(i) * time.Millisecond), secs: float64(99-i) / 1e6, records: uint64(i)})
 	}
-	rs := replStats(before, after, samples, from, to)
+	rs := replStats(before, after, samples, nil, from, to)
 	if rs.Records != 2000 || rs.Batches != 20 || rs.RawBytes != 60000 || rs.WireBytes != 30000 || rs.Failovers != 0 {
 		t.Errorf("deltas %+v", rs)
 	}
@@ -54,9 +54,65 @@ func TestReplStats(t *testing.T) {
 	}
 	// A counter that went backwards (the member restarted) or a metric
 	// the node does not export (raft) gives no figure, not garbage.
-	rs = replStats(map[string]float64{mRecords: 500}, map[string]float64{mRecords: 100}, nil, from, to)
+	rs = replStats(map[string]float64{mRecords: 500}, map[string]float64{mRecords: 100}, nil, nil, from, to)
 	if rs.Records != 0 || rs.WirePerRecord != 0 || rs.RecordsPerBatch != 0 || rs.LagSamples != 0 || rs.LagP99 != 0 {
 		t.Errorf("reset counters: %+v", rs)
+	}
+}
+
+func TestReplStatsRaft(t *testing.T) {
+	t0 := time.Now()
+	from, to := t0.Add(time.Second), t0.Add(3*time.Second)
+	before := map[string]float64{mRaftEntries: 100, mRaftRecords: 1000}
+	after := map[string]float64{mRaftEntries: 2100, mRaftRecords: 161000}
+	raft := []raftSample{
+		{at: t0, entries: 0, commitP50: 9, commitP99: 9}, // before the window: ignored
+		{at: from, entries: 500, commitP50: .001, commitP99: .004},
+		{at: from.Add(500 * time.Millisecond), entries: 800, commitP50: .002, commitP99: .005},
+		{at: from.Add(time.Second), entries: 1500, commitP50: .003, commitP99: .009},
+		{at: to, entries: 9999, commitP50: 9, commitP99: 9}, // at the window's end: ignored
+	}
+	rs := replStats(before, after, nil, raft, from, to)
+	if rs.Entries != 2000 || rs.EntryRecords != 160000 || !near(rs.RecordsPerEntry, 80) {
+		t.Errorf("entries %d, records %d, per entry %.2f; want 2000, 160000, 80", rs.Entries, rs.EntryRecords, rs.RecordsPerEntry)
+	}
+	if rs.RaftSamples != 3 || !near(rs.EntriesPerSec, 1000) || !near(rs.CommitP50, 2000) || !near(rs.CommitP99, 5000) {
+		t.Errorf("%d samples, %.1f entries/s, commit p50 %.0f p99 %.0f µs; want 3, 1000, 2000, 5000",
+			rs.RaftSamples, rs.EntriesPerSec, rs.CommitP50, rs.CommitP99)
+	}
+	if line := replLine(rs); !strings.Contains(line, "raft 80.0 records/entry, 1.0k entries/s, commit p50 2.00ms p99 5.00ms (3 samples)") {
+		t.Errorf("replLine %q", line)
+	}
+}
+
+func TestGoalsRaft(t *testing.T) {
+	raft := func(wl string, round int, rate, handoffs float64) *Result {
+		r := fake("lockd-raft", wl, round, rate, handoffs, time.Millisecond)
+		r.Repl = &ReplStats{Entries: 10, EntryRecords: 800, RecordsPerEntry: 80, EntriesPerSec: 500, CommitP50: 900, CommitP99: 3000}
+		return r
+	}
+	rs := []*Result{
+		fake("etcd", wlUncontended, 1, 2000, 0, time.Millisecond), raft(wlUncontended, 1, 30000, 0),
+		fake("etcd", wlContended, 1, 300, 300, time.Millisecond), raft(wlContended, 1, 1800, 1800),
+		fake("etcd", wlUncontended, 2, 2000, 0, time.Millisecond), raft(wlUncontended, 2, 50000, 0),
+	}
+	gs := goals(rs)
+	if len(gs) != 2 {
+		t.Fatalf("%d goals, want 2 (no lockd-priority results): %+v", len(gs), gs)
+	}
+	if g := gs[0]; g.Target != "lockd-raft" || len(g.Rounds) != 2 || !near(g.Median, 20) || g.Met != 1 {
+		t.Errorf("uncontended raft goal %+v: want rounds 15, 25, median 20, met in 1", g)
+	}
+	if g := gs[1]; len(g.Rounds) != 1 || !near(g.Median, 6) || g.Met != 1 {
+		t.Errorf("contended raft goal %+v: want 6×, met", g)
+	}
+	_, rows := goalRows(gs)
+	if got := strings.Join(rows[0], " | "); got != "lockd-raft | uncontended pairs/s ÷ etcd ≥ 20.0× | 15.0×, 25.0× | 20.0× | 1 of 2 rounds" {
+		t.Errorf("goal row %q", got)
+	}
+	_, crow := clusterRows(rs)
+	if got := strings.Join(crow[0], " | "); !strings.Contains(got, "| 80.0 | 500 | 900µs · 3.00ms |") {
+		t.Errorf("raft cluster row %q", got)
 	}
 }
 
@@ -159,14 +215,14 @@ func TestGoalsAndClusterRows(t *testing.T) {
 		t.Errorf("contended lag goal %+v: want median 5 ms, met in 1 of 2 (6 ms > 5 ms)", lag)
 	}
 	_, rows := goalRows(gs)
-	if got := strings.Join(rows[0], " | "); got != "uncontended pairs/s ÷ lockd ≥ 80 % | 90 %, 70 %, 85 % | 85 % | 2 of 3 rounds" {
+	if got := strings.Join(rows[0], " | "); got != "lockd-priority | uncontended pairs/s ÷ lockd ≥ 80 % | 90 %, 70 %, 85 % | 85 % | 2 of 3 rounds" {
 		t.Errorf("goal row %q", got)
 	}
 	_, crow := clusterRows(rs)
 	if len(crow) != 5 {
 		t.Fatalf("%d cluster rows, want 5 (skipped runs left out)", len(crow))
 	}
-	if got := strings.Join(crow[1], " | "); got != "contended | lockd-priority | 1 | 70 grants/s | 70 % | 70 % | 100µs | 6.00ms | 12.00ms | 300 | 15.0 | 30.0 | 100 | 0 | " {
+	if got := strings.Join(crow[1], " | "); got != "contended | lockd-priority | 1 | 70 grants/s | 70 % | 70 % | 100µs | 6.00ms | 12.00ms | 300 | 15.0 | 30.0 | 100 |  |  |  | 0 | " {
 		t.Errorf("cluster row %q", got)
 	}
 	// No lockd-priority results: no goals.

@@ -472,6 +472,10 @@ func replLine(p *ReplStats) string {
 	if p.Records > 0 {
 		s += fmt.Sprintf("%.1f B/record on the wire (%.1f raw), %.0f records/batch  ", p.WirePerRecord, p.RawPerRecord, p.RecordsPerBatch)
 	}
+	if p.Entries > 0 {
+		s += fmt.Sprintf("raft %.1f records/entry, %s entries/s, commit p50 %s p99 %s (%d samples)  ", p.RecordsPerEntry, si(p.EntriesPerSec),
+			durOr0(p.CommitP50), durOr0(p.CommitP99), p.RaftSamples)
+	}
 	s += fmt.Sprintf("settled in %s", dur(p.SettleMs*1e3))
 	if p.Failovers > 0 || p.EpochTo != p.EpochFrom {
 		s += fmt.Sprintf("  FAILOVER during the run (%d; epoch %d → %d)", p.Failovers, p.EpochFrom, p.EpochTo)
