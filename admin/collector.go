@@ -19,6 +19,7 @@ type collector struct {
 
 	// cluster
 	epoch, failovers, handovers, demotions, snapshots, batches, records, rawBytes, wireBytes *prometheus.Desc
+	cancelled                                                                                *prometheus.Desc
 	lagSecs, lagRecords, lagBytes, memberLive                                                *prometheus.Desc
 
 	// raft
@@ -59,7 +60,8 @@ func newCollector(srv *engine.Server, version string) *collector {
 		demotions:         d("cluster_demotions_total", "Times this member stepped down for an active that became active later."),
 		snapshots:         d("cluster_snapshot_transfers_total", "Snapshots of the whole table sent or received.", "direction"),
 		batches:           d("replication_batches_total", "Replication batches sent (active) or applied (standby)."),
-		records:           d("replication_records_total", "State-change records in those batches."),
+		records:           d("replication_records_total", "State changes in those batches (a skip record counts as the changes it stands for)."),
+		cancelled:         d("replication_cancelled_records_total", "Of those, the changes that cancelled out within their batch (a grant ended in it, with its end and renewals) and went as skip records."),
 		rawBytes:          d("replication_raw_bytes_total", "Bytes of those records before compression."),
 		wireBytes:         d("replication_wire_bytes_total", "Bytes of those batches on the member link (compressed, framed); sent by the active."),
 		lagSecs:           d("replication_lag_seconds", "Age of the oldest batch a standby has not acknowledged, as the active measures it: per standby on the active, and member=\"self\" on a standby (its active's last figure).", "member"),
@@ -85,7 +87,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
 		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.foreign,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
-		c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive,
+		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive,
 		c.raftTerm, c.raftCommit, c.raftApplied, c.raftEntries, c.raftEntryRecords, c.raftCommitLatency,
 		c.raftSnapshots, c.raftSnapshotBytes, c.raftElections, c.raftRebuilds} {
 		ch <- d
@@ -162,6 +164,7 @@ func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status
 	counter(c.snapshots, node.SnapshotsReceived, "received")
 	counter(c.batches, node.Batches)
 	counter(c.records, node.Records)
+	counter(c.cancelled, node.Cancelled)
 	counter(c.rawBytes, node.RawBytes)
 	counter(c.wireBytes, node.WireBytes)
 	gauge(c.lagSecs, node.LagSeconds, "self")

@@ -76,7 +76,7 @@ type Priority struct {
 // clusterStats are the counters /metrics shows.
 type clusterStats struct {
 	failovers, handovers, demotions, snapshotsSent, snapshotsReceived atomic.Uint64
-	batches, records, rawBytes, wireBytes                             atomic.Uint64
+	batches, records, rawBytes, wireBytes, cancelled                  atomic.Uint64
 	lagNs                                                             atomic.Int64 // standby: its lag as its active last measured it
 }
 
@@ -675,7 +675,7 @@ func (p *Priority) Status() Status {
 	st.Demotions = p.stats.demotions.Load()
 	st.SnapshotsSent = p.stats.snapshotsSent.Load()
 	st.SnapshotsReceived = p.stats.snapshotsReceived.Load()
-	st.Batches, st.Records = p.stats.batches.Load(), p.stats.records.Load()
+	st.Batches, st.Records, st.Cancelled = p.stats.batches.Load(), p.stats.records.Load(), p.stats.cancelled.Load()
 	st.RawBytes, st.WireBytes = p.stats.rawBytes.Load(), p.stats.wireBytes.Load()
 	if r.role == RoleStandby {
 		st.LagSeconds = float64(p.stats.lagNs.Load()) / 1e9

@@ -74,7 +74,13 @@ var (
 //	kind u8 | shard u16 | seq uvarint | token u64 | lease u8 | keylen uvarint | key
 //
 // kind is shard.RecordKind (1 grant, 2 release, 3 expire, 4 renew); lease
-// is 0 for release and expire.
+// is 0 for release and expire. A skip (kind 5) stands for records of its
+// shard that cancelled out before the batch was cut (a grant and its end,
+// with any renewal between):
+//
+//	5 u8 | shard u16 | seq uvarint | count uvarint
+//
+// the records seq-count+1 … seq (count ≥ 1).
 
 // BatchWriter accumulates records in the batch format in a buffer it
 // reuses after Reset. Not safe for concurrent use.
@@ -103,6 +109,25 @@ func (w *BatchWriter) Add(r *shard.Record) error {
 	w.buf = append(b, r.Key...)
 	w.n++
 	return nil
+}
+
+// AddSkip appends a skip record standing for shard's records from…to.
+func (w *BatchWriter) AddSkip(shardID uint32, from, to uint64) error {
+	if shardID > math.MaxUint16 || from == 0 || from > to {
+		return ErrBadRecord
+	}
+	b := append(w.buf, byte(shard.RecordSkip))
+	b = binary.BigEndian.AppendUint16(b, uint16(shardID))
+	b = binary.AppendUvarint(b, to)
+	w.buf = binary.AppendUvarint(b, to-from+1)
+	w.n++
+	return nil
+}
+
+// addEncoded appends n records already in the batch format.
+func (w *BatchWriter) addEncoded(raw []byte, n int) {
+	w.buf = append(w.buf, raw...)
+	w.n += n
 }
 
 func hasLease(k shard.RecordKind) bool { return k == shard.RecordGrant || k == shard.RecordRenew }
@@ -165,12 +190,23 @@ func decodeRecord(p []byte, r *shard.Record) (int, error) {
 		return 0, ErrTruncated
 	}
 	kind := shard.RecordKind(p[0])
-	if kind < shard.RecordGrant || kind > shard.RecordRenew {
+	if kind < shard.RecordGrant || kind > shard.RecordSkip {
 		return 0, ErrBadRecord
 	}
 	seq, i, err := readUvarint(p, 3)
 	if err != nil {
 		return 0, err
+	}
+	if kind == shard.RecordSkip {
+		count, j, err := readUvarint(p, i)
+		if err != nil {
+			return 0, err
+		}
+		if seq == 0 || count == 0 || count > seq {
+			return 0, ErrBadRecord
+		}
+		*r = shard.Record{Kind: kind, Shard: uint32(binary.BigEndian.Uint16(p[1:])), Seq: seq, From: seq - count + 1}
+		return j, nil
 	}
 	if len(p) < i+9 {
 		return 0, ErrTruncated

@@ -212,6 +212,36 @@ func TestRecordRoundTrip(t *testing.T) {
 	if rr.Err() != nil || rr.Next(&r) {
 		t.Fatalf("end: %v", rr.Err())
 	}
+
+	// Skip records: their layout, refusals and the way back.
+	w.Reset()
+	skips := []shard.Record{
+		{Kind: shard.RecordSkip, Shard: 5, Seq: 3, From: 1},
+		{Kind: shard.RecordSkip, Shard: 65535, Seq: 1<<64 - 1, From: 1},
+		{Kind: shard.RecordSkip, Shard: 0, Seq: 200, From: 200},
+	}
+	for _, sk := range skips {
+		if err := w.AddSkip(sk.Shard, sk.From, sk.Seq); err != nil {
+			t.Fatalf("AddSkip %+v: %v", sk, err)
+		}
+	}
+	if got := fmt.Sprintf("%x", w.Bytes()[:5]); got != "0500050303" {
+		t.Fatalf("skip layout %s, want 05 0005 03 03", got)
+	}
+	for _, bad := range [][3]uint64{{65536, 1, 1}, {0, 0, 1}, {0, 3, 2}} {
+		if err := w.AddSkip(uint32(bad[0]), bad[1], bad[2]); err != ErrBadRecord {
+			t.Fatalf("AddSkip%v: %v", bad, err)
+		}
+	}
+	rr.Reset(w.Bytes())
+	for i := 0; rr.Next(&r); i++ {
+		if !reflect.DeepEqual(r, skips[i]) {
+			t.Fatalf("skip %d: %+v, want %+v", i, r, skips[i])
+		}
+	}
+	if rr.Err() != nil || w.Count() != len(skips) {
+		t.Fatalf("skips: %v, count %d", rr.Err(), w.Count())
+	}
 }
 
 // wireWithin reports whether sub lies inside buf's memory.
@@ -237,7 +267,8 @@ func TestBatchWriterRefuses(t *testing.T) {
 		want error
 	}{
 		{"kind-0", wireRec(0, 0, 1, "k", 1, 0), ErrBadRecord},
-		{"kind-5", wireRec(5, 0, 1, "k", 1, 0), ErrBadRecord},
+		{"kind-5-skip-by-Add", wireRec(shard.RecordSkip, 0, 1, "k", 1, 0), ErrBadRecord},
+		{"kind-6", wireRec(6, 0, 1, "k", 1, 0), ErrBadRecord},
 		{"shard-65536", wireRec(shard.RecordGrant, 65536, 1, "k", 1, 1), ErrBadRecord},
 		{"seq-0", wireRec(shard.RecordGrant, 0, 0, "k", 1, 1), ErrBadRecord},
 		{"token-0", wireRec(shard.RecordGrant, 0, 1, "k", 0, 1), ErrBadRecord},
@@ -272,7 +303,12 @@ func TestRecordReaderRefuses(t *testing.T) {
 		want error
 	}{
 		{"kind-0", "00 0005 01 0000000000000001 1e 01 6b", ErrBadRecord},
-		{"kind-5", "05 0005 01 0000000000000001 1e 01 6b", ErrBadRecord},
+		{"kind-6", "06 0005 01 0000000000000001 1e 01 6b", ErrBadRecord},
+		{"skip-count-0", "05 0005 03 00", ErrBadRecord},
+		{"skip-seq-0", "05 0005 00 01", ErrBadRecord},
+		{"skip-count-above-seq", "05 0005 03 04", ErrBadRecord},
+		{"skip-count-truncated", "05 0005 03", ErrTruncated},
+		{"skip-count-padded", "05 0005 03 8100", ErrBadVarint},
 		{"seq-0", "01 0005 00 0000000000000001 1e 01 6b", ErrBadRecord},
 		{"token-0", "01 0005 01 0000000000000000 1e 01 6b", ErrBadRecord},
 		{"release-lease", "02 0005 01 0000000000000001 1e 01 6b", ErrBadRecord},

@@ -209,7 +209,8 @@ type Status struct {
 	SnapshotsSent     uint64
 	SnapshotsReceived uint64
 	Batches           uint64 // replication batches sent (active) or applied (standby)
-	Records           uint64 // records in them
+	Records           uint64 // the changes in them (a skip record counts as the records it stands for)
+	Cancelled         uint64 // of those, the changes that cancelled out in their batch and went as skip records
 	RawBytes          uint64 // their size before compression
 	WireBytes         uint64 // their size on the member link
 

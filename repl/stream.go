@@ -32,28 +32,36 @@ type outStream struct {
 	kick    chan struct{}
 	done    chan struct{}
 
-	flushMu sync.Mutex // one batch cut at a time (flusher, flushNow)
-	seq     uint64     // batch number, guarded by flushMu
-	raw     []byte
-	swapFn  func(int) // o.swap, bound once (a method value allocates)
-	swapped []int     // records taken from each shard by swap
+	flushMu  sync.Mutex // one batch cut at a time (flusher, flushNow)
+	seq      uint64     // batch number, guarded by flushMu
+	raw      BatchWriter
+	swapFn   func(int) // o.swap, bound once (a method value allocates)
+	swapped  []int     // records taken from each shard by swap
+	mayCut   []bool    // whether swap found shard i's records free to cancel out
+	holdFn   func(int) // o.hold and o.unhold, bound once
+	unholdFn func(int)
+	canceller
 }
 
 // shardBuf is one shard's buffered records. w is written by the Sink
 // under the table's shard lock and swapped with spare by the flusher under
-// the same lock (Table.Locked): the Sink takes no lock of its own. The
+// the same lock (Table.Locked): the Sink takes no lock of its own. ix
+// indexes w's records (kind, token, Seq, end) for the canceller. The
 // padding keeps neighbouring shards' buffers, written by different event
 // loops, off each other's cache lines.
 type shardBuf struct {
-	w, spare BatchWriter
-	n        int // records in w
-	_        [128 - 2*unsafe.Sizeof(BatchWriter{}) - 8]byte
+	w, spare    BatchWriter
+	ix, spareIx []recIx
+	n           int // records in w
+	holds       int // snapshot dumps of this shard in progress
+	dumped      bool
+	_           [256 - 2*unsafe.Sizeof(BatchWriter{}) - 2*unsafe.Sizeof([]recIx{}) - 24]byte
 }
 
 func newOutStream(p *Priority) *outStream {
 	o := &outStream{p: p, bufs: make([]shardBuf, p.table.Shards()), kick: make(chan struct{}, 1), done: make(chan struct{}),
-		swapped: make([]int, p.table.Shards())}
-	o.swapFn = o.swap
+		swapped: make([]int, p.table.Shards()), mayCut: make([]bool, p.table.Shards())}
+	o.swapFn, o.holdFn, o.unholdFn = o.swap, o.hold, o.unhold
 	return o
 }
 
@@ -66,7 +74,10 @@ func (p *Priority) sink(r shard.Record) {
 		return
 	}
 	b := &o.bufs[r.Shard]
-	b.w.Add(&r)
+	if b.w.Add(&r) != nil {
+		return
+	}
+	b.ix = append(b.ix, recIx{kind: r.Kind, seq: r.Seq, token: r.Token, end: uint32(b.w.Len())})
 	b.n++
 	if b.w.Len() >= batchBytes/4 || (!o.pending.Load() && o.pending.CompareAndSwap(false, true)) {
 		select {
@@ -76,14 +87,37 @@ func (p *Priority) sink(r shard.Record) {
 	}
 }
 
-// swap takes shard i's buffered records (under its lock).
+// swap takes shard i's buffered records (under its lock). Records may
+// cancel out only when no snapshot of the shard was cut while they were
+// buffered: a grant before a cut and its release after it must both reach
+// a standby that joined with that snapshot.
 func (o *outStream) swap(i int) {
 	b := &o.bufs[i]
 	o.swapped[i] = b.n
+	o.mayCut[i] = b.holds == 0 && !b.dumped
+	b.dumped = false
 	if b.n > 0 {
 		b.w, b.spare = b.spare, b.w
+		b.ix, b.spareIx = b.spareIx, b.ix
 		b.n = 0
 	}
+}
+
+// dumpShard dumps shard i for a snapshot (Table.DumpShard), bracketed by
+// hold and unhold (under the shard's lock): the records buffered across
+// the dump are sent as they are, none cancelled.
+func (o *outStream) dumpShard(i int, fn func(key []byte, token uint64, deadline int64, lease uint8)) uint64 {
+	o.p.table.Locked(i, o.holdFn)
+	defer o.p.table.Locked(i, o.unholdFn)
+	return o.p.table.DumpShard(i, fn)
+}
+
+func (o *outStream) hold(i int) { o.bufs[i].holds++ }
+
+func (o *outStream) unhold(i int) {
+	b := &o.bufs[i]
+	b.holds--
+	b.dumped = true
 }
 
 // setActive starts or stops collecting records; a member that stops being
@@ -142,30 +176,38 @@ func (o *outStream) flusher() {
 func (o *outStream) flushNow() {
 	o.flushMu.Lock()
 	defer o.flushMu.Unlock()
-	o.raw = o.raw[:0]
-	records := 0
+	o.raw.Reset()
+	o.canceller.reset()
+	records, cancelled := 0, 0
 	for i := range o.bufs {
 		o.p.table.Locked(i, o.swapFn)
 		if n := o.swapped[i]; n > 0 {
 			b := &o.bufs[i]
-			o.raw = append(o.raw, b.spare.Bytes()...)
+			if o.mayCut[i] {
+				cancelled += o.canceller.cut(&o.raw, uint32(i), b.spare.Bytes(), b.spareIx)
+			} else {
+				o.raw.addEncoded(b.spare.Bytes(), n)
+			}
 			records += n
 			b.spare.Reset()
+			b.spareIx = b.spareIx[:0]
 		}
 	}
 	if records == 0 {
 		return
 	}
 	o.seq++
-	frame := AppendBatch(nil, o.seq, o.raw)
+	raw := o.raw.Bytes()
+	frame := AppendBatch(nil, o.seq, raw)
 	st := &o.p.stats
 	st.batches.Add(1)
 	st.records.Add(uint64(records))
-	st.rawBytes.Add(uint64(len(o.raw)))
+	st.cancelled.Add(uint64(cancelled))
+	st.rawBytes.Add(uint64(len(raw)))
 	st.wireBytes.Add(uint64(len(frame)))
 	for _, pe := range o.p.peers {
 		if pe != nil {
-			pe.enqueueBatch(frame, o.seq, records, len(o.raw))
+			pe.enqueueBatch(frame, o.seq, o.raw.Count(), len(raw))
 		}
 	}
 }
@@ -204,7 +246,7 @@ func (o *outStream) writeSnapshot(w *bufio.Writer, pe *peer, deadline func()) er
 		now := p.clock()
 		buf = buf[:0]
 		var chunks [][]byte
-		seq := p.table.DumpShard(i, func(key []byte, token uint64, dl int64, lease uint8) {
+		seq := o.dumpShard(i, func(key []byte, token uint64, dl int64, lease uint8) {
 			var err error
 			buf, err = AppendSnapEntry(buf, &SnapEntry{Key: key, Token: token, Left: time.Duration(max(dl-now, 0)), Lease: lease})
 			if err != nil && bad == nil {
@@ -372,7 +414,7 @@ func (in *inbound) batch(payload []byte) error {
 	var rec shard.Record
 	var it RecordReader
 	it.Reset(raw)
-	n := 0
+	n, cancelled := 0, 0
 	for it.Next(&rec) {
 		if _, err := p.table.Apply(now, &rec, &in.fx); err != nil {
 			if errors.Is(err, shard.ErrGap) {
@@ -380,6 +422,11 @@ func (in *inbound) batch(payload []byte) error {
 				return nil
 			}
 			return err
+		}
+		if rec.Kind == shard.RecordSkip {
+			c := int(rec.Seq - rec.From + 1)
+			n, cancelled = n+c, cancelled+c
+			continue
 		}
 		n++
 	}
@@ -389,6 +436,7 @@ func (in *inbound) batch(payload []byte) error {
 	in.fx.Reset()
 	p.stats.batches.Add(1)
 	p.stats.records.Add(uint64(n))
+	p.stats.cancelled.Add(uint64(cancelled))
 	p.stats.rawBytes.Add(uint64(len(raw)))
 	if pe := p.peers[in.from]; pe != nil {
 		pe.send(appendAck(nil, AckBatch, h.Seq))

@@ -153,3 +153,42 @@ func TestCompressAllocs(t *testing.T) {
 		t.Fatalf("a batch of 512 records sent %v", b.Codec)
 	}
 }
+
+// TestSinkAndCancelAllocs: the active's Sink (on the event loop, under a
+// shard lock) and the canceller cutting a batch of acquire/release pairs
+// allocate nothing once their buffers have grown.
+func TestSinkAndCancelAllocs(t *testing.T) {
+	rig := newCancelRig(t, 4)
+	tab := rig.p.table
+	var out shard.Out
+	keys := make([][]byte, 64)
+	for i := range keys {
+		keys[i] = []byte{'k', byte(i)}
+	}
+	pairs := func() {
+		for _, k := range keys {
+			_, tok := tab.Acquire(0, k, 0, 30, 1, nil, &out)
+			tab.Release(0, k, tok, &out)
+			out.Reset()
+		}
+	}
+	var w BatchWriter
+	cut := func() {
+		w.Reset()
+		rig.o.canceller.reset()
+		for i := range rig.o.bufs {
+			b := &rig.o.bufs[i]
+			rig.o.canceller.cut(&w, uint32(i), b.w.Bytes(), b.ix)
+			b.w.Reset()
+			b.ix, b.n = b.ix[:0], 0
+		}
+	}
+	pairs()
+	cut() // grows the buffers and the map
+	if n := testing.AllocsPerRun(20, func() { pairs(); cut() }); n != 0 {
+		t.Errorf("Sink and canceller: %v allocs per batch of 64 pairs", n)
+	}
+	if w.Count() == 0 || w.Count() > len(rig.o.bufs) {
+		t.Errorf("a batch of 64 pairs went as %d records, want one skip per shard", w.Count())
+	}
+}

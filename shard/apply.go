@@ -14,7 +14,8 @@ var (
 	// ErrShardMismatch means a record names a shard other than the one its
 	// key hashes to here: the tables have different shard counts.
 	ErrShardMismatch = errors.New("shard: record from a table with another shard count")
-	// ErrBadRecord rejects a record of an unknown kind or with an empty key.
+	// ErrBadRecord rejects a record of an unknown kind, with an empty key,
+	// or a Skip whose From is 0, above its Seq or names no shard of t.
 	ErrBadRecord = errors.New("shard: malformed record")
 )
 
@@ -33,10 +34,16 @@ var (
 //
 // A Grant makes Key held by Token (replacing any holder); Release and Expire
 // free Key if Token is its current token; Renew restarts the lease if Token
-// is current. A table fed by Apply normally has no waiters (its node
+// is current. A Skip carries no key: it names its shard and stands for the
+// records From..Seq, which cancelled out; a shard whose Seq is at least
+// From-1 moves to Seq, one further behind returns ErrGap. A table fed by
+// Apply normally has no waiters (its node
 // executes no acquires); any waiter of a key that a record frees leaves its
 // queue with an EffectMoved in out.
 func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) {
+	if r.Kind == RecordSkip {
+		return t.applySkip(r)
+	}
 	if len(r.Key) == 0 || r.Kind < RecordGrant || r.Kind > RecordRenew {
 		return false, ErrBadRecord
 	}
@@ -88,6 +95,24 @@ func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) 
 			s.wheel.addLease(e)
 			s.ctr.Renews++
 		}
+	}
+	s.seq = r.Seq
+	return true, nil
+}
+
+// applySkip moves a shard's Seq over records that cancelled out.
+func (t *Table) applySkip(r *Record) (bool, error) {
+	if r.From == 0 || r.From > r.Seq || r.Shard >= uint32(len(t.shards)) {
+		return false, ErrBadRecord
+	}
+	s := &t.shards[r.Shard]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case r.Seq <= s.seq:
+		return false, nil
+	case r.From > s.seq+1:
+		return false, ErrGap
 	}
 	s.seq = r.Seq
 	return true, nil

@@ -321,6 +321,51 @@ func TestApplyErrors(t *testing.T) {
 	}
 }
 
+// TestApplySkip: a skip record moves its shard's Seq over the records it
+// stands for — when the shard is at From-1 or inside the run (a dump cut
+// there), not when it is behind (a gap) or past the run (a repeat) — and
+// changes no key.
+func TestApplySkip(t *testing.T) {
+	tab, err := New(Config{Shards: 4}, NewTokens(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := []byte("k")
+	sh := tab.shardOf(xxhash.Sum64(key)).id
+	var out Out
+	skip := func(from, to uint64) Record { return Record{Kind: RecordSkip, Shard: sh, Seq: to, From: from} }
+	tests := []struct {
+		name    string
+		r       Record
+		ok      bool
+		err     error
+		seqThen uint64
+	}{
+		{"gap before the run", skip(2, 4), false, ErrGap, 0},
+		{"from 0", skip(0, 4), false, ErrBadRecord, 0},
+		{"from above seq", skip(5, 4), false, ErrBadRecord, 0},
+		{"no such shard", Record{Kind: RecordSkip, Shard: 4, Seq: 1, From: 1}, false, ErrBadRecord, 0},
+		{"next run", skip(1, 3), true, nil, 3},
+		{"repeat", skip(1, 3), false, nil, 3},
+		{"grant after it", Record{Kind: RecordGrant, Shard: sh, Seq: 4, Key: key, Token: 9, Lease: 5}, true, nil, 4},
+		{"the run after it", skip(5, 8), true, nil, 8},
+		{"a run a dump cut at 8", skip(7, 10), true, nil, 10},
+		{"one record", skip(11, 11), true, nil, 11},
+	}
+	for _, tc := range tests {
+		ok, err := tab.Apply(0, &tc.r, &out)
+		if ok != tc.ok || !errors.Is(err, tc.err) || tab.Seq(int(sh)) != tc.seqThen {
+			t.Fatalf("%s: applied=%v err=%v seq=%d, want %v %v %d", tc.name, ok, err, tab.Seq(int(sh)), tc.ok, tc.err, tc.seqThen)
+		}
+	}
+	if info := tab.Lookup(key); !info.Held || info.Token != 9 || tab.Stats().Keys != 1 {
+		t.Fatalf("skips changed the key: %+v keys=%d", info, tab.Stats().Keys)
+	}
+	if RecordSkip.String() != "skip" {
+		t.Fatalf("RecordSkip.String() = %q", RecordSkip.String())
+	}
+}
+
 // TestForeignReleasesCounted: a release or renew from a connection other
 // than the grant's is counted; from the grant's own connection, from an
 // unknown one (nil) or of a restored lock (no grant connection) it is not.

@@ -109,6 +109,11 @@ const (
 	RecordRelease                       // key released by its holder (Token)
 	RecordExpire                        // Token's lease ended
 	RecordRenew                         // Token's lease restarted, now ending at Deadline
+	// RecordSkip stands for the shard's records From..Seq, which made no
+	// lasting change together (a grant and its end, sent as one batch):
+	// applying it only advances the shard's Seq. A table never emits one;
+	// a sender that cancels records out of a batch writes it.
+	RecordSkip
 )
 
 // String returns the record kind's name.
@@ -122,6 +127,8 @@ func (k RecordKind) String() string {
 		return "expire"
 	case RecordRenew:
 		return "renew"
+	case RecordSkip:
+		return "skip"
 	}
 	return "RecordKind(?)"
 }
@@ -142,6 +149,7 @@ type Record struct {
 	Seq      uint64
 	Key      []byte // valid only during the Sink call
 	Token    uint64
-	Lease    uint8 // Grant, Renew: lease seconds
-	Deadline int64 // Grant, Renew: lease deadline on the table's clock (ns)
+	Lease    uint8  // Grant, Renew: lease seconds
+	Deadline int64  // Grant, Renew: lease deadline on the table's clock (ns)
+	From     uint64 // Skip: the first Seq it stands for (Seq is the last)
 }
