@@ -278,15 +278,21 @@ func TestApplyConcurrentSource(t *testing.T) {
 	assertSame(t, want, got)
 }
 
-// TestApplyErrors: a gap, a record for another shard count and a malformed
-// record change nothing; a repeated record is skipped.
-func TestApplyErrors(t *testing.T) {
+// keyTable is an empty 4-shard table, a key and the shard it lives in.
+func keyTable(t *testing.T) (*Table, []byte, uint32) {
+	t.Helper()
 	tab, err := New(Config{Shards: 4}, NewTokens(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	key := []byte("k")
-	sh := tab.shardOf(xxhash.Sum64(key)).id
+	return tab, key, tab.shardOf(xxhash.Sum64(key)).id
+}
+
+// TestApplyErrors: a gap, a record for another shard count and a malformed
+// record change nothing; a repeated record is skipped.
+func TestApplyErrors(t *testing.T) {
+	tab, key, sh := keyTable(t)
 	var out Out
 	grant := Record{Kind: RecordGrant, Shard: sh, Seq: 1, Key: key, Token: 9, Lease: 5}
 	tests := []struct {
@@ -326,12 +332,7 @@ func TestApplyErrors(t *testing.T) {
 // there), not when it is behind (a gap) or past the run (a repeat) — and
 // changes no key.
 func TestApplySkip(t *testing.T) {
-	tab, err := New(Config{Shards: 4}, NewTokens(0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := []byte("k")
-	sh := tab.shardOf(xxhash.Sum64(key)).id
+	tab, key, sh := keyTable(t)
 	var out Out
 	skip := func(from, to uint64) Record { return Record{Kind: RecordSkip, Shard: sh, Seq: to, From: from} }
 	tests := []struct {
