@@ -52,6 +52,23 @@ func fitConns(maxConns, loops int, log *slog.Logger) (int, error) {
 	return int(room), nil
 }
 
+// clusterProcs is the GOMAXPROCS a member of a cluster runs with, or 0 to
+// leave it as it is: a single node, a GOMAXPROCS set in the environment, or
+// more processors than event loops already. With one processor per event
+// loop, a loop that stays busy holds its processor until the runtime
+// preempts it (every 10 ms), and the cluster's own goroutines — the
+// replication flusher, the member link's readers and writers, raft's
+// loops — wait that long: a standby's acknowledgements arrived up to 10–15
+// ms late at the p99 under load. One processor more than the loops gives
+// them one to run on at once; the kernel shares the cores between the
+// threads.
+func clusterProcs(cluster string, loops int, env string, cur int) int {
+	if cluster == "" || env != "" || cur > loops {
+		return 0
+	}
+	return loops + 1
+}
+
 // limitListener accepts at most n connections at a time: Accept waits
 // while n are open, leaving further ones in the kernel's queue.
 type limitListener struct {

@@ -87,3 +87,26 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+func TestClusterProcs(t *testing.T) {
+	for _, tc := range []struct {
+		cluster string
+		loops   int
+		env     string
+		cur     int
+		want    int
+	}{
+		{"", 2, "", 2, 0},          // a single node keeps the default
+		{"priority", 2, "", 2, 3},  // one more than the loops
+		{"raft", 2, "", 2, 3},      //
+		{"priority", 4, "", 2, 5},  // --loops above the cores
+		{"priority", 2, "", 3, 0},  // already more processors than loops
+		{"priority", 2, "2", 2, 0}, // GOMAXPROCS set by the operator wins
+		{"raft", 1, "", 1, 2},      //
+		{"priority", 8, "", 8, 9},  //
+	} {
+		if got := clusterProcs(tc.cluster, tc.loops, tc.env, tc.cur); got != tc.want {
+			t.Errorf("clusterProcs(%q, loops %d, env %q, cur %d) = %d, want %d", tc.cluster, tc.loops, tc.env, tc.cur, got, tc.want)
+		}
+	}
+}

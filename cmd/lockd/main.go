@@ -241,6 +241,11 @@ func run(args []string, stderr io.Writer) int {
 		log.Error("start failed", "err", err)
 		return 1
 	}
+	if n := clusterProcs(opt.cluster, cfg.Loops, os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n > 0 {
+		runtime.GOMAXPROCS(n)
+		log.Info("GOMAXPROCS raised: one processor more than the event loops, for the cluster's goroutines",
+			"gomaxprocs", n, "loops", cfg.Loops)
+	}
 	var adminLn net.Listener
 	if opt.admin != "" {
 		adminLn, err = net.Listen("tcp", opt.admin)
