@@ -207,7 +207,7 @@ func (o *outStream) flushNow() {
 	st.wireBytes.Add(uint64(len(frame)))
 	for _, pe := range o.p.peers {
 		if pe != nil {
-			pe.enqueueBatch(frame, o.seq, o.raw.Count(), len(raw))
+			pe.enqueueBatch(frame, o.seq, records, len(raw))
 		}
 	}
 }
