@@ -53,8 +53,10 @@ func noChange() change { return change{follow: -1, handover: -1} }
 //   - a member whose ticks stopped for more than half the timeout (frozen,
 //     stalled) does nothing from its stale view until every member it knew
 //     as live has echoed a heartbeat it sent after resuming, or a full
-//     timeout has passed since resuming: an active executes nothing
-//     meanwhile, and no standby counts silence it did not watch.
+//     timeout has passed since resuming (always the timeout when it knew
+//     none): an active executes nothing meanwhile, and no standby counts
+//     silence it did not watch (it listens a full timeout again, as at
+//     start, before it may promote).
 type roles struct {
 	self, n int
 	timeout int64
@@ -128,9 +130,11 @@ func (r *roles) tick(now int64) change {
 	if now-r.lastTick > r.timeout/2 && !r.checking() {
 		// Frozen or stalled: what this member believed about the others
 		// is stale. Start the freeze check with the next probe, and count
-		// no silence it did not watch.
+		// no silence it did not watch: a standby listens a full timeout
+		// again, as at start, before it may promote.
 		r.resumeProbe = r.probe + 1
 		r.resumeAt = now
+		r.started = max(r.started, now)
 		for i := range r.peers {
 			p := &r.peers[i]
 			p.lastKnown = i != r.self && p.known && p.role != RoleLeaving && r.lastTick-p.heard < r.timeout
@@ -145,16 +149,27 @@ func (r *roles) tick(now int64) change {
 
 // checkResumed ends the freeze check once every member live before it has
 // echoed a probe sent after resuming, or a full timeout has passed, and
-// reports whether it ended now.
+// reports whether it ended now. A member that knew no other as live has
+// nobody to ask: it watches a full timeout (a member promoted meanwhile is
+// heard, and this one steps down without serving from its stale state).
 func (r *roles) checkResumed(now int64) (ended bool) {
 	if !r.checking() {
 		return false
 	}
 	if now-r.resumeAt < r.timeout {
+		asked := false
 		for i := range r.peers {
-			if p := &r.peers[i]; p.lastKnown && p.echo < r.resumeProbe && p.role != RoleLeaving {
+			p := &r.peers[i]
+			if !p.lastKnown || p.role == RoleLeaving {
+				continue
+			}
+			if p.echo < r.resumeProbe {
 				return false
 			}
+			asked = true
+		}
+		if !asked {
+			return false
 		}
 	}
 	r.resumeProbe = 0

@@ -373,3 +373,89 @@ func TestRolesFreezeCheckWaitsForEchoes(t *testing.T) {
 		t.Fatal("echoes of a probe sent after resuming did not end the check")
 	}
 }
+
+// TestRolesFrozenAtStartWatchesBeforePromoting: a member frozen before it
+// had heard anyone (just restarted, its links still down) must not take
+// the silence of its freeze for a failed active on resuming: it listens a
+// full timeout, hears the active and follows it. (A chaos run found the
+// resumed member promoting 11 ms after SIGCONT beside a live active, with
+// tokens above the active's: a token inversion outside any partition.)
+func TestRolesFrozenAtStartWatchesBeforePromoting(t *testing.T) {
+	s := newSim(t, 3)
+	s.down[0] = true // frozen from its start
+	s.step(3 * time.Second)
+	s.wantActiveAmong(1, 2)
+	a := s.actives()[0]
+	s.down[0] = false
+	s.step(100 * time.Millisecond)
+	if s.m[0].role == RoleActive {
+		t.Fatalf("member 0 promoted at once after resuming, beside active %d", a)
+	}
+	s.step(2 * time.Second)
+	// Then priority order brings it back by a planned handover, never by
+	// a promotion of its own.
+	for _, c := range s.changes[0] {
+		if c.promote {
+			t.Fatalf("member 0 promoted itself: %+v", s.changes[0])
+		}
+	}
+}
+
+// TestRolesFrozenLoneActiveWatchesBeforeServing: an active that knew no
+// member as live when it froze (a partition had cut it off) does not end
+// its freeze check at once on resuming, though nobody is left to ask: it
+// watches a full timeout, hears the active promoted meanwhile and steps
+// down without serving.
+func TestRolesFrozenLoneActiveWatchesBeforeServing(t *testing.T) {
+	s := newSim(t, 3)
+	s.step(2 * time.Second)
+	s.wantActive(0)
+	for j := 1; j < 3; j++ {
+		s.cut[0][j], s.cut[j][0] = true, true
+	}
+	s.step(2 * time.Second) // 1 promotes on its side; 0 stays active alone
+	if s.m[1].role != RoleActive || s.m[0].role != RoleActive {
+		t.Fatalf("split: roles %v %v", s.m[0].role, s.m[1].role)
+	}
+	s.down[0] = true
+	s.now += int64(3 * time.Second) // frozen; the partition heals meanwhile
+	for j := 1; j < 3; j++ {
+		s.cut[0][j], s.cut[j][0] = false, false
+	}
+	s.down[0] = false
+	s.changes[0] = nil
+	s.step(100 * time.Millisecond)
+	if s.m[0].serving() {
+		t.Fatal("served at once after resuming with nobody to ask")
+	}
+	s.step(2 * time.Second)
+	demoted := false
+	for _, c := range s.changes[0] {
+		if c.resume && !demoted {
+			t.Fatalf("the resumed active served before stepping down: %+v", s.changes[0][:4])
+		}
+		demoted = demoted || c.demote
+	}
+	if !demoted {
+		t.Fatal("the resumed active never stepped down for the one promoted meanwhile")
+	}
+	if len(s.actives()) != 1 {
+		t.Fatalf("actives %v after the heal", s.actives())
+	}
+}
+
+// wantActiveAmong checks that exactly one live member is active, one of
+// those given.
+func (s *sim) wantActiveAmong(ids ...int) {
+	s.t.Helper()
+	a := s.actives()
+	if len(a) != 1 {
+		s.t.Fatalf("at %v actives %v, want one of %v", time.Duration(s.now), a, ids)
+	}
+	for _, i := range ids {
+		if a[0] == i {
+			return
+		}
+	}
+	s.t.Fatalf("at %v active %d, want one of %v", time.Duration(s.now), a[0], ids)
+}
