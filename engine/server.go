@@ -164,9 +164,18 @@ func (s *Server) Serve() error {
 	if err == nil {
 		err = cli.Start() // OnBoot, then the loops
 	}
-	if err == nil && !s.boot(ln.Addr().String()) {
-		err = s.serveErr
-		_ = cli.Stop()
+	if err == nil {
+		// Set before boot closes ready: Close and Shutdown wait for ready
+		// and then stop these.
+		s.cli = cli
+		s.lnMu.Lock()
+		s.ln = ln
+		s.lnMu.Unlock()
+		if !s.boot(ln.Addr().String()) {
+			err = s.serveErr
+			s.cli = nil
+			_ = cli.Stop()
+		}
 	}
 	if err != nil {
 		ln.Close()
@@ -174,12 +183,8 @@ func (s *Server) Serve() error {
 		_ = s.closeNode(repl.FailedStart)
 		return err
 	}
-	s.cli = cli
 	acceptErr := make(chan error, 1)
 	go func() { acceptErr <- s.accept(ln, h) }()
-	s.lnMu.Lock()
-	s.ln = ln
-	s.lnMu.Unlock()
 	select {
 	case <-s.stop:
 		// Shutdown or Close stops the loops.

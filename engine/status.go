@@ -30,17 +30,34 @@ func (s *Server) Key(key []byte) KeyState {
 }
 
 // Locks calls fn for every held key whose lease has not ended, with its
-// token and the lease time left, one shard at a time (each shard locked
-// during its walk; fn must be quick and must not call back into the
-// server). key is valid only during the call.
+// token and the lease time left, one shard at a time. Each shard is copied
+// under its lock and fn runs after the lock is released, so a slow fn (an
+// HTTP client reading /debug/locks slowly) never holds up requests. key is
+// valid only during the call.
 func (s *Server) Locks(fn func(key []byte, token uint64, left time.Duration)) {
+	type held struct {
+		end   int // of the key in keys
+		token uint64
+		left  time.Duration
+	}
+	var (
+		keys []byte
+		list []held
+	)
 	for i := range s.table.Shards() {
+		keys, list = keys[:0], list[:0]
 		now := s.now()
 		s.table.DumpShard(i, func(key []byte, token uint64, deadline int64, _ uint8) {
 			if deadline > now {
-				fn(key, token, time.Duration(deadline-now))
+				keys = append(keys, key...)
+				list = append(list, held{len(keys), token, time.Duration(deadline - now)})
 			}
 		})
+		start := 0
+		for _, h := range list {
+			fn(keys[start:h.end], h.token, h.left)
+			start = h.end
+		}
 	}
 }
 
