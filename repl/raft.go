@@ -24,27 +24,19 @@
 // cores). Its README still calls it experimental; the log's format is its
 // own (LogStoreBolt remains selectable for comparison).
 //
-// Pipeline: one entry in flight (raftPipeline). With 4 (or 16) in flight
-// the same load made 2-4x smaller entries and 1.6x (2.7x) fewer pairs/s at
-// G=256 (11,500 and 8,200 against 21,900 in a 3,000-pair run): raft's
-// leader already batches the entries waiting in its apply channel into one
-// disk write, so more entries in flight only split the records finer.
+// Pipeline: one entry in flight (raftPipeline). Binaries differing only
+// in raftPipeline, driven by go run ./bench -targets lockd-raft in
+// alternating rounds (BENCHMARKS.md, "Raft cluster: throughput beside
+// etcd", 2026-11-30): 50k/63k pairs/s with 1 in flight, 44k/53k with 2,
+// 41k/45k with 4; more in flight cut the entries smaller (163 and 118
+// records against 255) and raised the commit p50, since raft's leader
+// writes and replicates one batch at a time.
 //
-// End to end (engine holding answers until commit): 3 lockd processes,
-// --cluster raft with default flags, bench's raw load generator against
-// the leader (go run ./bench -addr LEADER -targets lockd -workloads
-// uncontended,contended -dur 5s -rounds 3; 16 connections × 32 pairs in
-// flight; contended: 256 waiters on 8 keys). Two runs, while other
-// sessions' builds kept the 2-core machine's load average at 9-14:
-//
-//	uncontended  17k and 19k pairs/s (rounds 9.5k-25k), p50 8 ms, p99 94-138 ms
-//	contended    1.0k and 0.84k grants/s, handoff p50 5 ms (one commit per handoff per key)
-//	leader       91 and 95 records/entry, commit p50 2.5 and 1.7 ms, p99 46 and 20 ms
-//
-// For scale, the same run before the engine held answers (answers left
-// before the commit: not raft's contract) gave 248k pairs/s at 1,271
-// records/entry: the node's own cost is small; the commit's latency and
-// the clients' window bound the throughput.
+// End to end (engine holding answers until commit), the figures of the
+// interleaved runs are in BENCHMARKS.md ("Results: every target"):
+// 45k-61k pairs/s uncontended at about 250 records/entry, commit p50
+// 1.7-2.1 ms; the commit's latency (two fsyncs in turn and a round trip)
+// and the clients' window bound the throughput, not the CPU.
 
 package repl
 
@@ -150,7 +142,6 @@ type Raft struct {
 	full      []sealed // entries cut at raftMaxEntry, waiting for a pipeline slot
 	num       uint64   // the last number handed out
 	dirty     bool     // the table changed outside the log while not proposing
-	badRecs   uint64   // records the entry format could not carry
 
 	barrier   atomic.Uint64 // = num (Committer.Barrier)
 	committed atomic.Uint64 // the last number whose entry committed
@@ -184,11 +175,11 @@ type Raft struct {
 
 // raftStats are the counters Status shows.
 type raftStats struct {
-	entries, records, elections, rebuilds, snapshots, applyErrs atomic.Uint64
-	snapshotBytes                                               atomic.Int64
-	latMu                                                       sync.Mutex
-	lat                                                         []time.Duration // ring of commit latencies
-	latNext                                                     int
+	entries, records, elections, rebuilds, snapshots atomic.Uint64
+	snapshotBytes                                    atomic.Int64
+	latMu                                            sync.Mutex
+	lat                                              []time.Duration // ring of commit latencies
+	latNext                                          int
 }
 
 func (s *raftStats) addLatency(d time.Duration) {
@@ -438,22 +429,27 @@ func (n *Raft) sink(r shard.Record) {
 		return
 	}
 	if err := n.buf.Add(&r); err != nil {
-		n.badRecs++
 		n.mu.Unlock()
 		n.log.Error("a change of the table cannot go into the raft log; it will be lost at the next leader change", "err", err, "key_len", len(r.Key))
 		return
 	}
 	n.num++
 	n.barrier.Store(n.num)
+	// The proposer takes everything buffered when it wakes: wake it for
+	// the first record after it took the buffer, and for a sealed entry.
+	wake := n.buf.Count() == 1
 	if n.buf.Len() >= raftMaxEntry {
 		n.full = append(n.full, sealed{w: n.buf, first: n.first, last: n.num})
 		n.buf = BatchWriter{}
 		n.first = n.num + 1
+		wake = true
 	}
 	n.mu.Unlock()
-	select {
-	case n.kick <- struct{}{}:
-	default:
+	if wake {
+		select {
+		case n.kick <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -942,7 +938,6 @@ func (f *raftFSM) Apply(l *raft.Log) any {
 	defer n.fsmMu.Unlock()
 	n.applied = l.Index
 	if err := decodeLogEntry(l.Data, &e, &n.fsmState.buf); err != nil {
-		n.stats.applyErrs.Add(1)
 		n.log.Error("raft log entry lockd cannot read: skipped", "index", l.Index, "err", err)
 		return nil
 	}
@@ -953,7 +948,6 @@ func (f *raftFSM) Apply(l *raft.Log) any {
 		n.reserved.Store(n.fsmState.reserved)
 	}
 	if n.fsmState.errs != errs {
-		n.stats.applyErrs.Add(n.fsmState.errs - errs)
 		n.mu.Lock()
 		wasDirty := n.dirty
 		n.dirty = n.dirty || n.leading == 0

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/klauspost/compress/s2"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -202,7 +202,7 @@ func writeSnapshot(w io.Writer, t *shard.Table, reserved, index uint64, now, wal
 	if _, err := bw.Write(hdr); err != nil {
 		return total, err
 	}
-	var raw, frame []byte
+	var raw, frame, data []byte
 	for i := range t.Shards() {
 		raw = raw[:0]
 		count := 0
@@ -224,7 +224,8 @@ func writeSnapshot(w io.Writer, t *shard.Table, reserved, index uint64, now, wal
 		at := len(frame)
 		frame = append(frame, 0)
 		frame = binary.AppendUvarint(frame, uint64(len(raw)))
-		codec, data := Compress(nil, raw)
+		var codec Codec
+		codec, data = Compress(data[:0], raw)
 		frame[at] = byte(codec)
 		frame = binary.AppendUvarint(frame, uint64(len(data)))
 		frame = append(frame, data...)
@@ -301,31 +302,17 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 }
 
 // decompressSnap is Decompress without the frame limit (a shard of a
-// snapshot can be larger than a member-link frame).
+// snapshot can be larger than a member-link frame); the decoded shard
+// stays in *buf's memory for the next.
 func decompressSnap(buf *[]byte, c Codec, data []byte, rawLen int) ([]byte, error) {
-	if c == CodecRaw {
-		if len(data) != rawLen {
-			return nil, ErrBadLogEntry
-		}
-		return data, nil
-	}
-	if rawLen <= MaxFrame {
-		return Decompress(*buf, c, data, rawLen)
-	}
-	if c != CodecS2 {
+	out, err := decompress(*buf, c, data, rawLen, math.MaxInt)
+	if errors.Is(err, ErrBadField) {
 		return nil, ErrBadLogEntry
 	}
-	if n, err := s2.DecodedLen(data); err != nil || n != rawLen {
-		return nil, ErrCorrupt
+	if err == nil && c == CodecS2 {
+		*buf = out[:0]
 	}
-	if cap(*buf) < rawLen {
-		*buf = make([]byte, rawLen)
-	}
-	out, err := s2.Decode((*buf)[:rawLen], data)
-	if err != nil {
-		return nil, ErrCorrupt
-	}
-	return out, nil
+	return out, err
 }
 
 // replayInto builds in t (empty) the state of the log up to index upTo:

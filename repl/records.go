@@ -385,10 +385,15 @@ func Compress(dst, raw []byte) (Codec, []byte) {
 // is an error, so a peer cannot make the caller allocate more than
 // MaxFrame.
 func Decompress(dst []byte, c Codec, data []byte, rawLen int) ([]byte, error) {
+	return decompress(dst, c, data, rawLen, MaxFrame)
+}
+
+// decompress is Decompress with limit in place of MaxFrame.
+func decompress(dst []byte, c Codec, data []byte, rawLen, limit int) ([]byte, error) {
 	switch {
 	case c == CodecRaw && len(data) == rawLen:
 		return data, nil
-	case c != CodecS2 || rawLen < 0 || rawLen > MaxFrame:
+	case c != CodecS2 || rawLen < 0 || rawLen > limit:
 		return nil, ErrBadField
 	}
 	if n, err := s2.DecodedLen(data); err != nil || n != rawLen {
