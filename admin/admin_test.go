@@ -355,3 +355,14 @@ func TestHealthzTakesNoShardLock(t *testing.T) {
 	}
 	client.CloseIdleConnections()
 }
+
+// TestBuildInfoOnASingleNode: lockd_build_info (README, /metrics) is
+// exported by every node, a single node included.
+func TestBuildInfoOnASingleNode(t *testing.T) {
+	f := setup(t)
+	fams := f.scrape()
+	fam, ok := fams["lockd_build_info"]
+	if !ok || len(fam.Metric) != 1 || fam.Metric[0].GetGauge().GetValue() != 1 {
+		t.Fatalf("lockd_build_info on a single node: %v", fam)
+	}
+}

@@ -96,12 +96,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	m := c.srv.Metrics()
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
+	counter, gauge := emitters(ch)
 	for _, r := range m.Requests {
 		counter(c.requests, r.N, r.Op, r.Result)
 	}
@@ -140,6 +135,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	cum += m.WaitCounts[len(engine.WaitBuckets)]
 	ch <- prometheus.MustNewConstHistogram(c.wait, cum, m.WaitSum, buckets)
+	gauge(c.build, 1, c.version)
 	if node.Mode != "single" {
 		c.collectCluster(ch, node)
 	}
@@ -148,14 +144,20 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// collectCluster adds a cluster member's metrics.
-func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status) {
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+// emitters returns functions that send a counter and a gauge to ch.
+func emitters(ch chan<- prometheus.Metric) (counter func(*prometheus.Desc, uint64, ...string), gauge func(*prometheus.Desc, float64, ...string)) {
+	counter = func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+	gauge = func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	return counter, gauge
+}
+
+// collectCluster adds a cluster member's metrics.
+func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status) {
+	counter, gauge := emitters(ch)
 	gauge(c.epoch, float64(node.Epoch))
 	counter(c.failovers, node.Failovers)
 	counter(c.handovers, node.Handovers)
@@ -178,18 +180,11 @@ func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status
 		gauge(c.lagRecords, float64(mb.LagRecords), mb.Addr)
 		gauge(c.lagBytes, float64(mb.LagBytes), mb.Addr)
 	}
-	gauge(c.build, 1, c.version)
-
 }
 
 // collectRaft adds a raft member's metrics.
 func (c *collector) collectRaft(ch chan<- prometheus.Metric, node repl.Status) {
-	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
+	counter, gauge := emitters(ch)
 	gauge(c.raftTerm, float64(node.Epoch))
 	gauge(c.raftCommit, float64(node.CommitIndex))
 	gauge(c.raftApplied, float64(node.AppliedIndex))

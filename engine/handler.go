@@ -37,8 +37,6 @@ type handler struct {
 	// was logged (table clock): one line a second at most.
 	refused    atomic.Int64
 	refusedLog atomic.Int64
-	acceptErrs atomic.Int64 // failed accepts (EMFILE, …) since start
-	acceptLog  time.Time    // the accept loop's last log line about them
 
 	// Sessions that may hold a partial frame, for the --frame-timeout
 	// sweep (OnTick, every sweepEvery).

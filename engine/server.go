@@ -72,9 +72,10 @@ type Server struct {
 }
 
 // ErrStopped is Serve's error when the engine stopped while no Shutdown
-// was asked for (an accept error tears gnet's engine down): the node has
-// written what a shutdown writes, and the process should exit.
-var ErrStopped = errors.New("engine: event loops stopped on their own")
+// was asked for (the listener failed for good: accept errors that come
+// and go only back off): the node has written what a shutdown writes, and
+// the process should exit.
+var ErrStopped = errors.New("engine: the listener failed; stopped without a shutdown")
 
 // New builds the server's node (Config.Node, or a single node on
 // Config.DataDir), which reloads what it keeps — for a single node, the
@@ -213,15 +214,19 @@ func (s *Server) Serve() error {
 // back off for up to a second and go on.
 func (s *Server) accept(ln net.Listener, h *handler) error {
 	backoff := 5 * time.Millisecond
+	var (
+		failures int       // failed accepts (EMFILE, …) since start
+		logged   time.Time // the last log line about them
+	)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return err
 			}
-			if h.acceptErrs.Add(1) == 1 || time.Since(h.acceptLog) > 10*time.Second {
-				h.acceptLog = time.Now()
-				s.log.Error("accepting a connection failed; retrying", "err", err, "failures", h.acceptErrs.Load())
+			if failures++; failures == 1 || time.Since(logged) > 10*time.Second {
+				logged = time.Now()
+				s.log.Error("accepting a connection failed; retrying", "err", err, "failures", failures)
 			}
 			select {
 			case <-time.After(backoff):

@@ -21,10 +21,11 @@ func fdMargin(loops int) int { return 128 + 4*loops + adminMaxConns }
 
 // fitConns raises the soft RLIMIT_NOFILE to the hard limit and returns the
 // number of client connections that fits under it with fdMargin to spare:
-// maxConns, or less (logged) when the limit is lower. gnet tears its whole
-// engine down when accept fails with EMFILE, so the limit must never be
-// reached by client connections. An error means even one connection does
-// not fit.
+// maxConns, or less (logged) when the limit is lower: client connections
+// must leave the node its data files, member links and admin connections
+// (an accept that fails with EMFILE only backs off, but the node's own
+// files must still open). An error means even one connection does not
+// fit.
 func fitConns(maxConns, loops int, log *slog.Logger) (int, error) {
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {

@@ -257,21 +257,14 @@ func run(args []string, stderr io.Writer) int {
 	}
 	switch opt.cluster {
 	case "priority":
-		node, err := repl.NewPriority(opt.member)
-		if err != nil {
-			log.Error("start failed", "err", err)
-			return 1
-		}
-		cfg.Node = node
+		cfg.Node, err = repl.NewPriority(opt.member)
 	case "raft":
-		node, err := repl.NewRaft(opt.member)
-		if err != nil {
-			log.Error("start failed", "err", err)
-			return 1
-		}
-		cfg.Node = node
+		cfg.Node, err = repl.NewRaft(opt.member)
 	}
-	srv, err := engine.New(cfg)
+	var srv *engine.Server
+	if err == nil {
+		srv, err = engine.New(cfg)
+	}
 	if err != nil {
 		log.Error("start failed", "err", err)
 		if adminLn != nil {
