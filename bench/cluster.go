@@ -500,16 +500,15 @@ func (ct *clusterTarget) statusSample(url string) (lagSample, raftSample, error)
 
 // clusterRun is what a cluster target watches during one run.
 type clusterRun struct {
-	ct       *clusterTarget
-	settle   time.Duration
-	before   map[string]float64
-	stop     chan struct{}
-	done     chan struct{}
-	mu       sync.Mutex
-	samples  []lagSample
-	raft     []raftSample
-	errs     int
-	lagEvery time.Duration
+	ct      *clusterTarget
+	settle  time.Duration
+	before  map[string]float64
+	stop    chan struct{}
+	done    chan struct{}
+	mu      sync.Mutex
+	samples []lagSample
+	raft    []raftSample
+	errs    int
 }
 
 // begin waits until the cluster is settled, points t at the member to
@@ -529,8 +528,7 @@ func (ct *clusterTarget) begin(t *target) (*clusterRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &clusterRun{ct: ct, settle: waited, before: before, stop: make(chan struct{}), done: make(chan struct{}),
-		lagEvery: ct.lagEvery}
+	r := &clusterRun{ct: ct, settle: waited, before: before, stop: make(chan struct{}), done: make(chan struct{})}
 	every := ct.lagEvery
 	if ct.mode == clustertest.ModeRaft {
 		every = raftEvery
@@ -584,8 +582,8 @@ func (r *clusterRun) end(from, to time.Time) (*ReplStats, error) {
 	rs := replStats(r.before, after, r.samples, r.raft, from, to)
 	rs.LagErrors = r.errs
 	rs.SettleMs = float64(r.settle) / 1e6
-	if r.ct.mode == clustertest.ModePriority && r.lagEvery > 0 {
-		rs.LagEveryMs = float64(r.lagEvery) / 1e6
+	if r.ct.mode == clustertest.ModePriority && r.ct.lagEvery > 0 {
+		rs.LagEveryMs = float64(r.ct.lagEvery) / 1e6
 	}
 	return rs, nil
 }

@@ -510,8 +510,6 @@ func raftField(st clustertest.Status, name string) uint64 {
 		s = v.String()
 	case string:
 		s = v
-	case float64:
-		return uint64(v)
 	}
 	n, _ := strconv.ParseUint(s, 10, 64)
 	return n

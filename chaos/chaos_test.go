@@ -381,3 +381,16 @@ func TestReport(t *testing.T) {
 		t.Fatalf("JSON round trip: %+v %v", back, err)
 	}
 }
+
+// TestClientErrorsCountsEveryAnomaly: the report counts every anomaly,
+// and lists only the first history.MaxViolations.
+func TestClientErrorsCountsEveryAnomaly(t *testing.T) {
+	wl := &workload{}
+	for i := range 75 {
+		wl.anomaly("anomaly %d", i)
+	}
+	res := clientErrors(wl)
+	if res.Count != 75 || len(res.Violations) != history.MaxViolations || res.Verdict != history.Violated {
+		t.Fatalf("count %d, %d listed, verdict %v; want 75, %d, violated", res.Count, len(res.Violations), res.Verdict, history.MaxViolations)
+	}
+}
