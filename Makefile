@@ -72,8 +72,7 @@ bench-peers:
 	$(GO) run ./bench -targets all -rounds $(ROUNDS) -svg bench/latency.svg -markdown
 
 ## bench-cluster: lockd against lockd-priority (an active and a standby,
-## separate lockd processes), lockd-raft (skipped while the binary refuses
-## --cluster raft) and lockd-bin (the binary as a single node), interleaved
+## separate lockd processes), lockd-raft (three members, fsync on) and lockd-bin (the binary as a single node), interleaved
 ## over ROUNDS rounds; issue 11's targets judged per round.
 .PHONY: bench-cluster
 bench-cluster:
