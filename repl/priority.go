@@ -394,12 +394,7 @@ func (p *Priority) becomeActive(handoffToken uint64, why string) {
 		p.log.Error("recording the epoch failed", "err", err)
 	}
 	tokens.Observe(start)
-	limit := start + p.cfg.TokenBlock
-	if err := p.reserve(limit); err != nil {
-		p.log.Error("first reservation as active failed: acquires get B until it succeeds", "err", err)
-	} else {
-		tokens.Extend(limit)
-	}
+	p.reserveUpTo(start+p.cfg.TokenBlock, "first reservation as active")
 	p.out.setActive(true)
 	p.log.Info("active", "epoch", epoch, "why", why, "token_start", start)
 	p.mu.Lock()
@@ -422,18 +417,24 @@ func (p *Priority) resumeServing() {
 	if !p.noWallFloor {
 		tokens.Observe(WallFloor() + uint64(p.timeout()))
 	}
-	limit := max(tokens.Limit(), tokens.Last()) + p.cfg.TokenBlock
-	if err := p.reserve(limit); err != nil {
-		p.log.Error("reservation after the freeze check failed: acquires get B until it succeeds", "err", err)
-	} else {
-		tokens.Extend(limit)
-	}
+	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check")
 	p.mu.Lock()
 	p.ready = p.roles.serving()
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
 	p.log.Info("serving again after the freeze check", "next_token", tokens.Last()+1)
 	p.publish(g)
+}
+
+// reserveUpTo reserves tokens up to limit (the standbys acknowledge it
+// first) and lets the allocator hand them out; when that fails, acquires
+// that need a token get B until the reserver's retries succeed.
+func (p *Priority) reserveUpTo(limit uint64, what string) {
+	if err := p.reserve(limit); err != nil {
+		p.log.Error(what+" failed: acquires get B until it succeeds", "err", err)
+		return
+	}
+	p.table.Tokens().Extend(limit)
 }
 
 // follow discards this member's state and follows active a: the gate

@@ -551,7 +551,7 @@ func (n *Raft) reserve(limit uint64) error {
 	for {
 		term := n.leadTerm.Load()
 		if term != 0 {
-			err := n.r.Apply(appendReserveEntry(nil, n.cfg.Self, term, limit), n.cfg.FailoverTimeout).Error()
+			err := n.applyReserve(term, limit)
 			if err == nil && n.leadTerm.Load() == term {
 				return nil
 			}
@@ -565,6 +565,11 @@ func (n *Raft) reserve(limit uint64) error {
 		case <-time.After(n.cfg.FailoverTimeout / 10):
 		}
 	}
+}
+
+// applyReserve commits a reservation of tokens up to limit for term.
+func (n *Raft) applyReserve(term, limit uint64) error {
+	return n.r.Apply(appendReserveEntry(nil, n.cfg.Self, term, limit), n.cfg.FailoverTimeout).Error()
 }
 
 // actor follows raft's leadership: every observation, every kick and a
@@ -688,7 +693,7 @@ func (n *Raft) gain(term uint64) {
 	start := max(tokens.Last(), tokens.Limit(), n.reserved.Load(), WallFloor())
 	tokens.Observe(start)
 	limit := start + n.cfg.TokenBlock
-	err := n.r.Apply(appendReserveEntry(nil, n.cfg.Self, term, limit), n.cfg.FailoverTimeout).Error()
+	err := n.applyReserve(term, limit)
 	if err != nil {
 		n.log.Warn("elected, but the first token reservation did not commit; not serving", "term", term, "err", err)
 		n.lose(term) // the next step tries again if raft still has it lead
