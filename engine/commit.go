@@ -153,6 +153,11 @@ func (s *Server) releaseHeld(ss *session, b *scratch, now int64) {
 	for _, g := range ss.hgrants {
 		s.table.Release(now, g.key(ss.held), g.token, &b.fx)
 	}
+	s.forgetHeld(ss)
+}
+
+// forgetHeld drops ss's held answers (its connection closed).
+func (s *Server) forgetHeld(ss *session) {
 	ss.held, ss.hgrants, ss.hchunks = nil, nil, nil
 	s.heldMu.Lock()
 	delete(s.heldSet, ss)

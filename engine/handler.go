@@ -127,10 +127,8 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 		// A standby's or follower's table changes only as the active's or
 		// the log does: it releases nothing of its own (an undelivered
 		// grant of an active that just stepped down ends with its lease).
-		ss.held, ss.hgrants, ss.hchunks, ss.pend, ss.pkeys = nil, nil, nil, nil, nil
-		s.heldMu.Lock()
-		delete(s.heldSet, ss)
-		s.heldMu.Unlock()
+		ss.pend, ss.pkeys = nil, nil
+		s.forgetHeld(ss)
 		s.putScratch(b)
 		return gnet.None
 	}

@@ -1,6 +1,10 @@
 package repl
 
-import "github.com/lockd-dev/lockd/shard"
+import (
+	"slices"
+
+	"github.com/lockd-dev/lockd/shard"
+)
 
 // recIx is what the canceller needs of one buffered record: the Sink
 // writes it beside the record, so the flusher never decodes a record to
@@ -40,23 +44,21 @@ func (c *canceller) reset() {
 // with every grant that ended among them, its end and its renewals
 // replaced by skip records; it returns how many records it took out.
 func (c *canceller) cut(w *BatchWriter, id uint32, raw []byte, ix []recIx) int {
-	dead := c.dead[:0]
-	for range ix {
-		dead = append(dead, false)
-	}
+	dead := slices.Grow(c.dead[:0], len(ix))[:len(ix)]
+	clear(dead)
 	c.dead = dead
-	any := false
+	cut := false
 	for k, r := range ix {
 		switch r.kind {
 		case shard.RecordGrant:
 			c.grants[r.token] = int32(k)
 		case shard.RecordRelease, shard.RecordExpire:
 			if j, ok := c.grants[r.token]; ok && int(j) < k && ix[j].token == r.token && ix[j].kind == shard.RecordGrant {
-				dead[j], dead[k], any = true, true, true
+				dead[j], dead[k], cut = true, true, true
 			}
 		}
 	}
-	if !any {
+	if !cut {
 		w.addEncoded(raw, len(ix))
 		return 0
 	}
