@@ -5,7 +5,7 @@ FUZZTIME    ?= 15s
 BENCHTIME   ?= 1s
 PKGS        := ./...
 
-.PHONY: all build test test-short lint vet fmt-check staticcheck bench fuzz clean chaos chaos-short
+.PHONY: all build test test-short lint check-tracked vet fmt-check staticcheck bench fuzz clean chaos chaos-short
 
 all: build
 
@@ -27,7 +27,11 @@ test: lint
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
-lint: fmt-check vet staticcheck
+lint: check-tracked fmt-check vet staticcheck
+
+## check-tracked: no tracked executable, no tracked file over 1 MiB outside testdata/.
+check-tracked:
+	@.ci/check-tracked
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
