@@ -122,7 +122,9 @@ func TestSettled(t *testing.T) {
 		if inSync {
 			raw["in_sync"] = true
 		}
-		return clustertest.Status{Addr: addr, Role: role, Active: active, Raw: raw}
+		s := clustertest.Status{Raw: raw}
+		s.Addr, s.Role, s.Active = addr, role, active
+		return s
 	}
 	const a, b, c = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
 	for _, tc := range []struct {

@@ -271,8 +271,10 @@ func TestProbeErrorOutcome(t *testing.T) {
 // raftSt is a raft member's /status as the harness parses it.
 func raftSt(addr, role, leader string, term, commit, applied uint64) clustertest.Status {
 	num := func(v uint64) json.Number { return json.Number(strconv.FormatUint(v, 10)) }
-	return clustertest.Status{Addr: addr, Role: role, Active: leader, Raw: map[string]any{
+	s := clustertest.Status{Raw: map[string]any{
 		"raft": map[string]any{"term": num(term), "commit_index": num(commit), "applied_index": num(applied)}}}
+	s.Addr, s.Role, s.Active = addr, role, leader
+	return s
 }
 
 func TestRaftField(t *testing.T) {
