@@ -36,8 +36,9 @@
 // gnet (the echo server), hdrhistogram-go (latency histograms), etcd's
 // client (go.etcd.io/etcd/client/v3 and its concurrency package),
 // prometheus/common's expfmt (etcd's and lockd's /metrics),
-// gonum.org/v1/plot (the latency plot, -svg) and internal/clustertest (the
-// lockd processes of the cluster targets). It imports client/ in the
+// gonum.org/v1/plot (the latency plot, -svg), internal/clustertest (the
+// lockd processes of the cluster targets, and their waits) and api (the
+// admin endpoint's documents). It imports client/ in the
 // failover mode only, whose question is what an application sees; the
 // suite's load generator must not use it: it speaks lockd's protocol
 // itself, so a client library's costs or bugs cannot hide in the server's

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/proto"
@@ -489,30 +489,20 @@ type failoverRun struct {
 // member active and every other one a standby in sync; raft: raftSettled —
 // and returns the member that serves (the next trial's victim).
 func (f *failoverRun) waitSettled(timeout time.Duration) (int, error) {
-	ct := &clusterTarget{mode: f.cfg.Mode, c: f.c}
-	var err error
+	ok := func(sts []clustertest.Status) (int, bool) { return settled(f.cfg.Mode, sts) }
 	if f.cfg.Mode == failoverRaft {
-		rs := newRaftSettled()
-		_, err = ct.settleWith(timeout, rs.ok)
-	} else {
-		_, err = ct.settle(timeout)
+		ok = newRaftSettled().ok
 	}
-	return ct.driven, err
+	member, _, err := waitSettled(f.c, f.cfg.Mode, timeout, ok)
+	return member, err
 }
 
-// raftField is the number raft.<name> of a raft member's /status (0 when
-// absent or not a number).
-func raftField(st clustertest.Status, name string) uint64 {
-	r, _ := st.Raw["raft"].(map[string]any)
-	var s string
-	switch v := r[name].(type) {
-	case json.Number:
-		s = v.String()
-	case string:
-		s = v
+// raftOf is a member's raft section, zero when its /status has none.
+func raftOf(st clustertest.Status) api.RaftStatus {
+	if st.Raft == nil {
+		return api.RaftStatus{}
 	}
-	n, _ := strconv.ParseUint(s, 10, 64)
-	return n
+	return *st.Raft
 }
 
 // raftSettled judges successive polls of a raft cluster's /status for the
@@ -529,21 +519,21 @@ type raftSettled struct {
 
 func newRaftSettled() *raftSettled { return &raftSettled{leader: -1} }
 
-// ok is a settleWith predicate: it returns the leader once settled.
+// ok is a waitSettled predicate: it returns the leader once settled.
 func (r *raftSettled) ok(sts []clustertest.Status) (int, bool) {
 	l, ok := settled(failoverRaft, sts)
 	if !ok {
 		r.leader = -1
 		return -1, false
 	}
-	term, commit := raftField(sts[l], "term"), raftField(sts[l], "commit_index")
+	term, commit := raftOf(sts[l]).Term, raftOf(sts[l]).CommitIndex
 	prevLeader, prevTerm, prevCommit := r.leader, r.term, r.commit
 	r.leader, r.term, r.commit = l, term, commit
 	if prevLeader != l || prevTerm != term {
 		return -1, false
 	}
 	for i, st := range sts {
-		if i != l && (st.Active != sts[l].Addr || raftField(st, "term") != term || raftField(st, "applied_index") < prevCommit) {
+		if i != l && (st.Active != sts[l].Addr || raftOf(st).Term != term || raftOf(st).AppliedIndex < prevCommit) {
 			return -1, false
 		}
 	}
@@ -711,9 +701,9 @@ func runFailover(cfg *failoverConfig, bin string) ([]*Trial, error) {
 // servingRole names the member the trials signal in mode.
 func servingRole(mode string) string {
 	if mode == failoverRaft {
-		return "leader"
+		return api.RoleLeader
 	}
-	return "active"
+	return api.RoleActive
 }
 
 // trialLine is a progress summary of one trial of a cluster in mode.
