@@ -91,6 +91,9 @@ func TestNames(t *testing.T) {
 		if api.Serving(role) != serving {
 			t.Errorf("Serving(%q) = %v", role, !serving)
 		}
+		if st := (api.Status{Role: role}); st.Serving() != serving {
+			t.Errorf("Status{Role: %q}.Serving() = %v", role, !serving)
+		}
 	}
 }
 

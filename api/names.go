@@ -36,3 +36,6 @@ const (
 // (a single node, priority's active) or RoleLeader (raft's). Any other
 // member answers M (PROTOCOL.md §6.2).
 func Serving(role string) bool { return role == RoleActive || role == RoleLeader }
+
+// Serving reports whether the node executes requests: Serving(s.Role).
+func (s *Status) Serving() bool { return Serving(s.Role) }

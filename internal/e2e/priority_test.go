@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/proto"
@@ -219,18 +218,18 @@ func TestPriorityPartitionHeals(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The majority side promotes after the failover timeout.
-	deadline := time.Now().Add(5 * time.Second)
 	b := -1
-	for b < 0 {
-		for _, i := range others(c, a) {
-			if st, err := c.Member(i).Status(); err == nil && st.Role == api.RoleActive {
-				b = i
+	_, err := c.WaitStatuses(5*time.Second, clustertest.Running(a), func(sts []clustertest.Status) error {
+		for _, st := range sts {
+			if st.Serving() {
+				b = st.Index
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no active on the other side of the partition")
-		}
-		time.Sleep(20 * time.Millisecond)
+		return errors.New("no member serves")
+	})
+	if err != nil {
+		t.Fatalf("no active on the other side of the partition: %v", err)
 	}
 	bc := dial(t, c, b)
 	mid := grant(t, bc, "split", 60, 2)
