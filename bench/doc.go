@@ -21,11 +21,15 @@
 // BENCHMARKS.md for the method and the numbers.
 //
 // `go run ./bench -failover N` measures failover instead of the suite: a
-// priority cluster of lockd processes under load from the client library
-// and from raw probes that know which member answers, its active killed
-// (kill -9) and stopped (SIGTERM) N times each, alternately: the time until
-// the successor's first grant, the longest time without an answer, and the
-// same for the planned handover back when the victim, restarted, rejoins.
+// priority (or, -failover-mode raft, a raft) cluster of lockd processes
+// under load from the client library and from raw probes that know which
+// member answers, its active (leader) killed (kill -9) and stopped
+// (SIGTERM) N times each, alternately: the time until the successor's first
+// grant, the longest time without an answer, and the same for the rejoin
+// when the victim, restarted, comes back. failover.go holds its
+// configuration and the trials, failover_record.go the record of answers
+// and non-answers, failover_load.go the clients, failover_report.go the
+// summaries, goals and tables.
 //
 // The lockd and echo servers run in a child process (this binary re-executed
 // with LOCKD_BENCH_SERVE set), so their memory and CPU profiles are their
