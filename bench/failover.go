@@ -351,14 +351,12 @@ func failoverCmd(o *options, stdout, stderr io.Writer) int {
 	}
 	sums, gs, loadEnd := summarizeTrials(trials, cfg.Kinds), failoverGoals(trials, cfg.Mode), loadAvg()
 	doc := struct {
-		Machine   string            `json:"machine"`
-		LoadStart string            `json:"load_start"`
-		LoadEnd   string            `json:"load_end"`
-		Config    failoverConfig    `json:"config"`
-		Trials    []*Trial          `json:"trials"`
-		Summary   []failoverSummary `json:"summary"`
-		Goals     []failoverGoal    `json:"goals"`
-	}{machine(), o.loadStart, loadEnd, cfg, trials, sums, gs}
+		runHead
+		Config  failoverConfig    `json:"config"`
+		Trials  []*Trial          `json:"trials"`
+		Summary []failoverSummary `json:"summary"`
+		Goals   []failoverGoal    `json:"goals"`
+	}{runHead{machine(), o.loadStart, loadEnd}, cfg, trials, sums, gs}
 	if err := writeDoc(o, stdout, doc); err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 1
