@@ -257,19 +257,43 @@ func (hf *helloFake) count(op proto.Op) int {
 func TestHelloFirstAndPipelined(t *testing.T) {
 	hf := newHelloFake(t, nil, nil)
 	cl := newClient(t, credConfig(hf.addr()))
-	ctx := ctxT(t, 10*time.Second)
-	for i := 0; i < 6; i++ {
-		l, err := cl.Acquire(ctx, "k", AcquireOptions{Wait: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cl.Release(ctx, l); err != nil {
-			t.Fatal(err)
+	ctx := ctxT(t, 20*time.Second)
+	rounds := func() {
+		t.Helper()
+		for i := 0; i < 6; i++ {
+			l, err := cl.Acquire(ctx, "k", AcquireOptions{Wait: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cl.Release(ctx, l); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	waitHellos := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); len(hf.hellos()) < n; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d connections said hello, want %d", len(hf.hellos()), n)
+			}
+		}
+	}
+	waitUp(t, cl, 2)
+	rounds()
+	waitHellos(2)
+	// Every connection it opens: cut both, and the redialled ones say
+	// hello first too.
+	hf.mu.Lock()
+	for fc := range hf.first {
+		_ = fc.nc.Close()
+	}
+	hf.mu.Unlock()
+	waitHellos(4)
+	waitUp(t, cl, 2)
+	rounds()
 	hs := hf.hellos()
-	if len(hs) != 2 {
-		t.Fatalf("%d connections said hello, want 2", len(hs))
+	if len(hs) != 4 {
+		t.Fatalf("%d connections said hello, want 4", len(hs))
 	}
 	for _, h := range hs {
 		if h.Op != proto.OpHello || h.Key != "orders "+testSecret {

@@ -48,6 +48,7 @@ type conn struct {
 	helloNonce uint64      // its nonce
 	mayAuth    bool        // a hello was sent or a client certificate offered: requests may run authenticated
 	welcomed   atomic.Bool // the hello's welcome was read
+	werr       error       // a write failed (failWrite); under mu
 
 	// Owned by the goroutine in flush.
 	wbuf []byte  // the batch being written
@@ -178,23 +179,25 @@ func (c *conn) flush() {
 	}
 }
 
-// helloGrace is how long the reader may still look for the answer to an
-// unanswered hello after a write failed: a server that refused the hello
-// closed the connection after its E 5, and a write that fails on that
-// close must not hide the E 5 that decides the requests' fate.
-const helloGrace = 100 * time.Millisecond
+// writeGrace is how long the reader may still read after a write failed,
+// before the connection is failed: answers that arrived before the
+// failure decide their requests. A server that refuses a hello (or a
+// request without an identity) answers E 5 and closes; a write that then
+// fails on the reset must not hide the E 5, which says that nothing on
+// the connection ran.
+const writeGrace = 100 * time.Millisecond
 
-// failWrite fails c after its write failed. While the hello is
-// unanswered, the reader decides instead, within helloGrace: the E 5 of a
-// refused hello may be waiting to be read, and with it every request on
-// c is known not to have run. c takes no new batch meanwhile (writing
-// stays set).
+// failWrite hands the failure of a write to the reader: it reads what
+// has arrived, for up to writeGrace, then fails c with err (unless what it
+// read decides otherwise). c takes no new batch meanwhile (writing stays
+// set); requests queued on it meanwhile stay definitely unsent.
 func (c *conn) failWrite(err error) {
-	if c.helloSent && !c.welcomed.Load() {
-		_ = c.nc.SetReadDeadline(time.Now().Add(helloGrace))
-		return
+	c.mu.Lock()
+	if c.werr == nil {
+		c.werr = err
 	}
-	c.fail(err)
+	c.mu.Unlock()
+	_ = c.nc.SetReadDeadline(time.Now().Add(writeGrace))
 }
 
 // addPendLocked appends t to the FIFO chain of its correlation key.
@@ -319,7 +322,13 @@ func (c *conn) readLoop() {
 			}
 		}
 		if err != nil {
-			if !heard && isRemoteAlert(err) {
+			alert := isRemoteAlert(err)
+			c.mu.Lock()
+			if c.werr != nil && !alert {
+				err = c.werr // the reader only drained what had arrived
+			}
+			c.mu.Unlock()
+			if !heard && (alert || isRemoteAlert(err)) {
 				// The server's TLS refused us after our side of the
 				// handshake was done (TLS 1.3 judges the client
 				// certificate then): it read no request.

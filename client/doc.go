@@ -202,7 +202,13 @@
 // matched to a later request with the same id (a renew's late K to the
 // next renew of that token); a stand-in acquire releases a grant it gets.
 // The goroutine that flushes a batch may thus spend up to that long in
-// Write on behalf of others.
+// Write on behalf of others. A write that fails (blocked that long, or
+// the server reset the connection) does not fail the connection at once:
+// the reader first takes, for up to 100 ms, the answers that had already
+// arrived — a grant, or the E 5 of a server that refused the connection
+// and closed it — so they decide their requests instead of a blanket
+// ErrIndeterminate; then the connection fails with the write's error. No
+// new batch is written on it meanwhile.
 //
 // Close ends every goroutine the client started and fails every pending
 // call with ErrClosed (a call that may have been executed — an acquire,
