@@ -220,7 +220,9 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &b.req)
 			if err == nil {
 				n += m
-				if state == repl.Redirect {
+				if state == repl.Redirect && b.req.Op != proto.OpHello {
+					// Every member answers a hello itself: it changes no
+					// lock state (PROTOCOL.md §8.3).
 					r := &b.req
 					b.out = proto.AppendMoved(b.out, r.Op, r.ID, gate.Addr)
 					b.cnt.request(r.Op, resMoved)
@@ -318,7 +320,7 @@ var acquireResult = [...]int{shard.Granted: resGranted, shard.TimedOut: resTimeo
 // apply executes one well-formed request and appends its immediate answer.
 func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
 	s, r := h.s, &b.req
-	if draining && r.Op != proto.OpPing {
+	if draining && r.Op != proto.OpPing && r.Op != proto.OpHello {
 		b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeShutdown, msgShutdown)
 		b.cnt.error(r.Op, proto.CodeShutdown)
 		return
@@ -360,6 +362,11 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
 	case proto.OpPing:
 		b.out = proto.AppendPong(b.out, r.ID)
 		b.cnt.request(proto.OpPing, resPong)
+	case proto.OpHello:
+		// Without an ACL a hello is accepted and changes nothing: the
+		// answer names the identity it gave, unchecked (PROTOCOL.md §8.3).
+		b.out = proto.AppendWelcome(b.out, r.ID, proto.HelloIdentity(r.Key))
+		b.cnt.request(proto.OpHello, resWelcome)
 	}
 }
 

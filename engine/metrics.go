@@ -22,16 +22,17 @@ const (
 	resPong
 	resError
 	resMoved
+	resWelcome
 	nResults
 )
 
-var resultNames = [nResults]string{"granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved"}
+var resultNames = [nResults]string{"granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved", "welcome"}
 
 // counts is one batch's tally, kept in its scratch (no atomics) and added
 // to its loop's stats once per batch.
 type counts struct {
 	req  [len(proto.RequestOps)][nResults]uint32
-	errs [5]uint32 // by E code (index 0 unused)
+	errs [proto.MaxCode + 1]uint32 // by E code (index 0 unused)
 	any  bool
 }
 
@@ -51,7 +52,7 @@ func (c *counts) error(op proto.Op, code uint8) {
 // atomic add per non-zero cell per batch), read by scrapes.
 type loopStats struct {
 	req  [len(proto.RequestOps)][nResults]atomic.Uint64
-	errs [5]atomic.Uint64
+	errs [proto.MaxCode + 1]atomic.Uint64
 	_    [64]byte
 }
 
@@ -110,21 +111,21 @@ func (h *waitHist) observe(d int64) {
 
 // RequestCount is the number of requests of one op with one result.
 type RequestCount struct {
-	Op     string // "acquire", "release", "renew", "ping"
-	Result string // "granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved"
+	Op     string // "acquire", "release", "renew", "ping", "hello"
+	Result string // "granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved", "welcome"
 	N      uint64
 }
 
 // Metrics is a snapshot of the server's counters and gauges.
 type Metrics struct {
-	Requests      []RequestCount // non-zero cells only
-	Errors        [5]uint64      // E frames sent, by code (index 0 unused)
-	Table         shard.Counters // grants, handoffs, expiries, timeouts, releases, renews
-	Keys          int            // keys held
-	Waiters       int            // queued acquires
-	Conns         int64          // open connections
-	TokenLast     uint64         // highest token issued
-	TokenReserved uint64         // durable reservation mark
+	Requests      []RequestCount            // non-zero cells only
+	Errors        [proto.MaxCode + 1]uint64 // E frames sent, by code (index 0 unused)
+	Table         shard.Counters            // grants, handoffs, expiries, timeouts, releases, renews
+	Keys          int                       // keys held
+	Waiters       int                       // queued acquires
+	Conns         int64                     // open connections
+	TokenLast     uint64                    // highest token issued
+	TokenReserved uint64                    // durable reservation mark
 	// Wait is the acquire-to-grant histogram: immediate grants count as 0,
 	// queued ones by their time in the queue. Counts are per bucket of
 	// WaitBuckets (not cumulative), the last one +Inf.

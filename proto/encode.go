@@ -34,6 +34,18 @@ func AppendPing(dst []byte, nonce uint64) []byte {
 	return appendIDTail(dst, OpPing, nonce, "")
 }
 
+// AppendHello appends a hello request: identity, one 0x20 byte, secret.
+// The secret is written verbatim; callers keep it out of logs.
+func AppendHello[K ~string | ~[]byte](dst []byte, nonce uint64, identity, secret K) []byte {
+	dst = slices.Grow(dst, 1+HelloHeaderLen+len(identity)+1+len(secret)+1)
+	dst = append(dst, byte(OpHello))
+	dst = binary.BigEndian.AppendUint64(dst, nonce)
+	dst = append(dst, identity...)
+	dst = append(dst, ' ')
+	dst = append(dst, secret...)
+	return append(dst, '\n')
+}
+
 // Response encoders.
 
 // AppendAcquired appends an A (acquired) response.
@@ -74,6 +86,12 @@ func AppendNotHeld[K ~string | ~[]byte](dst []byte, op Op, token uint64, key K) 
 // AppendPong appends a P (pong) response.
 func AppendPong(dst []byte, nonce uint64) []byte {
 	return appendIDTail(dst, OpPing, nonce, "")
+}
+
+// AppendWelcome appends an H (welcome) response naming the identity now in
+// force on the connection.
+func AppendWelcome[K ~string | ~[]byte](dst []byte, nonce uint64, identity K) []byte {
+	return appendIDTail(dst, OpHello, nonce, identity)
 }
 
 // AppendMoved appends an M (moved) response naming the active's address.

@@ -21,6 +21,8 @@ func requestSeeds() [][]byte {
 		[]byte(rawAcquire(1, 2, 3, "é") + rawPing(4)),    // pipelined
 		[]byte("R" + be64(3) + k1025),                    // no 0x0A in time
 		[]byte(rawAcquire(1, 2, 3, "a\x00\x01\x7f\r\t")), // control bytes
+		[]byte(rawIDTail('H', 9, "orders s3 cret")),      // hello
+		[]byte(rawIDTail('H', 9, "orders") + rawPing(1)), // hello without a secret, then more
 	}
 }
 
@@ -40,6 +42,7 @@ func responseSeeds() [][]byte {
 		[]byte("P" + be64(1) + "x\n"),
 		[]byte("\n"),
 		[]byte(rawPing(1) + rawIDTail('T', 2, "k")),
+		[]byte(rawIDTail('H', 9, "orders")), // welcome
 	}
 }
 
@@ -109,6 +112,11 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			keyOK := len(r.Key) >= 1 && len(r.Key) <= limit && utf8.Valid(r.Key)
 			switch {
+			case r.Op == OpHello:
+				// The tail is taken whole, unjudged: any bytes but 0x0A.
+				if err != nil || r.Key == nil || bytes.IndexByte(r.Key, '\n') >= 0 || len(r.Key) > MaxKey {
+					t.Fatalf("hello: Key %q, err %v", r.Key, err)
+				}
 			case r.Op == OpPing:
 				if r.Key != nil || err != nil {
 					t.Fatalf("ping: Key %q, err %v", r.Key, err)

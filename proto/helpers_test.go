@@ -79,6 +79,8 @@ func encodeRequest(t testing.TB, dst []byte, r *Request) []byte {
 		return AppendRenew(dst, r.Lease, r.ID, r.Key)
 	case OpPing:
 		return AppendPing(dst, r.ID)
+	case OpHello:
+		return appendIDTail(dst, OpHello, r.ID, r.Key) // the raw tail, space or not
 	}
 	t.Fatalf("encodeRequest: op %v", r.Op)
 	return nil
@@ -106,6 +108,8 @@ func encodeResponse(t testing.TB, dst []byte, r *Response) []byte {
 		return AppendMoved(dst, r.ReqOp, r.ID, r.Tail)
 	case OpError:
 		return AppendError(dst, r.ReqOp, r.ID, r.Code, r.Tail)
+	case OpHello:
+		return AppendWelcome(dst, r.ID, r.Tail)
 	}
 	t.Fatalf("encodeResponse: op %v", r.Op)
 	return nil

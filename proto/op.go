@@ -13,6 +13,7 @@ const (
 	OpRelease Op = 'R' // request: release; response: released
 	OpRenew   Op = 'K' // request: renew; response: renewed
 	OpPing    Op = 'P' // request: ping; response: pong
+	OpHello   Op = 'H' // request: hello (an identity and its secret); response: welcome (PROTOCOL.md §8.3)
 	OpTimeout Op = 'T' // response: wait over, nothing granted
 	OpBusy    Op = 'B' // response: capacity full, nothing granted or queued
 	OpNotHeld Op = 'N' // response: token is not the key's current grant
@@ -33,6 +34,8 @@ func (o Op) String() string {
 		return "renew"
 	case OpPing:
 		return "ping"
+	case OpHello:
+		return "hello"
 	case OpTimeout:
 		return "timeout"
 	case OpBusy:
@@ -48,12 +51,12 @@ func (o Op) String() string {
 	return "op(0x" + string([]byte{hex[o>>4], hex[o&0xf]}) + ")"
 }
 
-// IsRequest reports whether o is a request op (A, R, K or P).
+// IsRequest reports whether o is a request op (A, R, K, P or H).
 func (o Op) IsRequest() bool { return requestHeaderLen[o] != 0 }
 
 // RequestOps lists the request ops; RequestIndex gives their positions, so
 // per-op tables can be plain arrays.
-var RequestOps = [...]Op{OpAcquire, OpRelease, OpRenew, OpPing}
+var RequestOps = [...]Op{OpAcquire, OpRelease, OpRenew, OpPing, OpHello}
 
 // RequestIndex returns o's index in RequestOps, or -1 if o is not a
 // request op.
@@ -67,19 +70,28 @@ func (o Op) RequestIndex() int {
 		return 2
 	case OpPing:
 		return 3
+	case OpHello:
+		return 4
 	}
 	return -1
 }
 
-// IsResponse reports whether o is a response op (A, T, B, R, K, N, P, M or E).
+// IsResponse reports whether o is a response op (A, T, B, R, K, N, P, M, E
+// or H).
 func (o Op) IsResponse() bool { return responseHeaderLen[o] != 0 }
 
-// Error codes carried by an E frame (PROTOCOL.md §3).
+// Error codes carried by an E frame (PROTOCOL.md §3 and §8.3).
 const (
-	CodeBadFrame uint8 = 1 // unknown op or no 0x0A within the longest legal frame; the connection closes
-	CodeBadKey   uint8 = 2 // key empty, too long or not UTF-8
-	CodeBadLease uint8 = 3 // lease 0
-	CodeShutdown uint8 = 4 // server shutting down
+	CodeBadFrame         uint8 = 1 // unknown op or no 0x0A within the longest legal frame; the connection closes
+	CodeBadKey           uint8 = 2 // key empty, too long or not UTF-8
+	CodeBadLease         uint8 = 3 // lease 0
+	CodeShutdown         uint8 = 4 // server shutting down
+	CodeUnauthenticated  uint8 = 5 // no identity in force, or a hello that failed; the connection closes
+	CodePermissionDenied uint8 = 6 // the identity may not do this to this key; the connection stays open
+
+	// MaxCode is the largest error code: per-code tables have MaxCode+1
+	// entries.
+	MaxCode = CodePermissionDenied
 )
 
 // Protocol limits.
@@ -101,7 +113,12 @@ const (
 	ReleaseHeaderLen = 8  // token u64
 	RenewHeaderLen   = 9  // lease u8, token u64
 	PingHeaderLen    = 8  // nonce u64
+	HelloHeaderLen   = 8  // nonce u64
 )
+
+// MaxSecret is the longest secret a hello may carry, in bytes (PROTOCOL.md
+// §8.3).
+const MaxSecret = 256
 
 // Header lengths of responses (bytes after the op byte, before the tail).
 const (
@@ -114,6 +131,7 @@ const (
 	PongHeaderLen     = 8  // nonce u64
 	MovedHeaderLen    = 9  // op u8, id u64
 	ErrorHeaderLen    = 10 // op u8, id u64, code u8
+	WelcomeHeaderLen  = 8  // nonce u64
 )
 
 // requestHeaderLen and responseHeaderLen map an op byte to its fixed header
@@ -123,6 +141,7 @@ var requestHeaderLen = [256]uint8{
 	OpRelease: ReleaseHeaderLen,
 	OpRenew:   RenewHeaderLen,
 	OpPing:    PingHeaderLen,
+	OpHello:   HelloHeaderLen,
 }
 
 var responseHeaderLen = [256]uint8{
@@ -135,6 +154,7 @@ var responseHeaderLen = [256]uint8{
 	OpPing:    PongHeaderLen,
 	OpMoved:   MovedHeaderLen,
 	OpError:   ErrorHeaderLen,
+	OpHello:   WelcomeHeaderLen,
 }
 
 // RequestHeaderLen returns the fixed header length of request op o, and false

@@ -9,11 +9,11 @@ import (
 // Request is one decoded client frame. Key points into the parsed buffer and
 // is valid only as long as that buffer is.
 type Request struct {
-	Op    Op     // OpAcquire, OpRelease, OpRenew or OpPing
+	Op    Op     // OpAcquire, OpRelease, OpRenew, OpPing or OpHello
 	Wait  uint8  // acquire: seconds the server may queue the request
 	Lease uint8  // acquire, renew: lease in seconds
-	ID    uint64 // owner (acquire), token (release, renew) or nonce (ping); 0 if the header was not read
-	Key   []byte // acquire, release, renew: the key (a slice of the input); nil for ping
+	ID    uint64 // owner (acquire), token (release, renew) or nonce (ping, hello); 0 if the header was not read
+	Key   []byte // acquire, release, renew: the key; hello: the whole tail (see SplitHello); a slice of the input; nil for ping
 }
 
 // ParseRequest decodes the first request frame in buf. maxKey is the server's
@@ -28,6 +28,10 @@ type Request struct {
 //     the whole fixed header was read (else 0); the caller answers E 1 and
 //     closes, n is unspecified (in fact the number of bytes examined, at
 //     most len(buf); it is not a frame length to skip).
+//
+// A hello's tail is not validated here (0..MaxKey bytes without 0x0A): what
+// makes it acceptable depends on the server's ACL (PROTOCOL.md §8.3), so it
+// is returned whole in r.Key and judged with SplitHello or HelloIdentity.
 //
 // Validation order is frame, then key, then lease (PROTOCOL.md §3). The fixed
 // header is consumed by count before 0x0A is looked for. It never allocates.
@@ -60,7 +64,7 @@ func ParseRequest(buf []byte, maxKey int, r *Request) (int, error) {
 	case OpRenew:
 		r.Lease = buf[1]
 		r.ID = binary.BigEndian.Uint64(buf[2:10])
-	default: // OpRelease, OpPing
+	default: // OpRelease, OpPing, OpHello
 		r.ID = binary.BigEndian.Uint64(buf[1:9])
 	}
 	tail := buf[1+hl:]
@@ -79,6 +83,9 @@ func ParseRequest(buf []byte, maxKey int, r *Request) (int, error) {
 	}
 	key := tail[:i:i]
 	r.Key = key
+	if op == OpHello {
+		return n, nil
+	}
 	if maxKey < 1 || maxKey > MaxKey {
 		maxKey = MaxKey
 	}
@@ -135,7 +142,7 @@ type Response struct {
 	ID    uint64 // A, T, B: owner; R, K, N: token; P: nonce; M, E: the request's id
 	Token uint64 // A: the granted token (also in ID for R, K, N)
 	Code  uint8  // E: error code
-	Tail  []byte // key (A T B R K N), address (M), message (E), empty (P)
+	Tail  []byte // key (A T B R K N), address (M), message (E), identity (H), empty (P)
 }
 
 // ParseResponse decodes the first response frame in buf, with the same
@@ -173,7 +180,7 @@ func ParseResponse(buf []byte, r *Response) (int, error) {
 		r.ReqOp = Op(buf[1])
 		r.ID = binary.BigEndian.Uint64(buf[2:10])
 		r.Code = buf[10]
-	default: // OpTimeout, OpBusy, OpRelease, OpRenew, OpPing
+	default: // OpTimeout, OpBusy, OpRelease, OpRenew, OpPing, OpHello
 		r.ID = binary.BigEndian.Uint64(buf[1:9])
 	}
 	tail := buf[1+hl:]
@@ -192,4 +199,29 @@ func ParseResponse(buf []byte, r *Response) (int, error) {
 	}
 	r.Tail = tail[:i:i]
 	return n, nil
+}
+
+// SplitHello splits a hello's tail into the identity and the secret
+// (PROTOCOL.md §8.3): the first 0x20 byte ends the identity and the rest is
+// the secret verbatim, spaces included. ok is false when the tail has no
+// 0x20, the identity or the secret is empty, or the secret is longer than
+// MaxSecret: a server that checks hellos answers all of those E 5. It does
+// not look at what the identity's bytes are (an identity that is not in the
+// ACL is refused by the lookup). The results are slices of tail.
+func SplitHello(tail []byte) (identity, secret []byte, ok bool) {
+	i := bytes.IndexByte(tail, ' ')
+	if i <= 0 || i == len(tail)-1 || len(tail)-i-1 > MaxSecret {
+		return nil, nil, false
+	}
+	return tail[:i:i], tail[i+1:], true
+}
+
+// HelloIdentity returns the identity a hello names, for a server that does
+// not check hellos (no ACL, PROTOCOL.md §8.3): the tail up to its first 0x20
+// byte, or the whole tail when it has none. The result is a slice of tail.
+func HelloIdentity(tail []byte) []byte {
+	if i := bytes.IndexByte(tail, ' '); i >= 0 {
+		return tail[:i:i]
+	}
+	return tail
 }

@@ -87,6 +87,16 @@ func reqCases() []reqCase {
 		{name: "ping/tail", in: "P" + be64(99) + "x\n", n: 10, err: ErrBadFrame, want: Request{Op: OpPing, ID: 99}},
 		{name: "ping/tail-no-newline", in: "P" + be64(99) + "x", n: 10, err: ErrBadFrame, want: Request{Op: OpPing, ID: 99}},
 
+		// hello: the tail is taken whole, unjudged (SplitHello judges it)
+		{name: "hello", in: rawIDTail('H', 5, "orders s3cret"), want: Request{Op: OpHello, ID: 5, Key: []byte("orders s3cret")}},
+		{name: "hello/secret-with-spaces", in: rawIDTail('H', 5, "orders a b  c "), want: Request{Op: OpHello, ID: 5, Key: []byte("orders a b  c ")}},
+		{name: "hello/empty-tail", in: rawIDTail('H', 0, ""), want: Request{Op: OpHello, Key: []byte("")}},
+		{name: "hello/no-space", in: rawIDTail('H', 1, "orders"), want: Request{Op: OpHello, ID: 1, Key: []byte("orders")}},
+		{name: "hello/invalid-utf8", in: rawIDTail('H', 1, "a ÿ"), want: Request{Op: OpHello, ID: 1, Key: []byte("a ÿ")}},
+		{name: "hello/tail1024", in: rawIDTail('H', 1, k1024), maxKey: 16, want: Request{Op: OpHello, ID: 1, Key: []byte(k1024)}},
+		{name: "hello/tail1025", in: rawIDTail('H', 1, k1025), n: 1 + 8 + 1025, err: ErrBadFrame, want: Request{Op: OpHello, ID: 1}},
+		{name: "hello/newlines-in-header", in: rawIDTail('H', nl8, "a b"), want: Request{Op: OpHello, ID: nl8, Key: []byte("a b")}},
+
 		// unknown ops
 		{name: "unknown/Z", in: "Z" + be64(1) + "k\n", n: 1, err: ErrBadFrame, want: Request{Op: 'Z'}},
 		{name: "unknown/newline", in: "\n", n: 1, err: ErrBadFrame, want: Request{Op: '\n'}},
@@ -106,6 +116,7 @@ func reqCases() []reqCase {
 		{name: "incomplete/key-no-newline", in: "R" + be64(3) + "abc", err: ErrIncomplete},
 		{name: "incomplete/key1024-no-newline", in: "R" + be64(3) + k1024, err: ErrIncomplete},
 		{name: "incomplete/ping-header-only", in: "P" + be64(3), err: ErrIncomplete},
+		{name: "incomplete/hello-no-newline", in: "H" + be64(3) + "a b", err: ErrIncomplete},
 	}
 }
 
@@ -211,6 +222,8 @@ func respCases() []respCase {
 		{name: "error/newlines-in-header", in: rawError('\n', nl8, '\n', "m"), want: Response{Op: OpError, ReqOp: '\n', ID: nl8, Code: '\n', Tail: []byte("m")}},
 		{name: "error/empty-message", in: rawError('Z', 0, CodeBadFrame, ""), want: Response{Op: OpError, ReqOp: 'Z', Code: CodeBadFrame, Tail: []byte("")}},
 		{name: "error/message1024", in: rawError('R', 3, CodeShutdown, k1024), want: Response{Op: OpError, ReqOp: OpRelease, ID: 3, Code: CodeShutdown, Tail: []byte(k1024)}},
+		{name: "welcome", in: rawIDTail('H', 5, "orders"), want: Response{Op: OpHello, ID: 5, Tail: []byte("orders")}},
+		{name: "welcome/empty-identity", in: rawIDTail('H', 0, ""), want: Response{Op: OpHello, Tail: []byte("")}},
 		{name: "followed-by-more", in: rawPing(1) + rawPing(2), n: 10, want: Response{Op: OpPing, ID: 1}},
 
 		{name: "bad/unknown-op", in: "Z" + be64(1) + "\n", n: 1, err: ErrBadFrame, want: Response{Op: 'Z'}},
@@ -455,7 +468,7 @@ func TestOpString(t *testing.T) {
 	}{
 		{OpAcquire, "acquire"}, {OpRelease, "release"}, {OpRenew, "renew"}, {OpPing, "ping"},
 		{OpTimeout, "timeout"}, {OpBusy, "busy"}, {OpNotHeld, "not-held"}, {OpMoved, "moved"},
-		{OpError, "error"}, {7, "op(0x07)"}, {'\n', "op(0x0a)"}, {0xff, "op(0xff)"}, {'Z', "op(0x5a)"},
+		{OpError, "error"}, {OpHello, "hello"}, {7, "op(0x07)"}, {'\n', "op(0x0a)"}, {0xff, "op(0xff)"}, {'Z', "op(0x5a)"},
 	} {
 		t.Run(c.want, func(t *testing.T) {
 			if got := c.op.String(); got != c.want {
@@ -473,8 +486,8 @@ func TestOpKinds(t *testing.T) {
 		if rok != op.IsRequest() || sok != op.IsResponse() {
 			t.Fatalf("%v: header-length and Is* disagree", op)
 		}
-		wantReq := map[Op]int{OpAcquire: 10, OpRelease: 8, OpRenew: 9, OpPing: 8}
-		wantResp := map[Op]int{OpAcquire: 16, OpTimeout: 8, OpBusy: 8, OpRelease: 8, OpRenew: 8, OpNotHeld: 9, OpPing: 8, OpMoved: 9, OpError: 10}
+		wantReq := map[Op]int{OpAcquire: 10, OpRelease: 8, OpRenew: 9, OpPing: 8, OpHello: 8}
+		wantResp := map[Op]int{OpAcquire: 16, OpTimeout: 8, OpBusy: 8, OpRelease: 8, OpRenew: 8, OpNotHeld: 9, OpPing: 8, OpMoved: 9, OpError: 10, OpHello: 8}
 		if w, ok := wantReq[op]; ok != rok || w != rl {
 			t.Fatalf("RequestHeaderLen(%v) = %d, %v", op, rl, rok)
 		}
@@ -539,6 +552,42 @@ func TestRequestIndex(t *testing.T) {
 		}
 		if i >= 0 && RequestOps[i] != op {
 			t.Fatalf("RequestOps[%d] = %v, want %v", i, RequestOps[i], op)
+		}
+	}
+}
+
+func TestSplitHello(t *testing.T) {
+	secret256 := strings.Repeat("s", MaxSecret)
+	for _, c := range []struct {
+		name, tail, identity, secret string
+		ok                           bool
+	}{
+		{"plain", "orders s3cret", "orders", "s3cret", true},
+		{"secret keeps its spaces", "orders  a b ", "orders", " a b ", true},
+		{"secret of one space", "orders  ", "orders", " ", true},
+		{"secret 256", "o " + secret256, "o", secret256, true},
+		{"secret 257", "o " + secret256 + "x", "", "", false},
+		{"no space", "orders", "", "", false},
+		{"empty identity", " s3cret", "", "", false},
+		{"empty secret", "orders ", "", "", false},
+		{"empty", "", "", "", false},
+		{"identity bytes unjudged", "a\xffb s", "a\xffb", "s", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			id, sec, ok := SplitHello([]byte(c.tail))
+			if ok != c.ok || string(id) != c.identity || string(sec) != c.secret {
+				t.Fatalf("SplitHello(%q) = %q, %q, %v; want %q, %q, %v", c.tail, id, sec, ok, c.identity, c.secret, c.ok)
+			}
+		})
+	}
+}
+
+func TestHelloIdentity(t *testing.T) {
+	for _, c := range []struct{ tail, want string }{
+		{"orders s3cret", "orders"}, {"orders", "orders"}, {"", ""}, {" s", ""}, {"a b c", "a"},
+	} {
+		if got := HelloIdentity([]byte(c.tail)); string(got) != c.want {
+			t.Errorf("HelloIdentity(%q) = %q, want %q", c.tail, got, c.want)
 		}
 	}
 }
