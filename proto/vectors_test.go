@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -124,6 +125,12 @@ func TestVectorRequests(t *testing.T) {
 				out = AppendRenew(nil, c.Lease, c.ID, c.Key)
 			case OpPing:
 				out = AppendPing(nil, c.ID)
+			case OpHello:
+				identity, secret, ok := strings.Cut(c.Key, " ")
+				if !ok {
+					return // AppendHello always writes the 0x20; this tail has none
+				}
+				out = AppendHello(nil, c.ID, identity, secret)
 			default:
 				t.Fatalf("no encoder for request op %v", want.Op)
 			}
@@ -223,6 +230,8 @@ func TestVectorResponses(t *testing.T) {
 				out = AppendMoved(nil, want.ReqOp, c.ID, c.Tail)
 			case OpError:
 				out = AppendError(nil, want.ReqOp, c.ID, c.Code, c.Tail)
+			case OpHello:
+				out = AppendWelcome(nil, c.ID, c.Tail)
 			default:
 				t.Fatalf("no encoder for response op %v", want.Op)
 			}
@@ -231,12 +240,12 @@ func TestVectorResponses(t *testing.T) {
 			}
 		})
 	}
-	for _, op := range []Op{OpAcquire, OpTimeout, OpBusy, OpRelease, OpRenew, OpNotHeld, OpPing, OpMoved, OpError} {
+	for _, op := range []Op{OpAcquire, OpTimeout, OpBusy, OpRelease, OpRenew, OpNotHeld, OpPing, OpMoved, OpError, OpHello} {
 		if !ops[op] {
 			t.Errorf("no vector for response op %v", op)
 		}
 	}
-	for code := CodeBadFrame; code <= CodeShutdown; code++ {
+	for code := CodeBadFrame; code <= MaxCode; code++ {
 		if !codes[code] {
 			t.Errorf("no E vector for code %d", code)
 		}
