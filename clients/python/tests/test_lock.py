@@ -18,7 +18,7 @@ async def test_lock_block_renews_and_releases(shared_server: Cluster) -> None:
     """The lease is renewed while the block runs longer than it; the key is
     held throughout and free after."""
     async with lockd.Client(shared_server.addrs) as c, lockd.Client(shared_server.addrs) as other:
-        async with c.lock("lock/renewed", wait=1, lease=2) as lock:
+        async with c.lock("lock/renewed", wait=1, lease=3) as lock:
             assert lock.token > 0 and not lock.lost.is_set()
             for _ in range(5):
                 await asyncio.sleep(1)
@@ -184,8 +184,8 @@ def test_sync_lock_lost(shared_server: Cluster) -> None:
 
 def test_sync_lock_renews(shared_server: Cluster) -> None:
     with lockd.SyncClient(shared_server.addrs) as c:
-        with c.lock("sync/renew", wait=1, lease=2) as lock:
-            time.sleep(3.5)
+        with c.lock("sync/renew", wait=1, lease=3) as lock:
+            time.sleep(4.5)  # longer than the lease
             lock.check()
             assert lock.expires > time.monotonic()
         c.release(c.acquire("sync/renew"))
