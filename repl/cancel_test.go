@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -79,7 +80,7 @@ func (r *cancelRig) replica(t *testing.T, snap []SnapEntryAt, first int) *shard.
 		}
 	}
 	var out shard.Out
-	var rr RecordReader
+	var rr records.RecordReader
 	var rec shard.Record
 	for _, raw := range r.batches[first:] {
 		for rr.Reset(raw); rr.Next(&rec); {

@@ -3,12 +3,12 @@ package repl
 import (
 	"context"
 	"fmt"
-	"net"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -22,27 +22,6 @@ func (h *fakeHost) Committed(uint64) {}
 
 func (h *fakeHost) Abandon(uint64) {}
 
-// freePorts returns n ports p such that p and p+offset were free.
-func freePorts(t *testing.T, n, offset int) []int {
-	t.Helper()
-	var ports []int
-	for len(ports) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+offset))
-		l.Close()
-		if err != nil || p+offset > 65535 {
-			continue
-		}
-		l2.Close()
-		ports = append(ports, p)
-	}
-	return ports
-}
-
 // member is one in-process priority node with its own table and clock.
 type member struct {
 	p     *Priority
@@ -54,7 +33,7 @@ type member struct {
 func startMembers(t *testing.T, n int, mod ...func(*Priority)) []*member {
 	t.Helper()
 	const offset = 1000
-	ports := freePorts(t, n, offset)
+	ports := repltest.FreePorts(t, n, offset)
 	var peers []string
 	for _, p := range ports {
 		peers = append(peers, "127.0.0.1:"+strconv.Itoa(p))
@@ -69,8 +48,8 @@ func startMembers(t *testing.T, n int, mod ...func(*Priority)) []*member {
 		for _, f := range mod {
 			f(p)
 		}
-		m := &member{p: p, host: &fakeHost{}, clock: clock()}
-		m.table, err = p.Open(shard.Config{Shards: 8}, m.clock, quiet())
+		m := &member{p: p, host: &fakeHost{}, clock: repltest.Clock()}
+		m.table, err = p.Open(shard.Config{Shards: 8}, m.clock, repltest.Quiet())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +72,7 @@ func (m *member) serving() bool { return m.p.Gate().Effective(m.clock()) == Serv
 
 func waitServing(t *testing.T, ms []*member, want int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("member %d serving and the others following it in sync", want), func() bool {
+	repltest.WaitFor(t, fmt.Sprintf("member %d serving and the others following it in sync", want), func() bool {
 		if !ms[want].serving() {
 			return false
 		}
@@ -151,9 +130,9 @@ func TestPriorityInProcess(t *testing.T) {
 		return m.table.Stats().Keys == len(tokens)
 	}
 	for i := 1; i < 3; i++ {
-		waitFor(t, fmt.Sprintf("standby %d to hold the active's locks", i), func() bool { return same(ms[i]) })
+		repltest.WaitFor(t, fmt.Sprintf("standby %d to hold the active's locks", i), func() bool { return same(ms[i]) })
 	}
-	waitFor(t, "every batch acknowledged", func() bool {
+	repltest.WaitFor(t, "every batch acknowledged", func() bool {
 		for _, mb := range a.p.Status().Members {
 			if mb.LagRecords != 0 || mb.LagBytes != 0 {
 				return false
@@ -174,7 +153,7 @@ func TestPriorityInProcess(t *testing.T) {
 	if g := a.p.Gate(); g.State != Redirect || g.Addr != ms[1].p.self {
 		t.Fatalf("old active's gate after the handover: %+v", g)
 	}
-	waitFor(t, "the successor to serve", ms[1].serving)
+	repltest.WaitFor(t, "the successor to serve", ms[1].serving)
 	if !same(ms[1]) {
 		t.Fatal("the successor does not hold every lock with its token")
 	}
@@ -215,7 +194,7 @@ func TestPriorityFailoverInProcess(t *testing.T) {
 	}
 	a.p.Close(context.Background(), Discard) // no goodbye: silence
 	ms[0] = nil
-	waitFor(t, "a standby to take over", func() bool { return ms[1].serving() || ms[2].serving() })
+	repltest.WaitFor(t, "a standby to take over", func() bool { return ms[1].serving() || ms[2].serving() })
 	s := ms[1]
 	if !s.serving() {
 		s = ms[2]

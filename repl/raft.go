@@ -57,6 +57,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 	"github.com/lockd-dev/lockd/store"
 )
@@ -137,7 +138,7 @@ type Raft struct {
 	mu        sync.Mutex
 	proposing bool   // this member leads (leadTerm) and its records are proposed
 	term      uint64 // the term they are proposed in
-	buf       BatchWriter
+	buf       records.BatchWriter
 	first     uint64   // number of buf's first record
 	full      []sealed // entries cut at raftMaxEntry, waiting for a pipeline slot
 	num       uint64   // the last number handed out
@@ -209,7 +210,7 @@ func (s *raftStats) percentiles() (p50, p99 float64) {
 // sealed is an entry's records cut at raftMaxEntry before the proposer
 // took them.
 type sealed struct {
-	w           BatchWriter
+	w           records.BatchWriter
 	first, last uint64
 }
 
@@ -440,7 +441,7 @@ func (n *Raft) sink(r shard.Record) {
 	wake := n.buf.Count() == 1
 	if n.buf.Len() >= raftMaxEntry {
 		n.full = append(n.full, sealed{w: n.buf, first: n.first, last: n.num})
-		n.buf = BatchWriter{}
+		n.buf = records.BatchWriter{}
 		n.first = n.num + 1
 		wake = true
 	}
@@ -466,7 +467,7 @@ func (n *Raft) poke() {
 // meanwhile go together into the next.
 func (n *Raft) proposer() {
 	defer n.wg.Done()
-	var spare BatchWriter
+	var spare records.BatchWriter
 	for {
 		select {
 		case <-n.quit:

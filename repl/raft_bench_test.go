@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -62,7 +63,7 @@ func BenchmarkRaftLogStore(b *testing.B) {
 
 func benchRaftStore(b *testing.B, kind LogStoreKind, g int) {
 	const offset = 1000
-	ports := freePorts(&testing.T{}, 3, offset)
+	ports := repltest.FreePorts(&testing.T{}, 3, offset)
 	var peers []string
 	for _, p := range ports {
 		peers = append(peers, fmt.Sprintf("127.0.0.1:%d", p))
@@ -80,8 +81,8 @@ func benchRaftStore(b *testing.B, kind LogStoreKind, g int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		m := &mem{n: n, w: newCommitWaiter(), clock: clock()}
-		if m.table, err = n.Open(shard.Config{}, m.clock, quiet()); err != nil {
+		m := &mem{n: n, w: newCommitWaiter(), clock: repltest.Clock()}
+		if m.table, err = n.Open(shard.Config{}, m.clock, repltest.Quiet()); err != nil {
 			b.Fatal(err)
 		}
 		if err := n.Start(peers[i], m.w); err != nil {

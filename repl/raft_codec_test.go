@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -17,7 +19,7 @@ import (
 func TestRaftEntryRoundTrip(t *testing.T) {
 	for _, n := range []int{1, 8, 500} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			var w BatchWriter
+			var w records.BatchWriter
 			src, err := shard.New(shard.Config{Shards: 4, Sink: func(r shard.Record) {
 				if err := w.Add(&r); err != nil {
 					t.Fatal(err)
@@ -148,7 +150,7 @@ func TestRaftSnapshotRoundTrip(t *testing.T) {
 // the table dirty instead), and a burst is cut into entries of at most
 // raftMaxEntry raw bytes plus one record, numbered without gaps.
 func TestRaftSinkCutsEntries(t *testing.T) {
-	n := &Raft{kick: make(chan struct{}, 1), actKick: make(chan struct{}, 1), log: quiet()}
+	n := &Raft{kick: make(chan struct{}, 1), actKick: make(chan struct{}, 1), log: repltest.Quiet()}
 	key := bytes.Repeat([]byte("k"), 100)
 	r := shard.Record{Kind: shard.RecordGrant, Shard: 1, Key: key, Token: 5, Lease: 3}
 	r.Seq = 1

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -64,7 +65,7 @@ func appendRecordsEntry(dst []byte, proposer int, term uint64, stamp int64, firs
 	at := len(dst)
 	dst = append(dst, 0)
 	dst = binary.AppendUvarint(dst, uint64(len(raw)))
-	codec, out := Compress(dst, raw)
+	codec, out := records.Compress(dst, raw)
 	out[at] = byte(codec)
 	return out
 }
@@ -99,7 +100,7 @@ func decodeLogEntry(p []byte, e *logEntry, buf *[]byte) error {
 	var vals [4]uint64
 	i := entryHeader
 	for k := range 3 {
-		v, next, err := readUvarint(p, i)
+		v, next, err := records.Uvarint(p, i)
 		if err != nil {
 			return ErrBadLogEntry
 		}
@@ -108,16 +109,16 @@ func decodeLogEntry(p []byte, e *logEntry, buf *[]byte) error {
 	if i >= len(p) {
 		return ErrBadLogEntry
 	}
-	codec := Codec(p[i])
-	rawLen, i, err := readUvarint(p, i+1)
-	if err != nil || rawLen > MaxFrame || vals[2] > rawLen {
+	codec := records.Codec(p[i])
+	rawLen, i, err := records.Uvarint(p, i+1)
+	if err != nil || rawLen > records.MaxRaw || vals[2] > rawLen {
 		return ErrBadLogEntry
 	}
-	raw, err := Decompress(*buf, codec, p[i:], int(rawLen))
+	raw, err := records.Decompress(*buf, codec, p[i:], int(rawLen))
 	if err != nil {
 		return ErrBadLogEntry
 	}
-	if codec == CodecS2 {
+	if codec == records.CodecS2 {
 		*buf = raw[:0]
 	}
 	e.first, e.last, e.count, e.raw = vals[0], vals[1], int(vals[2]), raw
@@ -150,7 +151,7 @@ func (s *applyState) applyEntry(e *logEntry, wallAtZero int64, skipRecords bool)
 		return
 	}
 	now := e.stamp - wallAtZero
-	var rr RecordReader
+	var rr records.RecordReader
 	var rec shard.Record
 	rr.Reset(e.raw)
 	for rr.Next(&rec) {
@@ -209,7 +210,7 @@ func writeSnapshot(w io.Writer, t *shard.Table, reserved, index uint64, now, wal
 		var bad error
 		seq := t.DumpShard(i, func(key []byte, token uint64, deadline int64, lease uint8) {
 			var err error
-			raw, err = AppendSnapEntry(raw, &SnapEntry{Key: key, Token: token, Left: time.Duration(deadline - now), Lease: lease})
+			raw, err = records.AppendSnapEntry(raw, &records.SnapEntry{Key: key, Token: token, Left: time.Duration(deadline - now), Lease: lease})
 			if err != nil {
 				bad = err
 				return
@@ -224,8 +225,8 @@ func writeSnapshot(w io.Writer, t *shard.Table, reserved, index uint64, now, wal
 		at := len(frame)
 		frame = append(frame, 0)
 		frame = binary.AppendUvarint(frame, uint64(len(raw)))
-		var codec Codec
-		codec, data = Compress(data[:0], raw)
+		var codec records.Codec
+		codec, data = records.Compress(data[:0], raw)
 		frame[at] = byte(codec)
 		frame = binary.AppendUvarint(frame, uint64(len(data)))
 		frame = append(frame, data...)
@@ -270,7 +271,7 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 		codec, err3 := br.ReadByte()
 		rawLen, err4 := binary.ReadUvarint(br)
 		n, err5 := binary.ReadUvarint(br)
-		if err := errors.Join(err1, err2, err3, err4, err5); err != nil || n > MaxFrame*64 || rawLen > MaxFrame*64 {
+		if err := errors.Join(err1, err2, err3, err4, err5); err != nil || n > records.MaxRaw*64 || rawLen > records.MaxRaw*64 {
 			return h, fmt.Errorf("%w: shard %d", ErrBadLogEntry, i)
 		}
 		if uint64(cap(data)) < n {
@@ -280,12 +281,12 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 		if _, err := io.ReadFull(br, data); err != nil {
 			return h, fmt.Errorf("%w: shard %d: %v", ErrBadLogEntry, i, err)
 		}
-		entries, err := decompressSnap(&raw, Codec(codec), data, int(rawLen))
+		entries, err := decompressSnap(&raw, records.Codec(codec), data, int(rawLen))
 		if err != nil {
 			return h, fmt.Errorf("%w: shard %d: %v", ErrBadLogEntry, i, err)
 		}
-		var sr SnapReader
-		var e SnapEntry
+		var sr records.SnapReader
+		var e records.SnapEntry
 		sr.Reset(entries)
 		for sr.Next(&e) {
 			if err := t.Restore(e.Key, e.Token, cutNow+int64(e.Left)); err != nil {
@@ -301,15 +302,15 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 	return h, nil
 }
 
-// decompressSnap is Decompress without the frame limit (a shard of a
-// snapshot can be larger than a member-link frame); the decoded shard
-// stays in *buf's memory for the next.
-func decompressSnap(buf *[]byte, c Codec, data []byte, rawLen int) ([]byte, error) {
-	out, err := decompress(*buf, c, data, rawLen, math.MaxInt)
-	if errors.Is(err, ErrBadField) {
+// decompressSnap is Decompress without its limit (a shard of a snapshot
+// can be larger than a batch); the decoded shard stays in *buf's memory
+// for the next.
+func decompressSnap(buf *[]byte, c records.Codec, data []byte, rawLen int) ([]byte, error) {
+	out, err := records.DecompressUpTo(*buf, c, data, rawLen, math.MaxInt)
+	if errors.Is(err, records.ErrBadCodec) {
 		return nil, ErrBadLogEntry
 	}
-	if err == nil && c == CodecS2 {
+	if err == nil && c == records.CodecS2 {
 		*buf = out[:0]
 	}
 	return out, err

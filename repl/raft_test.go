@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -97,7 +98,7 @@ func newRaftCluster(t *testing.T, size int, tune ...func(*raft.Config)) *raftClu
 	if len(tune) > 0 {
 		c.tune = tune[0]
 	}
-	for _, p := range freePorts(t, size, raftTestOffset) {
+	for _, p := range repltest.FreePorts(t, size, raftTestOffset) {
 		c.peers = append(c.peers, "127.0.0.1:"+strconv.Itoa(p))
 		c.dirs = append(c.dirs, t.TempDir())
 	}
@@ -122,7 +123,7 @@ func (c *raftCluster) start(i int) *raftMember {
 		c.t.Fatal(err)
 	}
 	n.tune = c.tune
-	m := &raftMember{n: n, host: &raftHost{gate: n.Gate}, clock: clock()}
+	m := &raftMember{n: n, host: &raftHost{gate: n.Gate}, clock: repltest.Clock()}
 	m.table, err = n.Open(shard.Config{Shards: 8}, m.clock, testLog())
 	if err != nil {
 		c.t.Fatal(err)
@@ -153,7 +154,7 @@ func (m *raftMember) serving() bool { return m != nil && m.n.Gate().State == Ser
 func (c *raftCluster) leader() int {
 	c.t.Helper()
 	l := -1
-	waitFor(c.t, "one member to serve as the leader", func() bool {
+	repltest.WaitFor(c.t, "one member to serve as the leader", func() bool {
 		l = -1
 		for i, m := range c.ms {
 			if m.serving() {
@@ -173,13 +174,13 @@ func (c *raftCluster) leader() int {
 func (c *raftCluster) settle(l int) {
 	c.t.Helper()
 	lm := c.ms[l]
-	waitFor(c.t, "every proposed record to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+	repltest.WaitFor(c.t, "every proposed record to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 	want := dumpTable(lm.table)
 	for i, m := range c.ms {
 		if m == nil || i == l {
 			continue
 		}
-		waitFor(c.t, fmt.Sprintf("member %d to hold the leader's locks", i), func() bool {
+		repltest.WaitFor(c.t, fmt.Sprintf("member %d to hold the leader's locks", i), func() bool {
 			return maps2Equal(dumpTable(m.table), want)
 		})
 	}
@@ -381,7 +382,7 @@ func TestRaftIsolatedLeader(t *testing.T) {
 		maxTok = max(maxTok, tok)
 	}
 	t.Logf("%d speculative grants on the isolated leader", spec)
-	waitFor(t, "the isolated leader to step down", func() bool { return lm.n.Gate().State == Redirect && lm.n.leadTerm.Load() == 0 })
+	repltest.WaitFor(t, "the isolated leader to step down", func() bool { return lm.n.Gate().State == Redirect && lm.n.leadTerm.Load() == 0 })
 	lm.host.mu.Lock()
 	abandoned := slices.Clone(lm.host.abandoned)
 	lm.host.mu.Unlock()
@@ -403,7 +404,7 @@ func TestRaftIsolatedLeader(t *testing.T) {
 	}
 	// A new leader among the others.
 	var nl int
-	waitFor(t, "a new leader among the others", func() bool {
+	repltest.WaitFor(t, "a new leader among the others", func() bool {
 		for i, m := range c.ms {
 			if i != l && m.serving() {
 				nl = i
@@ -541,7 +542,7 @@ func TestRaftStopTransfers(t *testing.T) {
 	if lm.host.lastCommit() != lm.n.Barrier() {
 		t.Fatalf("Stop returned with records not committed: %d of %d", lm.host.lastCommit(), lm.n.Barrier())
 	}
-	waitFor(t, "the successor to serve", c.ms[si].serving)
+	repltest.WaitFor(t, "the successor to serve", c.ms[si].serving)
 	for key, tok := range tokens {
 		if info := c.ms[si].table.Lookup([]byte(key)); !info.Held || info.Token != tok {
 			t.Fatalf("%s on the successor: %+v, want token %d", key, info, tok)
@@ -574,7 +575,7 @@ func TestRaftFollowerCatchesUpBySnapshot(t *testing.T) {
 			lm.table.Release(lm.clock(), []byte(key), tokens[key], &out)
 			delete(tokens, key)
 		}
-		waitFor(t, "the round to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+		repltest.WaitFor(t, "the round to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 	}
 	if err := lm.n.r.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot on the leader: %v", err)
@@ -600,5 +601,5 @@ func testLog() *slog.Logger {
 	if os.Getenv("RAFT_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	return quiet()
+	return repltest.Quiet()
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -34,30 +35,28 @@ type outStream struct {
 	kick    chan struct{}
 	done    chan struct{}
 
-	flushMu  sync.Mutex // one batch cut at a time (flusher, flushNow)
-	seq      uint64     // batch number, guarded by flushMu
-	raw      BatchWriter
-	swapFn   func(int) // o.swap, bound once (a method value allocates)
-	swapped  []int     // records taken from each shard by swap
-	mayCut   []bool    // whether swap found shard i's records free to cancel out
-	holdFn   func(int) // o.hold and o.unhold, bound once
-	unholdFn func(int)
-	canceller
+	flushMu   sync.Mutex // one batch cut at a time (flusher, flushNow)
+	seq       uint64     // batch number, guarded by flushMu
+	raw       records.BatchWriter
+	swapFn    func(int) // o.swap, bound once (a method value allocates)
+	swapped   []int     // records taken from each shard by swap
+	mayCut    []bool    // whether swap found shard i's records free to cancel out
+	holdFn    func(int) // o.hold and o.unhold, bound once
+	unholdFn  func(int)
+	canceller records.Canceller
 }
 
 // shardBuf is one shard's buffered records. w is written by the Sink
 // under the table's shard lock and swapped with spare by the flusher under
-// the same lock (Table.Locked): the Sink takes no lock of its own. ix
-// indexes w's records (kind, token, Seq, end) for the canceller. The
-// padding keeps neighbouring shards' buffers, written by different event
-// loops, off each other's cache lines.
+// the same lock (Table.Locked): the Sink takes no lock of its own. w
+// indexes its records for the canceller. The padding keeps neighbouring
+// shards' buffers, written by different event loops, off each other's
+// cache lines.
 type shardBuf struct {
-	w, spare    BatchWriter
-	ix, spareIx []recIx
-	n           int // records in w
-	holds       int // snapshot dumps of this shard in progress
-	dumped      bool
-	_           [256 - 2*unsafe.Sizeof(BatchWriter{}) - 2*unsafe.Sizeof([]recIx{}) - 24]byte
+	w, spare records.Indexed
+	holds    int // snapshot dumps of this shard in progress
+	dumped   bool
+	_        [256 - 2*unsafe.Sizeof(records.Indexed{}) - 16]byte
 }
 
 func newOutStream(p *Priority) *outStream {
@@ -79,8 +78,6 @@ func (p *Priority) sink(r shard.Record) {
 	if b.w.Add(&r) != nil {
 		return
 	}
-	b.ix = append(b.ix, recIx{kind: r.Kind, seq: r.Seq, token: r.Token, end: uint32(b.w.Len())})
-	b.n++
 	if b.w.Len() >= batchBytes/4 || (!o.pending.Load() && o.pending.CompareAndSwap(false, true)) {
 		select {
 		case o.kick <- struct{}{}:
@@ -95,13 +92,11 @@ func (p *Priority) sink(r shard.Record) {
 // a standby that joined with that snapshot.
 func (o *outStream) swap(i int) {
 	b := &o.bufs[i]
-	o.swapped[i] = b.n
+	o.swapped[i] = b.w.Count()
 	o.mayCut[i] = b.holds == 0 && !b.dumped
 	b.dumped = false
-	if b.n > 0 {
+	if o.swapped[i] > 0 {
 		b.w, b.spare = b.spare, b.w
-		b.ix, b.spareIx = b.spareIx, b.ix
-		b.n = 0
 	}
 }
 
@@ -179,20 +174,19 @@ func (o *outStream) flushNow() {
 	o.flushMu.Lock()
 	defer o.flushMu.Unlock()
 	o.raw.Reset()
-	o.canceller.reset()
+	o.canceller.Reset()
 	records, cancelled := 0, 0
 	for i := range o.bufs {
 		o.p.table.Locked(i, o.swapFn)
 		if n := o.swapped[i]; n > 0 {
 			b := &o.bufs[i]
 			if o.mayCut[i] {
-				cancelled += o.canceller.cut(&o.raw, uint32(i), b.spare.Bytes(), b.spareIx)
+				cancelled += o.canceller.Cut(&o.raw, uint32(i), &b.spare)
 			} else {
-				o.raw.addEncoded(b.spare.Bytes(), n)
+				b.spare.AppendTo(&o.raw)
 			}
 			records += n
 			b.spare.Reset()
-			b.spareIx = b.spareIx[:0]
 		}
 	}
 	if records == 0 {
@@ -250,7 +244,7 @@ func (o *outStream) writeSnapshot(w *bufio.Writer, pe *peer, deadline func()) er
 		var chunks [][]byte
 		seq := o.dumpShard(i, func(key []byte, token uint64, dl int64, lease uint8) {
 			var err error
-			buf, err = AppendSnapEntry(buf, &SnapEntry{Key: key, Token: token, Left: time.Duration(max(dl-now, 0)), Lease: lease})
+			buf, err = records.AppendSnapEntry(buf, &records.SnapEntry{Key: key, Token: token, Left: time.Duration(max(dl-now, 0)), Lease: lease})
 			if err != nil && bad == nil {
 				bad = err
 			}
@@ -406,15 +400,15 @@ func (in *inbound) batch(payload []byte) error {
 	if err != nil {
 		return err
 	}
-	if h.Codec == CodecS2 {
+	if h.Codec == records.CodecS2 {
 		in.raw = raw[:0] // keep the grown buffer (raw data points into the frame)
 	}
-	if _, err := CheckRecords(raw); err != nil {
+	if _, err := records.CheckRecords(raw); err != nil {
 		return err
 	}
 	now := p.clock()
 	var rec shard.Record
-	var it RecordReader
+	var it records.RecordReader
 	it.Reset(raw)
 	n, cancelled := 0, 0
 	for it.Next(&rec) {
@@ -499,9 +493,9 @@ func (in *inbound) snapShard(payload []byte) error {
 		return err
 	}
 	now := p.clock()
-	var it SnapReader
+	var it records.SnapReader
 	it.Reset(raw)
-	var e SnapEntry
+	var e records.SnapEntry
 	for it.Next(&e) {
 		if err := p.table.Restore(e.Key, e.Token, now+int64(e.Left)); err != nil {
 			return err

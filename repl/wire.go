@@ -7,6 +7,8 @@ import (
 	"hash/crc32"
 	"io"
 	"strings"
+
+	"github.com/lockd-dev/lockd/repl/records"
 )
 
 // The member link's frames (docs: member-link wire format). Every message
@@ -20,8 +22,8 @@ import (
 // Sizes of the member link.
 const (
 	// MaxFrame bounds a frame's length field (type + payload + crc): a
-	// longer frame is a protocol error. It also bounds the raw size of a
-	// compressed batch or snapshot frame (Decompress).
+	// longer frame is a protocol error. A compressed batch or snapshot
+	// frame may not claim a raw size above it either (MaxRaw, the same).
 	MaxFrame = 16 << 20
 	// ProtocolVersion is the member-link version this code speaks (Hello).
 	ProtocolVersion = 1
@@ -436,32 +438,12 @@ func (hb *Heartbeat) Decode(p []byte) error {
 	return nil
 }
 
-// Codec says how a Batch's or SnapShard's data is encoded.
-type Codec uint8
-
-// Codecs.
-const (
-	CodecRaw Codec = 0 // the raw records or entries
-	CodecS2  Codec = 1 // one s2 block (github.com/klauspost/compress/s2)
-)
-
-// String names the codec.
-func (c Codec) String() string {
-	switch c {
-	case CodecRaw:
-		return "raw"
-	case CodecS2:
-		return "s2"
-	}
-	return fmt.Sprintf("Codec(%d)", uint8(c))
-}
-
 // Batch is a frame of the replication stream: records (see BatchWriter),
 // encoded by Codec. AppendBatch builds one from raw records; Raw returns
 // them.
 type Batch struct {
 	Seq    uint64 // batch number on this stream: 1, 2, 3, …
-	Codec  Codec
+	Codec  records.Codec
 	RawLen uint32 // length of the raw records
 	Data   []byte // the records as Codec encodes them; after Decode it points into the payload
 }
@@ -476,7 +458,7 @@ func AppendBatch(dst []byte, seq uint64, raw []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, seq)
 	dst = append(dst, 0)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(raw)))
-	codec, dst := Compress(dst, raw)
+	codec, dst := records.Compress(dst, raw)
 	dst[at+frameHead+8] = byte(codec)
 	return endFrame(dst, at)
 }
@@ -498,7 +480,7 @@ func (b *Batch) Decode(p []byte) error {
 	if len(p) < batchHead {
 		return ErrShortPayload
 	}
-	codec, raw, data := Codec(p[8]), binary.BigEndian.Uint32(p[9:]), p[batchHead:]
+	codec, raw, data := records.Codec(p[8]), binary.BigEndian.Uint32(p[9:]), p[batchHead:]
 	if err := checkCodec(codec, raw, data); err != nil {
 		return err
 	}
@@ -509,14 +491,14 @@ func (b *Batch) Decode(p []byte) error {
 // Raw returns b's raw records, decompressed into dst's memory when they
 // are compressed (see Decompress).
 func (b *Batch) Raw(dst []byte) ([]byte, error) {
-	return Decompress(dst, b.Codec, b.Data, int(b.RawLen))
+	return records.Decompress(dst, b.Codec, b.Data, int(b.RawLen))
 }
 
 // checkCodec validates a codec and its raw length against the data.
-func checkCodec(c Codec, rawLen uint32, data []byte) error {
+func checkCodec(c records.Codec, rawLen uint32, data []byte) error {
 	switch {
-	case c == CodecRaw && int(rawLen) == len(data):
-	case c == CodecS2 && rawLen <= MaxFrame && len(data) > 0:
+	case c == records.CodecRaw && int(rawLen) == len(data):
+	case c == records.CodecS2 && rawLen <= MaxFrame && len(data) > 0:
 	default:
 		return ErrBadField
 	}
@@ -641,7 +623,7 @@ type SnapShard struct {
 	Shard  uint32
 	Seq    uint64 // the shard's record Seq the dump was cut at
 	Last   bool   // the shard's last frame
-	Codec  Codec
+	Codec  records.Codec
 	RawLen uint32 // length of the raw entries
 	Data   []byte // the entries as Codec encodes them; after Decode it points into the payload
 }
@@ -657,7 +639,7 @@ func AppendSnapShard(dst []byte, shard uint32, seq uint64, last bool, raw []byte
 	dst = binary.BigEndian.AppendUint64(dst, seq)
 	dst = append(dst, boolByte(last), 0)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(raw)))
-	codec, dst := Compress(dst, raw)
+	codec, dst := records.Compress(dst, raw)
 	dst[at+frameHead+13] = byte(codec)
 	return endFrame(dst, at)
 }
@@ -680,7 +662,7 @@ func (s *SnapShard) Decode(p []byte) error {
 		return ErrShortPayload
 	}
 	last, ok := byteBool(p[12])
-	codec, raw, data := Codec(p[13]), binary.BigEndian.Uint32(p[14:]), p[snapShardHead:]
+	codec, raw, data := records.Codec(p[13]), binary.BigEndian.Uint32(p[14:]), p[snapShardHead:]
 	if !ok {
 		return ErrBadField
 	}
@@ -701,7 +683,7 @@ func (s *SnapShard) Decode(p []byte) error {
 // Raw returns s's raw entries, decompressed into dst's memory when they
 // are compressed (see Decompress).
 func (s *SnapShard) Raw(dst []byte) ([]byte, error) {
-	return Decompress(dst, s.Codec, s.Data, int(s.RawLen))
+	return records.Decompress(dst, s.Codec, s.Data, int(s.RawLen))
 }
 
 // AppendSnapEnd appends a SnapEnd frame (no payload) to dst.

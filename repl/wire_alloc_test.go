@@ -5,6 +5,8 @@ package repl
 import (
 	"testing"
 
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -78,63 +80,11 @@ func TestMessageAllocs(t *testing.T) {
 	}
 }
 
-// TestRecordAllocs: adding records to a grown BatchWriter, reading them
-// back, and the same for snapshot entries, allocate nothing.
-func TestRecordAllocs(t *testing.T) {
-	recs := wireWorkload(t, 512, 11)
-	var w BatchWriter
-	add := func() {
-		w.Reset()
-		for i := range recs {
-			if err := w.Add(&recs[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	add() // grows the buffer
-	if n := testing.AllocsPerRun(20, add); n != 0 {
-		t.Errorf("BatchWriter.Add: %v allocs per batch", n)
-	}
-	raw := w.Bytes()
-	var rr RecordReader
-	var r shard.Record
-	if n := testing.AllocsPerRun(20, func() {
-		for rr.Reset(raw); rr.Next(&r); {
-		}
-		if _, err := CheckRecords(raw); err != nil || rr.Err() != nil {
-			t.Fatal(err, rr.Err())
-		}
-	}); n != 0 {
-		t.Errorf("RecordReader: %v allocs per batch", n)
-	}
-
-	snap := make([]byte, 0, 64<<10)
-	var e SnapEntry
-	var sr SnapReader
-	if n := testing.AllocsPerRun(20, func() {
-		snap = snap[:0]
-		for i := range recs {
-			var err error
-			snap, err = AppendSnapEntry(snap, &SnapEntry{Key: recs[i].Key, Token: recs[i].Token, Left: 5e9, Lease: 10})
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		for sr.Reset(snap); sr.Next(&e); {
-		}
-		if sr.Err() != nil {
-			t.Fatal(sr.Err())
-		}
-	}); n != 0 {
-		t.Errorf("snapshot entries: %v allocs per batch", n)
-	}
-}
-
 // TestCompressAllocs: framing a batch into a buffer with room (s2
 // included) and decompressing into a large enough buffer allocate
 // nothing.
 func TestCompressAllocs(t *testing.T) {
-	raw := wireBatches(t, wireWorkload(t, 512, 12), 512)[0]
+	raw := repltest.Batches(t, repltest.Workload(t, 512, 12), 512)[0]
 	dst := make([]byte, 0, 2*len(raw)+64)
 	scratch := make([]byte, len(raw))
 	var b Batch
@@ -149,7 +99,7 @@ func TestCompressAllocs(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("AppendBatch + Decode + Raw: %v allocs", n)
 	}
-	if b.Codec != CodecS2 {
+	if b.Codec != records.CodecS2 {
 		t.Fatalf("a batch of 512 records sent %v", b.Codec)
 	}
 }
@@ -172,15 +122,14 @@ func TestSinkAndCancelAllocs(t *testing.T) {
 			out.Reset()
 		}
 	}
-	var w BatchWriter
+	var w records.BatchWriter
 	cut := func() {
 		w.Reset()
-		rig.o.canceller.reset()
+		rig.o.canceller.Reset()
 		for i := range rig.o.bufs {
 			b := &rig.o.bufs[i]
-			rig.o.canceller.cut(&w, uint32(i), b.w.Bytes(), b.ix)
+			rig.o.canceller.Cut(&w, uint32(i), &b.w)
 			b.w.Reset()
-			b.ix, b.n = b.ix[:0], 0
 		}
 	}
 	pairs()

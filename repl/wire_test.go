@@ -3,7 +3,6 @@ package repl
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"hash/crc32"
 	"io"
@@ -11,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/records"
 )
 
 // wireMsg is what every message struct of the member link implements.
@@ -49,9 +51,9 @@ func wireCases() []wireCase {
 			"0000000000000009 03 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
 		{"heartbeat-leaving", MsgHeartbeat, &Heartbeat{Epoch: 9, Role: RoleLeaving, Active: 1, InSync: true},
 			"0000000000000009 04 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
-		{"batch-raw", MsgBatch, &Batch{Seq: 3, Codec: CodecRaw, RawLen: 4, Data: []byte("abcd")},
+		{"batch-raw", MsgBatch, &Batch{Seq: 3, Codec: records.CodecRaw, RawLen: 4, Data: []byte("abcd")},
 			"0000000000000003 00 00000004 61626364"},
-		{"batch-s2", MsgBatch, &Batch{Seq: 1<<64 - 1, Codec: CodecS2, RawLen: 1000, Data: []byte{0xe8, 0x07, 0x00}},
+		{"batch-s2", MsgBatch, &Batch{Seq: 1<<64 - 1, Codec: records.CodecS2, RawLen: 1000, Data: []byte{0xe8, 0x07, 0x00}},
 			"ffffffffffffffff 01 000003e8 e80700"},
 		{"reserve", MsgReserve, &Reserve{ID: 5, Limit: 0x0102030405060708},
 			"0000000000000005 0102030405060708"},
@@ -61,9 +63,9 @@ func wireCases() []wireCase {
 		{"ack-handoff", MsgAck, &Ack{Kind: AckHandoff, Value: 8}, "04 0000000000000008"},
 		{"snap-begin", MsgSnapBegin, &SnapBegin{Epoch: 7, Shards: 64, TokenLast: 100, Reserved: 200, Locks: 10000},
 			"0000000000000007 00000040 0000000000000064 00000000000000c8 0000000000002710"},
-		{"snap-shard-raw", MsgSnapShard, &SnapShard{Shard: 63, Seq: 99, Last: true, Codec: CodecRaw, RawLen: 2, Data: []byte("xy")},
+		{"snap-shard-raw", MsgSnapShard, &SnapShard{Shard: 63, Seq: 99, Last: true, Codec: records.CodecRaw, RawLen: 2, Data: []byte("xy")},
 			"0000003f 0000000000000063 01 00 00000002 7879"},
-		{"snap-shard-s2", MsgSnapShard, &SnapShard{Shard: 0, Seq: 0, Last: false, Codec: CodecS2, RawLen: 5, Data: []byte{5, 1}},
+		{"snap-shard-s2", MsgSnapShard, &SnapShard{Shard: 0, Seq: 0, Last: false, Codec: records.CodecS2, RawLen: 5, Data: []byte{5, 1}},
 			"00000000 0000000000000000 00 01 00000005 0501"},
 		{"snap-end", MsgSnapEnd, wireSnapEnd{}, ""},
 		{"need-snapshot-gap", MsgNeedSnapshot, &NeedSnapshot{Reason: SnapGap}, "01"},
@@ -72,15 +74,6 @@ func wireCases() []wireCase {
 		{"handoff", MsgHandoff, &Handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000},
 			"0000000000000008 00000000000003e8 00000000000007d0"},
 	}
-}
-
-func wireHex(t testing.TB, s string) []byte {
-	t.Helper()
-	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // wireFrame builds a frame by hand: length, type, payload, CRC-32C.
@@ -106,7 +99,7 @@ func newWireMsg(m wireMsg) wireMsg {
 func TestMessageLayout(t *testing.T) {
 	for _, c := range wireCases() {
 		t.Run(c.name, func(t *testing.T) {
-			want := wireFrame(c.t, wireHex(t, c.payload))
+			want := wireFrame(c.t, repltest.Hex(t, c.payload))
 			got := c.m.Append([]byte("prefix"))
 			if !bytes.HasPrefix(got, []byte("prefix")) || !bytes.Equal(got[6:], want) {
 				t.Fatalf("Append:\n got %x\nwant prefix+%x", got, want)
@@ -135,7 +128,7 @@ func TestMessageLayout(t *testing.T) {
 func TestMessagePrefixesAndExtras(t *testing.T) {
 	for _, c := range wireCases() {
 		t.Run(c.name, func(t *testing.T) {
-			p := wireHex(t, c.payload)
+			p := repltest.Hex(t, c.payload)
 			for i := range len(p) {
 				if err := decodeAll(newWireMsg(c.m), p[:i]); err == nil {
 					t.Errorf("prefix of %d/%d bytes decoded", i, len(p))
@@ -143,7 +136,7 @@ func TestMessagePrefixesAndExtras(t *testing.T) {
 			}
 			long := append(append([]byte{}, p...), 0x01)
 			err := decodeAll(newWireMsg(c.m), long)
-			compressed := c.t == MsgBatch && p[8] == byte(CodecS2) || c.t == MsgSnapShard && p[13] == byte(CodecS2)
+			compressed := c.t == MsgBatch && p[8] == byte(records.CodecS2) || c.t == MsgSnapShard && p[13] == byte(records.CodecS2)
 			if err == nil && !compressed {
 				t.Errorf("payload with a byte added decoded")
 			}
@@ -198,13 +191,13 @@ func TestMessageBadFields(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if err := c.m.Decode(wireHex(t, c.payload)); !errors.Is(err, c.want) {
+			if err := c.m.Decode(repltest.Hex(t, c.payload)); !errors.Is(err, c.want) {
 				t.Fatalf("Decode: %v, want %v", err, c.want)
 			}
 		})
 	}
 	var h Hello
-	err := h.Decode(wireHex(t, "0002 ffff"))
+	err := h.Decode(repltest.Hex(t, "0002 ffff"))
 	if h.Version != 2 || err == nil || !strings.Contains(err.Error(), "protocol version 2, here 1") {
 		t.Fatalf("version 2: %+v, %v", h, err)
 	}
@@ -264,7 +257,7 @@ func TestMsgTypeString(t *testing.T) {
 			t.Errorf("MsgType(%d) = %q, want %q", i, got, w)
 		}
 	}
-	for _, s := range []interface{ String() string }{Codec(2), AckKind(0), SnapReason(4), HeartbeatRole(0), ClusterMode(0)} {
+	for _, s := range []interface{ String() string }{records.Codec(2), AckKind(0), SnapReason(4), HeartbeatRole(0), ClusterMode(0)} {
 		if !strings.Contains(s.String(), "(") {
 			t.Errorf("unknown value named %q", s)
 		}

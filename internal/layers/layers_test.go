@@ -49,8 +49,16 @@ var rules = map[string]rule{
 		noDeps:  append([]string{gnet, "net", "os"}, lockd("proto", "engine", "repl")...),
 		noCalls: []string{"time.Now(", "time.Since(", "time.Sleep(", "time.After", "time.NewTimer", "time.Tick", "go func"}},
 	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
-	"repl": {allow: append(lockd("shard", "store"), "github.com/klauspost/compress/", "github.com/hashicorp/"),
-		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin")...)},
+	"repl": {allow: append(lockd("shard", "store", "repl/records"), "github.com/klauspost/compress/", "github.com/hashicorp/"),
+		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/internal")...)},
+	// The format both cluster modes replicate: the table's records and
+	// the compressor, no I/O.
+	"repl/records": {allow: append(lockd("shard"), "github.com/klauspost/compress/"), noStd: append(noNetOrOS, "io"),
+		noDeps: append([]string{gnet, "net"}, lockd("proto", "store", "engine", "repl")...)},
+	// Helpers for the tests of repl and its subpackages (only _test.go
+	// files import it).
+	"repl/internal/repltest": {allow: lockd("shard", "repl/records"),
+		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "store")...)},
 	"engine": {allow: append(lockd("proto", "shard", "repl"), gnet+"gnet/v2", "golang.org/x/sys/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
 	"admin": {allow: append(lockd("engine", "repl"), "github.com/prometheus/"),
