@@ -85,7 +85,7 @@ func (c *ClusterConfig) Validate() error {
 	if c.FailoverTimeout < MinFailoverTimeout || c.FailoverTimeout > MaxFailoverTimeout {
 		return &FieldError{"FailoverTimeout", c.FailoverTimeout, "must be 100ms..60s"}
 	}
-	if _, err := c.memberListen(); err != nil {
+	if _, err := c.MemberListen(); err != nil {
 		return &FieldError{"Listen", c.Listen, err.Error()}
 	}
 	if c.TokenBlock == 0 {
@@ -96,7 +96,7 @@ func (c *ClusterConfig) Validate() error {
 
 // memberListen is where this member listens for members: its --listen
 // host at its --listen port + PeerOffset.
-func (c *ClusterConfig) memberListen() (string, error) {
+func (c *ClusterConfig) MemberListen() (string, error) {
 	host, port, err := net.SplitHostPort(c.Listen)
 	if err != nil {
 		return "", err
@@ -113,7 +113,7 @@ func (c *ClusterConfig) memberListen() (string, error) {
 
 // memberAddr is where member i listens for members, as this member dials
 // it: its Peers entry's host at that port + PeerOffset.
-func (c *ClusterConfig) memberAddr(i int) string {
+func (c *ClusterConfig) MemberAddr(i int) string {
 	host, port, _ := net.SplitHostPort(c.Peers[i])
 	n, _ := strconv.Atoi(port)
 	return net.JoinHostPort(host, strconv.Itoa(n+c.PeerOffset))

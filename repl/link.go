@@ -58,7 +58,7 @@ type peer struct {
 }
 
 func newPeer(p *Priority, i int) *peer {
-	return &peer{p: p, i: i, addr: p.cfg.memberAddr(i), wake: make(chan struct{}, 1), redial: make(chan struct{}, 1),
+	return &peer{p: p, i: i, addr: p.cfg.MemberAddr(i), wake: make(chan struct{}, 1), redial: make(chan struct{}, 1),
 		resCond: make(chan struct{})}
 }
 

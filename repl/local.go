@@ -46,7 +46,7 @@ type Local struct {
 	snapLoaded bool // the snapshot was read; Start removes it
 	created    bool // Open created the data directory
 
-	res reserver
+	res Reserver
 }
 
 // NewLocal returns a node for the data directory cfg.DataDir.
@@ -79,7 +79,7 @@ func (n *Local) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*s
 		n.removeCreated()
 		return nil, err
 	}
-	n.res.start(n.table.Tokens(), n.cfg.TokenBlock, dir.Reserve, log)
+	n.res.Start(n.table.Tokens(), n.cfg.TokenBlock, dir.Reserve, log)
 	return n.table, nil
 }
 
@@ -148,7 +148,7 @@ func (n *Local) Close(ctx context.Context, why CloseReason) error {
 	if n.dir == nil {
 		return nil
 	}
-	n.res.stop(ctx)
+	n.res.Stop(ctx)
 	defer func() { n.dir = nil }()
 	switch why {
 	case FailedStart:
@@ -159,7 +159,7 @@ func (n *Local) Close(ctx context.Context, why CloseReason) error {
 		return n.dir.Close()
 	}
 	snap := TableSnapshot(n.table, n.clock())
-	err := runWithin(ctx, func() error { return n.dir.WriteSnapshot(snap) })
+	err := RunWithin(ctx, func() error { return n.dir.WriteSnapshot(snap) })
 	if err != nil {
 		n.log.Error("snapshot not written: held locks are lost (tokens are not)", "locks_lost", len(snap.Locks), "err", err)
 	} else {
@@ -181,12 +181,12 @@ func (n *Local) removeCreated() {
 func (n *Local) Status() Status {
 	self, _ := n.self.Load().(string)
 	st := Status{Mode: "single", Role: "active", Self: self, Active: self}
-	n.res.status(&st)
+	n.res.Status(&st)
 	return st
 }
 
 // Health is the reservation's state.
-func (n *Local) Health() error { return n.res.health() }
+func (n *Local) Health() error { return n.res.Health() }
 
 // Restored is the number of locks reloaded from the snapshot.
 func (n *Local) Restored() int { return n.restored }
@@ -196,7 +196,7 @@ func (n *Local) Dir() *store.Dir { return n.dir }
 
 // runWithin runs f and returns its error, or ctx's error if ctx ends first
 // (f then finishes on its own: a disk that hangs cannot hold a shutdown).
-func runWithin(ctx context.Context, f func() error) error {
+func RunWithin(ctx context.Context, f func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- f() }()
 	select {
@@ -256,7 +256,7 @@ func RestoreLocks(t *shard.Table, locks []store.Lock, now int64) (int, error) {
 // commit) and then extends the allocator. A failing reserve is retried
 // with back-off (10 ms doubling to 1 s); meanwhile grants go on until the
 // reserved range is used up and then get Busy, and health reports why.
-type reserver struct {
+type Reserver struct {
 	tokens  *shard.Tokens
 	block   uint64
 	reserve func(limit uint64) error
@@ -270,13 +270,13 @@ type reserver struct {
 	errs    uint64
 }
 
-func (r *reserver) start(tokens *shard.Tokens, block uint64, reserve func(uint64) error, log *slog.Logger) {
+func (r *Reserver) Start(tokens *shard.Tokens, block uint64, reserve func(uint64) error, log *slog.Logger) {
 	r.tokens, r.block, r.reserve, r.log = tokens, block, reserve, log
 	r.quit, r.done = make(chan struct{}), make(chan struct{})
 	go r.run()
 }
 
-func (r *reserver) run() {
+func (r *Reserver) run() {
 	defer close(r.done)
 	for {
 		select {
@@ -322,7 +322,7 @@ func (r *reserver) run() {
 
 // stop ends the reserver, waiting at most until ctx ends (a reservation
 // stuck in a disk write is left behind).
-func (r *reserver) stop(ctx context.Context) {
+func (r *Reserver) Stop(ctx context.Context) {
 	if r.quit == nil {
 		return
 	}
@@ -337,7 +337,7 @@ func (r *reserver) stop(ctx context.Context) {
 	}
 }
 
-func (r *reserver) health() error {
+func (r *Reserver) Health() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.failing != nil {
@@ -346,7 +346,7 @@ func (r *reserver) health() error {
 	return nil
 }
 
-func (r *reserver) status(st *Status) {
+func (r *Reserver) Status(st *Status) {
 	if r.tokens != nil {
 		st.TokenReserved = r.tokens.Limit()
 	}

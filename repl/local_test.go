@@ -75,9 +75,9 @@ func TestReserverFailureAndRecovery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r reserver
-	r.start(tokens, 4, reserve, repltest.Quiet())
-	defer r.stop(context.Background())
+	var r Reserver
+	r.Start(tokens, 4, reserve, repltest.Quiet())
+	defer r.Stop(context.Background())
 
 	var out shard.Out
 	for i := range 4 {
@@ -92,12 +92,12 @@ func TestReserverFailureAndRecovery(t *testing.T) {
 	if d := time.Since(begin); d > time.Second {
 		t.Fatalf("acquire beyond the range took %v: it waited", d)
 	}
-	repltest.WaitFor(t, "health to report the failure", func() bool { return r.health() != nil })
-	if !errors.Is(r.health(), errDisk) {
-		t.Fatalf("health = %v, want it to wrap the disk error", r.health())
+	repltest.WaitFor(t, "health to report the failure", func() bool { return r.Health() != nil })
+	if !errors.Is(r.Health(), errDisk) {
+		t.Fatalf("health = %v, want it to wrap the disk error", r.Health())
 	}
 	var st Status
-	r.status(&st)
+	r.Status(&st)
 	if st.ReserveErrors == 0 || st.ReserveError == "" {
 		t.Fatalf("status while failing: %+v", st)
 	}
@@ -108,7 +108,7 @@ func TestReserverFailureAndRecovery(t *testing.T) {
 		t.Fatalf("%d reservation attempts in ~300 ms: want a few (back-off)", c)
 	}
 	fail.Store(false)
-	repltest.WaitFor(t, "the reservation to succeed", func() bool { return r.health() == nil && tokens.Limit() > 104 })
+	repltest.WaitFor(t, "the reservation to succeed", func() bool { return r.Health() == nil && tokens.Limit() > 104 })
 	if st, tok := tab.Acquire(0, []byte("after"), 0, 5, 0, nil, &out); st != shard.Granted || tok != 105 {
 		t.Fatalf("acquire after recovery: %v %d, want granted 105", st, tok)
 	}

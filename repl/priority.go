@@ -54,7 +54,7 @@ type Priority struct {
 	echoMu sync.Mutex
 	echoes []uint64 // the highest heartbeat probe received from each member
 
-	res     reserver
+	res     Reserver
 	resID   atomic.Uint64
 	created bool
 
@@ -150,7 +150,7 @@ func (p *Priority) Open(cfg shard.Config, clock func() int64, log *slog.Logger) 
 	}
 	p.roles = newRoles(p.cfg.Self, len(p.cfg.Peers), p.timeout(), epoch, clock())
 	p.out = newOutStream(p)
-	p.res.start(p.table.Tokens(), p.cfg.TokenBlock, p.reserve, p.log)
+	p.res.Start(p.table.Tokens(), p.cfg.TokenBlock, p.reserve, p.log)
 	return p.table, nil
 }
 
@@ -159,7 +159,7 @@ func (p *Priority) Open(cfg shard.Config, clock func() int64, log *slog.Logger) 
 // address) and listens for a failover timeout before it may promote.
 func (p *Priority) Start(addr string, host Host) error {
 	p.host = host
-	la, err := p.cfg.memberListen()
+	la, err := p.cfg.MemberListen()
 	if err != nil {
 		return err
 	}
@@ -626,7 +626,7 @@ func (p *Priority) Close(ctx context.Context, why CloseReason) error {
 	case <-done:
 	case <-ctx.Done():
 	}
-	p.res.stop(ctx)
+	p.res.Stop(ctx)
 	if p.dir == nil {
 		return nil
 	}
@@ -645,7 +645,7 @@ func (p *Priority) Close(ctx context.Context, why CloseReason) error {
 		return p.dir.Close()
 	}
 	snap := TableSnapshot(p.table, p.clock())
-	err = runWithin(ctx, func() error { return p.dir.WriteSnapshot(snap) })
+	err = RunWithin(ctx, func() error { return p.dir.WriteSnapshot(snap) })
 	if err != nil {
 		p.log.Error("snapshot not written: held locks are lost (tokens are not)", "locks_lost", len(snap.Locks), "err", err)
 	} else {
@@ -695,14 +695,14 @@ func (p *Priority) Status() Status {
 		}
 		st.Members = append(st.Members, m)
 	}
-	p.res.status(&st)
+	p.res.Status(&st)
 	return st
 }
 
 // Health is nil while this member is the serving active or a standby that
 // knows its active; an error otherwise.
 func (p *Priority) Health() error {
-	if err := p.res.health(); err != nil {
+	if err := p.res.Health(); err != nil {
 		return err
 	}
 	p.mu.Lock()

@@ -21,6 +21,7 @@ import (
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/repl"
+	"github.com/lockd-dev/lockd/repl/raftnode"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -259,7 +260,7 @@ func run(args []string, stderr io.Writer) int {
 	case "priority":
 		cfg.Node, err = repl.NewPriority(opt.member)
 	case "raft":
-		cfg.Node, err = repl.NewRaft(opt.member)
+		cfg.Node, err = raftnode.New(opt.member)
 	}
 	var srv *engine.Server
 	if err == nil {

@@ -37,6 +37,7 @@ var (
 		return out
 	}
 	gnet      = "github.com/panjf2000/"
+	hashicorp = "github.com/hashicorp/"
 	cmds      = mod + "/cmd"
 	noNetOrOS = []string{"net", "os", "syscall"}
 )
@@ -49,8 +50,12 @@ var rules = map[string]rule{
 		noDeps:  append([]string{gnet, "net", "os"}, lockd("proto", "engine", "repl")...),
 		noCalls: []string{"time.Now(", "time.Since(", "time.Sleep(", "time.After", "time.NewTimer", "time.Tick", "go func"}},
 	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
-	"repl": {allow: append(lockd("shard", "store", "repl/records"), "github.com/klauspost/compress/", "github.com/hashicorp/"),
-		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/internal")...)},
+	// The seam, the single node and the kernel both cluster modes share.
+	"repl": {allow: lockd("shard", "store", "repl/records"),
+		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
+	// The raft mode: the only importer of hashicorp's libraries.
+	"repl/raftnode": {allow: append(lockd("shard", "store", "repl", "repl/records"), hashicorp),
+		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/internal")...)},
 	// The format both cluster modes replicate: the table's records and
 	// the compressor, no I/O.
 	"repl/records": {allow: append(lockd("shard"), "github.com/klauspost/compress/"), noStd: append(noNetOrOS, "io"),

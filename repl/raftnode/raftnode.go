@@ -1,44 +1,4 @@
-// The raft cluster (PROTOCOL.md §6.4) on github.com/hashicorp/raft v1.7.3.
-//
-// Log store: raft-wal v0.4.2, chosen by BenchmarkRaftLogStore
-// (raft_bench_test.go): 3 members in one process on loopback, fsync on
-// every append, G goroutines doing acquire+release pairs on the leader's
-// table, each waiting for its change to commit (as the engine holds
-// answers); group commit forms the entries. Medians of 3 runs (20,000
-// pairs; G=1: 2 runs of 1,500), 2 vCPUs, noisy (±30%):
-//
-//	G    store  entries/s  records/entry  records/s  pairs/s  commit p50  p99
-//	1    wal       880        1.0            880        440    0.93 ms    5.6 ms
-//	1    bolt      390        1.0            390        195    2.4 ms     8.0 ms
-//	16   wal       550        8.0          4,400      2,200    1.30 ms    9.8 ms
-//	16   bolt      283        8.0          2,270      1,135    2.2 ms     10.2 ms
-//	128  wal       741       63.8         47,300     23,600    0.94 ms    8.1 ms
-//	128  bolt      353       63.7         22,500     11,250    2.0 ms     13.8 ms
-//	256  wal       389      127           49,500     24,800    1.9 ms     10.6 ms
-//	256  bolt      366      127           46,400     23,200    2.6 ms     7.7 ms
-//
-// raft-wal commits in about half the time of raft-boltdb/v2 (an append is
-// one write and fsync of a segment file; bolt rewrites B+tree pages and
-// its meta page), so it carries twice the entries a second until the CPU,
-// not the disk, is the limit (G=256: three members and 256 clients on two
-// cores). Its README still calls it experimental; the log's format is its
-// own (LogStoreBolt remains selectable for comparison).
-//
-// Pipeline: one entry in flight (raftPipeline). Binaries differing only
-// in raftPipeline, driven by go run ./bench -targets lockd-raft in
-// alternating rounds (BENCHMARKS.md, "Raft cluster: throughput beside
-// etcd", 2026-11-30): 50k/63k pairs/s with 1 in flight, 44k/53k with 2,
-// 41k/45k with 4; more in flight cut the entries smaller (163 and 118
-// records against 255) and raised the commit p50, since raft's leader
-// writes and replicates one batch at a time.
-//
-// End to end (engine holding answers until commit), the figures of the
-// interleaved runs are in BENCHMARKS.md ("Results: every target"):
-// 45k-61k pairs/s uncontended at about 250 records/entry, commit p50
-// 1.7-2.1 ms; the commit's latency (two fsyncs in turn and a round trip)
-// and the clients' window bound the throughput, not the CPU.
-
-package repl
+package raftnode
 
 import (
 	"context"
@@ -57,40 +17,13 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 	"github.com/lockd-dev/lockd/store"
 )
 
-// Raft tuning.
-const (
-	// raftMaxEntry is the raw size at which the proposer cuts a log entry
-	// (about 30,000 records): a burst larger than that goes out as several
-	// entries in the pipeline.
-	raftMaxEntry = 1 << 20
-	// raftPipeline is how many entries of records may be in flight
-	// (proposed, not yet committed) at once.
-	raftPipeline = 1
-	// raftLatencies is how many commit latencies Status summarises.
-	raftLatencies = 1024
-)
-
-// ErrClosed: the raft node closed while a token reservation waited for a
-// leader.
-var ErrClosed = errors.New("repl: raft node closed")
-
-// LogStoreKind names a raft log store.
-type LogStoreKind string
-
-// Raft log stores lockd can use.
-const (
-	// LogStoreWAL is github.com/hashicorp/raft-wal (the default).
-	LogStoreWAL LogStoreKind = "wal"
-	// LogStoreBolt is github.com/hashicorp/raft-boltdb/v2.
-	LogStoreBolt LogStoreKind = "bolt"
-)
-
-// Raft is a member of a raft cluster (PROTOCOL.md §6.4): the leader
+// node is a member of a raft cluster (PROTOCOL.md §6.4): the leader
 // executes requests on its table as a single node does, every change that
 // comes out of the table's Sink is numbered (Committer) and proposed, many
 // at a time, as one raft log entry (group commit); answers leave once the
@@ -108,20 +41,20 @@ const (
 // Goroutines: raft's own; the actor (leadership changes, gates, rebuilds);
 // the proposer (cuts and proposes entries); the committer (waits for them
 // in order); the token reserver. All end by Close.
-type Raft struct {
-	cfg        ClusterConfig
-	store      LogStoreKind
+type node struct {
+	cfg        repl.ClusterConfig
+	store      logStoreKind
 	log        *slog.Logger
 	clock      func() int64
 	wallAtZero int64 // the wall clock (ns) at table time 0
 	tcfg       shard.Config
 	table      *shard.Table
-	host       Host
+	host       repl.Host
 	self       string // this member's client address
 	dir        *store.Dir
 	created    bool
 
-	gate atomic.Pointer[Gate]
+	gate atomic.Pointer[repl.Gate]
 
 	r        *raft.Raft
 	trans    *raft.NetworkTransport
@@ -170,75 +103,29 @@ type Raft struct {
 
 	failing []atomic.Bool      // leader: heartbeats to member i failing
 	tune    func(*raft.Config) // tests: adjusts raft's configuration
-	res     reserver
+	res     repl.Reserver
 	stats   raftStats
 }
 
-// raftStats are the counters Status shows.
-type raftStats struct {
-	entries, records, elections, rebuilds, snapshots atomic.Uint64
-	snapshotBytes                                    atomic.Int64
-	latMu                                            sync.Mutex
-	lat                                              []time.Duration // ring of commit latencies
-	latNext                                          int
-}
+// New returns a member of a raft cluster configured by cfg, its log in
+// raft-wal. The node is also a repl.Committer: the engine holds every
+// answer until the records it depends on are committed.
+func New(cfg repl.ClusterConfig) (repl.Node, error) { return newNode(cfg, logStoreWAL) }
 
-func (s *raftStats) addLatency(d time.Duration) {
-	s.latMu.Lock()
-	if len(s.lat) < raftLatencies {
-		s.lat = append(s.lat, d)
-	} else {
-		s.lat[s.latNext] = d
-		s.latNext = (s.latNext + 1) % raftLatencies
-	}
-	s.latMu.Unlock()
-}
-
-// percentiles returns the p50 and p99 of the latencies kept, in seconds.
-func (s *raftStats) percentiles() (p50, p99 float64) {
-	s.latMu.Lock()
-	l := slices.Clone(s.lat)
-	s.latMu.Unlock()
-	if len(l) == 0 {
-		return 0, 0
-	}
-	slices.Sort(l)
-	at := func(q float64) float64 { return l[min(int(q*float64(len(l))), len(l)-1)].Seconds() }
-	return at(0.50), at(0.99)
-}
-
-// sealed is an entry's records cut at raftMaxEntry before the proposer
-// took them.
-type sealed struct {
-	w           records.BatchWriter
-	first, last uint64
-}
-
-// proposal is an entry in flight.
-type proposal struct {
-	f        raft.ApplyFuture
-	last     uint64 // the number of its last record (0: a reservation)
-	records  int
-	proposed time.Time
-}
-
-// NewRaft returns a raft-mode member using the default log store.
-func NewRaft(cfg ClusterConfig) (*Raft, error) { return NewRaftWith(cfg, LogStoreWAL) }
-
-// NewRaftWith returns a raft-mode member whose log lives in the given
-// store (benchmarks compare them).
-func NewRaftWith(cfg ClusterConfig, logStore LogStoreKind) (*Raft, error) {
+// newNode returns a raft-mode member whose log lives in the given store
+// (BenchmarkRaftLogStore compares them).
+func newNode(cfg repl.ClusterConfig, logStore logStoreKind) (*node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if logStore != LogStoreWAL && logStore != LogStoreBolt {
-		return nil, fmt.Errorf("repl: unknown raft log store %q", logStore)
+	if logStore != logStoreWAL && logStore != logStoreBolt {
+		return nil, fmt.Errorf("raftnode: unknown raft log store %q", logStore)
 	}
-	n := &Raft{cfg: cfg, store: logStore, self: cfg.Peers[cfg.Self],
+	n := &node{cfg: cfg, store: logStore, self: cfg.Peers[cfg.Self],
 		kick: make(chan struct{}, 1), actKick: make(chan struct{}, 1), quit: make(chan struct{}),
 		slots: make(chan struct{}, raftPipeline), inflight: make(chan *proposal, raftPipeline+1),
 		events: make(chan raft.Observation, 64), failing: make([]atomic.Bool, len(cfg.Peers))}
-	n.gate.Store(&Gate{State: Redirect})
+	n.gate.Store(&repl.Gate{State: repl.Redirect})
 	return n, nil
 }
 
@@ -248,7 +135,7 @@ func NewRaftWith(cfg ClusterConfig, logStore LogStoreKind) (*Raft, error) {
 // from a majority for T/2 steps down (LeaderLeaseTimeout), heartbeats every
 // T/20. So with the default T = 1 s a new leader is elected well within
 // 3 s of a leader's death, and a minority leader stops within T.
-func (n *Raft) raftConfig() *raft.Config {
+func (n *node) raftConfig() *raft.Config {
 	c := raft.DefaultConfig()
 	half := n.cfg.FailoverTimeout / 2
 	c.LocalID = raft.ServerID(strconv.Itoa(n.cfg.Self))
@@ -272,7 +159,7 @@ func (n *Raft) raftConfig() *raft.Config {
 // of an empty one), binds the member port and starts raft: the newest
 // snapshot is restored into the table now; the log after it is applied as
 // a leader commits it.
-func (n *Raft) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*shard.Table, error) {
+func (n *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*shard.Table, error) {
 	n.log, n.clock = log.With("member", n.cfg.Self), clock
 	n.wallAtZero = time.Now().UnixNano() - clock()
 	if _, err := os.Stat(n.cfg.DataDir); errors.Is(err, os.ErrNotExist) {
@@ -302,7 +189,7 @@ func (n *Raft) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 	n.tcfg = cfg
 	cfg.Sink = n.sink
 	// No token before this member leads and has committed a reservation.
-	start := max(mark, WallFloor())
+	start := max(mark, repl.WallFloor())
 	n.table, err = shard.New(cfg, shard.NewTokens(start, start))
 	if err != nil {
 		return fail(err)
@@ -311,12 +198,12 @@ func (n *Raft) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 	if err := n.openRaft(); err != nil {
 		return fail(err)
 	}
-	n.res.start(n.table.Tokens(), n.cfg.TokenBlock, n.reserve, n.log)
+	n.res.Start(n.table.Tokens(), n.cfg.TokenBlock, n.reserve, n.log)
 	return n.table, nil
 }
 
 // openRaft opens the stores and the transport and starts raft.
-func (n *Raft) openRaft() error {
+func (n *node) openRaft() error {
 	base := filepath.Join(n.cfg.DataDir, "raft")
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return err
@@ -330,13 +217,13 @@ func (n *Raft) openRaft() error {
 	if err != nil {
 		return fmt.Errorf("raft snapshots in %s: %w", base, err)
 	}
-	bind, err := n.cfg.memberListen()
+	bind, err := n.cfg.MemberListen()
 	if err != nil {
 		return err
 	}
-	adv, err := net.ResolveTCPAddr("tcp", n.cfg.memberAddr(n.cfg.Self))
+	adv, err := net.ResolveTCPAddr("tcp", n.cfg.MemberAddr(n.cfg.Self))
 	if err != nil {
-		return fmt.Errorf("member address %s: %w", n.cfg.memberAddr(n.cfg.Self), err)
+		return fmt.Errorf("member address %s: %w", n.cfg.MemberAddr(n.cfg.Self), err)
 	}
 	n.stream, err = newRaftStream(bind, adv)
 	if err != nil {
@@ -354,7 +241,7 @@ func (n *Raft) openRaft() error {
 		var servers []raft.Server
 		for i := range n.cfg.Peers {
 			servers = append(servers, raft.Server{Suffrage: raft.Voter,
-				ID: raft.ServerID(strconv.Itoa(i)), Address: raft.ServerAddress(n.cfg.memberAddr(i))})
+				ID: raft.ServerID(strconv.Itoa(i)), Address: raft.ServerAddress(n.cfg.MemberAddr(i))})
 		}
 		if err := raft.BootstrapCluster(conf, n.logs, n.stable, n.snaps, n.trans,
 			raft.Configuration{Servers: servers}); err != nil {
@@ -383,7 +270,7 @@ func (n *Raft) openRaft() error {
 
 // closeStores closes what openRaft opened (raft itself is shut down
 // first by the caller).
-func (n *Raft) closeStores() {
+func (n *node) closeStores() {
 	for _, c := range slices.Backward(n.closers) {
 		c.Close()
 	}
@@ -392,9 +279,9 @@ func (n *Raft) closeStores() {
 
 // Start starts the node's goroutines: from here on it follows raft's
 // leadership and tells the engine.
-func (n *Raft) Start(addr string, host Host) error {
+func (n *node) Start(addr string, host repl.Host) error {
 	n.host = host
-	n.log.Info("raft member", "peers", n.cfg.Peers, "self", n.self, "member_port", n.cfg.memberAddr(n.cfg.Self), "log_store", string(n.store))
+	n.log.Info("raft member", "peers", n.cfg.Peers, "self", n.self, "member_port", n.cfg.MemberAddr(n.cfg.Self), "log_store", string(n.store))
 	n.wg.Add(3)
 	go n.actor()
 	go n.proposer()
@@ -404,178 +291,30 @@ func (n *Raft) Start(addr string, host Host) error {
 }
 
 // Gate is the current gate.
-func (n *Raft) Gate() *Gate { return n.gate.Load() }
+func (n *node) Gate() *repl.Gate { return n.gate.Load() }
 
 // Barrier is the number of the last record the Sink received (Committer).
-func (n *Raft) Barrier() uint64 { return n.barrier.Load() }
+func (n *node) Barrier() uint64 { return n.barrier.Load() }
 
 // publish installs g and tells the engine when it differs.
-func (n *Raft) publish(g *Gate) {
+func (n *node) publish(g *repl.Gate) {
 	old := n.gate.Swap(g)
 	if n.host != nil && (old.State != g.State || old.Addr != g.Addr) {
 		n.host.GateChanged()
 	}
 }
 
-// sink receives every change of the table, under its shard lock.
-func (n *Raft) sink(r shard.Record) {
-	n.mu.Lock()
-	if !n.proposing {
-		// Only FSM.Apply may change a table that does not lead, and it
-		// emits nothing: this change (a closing connection giving back a
-		// grant on a deposed leader) is not in the log. Rebuild.
-		n.dirty = true
-		n.mu.Unlock()
-		n.poke()
-		return
-	}
-	if err := n.buf.Add(&r); err != nil {
-		n.mu.Unlock()
-		n.log.Error("a change of the table cannot go into the raft log; it will be lost at the next leader change", "err", err, "key_len", len(r.Key))
-		return
-	}
-	n.num++
-	n.barrier.Store(n.num)
-	// The proposer takes everything buffered when it wakes: wake it for
-	// the first record after it took the buffer, and for a sealed entry.
-	wake := n.buf.Count() == 1
-	if n.buf.Len() >= raftMaxEntry {
-		n.full = append(n.full, sealed{w: n.buf, first: n.first, last: n.num})
-		n.buf = records.BatchWriter{}
-		n.first = n.num + 1
-		wake = true
-	}
-	n.mu.Unlock()
-	if wake {
-		select {
-		case n.kick <- struct{}{}:
-		default:
-		}
-	}
-}
-
 // poke wakes the actor.
-func (n *Raft) poke() {
+func (n *node) poke() {
 	select {
 	case n.actKick <- struct{}{}:
 	default:
 	}
 }
 
-// proposer cuts the records buffered since the last entry into one entry
-// and proposes it, while a pipeline slot is free: the records that arrive
-// meanwhile go together into the next.
-func (n *Raft) proposer() {
-	defer n.wg.Done()
-	var spare records.BatchWriter
-	for {
-		select {
-		case <-n.quit:
-			return
-		case <-n.kick:
-		}
-		for {
-			select {
-			case n.slots <- struct{}{}:
-			case <-n.quit:
-				return
-			}
-			n.mu.Lock()
-			if !n.proposing || (n.buf.Count() == 0 && len(n.full) == 0) {
-				n.mu.Unlock()
-				<-n.slots
-				break
-			}
-			var first, last uint64
-			if len(n.full) > 0 {
-				spare, first, last = n.full[0].w, n.full[0].first, n.full[0].last
-				n.full = slices.Delete(n.full, 0, 1)
-			} else {
-				n.buf, spare = spare, n.buf
-				first, last = n.first, n.num
-				n.first = n.num + 1
-			}
-			term := n.term
-			n.busy.Add(1)
-			n.mu.Unlock()
-			count := spare.Count()
-			raw := spare.Bytes()
-			data := appendRecordsEntry(make([]byte, 0, entryHeader+32+len(raw)), n.cfg.Self, term,
-				time.Now().UnixNano(), first, last, count, raw)
-			spare.Reset()
-			p := &proposal{last: last, records: count, proposed: time.Now()}
-			p.f = n.r.Apply(data, 0)
-			n.inflight <- p
-		}
-	}
-}
-
-// committer waits for the entries in flight, in order: a committed entry
-// lets its answers leave (Host.Committed); a failed one means the
-// leadership is gone (the actor takes it from there).
-func (n *Raft) committer() {
-	defer n.wg.Done()
-	for {
-		var p *proposal
-		select {
-		case <-n.quit:
-			return
-		case p = <-n.inflight:
-		}
-		err := p.f.Error()
-		if err == nil {
-			n.stats.addLatency(time.Since(p.proposed))
-			n.stats.entries.Add(1)
-			n.stats.records.Add(uint64(p.records))
-			n.committed.Store(p.last)
-			if n.host != nil {
-				n.host.Committed(p.last)
-			}
-		} else {
-			n.log.Debug("a proposed entry failed", "err", err, "last", p.last)
-			n.poke()
-		}
-		n.busy.Add(-1)
-		<-n.slots
-		// Records that arrived while every slot was taken wait for a kick.
-		select {
-		case n.kick <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// reserve makes tokens up to limit safe: a committed reservation entry.
-// On a member that does not lead it waits until one does or the node
-// closes (a reserver never extends the allocator of a follower).
-func (n *Raft) reserve(limit uint64) error {
-	for {
-		term := n.leadTerm.Load()
-		if term != 0 {
-			err := n.applyReserve(term, limit)
-			if err == nil && n.leadTerm.Load() == term {
-				return nil
-			}
-			if err != nil && !errors.Is(err, raft.ErrNotLeader) && !errors.Is(err, raft.ErrLeadershipLost) {
-				return err
-			}
-		}
-		select {
-		case <-n.quit:
-			return ErrClosed
-		case <-time.After(n.cfg.FailoverTimeout / 10):
-		}
-	}
-}
-
-// applyReserve commits a reservation of tokens up to limit for term.
-func (n *Raft) applyReserve(term, limit uint64) error {
-	return n.r.Apply(appendReserveEntry(nil, n.cfg.Self, term, limit), n.cfg.FailoverTimeout).Error()
-}
-
 // actor follows raft's leadership: every observation, every kick and a
 // tick of a tenth of the failover timeout run step.
-func (n *Raft) actor() {
+func (n *node) actor() {
 	defer n.wg.Done()
 	t := time.NewTicker(max(n.cfg.FailoverTimeout/10, 10*time.Millisecond))
 	defer t.Stop()
@@ -597,14 +336,14 @@ func (n *Raft) actor() {
 	}
 }
 
-func (n *Raft) markFailing(id string, v bool) {
+func (n *node) markFailing(id string, v bool) {
 	if i, err := strconv.Atoi(id); err == nil && i >= 0 && i < len(n.failing) {
 		n.failing[i].Store(v)
 	}
 }
 
 // leader returns the current leader's member index, or -1.
-func (n *Raft) leader() int {
+func (n *node) leader() int {
 	_, id := n.r.LeaderWithID()
 	if id == "" {
 		return -1
@@ -619,14 +358,14 @@ func (n *Raft) leader() int {
 // step brings the node in line with raft: it gives up a leadership raft
 // no longer has, takes up one it has, rebuilds a table changed outside the
 // log, and points a follower's gate at the leader.
-func (n *Raft) step() {
+func (n *node) step() {
 	n.actMu.Lock()
 	defer n.actMu.Unlock()
 	n.stepLocked()
 }
 
 // stepLocked is step with actMu held.
-func (n *Raft) stepLocked() {
+func (n *node) stepLocked() {
 	select {
 	case <-n.quit:
 		return
@@ -638,7 +377,7 @@ func (n *Raft) stepLocked() {
 	}
 	if state == raft.Leader && n.leadTerm.Load() == 0 {
 		if n.stopping.Load() {
-			n.publish(&Gate{State: Hold})
+			n.publish(&repl.Gate{State: repl.Hold})
 			return
 		}
 		n.gain(term)
@@ -654,9 +393,9 @@ func (n *Raft) stepLocked() {
 		n.rebuild("the table changed outside the log")
 	}
 	if l := n.leader(); l >= 0 && l != n.cfg.Self {
-		n.publish(&Gate{State: Redirect, Addr: n.cfg.Peers[l]})
+		n.publish(&repl.Gate{State: repl.Redirect, Addr: n.cfg.Peers[l]})
 	} else {
-		n.publish(&Gate{State: Redirect})
+		n.publish(&repl.Gate{State: repl.Redirect})
 	}
 }
 
@@ -664,9 +403,9 @@ func (n *Raft) stepLocked() {
 // apply every entry of earlier terms, then the lease rule, the tokens and
 // a committed reservation; then serve. It returns without serving if the
 // leadership goes meanwhile (the next step sees it).
-func (n *Raft) gain(term uint64) {
+func (n *node) gain(term uint64) {
 	began := time.Now()
-	n.publish(&Gate{State: Hold})
+	n.publish(&repl.Gate{State: repl.Hold})
 	if err := n.r.Barrier(n.cfg.FailoverTimeout).Error(); err != nil {
 		n.log.Warn("elected, but applying the log failed; not serving", "term", term, "err", err)
 		return
@@ -691,7 +430,7 @@ func (n *Raft) gain(term uint64) {
 	// §6.4: every deadline is at least the election time + T.
 	moved := n.table.ExtendLeases(n.clock() + int64(n.cfg.FailoverTimeout))
 	tokens := n.table.Tokens()
-	start := max(tokens.Last(), tokens.Limit(), n.reserved.Load(), WallFloor())
+	start := max(tokens.Last(), tokens.Limit(), n.reserved.Load(), repl.WallFloor())
 	tokens.Observe(start)
 	limit := start + n.cfg.TokenBlock
 	err := n.applyReserve(term, limit)
@@ -711,18 +450,18 @@ func (n *Raft) gain(term uint64) {
 	n.stats.elections.Add(1)
 	n.log.Info("leader", "term", term, "token_start", start, "leases_extended", moved,
 		"locks", n.table.Stats().Keys, "took", time.Since(began))
-	n.publish(&Gate{State: Serve})
+	n.publish(&repl.Gate{State: repl.Serve})
 }
 
 // lose gives up the leadership of term: stop executing, let the changes
 // in flight resolve, abandon those that did not commit, and rebuild the
 // table from the log.
-func (n *Raft) lose(term uint64) {
+func (n *node) lose(term uint64) {
 	addr := ""
 	if l := n.leader(); l >= 0 && l != n.cfg.Self {
 		addr = n.cfg.Peers[l]
 	}
-	n.publish(&Gate{State: Redirect, Addr: addr}) // no batch runs from here on
+	n.publish(&repl.Gate{State: repl.Redirect, Addr: addr}) // no batch runs from here on
 	n.mu.Lock()
 	n.proposing = false
 	n.buf.Reset()
@@ -750,7 +489,7 @@ func (n *Raft) lose(term uint64) {
 
 // rebuild replaces the table with the committed state: the newest
 // snapshot and the log's commands after it, up to the last one applied.
-func (n *Raft) rebuild(why string) {
+func (n *node) rebuild(why string) {
 	began := time.Now()
 	n.fsmMu.Lock()
 	defer n.fsmMu.Unlock()
@@ -784,7 +523,7 @@ func (n *Raft) rebuild(why string) {
 // transfer the leadership to an in-sync follower, then answer M naming it.
 // A follower returns the leader's address. "" when no other member took
 // over (a single-node shutdown).
-func (n *Raft) Stop(ctx context.Context) string {
+func (n *node) Stop(ctx context.Context) string {
 	n.stopping.Store(true)
 	n.actMu.Lock() // a leadership change in progress finishes first
 	if n.leadTerm.Load() == 0 {
@@ -795,7 +534,7 @@ func (n *Raft) Stop(ctx context.Context) string {
 		return ""
 	}
 	began := time.Now()
-	n.publish(&Gate{State: Hold})
+	n.publish(&repl.Gate{State: repl.Hold})
 	deadline := time.Now().Add(n.cfg.FailoverTimeout)
 	for n.committed.Load() < n.barrier.Load() && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(time.Millisecond)
@@ -803,7 +542,7 @@ func (n *Raft) Stop(ctx context.Context) string {
 	err := n.r.LeadershipTransfer().Error()
 	if err != nil {
 		if n.leadTerm.Load() != 0 && n.r.State() == raft.Leader {
-			n.publish(&Gate{State: Serve})
+			n.publish(&repl.Gate{State: repl.Serve})
 		}
 		n.actMu.Unlock()
 		n.log.Warn("leadership transfer failed: shutting down as a single node", "err", err)
@@ -820,7 +559,7 @@ func (n *Raft) Stop(ctx context.Context) string {
 	n.stepLocked()
 	n.actMu.Unlock()
 	g := n.Gate()
-	if g.State != Redirect || g.Addr == "" {
+	if g.State != repl.Redirect || g.Addr == "" {
 		return ""
 	}
 	n.log.Info("handed the leadership over", "successor", g.Addr, "took", time.Since(began))
@@ -829,7 +568,7 @@ func (n *Raft) Stop(ctx context.Context) string {
 
 // Close shuts raft down and closes the stores (the log and snapshots are
 // durable as they are written: nothing more to write).
-func (n *Raft) Close(ctx context.Context, why CloseReason) error {
+func (n *node) Close(ctx context.Context, why repl.CloseReason) error {
 	n.closeMu.Lock()
 	if n.closed {
 		n.closeMu.Unlock()
@@ -845,11 +584,11 @@ func (n *Raft) Close(ctx context.Context, why CloseReason) error {
 		n.log.Info("raft totals as leader", "entries", e, "records", r, "records_per_entry", float64(r)/float64(e),
 			"commit_p50", time.Duration(p50*1e9), "commit_p99", time.Duration(p99*1e9))
 	}
-	n.res.stop(ctx)
+	n.res.Stop(ctx)
 	var err error
 	if n.r != nil {
 		n.r.DeregisterObserver(n.observer)
-		err = runWithin(ctx, func() error { return n.r.Shutdown().Error() })
+		err = repl.RunWithin(ctx, func() error { return n.r.Shutdown().Error() })
 	}
 	done := make(chan struct{})
 	go func() { n.wg.Wait(); close(done) }()
@@ -862,7 +601,7 @@ func (n *Raft) Close(ctx context.Context, why CloseReason) error {
 		err = errors.Join(err, n.dir.Close())
 		n.dir = nil
 	}
-	if why == FailedStart && n.created {
+	if why == repl.FailedStart && n.created {
 		os.RemoveAll(n.cfg.DataDir)
 	}
 	return err
@@ -870,8 +609,8 @@ func (n *Raft) Close(ctx context.Context, why CloseReason) error {
 
 // Status reports raft's view: role, leader, term, indexes and the group
 // commit figures.
-func (n *Raft) Status() Status {
-	st := Status{Mode: "raft", Self: n.self}
+func (n *node) Status() repl.Status {
+	st := repl.Status{Mode: "raft", Self: n.self}
 	if n.r == nil {
 		return st
 	}
@@ -904,7 +643,7 @@ func (n *Raft) Status() Status {
 		if i == n.cfg.Self {
 			continue
 		}
-		m := Member{Addr: n.cfg.Peers[i]}
+		m := repl.Member{Addr: n.cfg.Peers[i]}
 		switch {
 		case leading:
 			m.Role, m.Live = "follower", !n.failing[i].Load()
@@ -913,125 +652,21 @@ func (n *Raft) Status() Status {
 		}
 		st.Members = append(st.Members, m)
 	}
-	n.res.status(&st)
+	n.res.Status(&st)
 	return st
 }
 
 // Health is nil while this member serves as the leader or follows a known
 // leader.
-func (n *Raft) Health() error {
-	if err := n.res.health(); err != nil {
+func (n *node) Health() error {
+	if err := n.res.Health(); err != nil {
 		return err
 	}
-	if n.leadTerm.Load() != 0 && n.Gate().State == Serve {
+	if n.leadTerm.Load() != 0 && n.Gate().State == repl.Serve {
 		return nil
 	}
 	if l := n.leader(); l >= 0 && l != n.cfg.Self {
 		return nil
 	}
-	return errors.New("repl: no raft leader known")
+	return errors.New("raftnode: no raft leader known")
 }
-
-// raftFSM is the node seen as raft's state machine.
-type raftFSM Raft
-
-// Apply applies a committed entry to the table; the leader skips the
-// records of the entries of its own term (it executed them).
-func (f *raftFSM) Apply(l *raft.Log) any {
-	n := (*Raft)(f)
-	var e logEntry
-	n.fsmMu.Lock()
-	defer n.fsmMu.Unlock()
-	n.applied = l.Index
-	if err := decodeLogEntry(l.Data, &e, &n.fsmState.buf); err != nil {
-		n.log.Error("raft log entry lockd cannot read: skipped", "index", l.Index, "err", err)
-		return nil
-	}
-	own := n.leading != 0 && e.term == n.leading && e.proposer == n.cfg.Self && l.Term == n.leading
-	errs := n.fsmState.errs
-	n.fsmState.applyEntry(&e, n.wallAtZero, own)
-	if e.kind == entryReserve {
-		n.reserved.Store(n.fsmState.reserved)
-	}
-	if n.fsmState.errs != errs {
-		n.mu.Lock()
-		wasDirty := n.dirty
-		n.dirty = n.dirty || n.leading == 0
-		n.mu.Unlock()
-		if !wasDirty && n.leading == 0 {
-			n.log.Error("a committed record did not apply to this table: rebuilding it", "index", l.Index, "err", n.fsmState.lastErr)
-			n.poke()
-		}
-	}
-	return nil
-}
-
-// Snapshot cuts a snapshot at the last applied command: Persist builds it
-// from the previous snapshot and the log (never from the live table, which
-// on the leader holds changes not committed yet).
-func (f *raftFSM) Snapshot() (raft.FSMSnapshot, error) {
-	n := (*Raft)(f)
-	n.fsmMu.Lock()
-	upTo := n.applied
-	n.fsmMu.Unlock()
-	return &raftSnapshot{n: n, upTo: upTo}, nil
-}
-
-// Restore replaces the table with a snapshot (at start, or one the leader
-// sent).
-func (f *raftFSM) Restore(rc io.ReadCloser) error {
-	n := (*Raft)(f)
-	defer rc.Close()
-	n.fsmMu.Lock()
-	defer n.fsmMu.Unlock()
-	var fx shard.Out
-	n.table.Reset(&fx)
-	h, err := readSnapshot(rc, n.table, n.wallAtZero)
-	if err != nil {
-		return err
-	}
-	n.applied = h.index
-	n.fsmState.reserved = max(n.fsmState.reserved, h.reserved)
-	n.reserved.Store(n.fsmState.reserved)
-	n.log.Info("snapshot restored", "index", h.index, "locks", n.table.Stats().Keys, "last_token", h.last)
-	return nil
-}
-
-// raftSnapshot is a snapshot being persisted.
-type raftSnapshot struct {
-	n    *Raft
-	upTo uint64
-}
-
-// Persist rebuilds the committed state up to the cut in a scratch table
-// and writes it.
-func (s *raftSnapshot) Persist(sink raft.SnapshotSink) error {
-	n := s.n
-	cfg := n.tcfg
-	cfg.Sink = nil
-	t, err := shard.New(cfg, shard.NewTokens(0, 0))
-	if err != nil {
-		sink.Cancel()
-		return err
-	}
-	st, _, err := replayInto(t, n.snaps, n.logs, s.upTo, n.wallAtZero)
-	if err != nil {
-		sink.Cancel()
-		return err
-	}
-	size, err := writeSnapshot(sink, t, st.reserved, s.upTo, n.clock(), n.wallAtZero)
-	if err != nil {
-		sink.Cancel()
-		return err
-	}
-	if err := sink.Close(); err != nil {
-		return err
-	}
-	n.stats.snapshots.Add(1)
-	n.stats.snapshotBytes.Store(size)
-	n.log.Info("raft snapshot written", "index", s.upTo, "locks", t.Stats().Keys, "bytes", size)
-	return nil
-}
-
-// Release does nothing: the snapshot holds no resource.
-func (s *raftSnapshot) Release() {}

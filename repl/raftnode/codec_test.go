@@ -1,4 +1,4 @@
-package repl
+package raftnode
 
 import (
 	"bytes"
@@ -79,8 +79,8 @@ func TestRaftEntryRoundTrip(t *testing.T) {
 		t.Fatal("a lower reservation lowered the mark")
 	}
 	for _, bad := range [][]byte{nil, {9, 0}, append([]byte{9}, res[1:]...), res[:len(res)-1]} {
-		if err := decodeLogEntry(bad, &e, nil); !errors.Is(err, ErrBadLogEntry) {
-			t.Fatalf("decoding %x: %v, want ErrBadLogEntry", bad, err)
+		if err := decodeLogEntry(bad, &e, nil); !errors.Is(err, errBadLogEntry) {
+			t.Fatalf("decoding %x: %v, want errBadLogEntry", bad, err)
 		}
 	}
 }
@@ -134,7 +134,7 @@ func TestRaftSnapshotRoundTrip(t *testing.T) {
 		}
 	}
 	other, _ := shard.New(shard.Config{Shards: 4}, shard.NewTokens(0, 0))
-	if _, err := readSnapshot(bytes.NewReader(b.Bytes()), other, dstWall); !errors.Is(err, ErrBadLogEntry) {
+	if _, err := readSnapshot(bytes.NewReader(b.Bytes()), other, dstWall); !errors.Is(err, errBadLogEntry) {
 		t.Fatalf("another shard count: %v", err)
 	}
 	for _, cut := range []int{0, 10, b.Len() / 2, b.Len() - 1} {
@@ -150,7 +150,7 @@ func TestRaftSnapshotRoundTrip(t *testing.T) {
 // the table dirty instead), and a burst is cut into entries of at most
 // raftMaxEntry raw bytes plus one record, numbered without gaps.
 func TestRaftSinkCutsEntries(t *testing.T) {
-	n := &Raft{kick: make(chan struct{}, 1), actKick: make(chan struct{}, 1), log: repltest.Quiet()}
+	n := &node{kick: make(chan struct{}, 1), actKick: make(chan struct{}, 1), log: repltest.Quiet()}
 	key := bytes.Repeat([]byte("k"), 100)
 	r := shard.Record{Kind: shard.RecordGrant, Shard: 1, Key: key, Token: 5, Lease: 3}
 	r.Seq = 1

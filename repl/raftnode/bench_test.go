@@ -1,4 +1,4 @@
-package repl
+package raftnode
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -52,16 +53,16 @@ func (w *commitWaiter) wait(seq uint64) {
 // op is one pair. Reported: entries/s, records/s, records/entry and the
 // commit latency p50/p99 (proposal to commit, the last 1024 entries).
 //
-//	go test ./repl -run '^$' -bench RaftLogStore -benchtime 20000x
+//	go test ./repl/raftnode -run '^$' -bench RaftLogStore -benchtime 20000x
 func BenchmarkRaftLogStore(b *testing.B) {
-	for _, kind := range []LogStoreKind{LogStoreWAL, LogStoreBolt} {
+	for _, kind := range []logStoreKind{logStoreWAL, logStoreBolt} {
 		for _, g := range []int{1, 16, 128, 256} {
 			b.Run(fmt.Sprintf("%s/g%d", kind, g), func(b *testing.B) { benchRaftStore(b, kind, g) })
 		}
 	}
 }
 
-func benchRaftStore(b *testing.B, kind LogStoreKind, g int) {
+func benchRaftStore(b *testing.B, kind logStoreKind, g int) {
 	const offset = 1000
 	ports := repltest.FreePorts(&testing.T{}, 3, offset)
 	var peers []string
@@ -69,14 +70,14 @@ func benchRaftStore(b *testing.B, kind LogStoreKind, g int) {
 		peers = append(peers, fmt.Sprintf("127.0.0.1:%d", p))
 	}
 	type mem struct {
-		n     *Raft
+		n     *node
 		table *shard.Table
 		w     *commitWaiter
 		clock func() int64
 	}
 	ms := make([]*mem, 3)
 	for i := range 3 {
-		n, err := NewRaftWith(ClusterConfig{Peers: peers, Self: i, Listen: peers[i], PeerOffset: offset,
+		n, err := newNode(repl.ClusterConfig{Peers: peers, Self: i, Listen: peers[i], PeerOffset: offset,
 			FailoverTimeout: time.Second, DataDir: b.TempDir(), TokenBlock: 1 << 22}, kind)
 		if err != nil {
 			b.Fatal(err)
@@ -92,14 +93,14 @@ func benchRaftStore(b *testing.B, kind LogStoreKind, g int) {
 	}
 	defer func() {
 		for _, m := range ms {
-			m.n.Close(b.Context(), Discard)
+			m.n.Close(b.Context(), repl.Discard)
 		}
 	}()
 	var l *mem
 	deadline := time.Now().Add(10 * time.Second)
 	for l == nil {
 		for _, m := range ms {
-			if m.n.Gate().State == Serve {
+			if m.n.Gate().State == repl.Serve {
 				l = m
 			}
 		}

@@ -1,4 +1,4 @@
-package repl
+package raftnode
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -25,8 +26,8 @@ type raftHost struct {
 	commits   []uint64
 	abandoned []uint64
 	onCommit  func(seq uint64)
-	gate      func() *Gate
-	gates     []Gate // every gate GateChanged applied
+	gate      func() *repl.Gate
+	gates     []repl.Gate // every gate GateChanged applied
 	// batch is the engine's batch barrier: a test that executes on the
 	// table as a batch would holds it for reading and checks the gate;
 	// GateChanged waits for it.
@@ -73,7 +74,7 @@ func (h *raftHost) lastCommit() uint64 {
 
 // raftMember is one in-process raft node with its own table and clock.
 type raftMember struct {
-	n     *Raft
+	n     *node
 	table *shard.Table
 	host  *raftHost
 	clock func() int64
@@ -117,8 +118,8 @@ func newRaftCluster(t *testing.T, size int, tune ...func(*raft.Config)) *raftClu
 // start (re)starts member i on its data dir.
 func (c *raftCluster) start(i int) *raftMember {
 	c.t.Helper()
-	n, err := NewRaft(ClusterConfig{Peers: c.peers, Self: i, Listen: c.peers[i], PeerOffset: raftTestOffset,
-		FailoverTimeout: c.T, DataDir: c.dirs[i], TokenBlock: 1 << 20})
+	n, err := newNode(repl.ClusterConfig{Peers: c.peers, Self: i, Listen: c.peers[i], PeerOffset: raftTestOffset,
+		FailoverTimeout: c.T, DataDir: c.dirs[i], TokenBlock: 1 << 20}, logStoreWAL)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -141,14 +142,14 @@ func (c *raftCluster) kill(i int) {
 	if m := c.ms[i]; m != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := m.n.Close(ctx, Discard); err != nil {
+		if err := m.n.Close(ctx, repl.Discard); err != nil {
 			c.t.Logf("close member %d: %v", i, err)
 		}
 		c.ms[i] = nil
 	}
 }
 
-func (m *raftMember) serving() bool { return m != nil && m.n.Gate().State == Serve }
+func (m *raftMember) serving() bool { return m != nil && m.n.Gate().State == repl.Serve }
 
 // leader waits until exactly one member serves and returns its index.
 func (c *raftCluster) leader() int {
@@ -328,7 +329,7 @@ func TestRaftReplicates(t *testing.T) {
 	t.Logf("%d records in %d entries, commit p50 %.2f ms p99 %.2f ms", st.EntryRecords, st.Entries, st.CommitP50*1e3, st.CommitP99*1e3)
 	for i, m := range c.ms {
 		if i != l {
-			if g := m.n.Gate(); g.State != Redirect || g.Addr != c.peers[l] {
+			if g := m.n.Gate(); g.State != repl.Redirect || g.Addr != c.peers[l] {
 				t.Fatalf("follower %d's gate: %+v, want M naming %s", i, g, c.peers[l])
 			}
 		}
@@ -368,7 +369,7 @@ func TestRaftIsolatedLeader(t *testing.T) {
 		// As the engine does: execute only in a batch that saw the gate
 		// serve; a gate change waits for the batch.
 		lm.host.batch.RLock()
-		if lm.n.Gate().State != Serve {
+		if lm.n.Gate().State != repl.Serve {
 			lm.host.batch.RUnlock()
 			break // the leader stepped down
 		}
@@ -382,7 +383,7 @@ func TestRaftIsolatedLeader(t *testing.T) {
 		maxTok = max(maxTok, tok)
 	}
 	t.Logf("%d speculative grants on the isolated leader", spec)
-	repltest.WaitFor(t, "the isolated leader to step down", func() bool { return lm.n.Gate().State == Redirect && lm.n.leadTerm.Load() == 0 })
+	repltest.WaitFor(t, "the isolated leader to step down", func() bool { return lm.n.Gate().State == repl.Redirect && lm.n.leadTerm.Load() == 0 })
 	lm.host.mu.Lock()
 	abandoned := slices.Clone(lm.host.abandoned)
 	lm.host.mu.Unlock()
@@ -528,14 +529,14 @@ func TestRaftStopTransfers(t *testing.T) {
 	if si < 0 || si == l {
 		t.Fatalf("Stop returned %q, want another member's address", succ)
 	}
-	if g := lm.n.Gate(); g.State != Redirect || g.Addr != succ {
+	if g := lm.n.Gate(); g.State != repl.Redirect || g.Addr != succ {
 		t.Fatalf("old leader's gate after Stop: %+v", g)
 	}
 	lm.host.mu.Lock()
 	gates := slices.Clone(lm.host.gates[before:])
 	lm.host.mu.Unlock()
 	for _, g := range gates {
-		if g.State == Serve || (g.State == Redirect && g.Addr != succ) {
+		if g.State == repl.Serve || (g.State == repl.Redirect && g.Addr != succ) {
 			t.Fatalf("gates the old leader applied during Stop: %+v (want Hold, then M naming %s)", gates, succ)
 		}
 	}

@@ -1,4 +1,4 @@
-package repl
+package raftnode
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 )
 
 // errLinkCut: the member link is cut (tests: an isolated member).
-var errLinkCut = errors.New("repl: member link cut")
+var errLinkCut = errors.New("raftnode: member link cut")
 
 // raftStream is raft's TCP stream layer on the member port: a listener
 // that advertises this member's address as the others dial it, and plain
