@@ -21,6 +21,7 @@ import (
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/repl"
+	"github.com/lockd-dev/lockd/repl/priority"
 	"github.com/lockd-dev/lockd/repl/raftnode"
 )
 
@@ -258,7 +259,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	switch opt.cluster {
 	case "priority":
-		cfg.Node, err = repl.NewPriority(opt.member)
+		cfg.Node, err = priority.New(opt.member)
 	case "raft":
 		cfg.Node, err = raftnode.New(opt.member)
 	}

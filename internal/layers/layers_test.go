@@ -51,7 +51,10 @@ var rules = map[string]rule{
 		noCalls: []string{"time.Now(", "time.Since(", "time.Sleep(", "time.After", "time.NewTimer", "time.Tick", "go func"}},
 	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
 	// The seam, the single node and the kernel both cluster modes share.
-	"repl": {allow: lockd("shard", "store", "repl/records"),
+	"repl": {allow: lockd("shard", "store"),
+		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
+	// The priority mode: never the raft mode nor hashicorp's libraries.
+	"repl/priority": {allow: lockd("shard", "store", "repl", "repl/records"),
 		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
 	// The raft mode: the only importer of hashicorp's libraries.
 	"repl/raftnode": {allow: append(lockd("shard", "store", "repl", "repl/records"), hashicorp),
@@ -97,6 +100,13 @@ var rules = map[string]rule{
 	// checkers; never a server package.
 	"chaos": {allow: lockd("client", "fence", "internal/clustertest", "internal/faultproxy", "internal/history"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "bench")...)},
+}
+
+// owners names, for some third-party libraries, the one package of the
+// module that may import them directly: whatever the other rules allow.
+var owners = map[string]string{
+	hashicorp:                        "repl/raftnode",
+	"github.com/klauspost/compress/": "repl/records",
 }
 
 // goList runs go list with format f over pkgs.
@@ -146,6 +156,11 @@ func check(t *testing.T, name, dir string, imports, files []string, r rule) {
 			t.Errorf("%s imports %s, which its layer forbids", name, imp)
 		case !std && !hasPrefix(imp, r.allow):
 			t.Errorf("%s imports %s: not among the imports its layer allows", name, imp)
+		}
+		for lib, owner := range owners {
+			if name != owner && hasPrefix(imp, []string{lib}) {
+				t.Errorf("%s imports %s: only %s may", name, imp, owner)
+			}
 		}
 	}
 	if len(r.noDeps) > 0 {

@@ -115,6 +115,15 @@ func (n *node) sink(r shard.Record) {
 	}
 }
 
+// poke wakes the actor (raftnode.go): the Sink, the committer and the FSM
+// call it when the table or the leadership needs its look.
+func (n *node) poke() {
+	select {
+	case n.actKick <- struct{}{}:
+	default:
+	}
+}
+
 // proposer cuts the records buffered since the last entry into one entry
 // and proposes it, while a pipeline slot is free: the records that arrive
 // meanwhile go together into the next.

@@ -304,14 +304,6 @@ func (n *node) publish(g *repl.Gate) {
 	}
 }
 
-// poke wakes the actor.
-func (n *node) poke() {
-	select {
-	case n.actKick <- struct{}{}:
-	default:
-	}
-}
-
 // actor follows raft's leadership: every observation, every kick and a
 // tick of a tenth of the failover timeout run step.
 func (n *node) actor() {

@@ -1,4 +1,4 @@
-package repl
+package priority
 
 import (
 	"encoding/binary"
@@ -17,16 +17,16 @@ import (
 //	length u32 | type u8 | payload | crc u32
 //
 // big-endian; length counts type, payload and crc (so it is at least 5 and
-// at most MaxFrame); crc is CRC-32C (Castagnoli) of type and payload.
+// at most maxFrame); crc is CRC-32C (Castagnoli) of type and payload.
 
 // Sizes of the member link.
 const (
-	// MaxFrame bounds a frame's length field (type + payload + crc): a
+	// maxFrame bounds a frame's length field (type + payload + crc): a
 	// longer frame is a protocol error. A compressed batch or snapshot
 	// frame may not claim a raw size above it either (MaxRaw, the same).
-	MaxFrame = 16 << 20
-	// ProtocolVersion is the member-link version this code speaks (Hello).
-	ProtocolVersion = 1
+	maxFrame = 16 << 20
+	// protocolVersion is the member-link version this code speaks (Hello).
+	protocolVersion = 1
 
 	frameHead    = 5 // length u32 + type u8
 	frameTail    = 4 // crc u32
@@ -37,77 +37,77 @@ const (
 // castagnoli is the CRC-32C table (hardware-accelerated on amd64 and arm64).
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// MsgType is a frame's type byte.
-type MsgType uint8
+// msgType is a frame's type byte.
+type msgType uint8
 
 // Message types of the member link.
 const (
-	MsgHello        MsgType = 1
-	MsgHeartbeat    MsgType = 2
-	MsgBatch        MsgType = 3
-	MsgReserve      MsgType = 4
-	MsgAck          MsgType = 5
-	MsgSnapBegin    MsgType = 6
-	MsgSnapShard    MsgType = 7
-	MsgSnapEnd      MsgType = 8
-	MsgNeedSnapshot MsgType = 9
-	MsgHandoff      MsgType = 10
+	msgHello        msgType = 1
+	msgHeartbeat    msgType = 2
+	msgBatch        msgType = 3
+	msgReserve      msgType = 4
+	msgAck          msgType = 5
+	msgSnapBegin    msgType = 6
+	msgSnapShard    msgType = 7
+	msgSnapEnd      msgType = 8
+	msgNeedSnapshot msgType = 9
+	msgHandoff      msgType = 10
 )
 
 var msgNames = [...]string{
-	MsgHello:        "hello",
-	MsgHeartbeat:    "heartbeat",
-	MsgBatch:        "batch",
-	MsgReserve:      "reserve",
-	MsgAck:          "ack",
-	MsgSnapBegin:    "snap-begin",
-	MsgSnapShard:    "snap-shard",
-	MsgSnapEnd:      "snap-end",
-	MsgNeedSnapshot: "need-snapshot",
-	MsgHandoff:      "handoff",
+	msgHello:        "hello",
+	msgHeartbeat:    "heartbeat",
+	msgBatch:        "batch",
+	msgReserve:      "reserve",
+	msgAck:          "ack",
+	msgSnapBegin:    "snap-begin",
+	msgSnapShard:    "snap-shard",
+	msgSnapEnd:      "snap-end",
+	msgNeedSnapshot: "need-snapshot",
+	msgHandoff:      "handoff",
 }
 
 // String names the message type.
-func (t MsgType) String() string {
+func (t msgType) String() string {
 	if t.valid() {
 		return msgNames[t]
 	}
 	return fmt.Sprintf("MsgType(%d)", uint8(t))
 }
 
-func (t MsgType) valid() bool { return t >= MsgHello && t <= MsgHandoff }
+func (t msgType) valid() bool { return t >= msgHello && t <= msgHandoff }
 
-// Errors of the member link's frames and messages. A FrameReader's protocol
+// Errors of the member link's frames and messages. A frameReader's protocol
 // errors are final: the link must be closed (and the reason logged).
 var (
-	// ErrFrameTooLarge: a frame's length field exceeds MaxFrame.
-	ErrFrameTooLarge = errors.New("repl: frame longer than MaxFrame")
-	// ErrFrameTooShort: a frame's length field is below 5 (type + crc).
-	ErrFrameTooShort = errors.New("repl: frame length below 5")
-	// ErrBadCRC: a frame's CRC-32C does not match its type and payload.
-	ErrBadCRC = errors.New("repl: frame checksum mismatch")
-	// ErrUnknownType: a frame's type byte names no message.
-	ErrUnknownType = errors.New("repl: unknown message type")
-	// ErrShortPayload: a payload ends before its message's fields do.
-	ErrShortPayload = errors.New("repl: payload too short for its message")
-	// ErrLongPayload: a payload has bytes after its message's fields.
-	ErrLongPayload = errors.New("repl: payload too long for its message")
-	// ErrBadField: a field holds a value its message does not allow (an
+	// errFrameTooLarge: a frame's length field exceeds maxFrame.
+	errFrameTooLarge = errors.New("repl: frame longer than maxFrame")
+	// errFrameTooShort: a frame's length field is below 5 (type + crc).
+	errFrameTooShort = errors.New("repl: frame length below 5")
+	// errBadCRC: a frame's CRC-32C does not match its type and payload.
+	errBadCRC = errors.New("repl: frame checksum mismatch")
+	// errUnknownType: a frame's type byte names no message.
+	errUnknownType = errors.New("repl: unknown message type")
+	// errShortPayload: a payload ends before its message's fields do.
+	errShortPayload = errors.New("repl: payload too short for its message")
+	// errLongPayload: a payload has bytes after its message's fields.
+	errLongPayload = errors.New("repl: payload too long for its message")
+	// errBadField: a field holds a value its message does not allow (an
 	// unknown role, ack kind, reason or codec; a flag other than 0/1; a raw
 	// length that does not fit the data).
-	ErrBadField = errors.New("repl: invalid message field")
-	// ErrMismatch: a peer's Hello differs from this node's (Hello.Check),
-	// or it speaks another protocol version (Hello.Decode).
-	ErrMismatch = errors.New("repl: peer configuration differs")
-	// ErrNoProgress: the underlying reader returned no data and no error
+	errBadField = errors.New("repl: invalid message field")
+	// errMismatch: a peer's Hello differs from this node's (hello.Check),
+	// or it speaks another protocol version (hello.Decode).
+	errMismatch = errors.New("repl: peer configuration differs")
+	// errNoProgress: the underlying reader returned no data and no error
 	// many times in a row.
-	ErrNoProgress = errors.New("repl: reader makes no progress")
+	errNoProgress = errors.New("repl: reader makes no progress")
 )
 
-// AppendFrame appends a frame of type t carrying payload to dst. payload
-// must be at most MaxFrame-5 bytes: a longer one panics (batches and
+// appendFrame appends a frame of type t carrying payload to dst. payload
+// must be at most maxFrame-5 bytes: a longer one panics (batches and
 // snapshot frames are cut at 64 KiB, far below it).
-func AppendFrame(dst []byte, t MsgType, payload []byte) []byte {
+func appendFrame(dst []byte, t msgType, payload []byte) []byte {
 	dst, at := beginFrame(dst, t)
 	dst = append(dst, payload...)
 	return endFrame(dst, at)
@@ -115,7 +115,7 @@ func AppendFrame(dst []byte, t MsgType, payload []byte) []byte {
 
 // beginFrame appends a frame header with a placeholder length and returns
 // where the frame starts.
-func beginFrame(dst []byte, t MsgType) ([]byte, int) {
+func beginFrame(dst []byte, t msgType) ([]byte, int) {
 	return append(dst, 0, 0, 0, 0, byte(t)), len(dst)
 }
 
@@ -123,18 +123,18 @@ func beginFrame(dst []byte, t MsgType) ([]byte, int) {
 // its crc.
 func endFrame(dst []byte, at int) []byte {
 	n := len(dst) - at - 4 + frameTail
-	if n > MaxFrame {
-		panic("repl: frame payload exceeds MaxFrame")
+	if n > maxFrame {
+		panic("repl: frame payload exceeds maxFrame")
 	}
 	binary.BigEndian.PutUint32(dst[at:], uint32(n))
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[at+4:], castagnoli))
 }
 
-// FrameReader reads frames from a byte stream that may deliver them split
+// frameReader reads frames from a byte stream that may deliver them split
 // at any byte. It keeps one buffer, grown (by doubling, only as bytes
 // arrive) up to the largest frame seen and reused: once grown, Next
 // allocates nothing. Not safe for concurrent use.
-type FrameReader struct {
+type frameReader struct {
 	r     io.Reader
 	buf   []byte
 	start int   // first byte not yet returned
@@ -142,14 +142,14 @@ type FrameReader struct {
 	err   error // a protocol error: every later Next returns it
 }
 
-// NewFrameReader returns a reader of frames from r.
-func NewFrameReader(r io.Reader) *FrameReader {
-	return &FrameReader{r: r, buf: make([]byte, readBufStart)}
+// newFrameReader returns a reader of frames from r.
+func newFrameReader(r io.Reader) *frameReader {
+	return &frameReader{r: r, buf: make([]byte, readBufStart)}
 }
 
 // Reset makes fr read from r from scratch (a new connection), keeping its
-// buffer. A zero FrameReader is ready for use after Reset.
-func (fr *FrameReader) Reset(r io.Reader) {
+// buffer. A zero frameReader is ready for use after Reset.
+func (fr *frameReader) Reset(r io.Reader) {
 	fr.r, fr.start, fr.end, fr.err = r, 0, 0, nil
 	if fr.buf == nil {
 		fr.buf = make([]byte, readBufStart)
@@ -160,12 +160,12 @@ func (fr *FrameReader) Reset(r io.Reader) {
 // fr's buffer and is valid until the next call of Next or Reset.
 //
 // At the end of the stream between frames Next returns io.EOF, in the
-// middle of one io.ErrUnexpectedEOF. A protocol error (ErrFrameTooLarge,
-// ErrFrameTooShort, ErrBadCRC, ErrUnknownType) is final: Next returns it
+// middle of one io.ErrUnexpectedEOF. A protocol error (errFrameTooLarge,
+// errFrameTooShort, errBadCRC, errUnknownType) is final: Next returns it
 // again on every later call. Other errors of the underlying reader (a read
 // deadline) are returned as they are, and Next may be called again: the
 // bytes already read are kept.
-func (fr *FrameReader) Next() (MsgType, []byte, error) {
+func (fr *frameReader) Next() (msgType, []byte, error) {
 	if fr.err != nil {
 		return 0, nil, fr.err
 	}
@@ -174,10 +174,10 @@ func (fr *FrameReader) Next() (MsgType, []byte, error) {
 	}
 	n := binary.BigEndian.Uint32(fr.buf[fr.start:])
 	switch {
-	case n > MaxFrame:
-		return 0, nil, fr.fail(ErrFrameTooLarge)
+	case n > maxFrame:
+		return 0, nil, fr.fail(errFrameTooLarge)
 	case n < minFrameLen:
-		return 0, nil, fr.fail(ErrFrameTooShort)
+		return 0, nil, fr.fail(errFrameTooShort)
 	}
 	total := 4 + int(n)
 	if err := fr.fill(total); err != nil {
@@ -187,23 +187,23 @@ func (fr *FrameReader) Next() (MsgType, []byte, error) {
 	sum := binary.BigEndian.Uint32(fr.buf[fr.start+total-frameTail:])
 	fr.start += total
 	if crc32.Checksum(body, castagnoli) != sum {
-		return 0, nil, fr.fail(ErrBadCRC)
+		return 0, nil, fr.fail(errBadCRC)
 	}
-	t := MsgType(body[0])
+	t := msgType(body[0])
 	if !t.valid() {
-		return 0, nil, fr.fail(ErrUnknownType)
+		return 0, nil, fr.fail(errUnknownType)
 	}
 	return t, body[1:], nil
 }
 
-func (fr *FrameReader) fail(err error) error {
+func (fr *frameReader) fail(err error) error {
 	fr.err = err
 	return err
 }
 
 // fill reads until at least n bytes from fr.start are buffered. The buffer
 // is compacted or doubled only when it is full.
-func (fr *FrameReader) fill(n int) error {
+func (fr *frameReader) fill(n int) error {
 	empty := 0
 	for fr.end-fr.start < n {
 		if fr.end == len(fr.buf) {
@@ -211,7 +211,7 @@ func (fr *FrameReader) fill(n int) error {
 				fr.end = copy(fr.buf, fr.buf[fr.start:fr.end])
 				fr.start = 0
 			} else {
-				nb := make([]byte, min(2*len(fr.buf), 4+MaxFrame))
+				nb := make([]byte, min(2*len(fr.buf), 4+maxFrame))
 				copy(nb, fr.buf[:fr.end])
 				fr.buf = nb
 			}
@@ -230,7 +230,7 @@ func (fr *FrameReader) fill(n int) error {
 			return err
 		case m == 0:
 			if empty++; empty >= 100 {
-				return ErrNoProgress
+				return errNoProgress
 			}
 		default:
 			empty = 0
@@ -239,31 +239,31 @@ func (fr *FrameReader) fill(n int) error {
 	return nil
 }
 
-// ClusterMode is a cluster's mode as Hello carries it.
-type ClusterMode uint8
+// clusterMode is a cluster's mode as Hello carries it.
+type clusterMode uint8
 
 // Cluster modes.
 const (
-	ModePriority ClusterMode = 1
-	ModeRaft     ClusterMode = 2
+	modePriority clusterMode = 1
+	modeRaft     clusterMode = 2
 )
 
 // String names the mode as --cluster spells it.
-func (m ClusterMode) String() string {
+func (m clusterMode) String() string {
 	switch m {
-	case ModePriority:
+	case modePriority:
 		return "priority"
-	case ModeRaft:
+	case modeRaft:
 		return "raft"
 	}
 	return fmt.Sprintf("ClusterMode(%d)", uint8(m))
 }
 
-// Hello opens every link in both directions; a member refuses a peer whose
+// hello opens every link in both directions; a member refuses a peer whose
 // Hello differs from its own (Check).
-type Hello struct {
-	Version    uint16      // ProtocolVersion
-	Mode       ClusterMode // --cluster
+type hello struct {
+	Version    uint16      // protocolVersion
+	Mode       clusterMode // --cluster
 	Members    uint8       // entries of --peers
 	Self       uint8       // the sender's index in --peers
 	Offset     uint32      // --peer-offset
@@ -274,8 +274,8 @@ type Hello struct {
 const helloLen = 2 + 1 + 1 + 1 + 4 + 4 + 4
 
 // Append appends h as a complete frame to dst.
-func (h *Hello) Append(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgHello)
+func (h *hello) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgHello)
 	dst = binary.BigEndian.AppendUint16(dst, h.Version)
 	dst = append(dst, byte(h.Mode), h.Members, h.Self)
 	dst = binary.BigEndian.AppendUint32(dst, h.Offset)
@@ -285,23 +285,23 @@ func (h *Hello) Append(dst []byte) []byte {
 }
 
 // Decode decodes a Hello payload. A peer speaking another protocol version
-// gets an error wrapping ErrMismatch that names both versions, and h holds
+// gets an error wrapping errMismatch that names both versions, and h holds
 // only its Version; the rest of such a payload is not read (its layout
 // may differ).
-func (h *Hello) Decode(p []byte) error {
+func (h *hello) Decode(p []byte) error {
 	if len(p) < 2 {
-		return ErrShortPayload
+		return errShortPayload
 	}
-	if v := binary.BigEndian.Uint16(p); v != ProtocolVersion {
-		*h = Hello{Version: v}
-		return fmt.Errorf("%w: protocol version %d, here %d", ErrMismatch, v, ProtocolVersion)
+	if v := binary.BigEndian.Uint16(p); v != protocolVersion {
+		*h = hello{Version: v}
+		return fmt.Errorf("%w: protocol version %d, here %d", errMismatch, v, protocolVersion)
 	}
 	if err := fixedLen(p, helloLen); err != nil {
 		return err
 	}
-	*h = Hello{
+	*h = hello{
 		Version:    binary.BigEndian.Uint16(p),
-		Mode:       ClusterMode(p[2]),
+		Mode:       clusterMode(p[2]),
 		Members:    p[3],
 		Self:       p[4],
 		Offset:     binary.BigEndian.Uint32(p[5:]),
@@ -312,11 +312,11 @@ func (h *Hello) Decode(p []byte) error {
 }
 
 // Check compares a peer's Hello (h) with this node's (local). It returns
-// nil when they agree, else an error wrapping ErrMismatch that names every
+// nil when they agree, else an error wrapping errMismatch that names every
 // field that differs, with both values: protocol version, mode, member
 // count, peer offset, shard count, failover timeout; and a peer index that
 // is outside the member list or equal to this node's own.
-func (h *Hello) Check(local Hello) error {
+func (h *hello) Check(local hello) error {
 	var b strings.Builder
 	diff := func(format string, args ...any) {
 		if b.Len() > 0 {
@@ -351,43 +351,17 @@ func (h *Hello) Check(local Hello) error {
 	if b.Len() == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s", ErrMismatch, b.String())
+	return fmt.Errorf("%w: %s", errMismatch, b.String())
 }
 
-// HeartbeatRole is a member's role as its heartbeats say it.
-type HeartbeatRole uint8
+// noActive is Heartbeat.Active when the sender follows no active.
+const noActive = 255
 
-// Heartbeat roles.
-const (
-	RoleStandby  HeartbeatRole = 1 // follows an active (or none is known yet)
-	RoleActive   HeartbeatRole = 2 // executes requests and streams its changes
-	RoleHandover HeartbeatRole = 3 // an active handing its work to a successor: executes nothing
-	RoleLeaving  HeartbeatRole = 4 // shutting down: count it as not live at once
-)
-
-// String names the role.
-func (r HeartbeatRole) String() string {
-	switch r {
-	case RoleStandby:
-		return "standby"
-	case RoleActive:
-		return "active"
-	case RoleHandover:
-		return "handing-over"
-	case RoleLeaving:
-		return "leaving"
-	}
-	return fmt.Sprintf("HeartbeatRole(%d)", uint8(r))
-}
-
-// NoActive is Heartbeat.Active when the sender follows no active.
-const NoActive = 255
-
-// Heartbeat is what every member sends every other member periodically.
-type Heartbeat struct {
+// heartbeat is what every member sends every other member periodically.
+type heartbeat struct {
 	Epoch       uint64
-	Role        HeartbeatRole
-	Active      uint8 // index of the active the sender follows, NoActive if none
+	Role        role
+	Active      uint8 // index of the active the sender follows, noActive if none
 	InSync      bool
 	Probe       uint64 // the sender's heartbeat number
 	Echo        uint64 // the highest Probe received from the receiver
@@ -400,8 +374,8 @@ type Heartbeat struct {
 const heartbeatLen = 8 + 3 + 6*8
 
 // Append appends hb as a complete frame to dst.
-func (hb *Heartbeat) Append(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgHeartbeat)
+func (hb *heartbeat) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgHeartbeat)
 	dst = binary.BigEndian.AppendUint64(dst, hb.Epoch)
 	dst = append(dst, byte(hb.Role), hb.Active, boolByte(hb.InSync))
 	dst = binary.BigEndian.AppendUint64(dst, hb.Probe)
@@ -414,16 +388,16 @@ func (hb *Heartbeat) Append(dst []byte) []byte {
 }
 
 // Decode decodes a Heartbeat payload.
-func (hb *Heartbeat) Decode(p []byte) error {
+func (hb *heartbeat) Decode(p []byte) error {
 	if err := fixedLen(p, heartbeatLen); err != nil {
 		return err
 	}
-	role := HeartbeatRole(p[8])
+	role := role(p[8])
 	insync, ok := byteBool(p[10])
-	if role < RoleStandby || role > RoleLeaving || !ok {
-		return ErrBadField
+	if role < roleStandby || role > roleLeaving || !ok {
+		return errBadField
 	}
-	*hb = Heartbeat{
+	*hb = heartbeat{
 		Epoch:       binary.BigEndian.Uint64(p),
 		Role:        role,
 		Active:      p[9],
@@ -438,10 +412,10 @@ func (hb *Heartbeat) Decode(p []byte) error {
 	return nil
 }
 
-// Batch is a frame of the replication stream: records (see BatchWriter),
-// encoded by Codec. AppendBatch builds one from raw records; Raw returns
+// batch is a frame of the replication stream: records (see BatchWriter),
+// encoded by Codec. appendBatch builds one from raw records; Raw returns
 // them.
-type Batch struct {
+type batch struct {
 	Seq    uint64 // batch number on this stream: 1, 2, 3, …
 	Codec  records.Codec
 	RawLen uint32 // length of the raw records
@@ -450,11 +424,11 @@ type Batch struct {
 
 const batchHead = 8 + 1 + 4
 
-// AppendBatch appends to dst a Batch frame numbered seq that carries the
-// raw records, compressed as Compress decides. raw must be at most
-// MaxFrame-32 bytes (batches are cut at 64 KiB).
-func AppendBatch(dst []byte, seq uint64, raw []byte) []byte {
-	dst, at := beginFrame(dst, MsgBatch)
+// appendBatch appends to dst a Batch frame numbered seq that carries the
+// raw records, compressed as records.Compress decides. raw must be at most
+// maxFrame-32 bytes (batches are cut at 64 KiB).
+func appendBatch(dst []byte, seq uint64, raw []byte) []byte {
+	dst, at := beginFrame(dst, msgBatch)
 	dst = binary.BigEndian.AppendUint64(dst, seq)
 	dst = append(dst, 0)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(raw)))
@@ -464,8 +438,8 @@ func AppendBatch(dst []byte, seq uint64, raw []byte) []byte {
 }
 
 // Append appends b as a complete frame to dst, with Data as it is.
-func (b *Batch) Append(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgBatch)
+func (b *batch) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgBatch)
 	dst = binary.BigEndian.AppendUint64(dst, b.Seq)
 	dst = append(dst, byte(b.Codec))
 	dst = binary.BigEndian.AppendUint32(dst, b.RawLen)
@@ -475,22 +449,22 @@ func (b *Batch) Append(dst []byte) []byte {
 
 // Decode decodes a Batch payload; b.Data points into p. It checks the
 // codec and, for raw data, that RawLen is the data's length; for
-// compressed data, that RawLen is at most MaxFrame.
-func (b *Batch) Decode(p []byte) error {
+// compressed data, that RawLen is at most maxFrame.
+func (b *batch) Decode(p []byte) error {
 	if len(p) < batchHead {
-		return ErrShortPayload
+		return errShortPayload
 	}
 	codec, raw, data := records.Codec(p[8]), binary.BigEndian.Uint32(p[9:]), p[batchHead:]
 	if err := checkCodec(codec, raw, data); err != nil {
 		return err
 	}
-	*b = Batch{Seq: binary.BigEndian.Uint64(p), Codec: codec, RawLen: raw, Data: data}
+	*b = batch{Seq: binary.BigEndian.Uint64(p), Codec: codec, RawLen: raw, Data: data}
 	return nil
 }
 
 // Raw returns b's raw records, decompressed into dst's memory when they
 // are compressed (see Decompress).
-func (b *Batch) Raw(dst []byte) ([]byte, error) {
+func (b *batch) Raw(dst []byte) ([]byte, error) {
 	return records.Decompress(dst, b.Codec, b.Data, int(b.RawLen))
 }
 
@@ -498,92 +472,92 @@ func (b *Batch) Raw(dst []byte) ([]byte, error) {
 func checkCodec(c records.Codec, rawLen uint32, data []byte) error {
 	switch {
 	case c == records.CodecRaw && int(rawLen) == len(data):
-	case c == records.CodecS2 && rawLen <= MaxFrame && len(data) > 0:
+	case c == records.CodecS2 && rawLen <= maxFrame && len(data) > 0:
 	default:
-		return ErrBadField
+		return errBadField
 	}
 	return nil
 }
 
-// Reserve tells a standby that tokens up to Limit are reserved by the
+// reserve tells a standby that tokens up to Limit are reserved by the
 // active: it records that durably, then acks (AckReserve with ID).
-type Reserve struct {
+type reserve struct {
 	ID    uint64
 	Limit uint64
 }
 
 // Append appends r as a complete frame to dst.
-func (r *Reserve) Append(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgReserve)
+func (r *reserve) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgReserve)
 	dst = binary.BigEndian.AppendUint64(dst, r.ID)
 	dst = binary.BigEndian.AppendUint64(dst, r.Limit)
 	return endFrame(dst, at)
 }
 
 // Decode decodes a Reserve payload.
-func (r *Reserve) Decode(p []byte) error {
+func (r *reserve) Decode(p []byte) error {
 	if err := fixedLen(p, 16); err != nil {
 		return err
 	}
-	*r = Reserve{ID: binary.BigEndian.Uint64(p), Limit: binary.BigEndian.Uint64(p[8:])}
+	*r = reserve{ID: binary.BigEndian.Uint64(p), Limit: binary.BigEndian.Uint64(p[8:])}
 	return nil
 }
 
-// AckKind says what an Ack acknowledges.
-type AckKind uint8
+// ackKind says what an Ack acknowledges.
+type ackKind uint8
 
 // Ack kinds.
 const (
-	AckBatch    AckKind = 1 // Value: the batch's Seq
-	AckReserve  AckKind = 2 // Value: the Reserve's ID
-	AckSnapshot AckKind = 3 // snapshot applied; Value: the epoch
-	AckHandoff  AckKind = 4 // handoff done; Value: the epoch
+	ackBatch    ackKind = 1 // Value: the batch's Seq
+	ackReserve  ackKind = 2 // Value: the Reserve's ID
+	ackSnapshot ackKind = 3 // snapshot applied; Value: the epoch
+	ackHandoff  ackKind = 4 // handoff done; Value: the epoch
 )
 
 // String names the ack kind.
-func (k AckKind) String() string {
+func (k ackKind) String() string {
 	switch k {
-	case AckBatch:
+	case ackBatch:
 		return "batch"
-	case AckReserve:
+	case ackReserve:
 		return "reserve"
-	case AckSnapshot:
+	case ackSnapshot:
 		return "snapshot"
-	case AckHandoff:
+	case ackHandoff:
 		return "handoff"
 	}
 	return fmt.Sprintf("AckKind(%d)", uint8(k))
 }
 
-// Ack acknowledges a batch, a reservation, a snapshot or a handoff.
-type Ack struct {
-	Kind  AckKind
+// ack acknowledges a batch, a reservation, a snapshot or a handoff.
+type ack struct {
+	Kind  ackKind
 	Value uint64
 }
 
 // Append appends a as a complete frame to dst.
-func (a *Ack) Append(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgAck)
+func (a *ack) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgAck)
 	dst = append(dst, byte(a.Kind))
 	dst = binary.BigEndian.AppendUint64(dst, a.Value)
 	return endFrame(dst, at)
 }
 
 // Decode decodes an Ack payload.
-func (a *Ack) Decode(p []byte) error {
+func (a *ack) Decode(p []byte) error {
 	if err := fixedLen(p, 9); err != nil {
 		return err
 	}
-	k := AckKind(p[0])
-	if k < AckBatch || k > AckHandoff {
-		return ErrBadField
+	k := ackKind(p[0])
+	if k < ackBatch || k > ackHandoff {
+		return errBadField
 	}
-	*a = Ack{Kind: k, Value: binary.BigEndian.Uint64(p[1:])}
+	*a = ack{Kind: k, Value: binary.BigEndian.Uint64(p[1:])}
 	return nil
 }
 
-// SnapBegin opens a snapshot: SnapShard frames follow, then SnapEnd.
-type SnapBegin struct {
+// snapBegin opens a snapshot: SnapShard frames follow, then SnapEnd.
+type snapBegin struct {
 	Epoch     uint64
 	Shards    uint32
 	TokenLast uint64
@@ -592,8 +566,8 @@ type SnapBegin struct {
 }
 
 // Append appends s as a complete frame to dst.
-func (s *SnapBegin) Append(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgSnapBegin)
+func (s *snapBegin) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgSnapBegin)
 	dst = binary.BigEndian.AppendUint64(dst, s.Epoch)
 	dst = binary.BigEndian.AppendUint32(dst, s.Shards)
 	dst = binary.BigEndian.AppendUint64(dst, s.TokenLast)
@@ -603,11 +577,11 @@ func (s *SnapBegin) Append(dst []byte) []byte {
 }
 
 // Decode decodes a SnapBegin payload.
-func (s *SnapBegin) Decode(p []byte) error {
+func (s *snapBegin) Decode(p []byte) error {
 	if err := fixedLen(p, 8+4+3*8); err != nil {
 		return err
 	}
-	*s = SnapBegin{
+	*s = snapBegin{
 		Epoch:     binary.BigEndian.Uint64(p),
 		Shards:    binary.BigEndian.Uint32(p[8:]),
 		TokenLast: binary.BigEndian.Uint64(p[12:]),
@@ -617,9 +591,9 @@ func (s *SnapBegin) Decode(p []byte) error {
 	return nil
 }
 
-// SnapShard carries snapshot entries (AppendSnapEntry) of one shard, cut
+// snapShard carries snapshot entries (AppendSnapEntry) of one shard, cut
 // at Seq; a shard's entries may span several frames, the last with Last.
-type SnapShard struct {
+type snapShard struct {
 	Shard  uint32
 	Seq    uint64 // the shard's record Seq the dump was cut at
 	Last   bool   // the shard's last frame
@@ -630,11 +604,11 @@ type SnapShard struct {
 
 const snapShardHead = 4 + 8 + 1 + 1 + 4
 
-// AppendSnapShard appends to dst a SnapShard frame of shard, cut at seq,
-// carrying the raw entries compressed as Compress decides. raw must be at
-// most MaxFrame-32 bytes (snapshot frames are cut at 64 KiB).
-func AppendSnapShard(dst []byte, shard uint32, seq uint64, last bool, raw []byte) []byte {
-	dst, at := beginFrame(dst, MsgSnapShard)
+// appendSnapShard appends to dst a SnapShard frame of shard, cut at seq,
+// carrying the raw entries compressed as records.Compress decides. raw must be at
+// most maxFrame-32 bytes (snapshot frames are cut at 64 KiB).
+func appendSnapShard(dst []byte, shard uint32, seq uint64, last bool, raw []byte) []byte {
+	dst, at := beginFrame(dst, msgSnapShard)
 	dst = binary.BigEndian.AppendUint32(dst, shard)
 	dst = binary.BigEndian.AppendUint64(dst, seq)
 	dst = append(dst, boolByte(last), 0)
@@ -645,8 +619,8 @@ func AppendSnapShard(dst []byte, shard uint32, seq uint64, last bool, raw []byte
 }
 
 // Append appends s as a complete frame to dst, with Data as it is.
-func (s *SnapShard) Append(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgSnapShard)
+func (s *snapShard) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgSnapShard)
 	dst = binary.BigEndian.AppendUint32(dst, s.Shard)
 	dst = binary.BigEndian.AppendUint64(dst, s.Seq)
 	dst = append(dst, boolByte(s.Last), byte(s.Codec))
@@ -657,19 +631,19 @@ func (s *SnapShard) Append(dst []byte) []byte {
 
 // Decode decodes a SnapShard payload; s.Data points into p. It checks the
 // codec and raw length as Batch.Decode does.
-func (s *SnapShard) Decode(p []byte) error {
+func (s *snapShard) Decode(p []byte) error {
 	if len(p) < snapShardHead {
-		return ErrShortPayload
+		return errShortPayload
 	}
 	last, ok := byteBool(p[12])
 	codec, raw, data := records.Codec(p[13]), binary.BigEndian.Uint32(p[14:]), p[snapShardHead:]
 	if !ok {
-		return ErrBadField
+		return errBadField
 	}
 	if err := checkCodec(codec, raw, data); err != nil {
 		return err
 	}
-	*s = SnapShard{
+	*s = snapShard{
 		Shard:  binary.BigEndian.Uint32(p),
 		Seq:    binary.BigEndian.Uint64(p[4:]),
 		Last:   last,
@@ -682,77 +656,77 @@ func (s *SnapShard) Decode(p []byte) error {
 
 // Raw returns s's raw entries, decompressed into dst's memory when they
 // are compressed (see Decompress).
-func (s *SnapShard) Raw(dst []byte) ([]byte, error) {
+func (s *snapShard) Raw(dst []byte) ([]byte, error) {
 	return records.Decompress(dst, s.Codec, s.Data, int(s.RawLen))
 }
 
-// AppendSnapEnd appends a SnapEnd frame (no payload) to dst.
-func AppendSnapEnd(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgSnapEnd)
+// appendSnapEnd appends a SnapEnd frame (no payload) to dst.
+func appendSnapEnd(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgSnapEnd)
 	return endFrame(dst, at)
 }
 
-// DecodeSnapEnd checks a SnapEnd payload (empty).
-func DecodeSnapEnd(p []byte) error { return fixedLen(p, 0) }
+// decodeSnapEnd checks a SnapEnd payload (empty).
+func decodeSnapEnd(p []byte) error { return fixedLen(p, 0) }
 
-// SnapReason says why a standby asks for a snapshot.
-type SnapReason uint8
+// snapReason says why a standby asks for a snapshot.
+type snapReason uint8
 
 // Snapshot reasons.
 const (
-	SnapGap    SnapReason = 1 // a batch or record sequence gap
-	SnapStart  SnapReason = 2 // the standby starts (or follows a new active)
-	SnapBehind SnapReason = 3 // the standby fell behind the active's buffer
+	snapGap    snapReason = 1 // a batch or record sequence gap
+	snapStart  snapReason = 2 // the standby starts (or follows a new active)
+	snapBehind snapReason = 3 // the standby fell behind the active's buffer
 )
 
 // String names the reason.
-func (r SnapReason) String() string {
+func (r snapReason) String() string {
 	switch r {
-	case SnapGap:
+	case snapGap:
 		return "gap"
-	case SnapStart:
+	case snapStart:
 		return "start"
-	case SnapBehind:
+	case snapBehind:
 		return "fell behind"
 	}
 	return fmt.Sprintf("SnapReason(%d)", uint8(r))
 }
 
-// NeedSnapshot asks the active for a snapshot.
-type NeedSnapshot struct {
-	Reason SnapReason
+// needSnapshot asks the active for a snapshot.
+type needSnapshot struct {
+	Reason snapReason
 }
 
 // Append appends n as a complete frame to dst.
-func (n *NeedSnapshot) Append(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgNeedSnapshot)
+func (n *needSnapshot) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgNeedSnapshot)
 	return endFrame(append(dst, byte(n.Reason)), at)
 }
 
 // Decode decodes a NeedSnapshot payload.
-func (n *NeedSnapshot) Decode(p []byte) error {
+func (n *needSnapshot) Decode(p []byte) error {
 	if err := fixedLen(p, 1); err != nil {
 		return err
 	}
-	r := SnapReason(p[0])
-	if r < SnapGap || r > SnapBehind {
-		return ErrBadField
+	r := snapReason(p[0])
+	if r < snapGap || r > snapBehind {
+		return errBadField
 	}
 	n.Reason = r
 	return nil
 }
 
-// Handoff asks the receiver to take over as active with Epoch, above the
+// handoff asks the receiver to take over as active with Epoch, above the
 // tokens the sender handed out and reserved.
-type Handoff struct {
+type handoff struct {
 	Epoch     uint64 // the epoch the successor must take
 	TokenLast uint64
 	Reserved  uint64
 }
 
 // Append appends h as a complete frame to dst.
-func (h *Handoff) Append(dst []byte) []byte {
-	dst, at := beginFrame(dst, MsgHandoff)
+func (h *handoff) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgHandoff)
 	dst = binary.BigEndian.AppendUint64(dst, h.Epoch)
 	dst = binary.BigEndian.AppendUint64(dst, h.TokenLast)
 	dst = binary.BigEndian.AppendUint64(dst, h.Reserved)
@@ -760,11 +734,11 @@ func (h *Handoff) Append(dst []byte) []byte {
 }
 
 // Decode decodes a Handoff payload.
-func (h *Handoff) Decode(p []byte) error {
+func (h *handoff) Decode(p []byte) error {
 	if err := fixedLen(p, 24); err != nil {
 		return err
 	}
-	*h = Handoff{
+	*h = handoff{
 		Epoch:     binary.BigEndian.Uint64(p),
 		TokenLast: binary.BigEndian.Uint64(p[8:]),
 		Reserved:  binary.BigEndian.Uint64(p[16:]),
@@ -772,13 +746,35 @@ func (h *Handoff) Decode(p []byte) error {
 	return nil
 }
 
+// appendNeedSnapshot, appendReserve, appendHandoff and appendAck build
+// control frames.
+func appendNeedSnapshot(dst []byte, reason snapReason) []byte {
+	m := needSnapshot{Reason: reason}
+	return m.Append(dst)
+}
+
+func appendReserve(dst []byte, id, limit uint64) []byte {
+	m := reserve{ID: id, Limit: limit}
+	return m.Append(dst)
+}
+
+func appendHandoff(dst []byte, epoch, token, reserved uint64) []byte {
+	m := handoff{Epoch: epoch, TokenLast: token, Reserved: reserved}
+	return m.Append(dst)
+}
+
+func appendAck(dst []byte, kind ackKind, v uint64) []byte {
+	m := ack{Kind: kind, Value: v}
+	return m.Append(dst)
+}
+
 // fixedLen checks that a fixed-size payload has exactly n bytes.
 func fixedLen(p []byte, n int) error {
 	switch {
 	case len(p) < n:
-		return ErrShortPayload
+		return errShortPayload
 	case len(p) > n:
-		return ErrLongPayload
+		return errLongPayload
 	}
 	return nil
 }

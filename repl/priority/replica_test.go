@@ -1,4 +1,4 @@
-package repl
+package priority
 
 import (
 	"bytes"
@@ -25,21 +25,21 @@ func TestBatchFrames(t *testing.T) {
 			var stream []byte
 			codecs := map[records.Codec]int{}
 			for i, raw := range batches {
-				stream = AppendBatch(stream, uint64(i+1), raw)
+				stream = appendBatch(stream, uint64(i+1), raw)
 			}
 			var chunks [][]byte
 			for i := 0; i < len(stream); i += 10 {
 				chunks = append(chunks, stream[i:min(i+10, len(stream))])
 			}
-			fr := NewFrameReader(&wireChunks{chunks: chunks})
-			var b Batch
+			fr := newFrameReader(&wireChunks{chunks: chunks})
+			var b batch
 			var rr records.RecordReader
 			var r shard.Record
 			var scratch []byte
 			next := 0
 			for i := range batches {
 				typ, p, err := fr.Next()
-				if err != nil || typ != MsgBatch {
+				if err != nil || typ != msgBatch {
 					t.Fatalf("frame %d: %v %v", i, typ, err)
 				}
 				if err := b.Decode(p); err != nil || b.Seq != uint64(i+1) || int(b.RawLen) != len(batches[i]) {
@@ -83,7 +83,7 @@ func TestReplicaFollows(t *testing.T) {
 	flush := func() {
 		if w.Count() > 0 {
 			seq++
-			stream = AppendBatch(stream, seq, w.Bytes())
+			stream = appendBatch(stream, seq, w.Bytes())
 			w.Reset()
 		}
 	}
@@ -139,22 +139,22 @@ func TestReplicaFollows(t *testing.T) {
 		cut := active.DumpShard(i, func(key []byte, token uint64, deadline int64, lease uint8) {
 			raw, dumpErr = records.AppendSnapEntry(raw, &records.SnapEntry{Key: key, Token: token, Left: time.Duration(deadline - now), Lease: lease})
 			if len(raw) >= 4<<10 && dumpErr == nil {
-				snap = AppendSnapShard(snap, uint32(i), 0, false, raw)
+				snap = appendSnapShard(snap, uint32(i), 0, false, raw)
 				raw = raw[:0]
 			}
 		})
 		if dumpErr != nil {
 			t.Fatal(dumpErr)
 		}
-		snap = AppendSnapShard(snap, uint32(i), cut, true, raw)
+		snap = appendSnapShard(snap, uint32(i), cut, true, raw)
 		raw = raw[:0]
 	}
 	snapStream := len(stream)
 	play(20000)
 
 	follow := func(t *testing.T, tab *shard.Table, s []byte) {
-		fr := NewFrameReader(bytes.NewReader(s))
-		var b Batch
+		fr := newFrameReader(bytes.NewReader(s))
+		var b batch
 		var rr records.RecordReader
 		var r shard.Record
 		for {
@@ -162,7 +162,7 @@ func TestReplicaFollows(t *testing.T) {
 			if err == io.EOF {
 				return
 			}
-			if err != nil || typ != MsgBatch || b.Decode(p) != nil {
+			if err != nil || typ != msgBatch || b.Decode(p) != nil {
 				t.Fatalf("frame: %v %v", typ, err)
 			}
 			data, err := b.Raw(nil)
@@ -206,8 +206,8 @@ func TestReplicaFollows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fr := NewFrameReader(bytes.NewReader(snap))
-		var s SnapShard
+		fr := newFrameReader(bytes.NewReader(snap))
+		var s snapShard
 		var sr records.SnapReader
 		var e records.SnapEntry
 		for {
@@ -215,7 +215,7 @@ func TestReplicaFollows(t *testing.T) {
 			if err == io.EOF {
 				break
 			}
-			if err != nil || typ != MsgSnapShard || s.Decode(p) != nil {
+			if err != nil || typ != msgSnapShard || s.Decode(p) != nil {
 				t.Fatalf("frame: %v %v", typ, err)
 			}
 			data, err := s.Raw(nil)

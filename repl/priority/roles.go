@@ -1,14 +1,39 @@
-package repl
+package priority
 
-// Role is a member's role in a priority cluster, as its heartbeats say it.
-type Role = HeartbeatRole
+import "fmt"
+
+// role is a member's role in a priority cluster, as its heartbeats say it.
+type role uint8
+
+// Roles.
+const (
+	roleStandby  role = 1 // follows an active (or none is known yet)
+	roleActive   role = 2 // executes requests and streams its changes
+	roleHandover role = 3 // an active handing its work to a successor: executes nothing
+	roleLeaving  role = 4 // shutting down: count it as not live at once
+)
+
+// String names the role.
+func (r role) String() string {
+	switch r {
+	case roleStandby:
+		return "standby"
+	case roleActive:
+		return "active"
+	case roleHandover:
+		return "handing-over"
+	case roleLeaving:
+		return "leaving"
+	}
+	return fmt.Sprintf("role(%d)", uint8(r))
+}
 
 // peerState is what a member said in its last heartbeat, and when.
 type peerState struct {
 	known       bool  // heard from since this member started (or resumed)
 	heard       int64 // when (our clock)
 	epoch       uint64
-	role        Role
+	role        role
 	follows     int  // the active it follows, -1 none
 	inSync      bool // a standby in sync with the active it follows
 	echo        uint64
@@ -61,7 +86,7 @@ type roles struct {
 	self, n int
 	timeout int64
 
-	role     Role
+	role     role
 	epoch    uint64 // the followed active's epoch; mine when active
 	maxEpoch uint64 // the highest epoch seen, including the one stored on disk
 	active   int    // the active this member follows or is, -1 none known
@@ -78,7 +103,7 @@ type roles struct {
 }
 
 func newRoles(self, n int, timeout int64, storedEpoch uint64, now int64) *roles {
-	r := &roles{self: self, n: n, timeout: timeout, role: RoleStandby, active: -1, handTo: -1,
+	r := &roles{self: self, n: n, timeout: timeout, role: roleStandby, active: -1, handTo: -1,
 		maxEpoch: storedEpoch, peers: make([]peerState, n), started: now, lastTick: now}
 	for i := range r.peers {
 		r.peers[i].follows = -1
@@ -90,7 +115,7 @@ func newRoles(self, n int, timeout int64, storedEpoch uint64, now int64) *roles 
 // live reports whether member i (not self) counts as live at now.
 func (r *roles) live(i int, now int64) bool {
 	p := &r.peers[i]
-	return p.known && p.role != RoleLeaving && now-p.heard < r.timeout
+	return p.known && p.role != roleLeaving && now-p.heard < r.timeout
 }
 
 // beats reports whether an active (epoch e1, member i1) became active later
@@ -103,7 +128,7 @@ func beats(e1 uint64, i1 int, e2 uint64, i2 int) bool {
 func (r *roles) checking() bool { return r.resumeProbe > 0 }
 
 // serving reports whether this member may execute requests now.
-func (r *roles) serving() bool { return r.role == RoleActive && !r.checking() }
+func (r *roles) serving() bool { return r.role == roleActive && !r.checking() }
 
 // nextProbe numbers the heartbeat about to be sent.
 func (r *roles) nextProbe() uint64 {
@@ -137,7 +162,7 @@ func (r *roles) tick(now int64) change {
 		r.started = max(r.started, now)
 		for i := range r.peers {
 			p := &r.peers[i]
-			p.lastKnown = i != r.self && p.known && p.role != RoleLeaving && r.lastTick-p.heard < r.timeout
+			p.lastKnown = i != r.self && p.known && p.role != roleLeaving && r.lastTick-p.heard < r.timeout
 			if p.lastKnown {
 				p.heard = now
 			}
@@ -160,7 +185,7 @@ func (r *roles) checkResumed(now int64) (ended bool) {
 		asked := false
 		for i := range r.peers {
 			p := &r.peers[i]
-			if !p.lastKnown || p.role == RoleLeaving {
+			if !p.lastKnown || p.role == roleLeaving {
 				continue
 			}
 			if p.echo < r.resumeProbe {
@@ -184,7 +209,7 @@ func (r *roles) checkResumed(now int64) (ended bool) {
 func (r *roles) bestActive(now int64) int {
 	best := -1
 	for i := range r.peers {
-		if i == r.self || !r.live(i, now) || r.peers[i].role != RoleActive {
+		if i == r.self || !r.live(i, now) || r.peers[i].role != roleActive {
 			continue
 		}
 		if best < 0 || beats(r.peers[i].epoch, i, r.peers[best].epoch, best) {
@@ -198,10 +223,10 @@ func (r *roles) bestActive(now int64) int {
 func (r *roles) decide(now int64, c change) change {
 	ended := r.checkResumed(now)
 	switch r.role {
-	case RoleActive:
+	case roleActive:
 		if a := r.bestActive(now); a >= 0 && beats(r.peers[a].epoch, a, r.epoch, r.self) {
 			// Two actives: this one became active earlier. Step down.
-			r.role, r.active, r.epoch, r.inSync = RoleStandby, a, r.peers[a].epoch, false
+			r.role, r.active, r.epoch, r.inSync = roleStandby, a, r.peers[a].epoch, false
 			c.demote, c.follow = true, a
 			return c
 		}
@@ -215,12 +240,12 @@ func (r *roles) decide(now int64, c change) change {
 		// priority that follows this active.
 		for i := 0; i < r.self; i++ {
 			p := &r.peers[i]
-			if r.live(i, now) && p.role == RoleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
+			if r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
 				c.handover = i
 				return c
 			}
 		}
-	case RoleStandby:
+	case roleStandby:
 		if a := r.bestActive(now); a >= 0 {
 			if a != r.active || r.peers[a].epoch != r.epoch {
 				r.active, r.epoch, r.inSync = a, r.peers[a].epoch, false
@@ -231,7 +256,7 @@ func (r *roles) decide(now int64, c change) change {
 		if r.checking() || now-r.started < r.timeout {
 			return c
 		}
-		if r.active >= 0 && r.active != r.self && r.live(r.active, now) && r.peers[r.active].role == RoleHandover {
+		if r.active >= 0 && r.active != r.self && r.live(r.active, now) && r.peers[r.active].role == roleHandover {
 			return c // the active is handing over: wait for it
 		}
 		if r.candidate(now) == r.self {
@@ -254,7 +279,7 @@ func (r *roles) candidate(now int64) int {
 	var list []cand
 	list = append(list, cand{r.self, r.inSync && r.active >= 0, r.maxEpochStored()})
 	for i := range r.peers {
-		if i != r.self && r.live(i, now) && (r.peers[i].role == RoleStandby) {
+		if i != r.self && r.live(i, now) && (r.peers[i].role == roleStandby) {
 			list = append(list, cand{i, r.peers[i].inSync, r.peers[i].storedEpoch})
 		}
 	}
@@ -299,29 +324,29 @@ func (r *roles) promote() {
 // handover names it).
 func (r *roles) promoteAt(e uint64) {
 	r.maxEpoch = max(r.maxEpoch, e)
-	r.role, r.epoch, r.active, r.handTo = RoleActive, e, r.self, -1
+	r.role, r.epoch, r.active, r.handTo = roleActive, e, r.self, -1
 	r.peers[r.self].storedEpoch = e
 }
 
 // startHandover moves an active to RoleHandover towards successor i and
 // returns the epoch the successor must take.
 func (r *roles) startHandover(i int) uint64 {
-	r.role, r.handTo = RoleHandover, i
+	r.role, r.handTo = roleHandover, i
 	return r.maxEpoch + 1
 }
 
 // abortHandover returns a handing-over member to active (the successor did
 // not confirm in time).
 func (r *roles) abortHandover() {
-	if r.role == RoleHandover {
-		r.role, r.handTo = RoleActive, -1
+	if r.role == roleHandover {
+		r.role, r.handTo = roleActive, -1
 	}
 }
 
 // handedOver makes this member a standby of successor i at epoch e.
 func (r *roles) handedOver(i int, e uint64) {
 	r.maxEpoch = max(r.maxEpoch, e)
-	r.role, r.active, r.epoch, r.inSync, r.handTo = RoleStandby, i, e, false, -1
+	r.role, r.active, r.epoch, r.inSync, r.handTo = roleStandby, i, e, false, -1
 }
 
 // successor is the live standby an active hands over to on shutdown: the
@@ -329,7 +354,7 @@ func (r *roles) handedOver(i int, e uint64) {
 func (r *roles) successor(now int64) int {
 	for i := range r.peers {
 		p := &r.peers[i]
-		if i != r.self && r.live(i, now) && p.role == RoleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
+		if i != r.self && r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
 			return i
 		}
 	}

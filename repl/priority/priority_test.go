@@ -1,4 +1,4 @@
-package repl
+package priority
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -24,13 +25,13 @@ func (h *fakeHost) Abandon(uint64) {}
 
 // member is one in-process priority node with its own table and clock.
 type member struct {
-	p     *Priority
+	p     *node
 	table *shard.Table
 	host  *fakeHost
 	clock func() int64
 }
 
-func startMembers(t *testing.T, n int, mod ...func(*Priority)) []*member {
+func startMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 	t.Helper()
 	const offset = 1000
 	ports := repltest.FreePorts(t, n, offset)
@@ -40,7 +41,7 @@ func startMembers(t *testing.T, n int, mod ...func(*Priority)) []*member {
 	}
 	var ms []*member
 	for i := range n {
-		p, err := NewPriority(ClusterConfig{Peers: peers, Self: i, Listen: peers[i], PeerOffset: offset,
+		p, err := newNode(repl.ClusterConfig{Peers: peers, Self: i, Listen: peers[i], PeerOffset: offset,
 			FailoverTimeout: 300 * time.Millisecond, DataDir: t.TempDir(), TokenBlock: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
@@ -61,14 +62,14 @@ func startMembers(t *testing.T, n int, mod ...func(*Priority)) []*member {
 	t.Cleanup(func() {
 		for _, m := range ms {
 			if m != nil {
-				m.p.Close(context.Background(), Discard)
+				m.p.Close(context.Background(), repl.Discard)
 			}
 		}
 	})
 	return ms
 }
 
-func (m *member) serving() bool { return m.p.Gate().Effective(m.clock()) == Serve }
+func (m *member) serving() bool { return m.p.Gate().Effective(m.clock()) == repl.Serve }
 
 func waitServing(t *testing.T, ms []*member, want int) {
 	t.Helper()
@@ -150,7 +151,7 @@ func TestPriorityInProcess(t *testing.T) {
 	if succ := a.p.Stop(context.Background()); succ != ms[1].p.self {
 		t.Fatalf("Stop handed over to %q, want %q", succ, ms[1].p.self)
 	}
-	if g := a.p.Gate(); g.State != Redirect || g.Addr != ms[1].p.self {
+	if g := a.p.Gate(); g.State != repl.Redirect || g.Addr != ms[1].p.self {
 		t.Fatalf("old active's gate after the handover: %+v", g)
 	}
 	repltest.WaitFor(t, "the successor to serve", ms[1].serving)
@@ -175,7 +176,7 @@ func TestPriorityInProcess(t *testing.T) {
 // member's start, so only the replicated reservations can keep the
 // promoted member above the grants it never received.
 func TestPriorityFailoverInProcess(t *testing.T) {
-	ms := startMembers(t, 3, func(p *Priority) { p.noWallFloor = true })
+	ms := startMembers(t, 3, func(p *node) { p.noWallFloor = true })
 	waitServing(t, ms, 0)
 	a := ms[0]
 	a.table.Tokens().Observe(a.table.Tokens().Last() + 1e12)
@@ -192,7 +193,7 @@ func TestPriorityFailoverInProcess(t *testing.T) {
 			t.Fatalf("acquire %d: %v", i, st)
 		}
 	}
-	a.p.Close(context.Background(), Discard) // no goodbye: silence
+	a.p.Close(context.Background(), repl.Discard) // no goodbye: silence
 	ms[0] = nil
 	repltest.WaitFor(t, "a standby to take over", func() bool { return ms[1].serving() || ms[2].serving() })
 	s := ms[1]

@@ -1,4 +1,4 @@
-package repl
+package priority
 
 import (
 	"bytes"
@@ -26,11 +26,11 @@ func frameSeeds() []repltest.Seed {
 	}
 	add("FuzzFrameReader", "all-messages", stream, uint16(37))
 	small, large := repltest.FuzzBatch(repltest.FuzzRecords(5)), repltest.FuzzBatch(repltest.FuzzRecords(64))
-	add("FuzzFrameReader", "batch-raw-records", AppendBatch(nil, 1, small), uint16(20))
-	add("FuzzFrameReader", "batch-s2-records", AppendBatch(nil, 2, large), uint16(100))
-	add("FuzzFrameReader", "snap-shard-s2-entries", AppendSnapShard(nil, 5, 9, true, repltest.FuzzEntries(64)), uint16(50))
-	add("FuzzFrameReader", "snap-shard-raw-entries", AppendSnapShard(nil, 5, 9, false, repltest.FuzzEntries(3)), uint16(1))
-	bad := (&Ack{Kind: AckBatch, Value: 1}).Append(nil)
+	add("FuzzFrameReader", "batch-raw-records", appendBatch(nil, 1, small), uint16(20))
+	add("FuzzFrameReader", "batch-s2-records", appendBatch(nil, 2, large), uint16(100))
+	add("FuzzFrameReader", "snap-shard-s2-entries", appendSnapShard(nil, 5, 9, true, repltest.FuzzEntries(64)), uint16(50))
+	add("FuzzFrameReader", "snap-shard-raw-entries", appendSnapShard(nil, 5, 9, false, repltest.FuzzEntries(3)), uint16(1))
+	bad := (&ack{Kind: ackBatch, Value: 1}).Append(nil)
 	bad[len(bad)-1] ^= 1
 	add("FuzzFrameReader", "bad-crc", bad, uint16(0))
 	add("FuzzFrameReader", "too-large", []byte{0x01, 0, 0, 1, 1}, uint16(2))
@@ -46,13 +46,13 @@ func TestFuzzCorpus(t *testing.T) { repltest.CheckCorpus(t, frameSeeds(), *write
 
 // fuzzFrame is what a FrameReader returned.
 type fuzzFrame struct {
-	t   MsgType
+	t   msgType
 	p   []byte
 	err error
 }
 
 func fuzzReadFrames(r io.Reader, bufSize int) []fuzzFrame {
-	fr := NewFrameReader(r)
+	fr := newFrameReader(r)
 	if bufSize > 0 {
 		fr.buf = make([]byte, bufSize)
 	}
@@ -89,13 +89,13 @@ func FuzzFrameReader(f *testing.F) {
 			}
 		}
 		last := whole[len(whole)-1].err
-		known := []error{io.EOF, io.ErrUnexpectedEOF, ErrFrameTooLarge, ErrFrameTooShort, ErrBadCRC, ErrUnknownType}
+		known := []error{io.EOF, io.ErrUnexpectedEOF, errFrameTooLarge, errFrameTooShort, errBadCRC, errUnknownType}
 		if !slices.Contains(known, last) {
 			t.Fatalf("final error %v", last)
 		}
 		off := 0
 		for _, fr := range whole[:len(whole)-1] {
-			frame := AppendFrame(nil, fr.t, fr.p)
+			frame := appendFrame(nil, fr.t, fr.p)
 			if !bytes.HasPrefix(data[off:], frame) {
 				t.Fatalf("frame at %d re-frames to %x", off, frame)
 			}
@@ -116,36 +116,36 @@ func fuzzOneByte(data []byte) io.Reader {
 
 // fuzzMessage decodes a payload as its type's message; what decodes must
 // re-encode to frame.
-func fuzzMessage(t *testing.T, typ MsgType, p, frame []byte) {
+func fuzzMessage(t *testing.T, typ msgType, p, frame []byte) {
 	var m wireMsg
 	switch typ {
-	case MsgHello:
-		m = &Hello{}
-	case MsgHeartbeat:
-		m = &Heartbeat{}
-	case MsgBatch:
-		m = &Batch{}
-	case MsgReserve:
-		m = &Reserve{}
-	case MsgAck:
-		m = &Ack{}
-	case MsgSnapBegin:
-		m = &SnapBegin{}
-	case MsgSnapShard:
-		m = &SnapShard{}
-	case MsgSnapEnd:
+	case msgHello:
+		m = &hello{}
+	case msgHeartbeat:
+		m = &heartbeat{}
+	case msgBatch:
+		m = &batch{}
+	case msgReserve:
+		m = &reserve{}
+	case msgAck:
+		m = &ack{}
+	case msgSnapBegin:
+		m = &snapBegin{}
+	case msgSnapShard:
+		m = &snapShard{}
+	case msgSnapEnd:
 		m = wireSnapEnd{}
-	case MsgNeedSnapshot:
-		m = &NeedSnapshot{}
-	case MsgHandoff:
-		m = &Handoff{}
+	case msgNeedSnapshot:
+		m = &needSnapshot{}
+	case msgHandoff:
+		m = &handoff{}
 	default:
 		t.Fatalf("reader returned type %v", typ)
 	}
 	err := m.Decode(p)
 	if err != nil {
-		if !errors.Is(err, ErrShortPayload) && !errors.Is(err, ErrLongPayload) && !errors.Is(err, ErrBadField) &&
-			!(typ == MsgHello && errors.Is(err, ErrMismatch)) {
+		if !errors.Is(err, errShortPayload) && !errors.Is(err, errLongPayload) && !errors.Is(err, errBadField) &&
+			!(typ == msgHello && errors.Is(err, errMismatch)) {
 			t.Fatalf("%v: Decode: %v", typ, err)
 		}
 		return
@@ -154,11 +154,11 @@ func fuzzMessage(t *testing.T, typ MsgType, p, frame []byte) {
 		t.Fatalf("%v %+v re-encodes to %x, frame %x", typ, m, again, frame)
 	}
 	switch m := m.(type) {
-	case *Batch:
+	case *batch:
 		if raw, err := m.Raw(nil); err == nil {
 			repltest.RecordsRoundTrip(t, raw)
 		}
-	case *SnapShard:
+	case *snapShard:
 		if raw, err := m.Raw(nil); err == nil {
 			repltest.EntriesRoundTrip(t, raw)
 		}

@@ -1,6 +1,6 @@
 //go:build !race
 
-package repl
+package priority
 
 import (
 	"testing"
@@ -36,11 +36,11 @@ func (r *wireLoop) Read(p []byte) (int, error) {
 // nothing per frame, whether frames arrive whole or split.
 func TestFrameReaderAllocs(t *testing.T) {
 	stream, _ := wireStream()
-	big := AppendBatch(nil, 1, make([]byte, 200<<10)) // grows the buffer past its start size
+	big := appendBatch(nil, 1, make([]byte, 200<<10)) // grows the buffer past its start size
 	stream = append(stream, big...)
 	cycle := len(wireCases()) + 1
 	for _, step := range []int{1 << 20, 7} {
-		fr := NewFrameReader(&wireLoop{stream: stream, step: step})
+		fr := newFrameReader(&wireLoop{stream: stream, step: step})
 		for range 3 * cycle { // warm up: the buffer grows once
 			if _, _, err := fr.Next(); err != nil {
 				t.Fatal(err)
@@ -87,9 +87,9 @@ func TestCompressAllocs(t *testing.T) {
 	raw := repltest.Batches(t, repltest.Workload(t, 512, 12), 512)[0]
 	dst := make([]byte, 0, 2*len(raw)+64)
 	scratch := make([]byte, len(raw))
-	var b Batch
+	var b batch
 	if n := testing.AllocsPerRun(50, func() {
-		dst = AppendBatch(dst[:0], 1, raw)
+		dst = appendBatch(dst[:0], 1, raw)
 		if err := b.Decode(dst[frameHead : len(dst)-frameTail]); err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +109,7 @@ func TestCompressAllocs(t *testing.T) {
 // allocate nothing once their buffers have grown.
 func TestSinkAndCancelAllocs(t *testing.T) {
 	rig := newCancelRig(t, 4)
-	tab := rig.p.table
+	tab := rig.table
 	var out shard.Out
 	keys := make([][]byte, 64)
 	for i := range keys {

@@ -1,4 +1,4 @@
-package repl
+package priority
 
 import (
 	"context"
@@ -11,11 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
 	"github.com/lockd-dev/lockd/store"
 )
 
-// Priority is a member of a priority cluster (PROTOCOL.md §6.3): the
+// node is a member of a priority cluster (PROTOCOL.md §6.3): the
 // highest-priority live member is the active and streams every change of
 // its table, compressed, to the standbys; a standby takes over when the
 // active has been silent for the failover timeout; SIGTERM hands over to a
@@ -23,19 +24,25 @@ import (
 // member of higher priority takes over by a planned handover.
 //
 // Goroutines: the member listener and one reader per inbound link; one
-// writer and one reader per outbound link (re-dialled with back-off); the
-// ticker (heartbeats, role decisions, gate); the flusher (cuts batches);
-// the token reserver. All end by Close.
-type Priority struct {
-	cfg   ClusterConfig
+// writer per outbound link (re-dialled with back-off); the ticker
+// (heartbeats, role decisions, gate); the actor (role changes); the
+// flusher (cuts batches); the token reserver. All end by Close.
+//
+// The node is the top of the package: it carries out what the role
+// machine (roles.go) decides, and routes what arrives on the member link
+// (link.go) to the outbound stream (stream.go), the standby side
+// (standby.go) or itself. None of those calls back into it but through
+// linkEvents, the follower interface and the stream's epoch function.
+type node struct {
+	cfg   repl.ClusterConfig
 	log   *slog.Logger
 	clock func() int64
 	dir   *store.Dir
 	table *shard.Table
-	host  Host
+	host  repl.Host
 	self  string // this member's client address (its --peers entry)
 
-	gate atomic.Pointer[Gate]
+	gate atomic.Pointer[repl.Gate]
 
 	mu    sync.Mutex // guards roles, the peers' link state and the fields below
 	roles *roles
@@ -48,17 +55,17 @@ type Priority struct {
 	// may open its gate (a promotion happens in the role machine first).
 	ready bool
 
-	peers []*peer // by index; nil at Self
-	out   *outStream
+	link    *link
+	out     *outStream // what this member sends as the active
+	standby *standby   // what it applies as a standby
 
 	echoMu sync.Mutex
 	echoes []uint64 // the highest heartbeat probe received from each member
 
-	res     Reserver
+	res     repl.Reserver
 	resID   atomic.Uint64
 	created bool
 
-	ln       net.Listener
 	actions  chan action // role changes, carried out in order by the actor goroutine
 	quit     chan struct{}
 	wg       sync.WaitGroup
@@ -73,31 +80,34 @@ type Priority struct {
 	noWallFloor bool
 }
 
-// clusterStats are the counters /metrics shows.
+// clusterStats are the counters of role changes /metrics shows (the
+// stream's are the flows of out and standby).
 type clusterStats struct {
-	failovers, handovers, demotions, snapshotsSent, snapshotsReceived atomic.Uint64
-	batches, records, rawBytes, wireBytes, cancelled                  atomic.Uint64
-	lagNs                                                             atomic.Int64 // standby: its lag as its active last measured it
+	failovers, handovers, demotions atomic.Uint64
+	lagNs                           atomic.Int64 // standby: its lag as its active last measured it
 }
 
-// NewPriority returns a priority-mode member.
-func NewPriority(cfg ClusterConfig) (*Priority, error) {
+// New returns a member of a priority cluster configured by cfg.
+func New(cfg repl.ClusterConfig) (repl.Node, error) { return newNode(cfg) }
+
+// newNode returns a priority-mode member.
+func newNode(cfg repl.ClusterConfig) (*node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Priority{cfg: cfg, self: cfg.Peers[cfg.Self], quit: make(chan struct{}), actions: make(chan action, 64),
-		peers: make([]*peer, len(cfg.Peers)), echoes: make([]uint64, len(cfg.Peers))}
-	p.gate.Store(&Gate{State: Hold})
+	p := &node{cfg: cfg, self: cfg.Peers[cfg.Self], quit: make(chan struct{}), actions: make(chan action, 64),
+		echoes: make([]uint64, len(cfg.Peers))}
+	p.gate.Store(&repl.Gate{State: repl.Hold})
 	return p, nil
 }
 
-func (p *Priority) timeout() int64 { return int64(p.cfg.FailoverTimeout) }
+func (p *node) timeout() int64 { return int64(p.cfg.FailoverTimeout) }
 
 // Open takes the data directory and builds the table. Tokens start above
 // the reserved mark and the wall clock; a snapshot left by a shutdown as
 // the last live member is reloaded (it is kept only if this member ends up
 // the active: a standby discards it for the active's state).
-func (p *Priority) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*shard.Table, error) {
+func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*shard.Table, error) {
 	p.log, p.clock = log.With("member", p.cfg.Self), clock
 	if _, err := os.Stat(p.cfg.DataDir); errors.Is(err, os.ErrNotExist) {
 		p.created = true
@@ -128,11 +138,12 @@ func (p *Priority) Open(cfg shard.Config, clock func() int64, log *slog.Logger) 
 	} else if err != nil {
 		return fail(err)
 	}
-	start := max(mark, WallFloor())
+	start := max(mark, repl.WallFloor())
 	if ok {
 		start = max(start, snap.Mark)
 	}
-	cfg.Sink = p.sink
+	p.out = newOutStream(p.cfg.Peers, p.log, p.epoch)
+	cfg.Sink = p.out.sink
 	// No token may be handed out before this member is the active and has
 	// made a reservation of its own (limit = start).
 	p.table, err = shard.New(cfg, shard.NewTokens(start, start))
@@ -140,7 +151,7 @@ func (p *Priority) Open(cfg shard.Config, clock func() int64, log *slog.Logger) 
 		return fail(err)
 	}
 	if ok {
-		if p.restored, err = RestoreLocks(p.table, snap.Locks, clock()); err != nil {
+		if p.restored, err = repl.RestoreLocks(p.table, snap.Locks, clock()); err != nil {
 			return fail(fmt.Errorf("restoring snapshot: %w", err))
 		}
 		if err := dir.RemoveSnapshot(); err != nil {
@@ -149,7 +160,9 @@ func (p *Priority) Open(cfg shard.Config, clock func() int64, log *slog.Logger) 
 		p.log.Info("snapshot reloaded", "locks", p.restored)
 	}
 	p.roles = newRoles(p.cfg.Self, len(p.cfg.Peers), p.timeout(), epoch, clock())
-	p.out = newOutStream(p)
+	p.link = newLink(p.cfg, p.hello(), p.log, linkEvents{changed: p.out.linkChanged, accepted: p.accepted}, p.quit, &p.wg)
+	p.out.attach(p.table, clock, p.link.peers)
+	p.standby = &standby{table: p.table, clock: clock, log: p.log, names: p.cfg.Peers, links: p.link.peers, node: p}
 	p.res.Start(p.table.Tokens(), p.cfg.TokenBlock, p.reserve, p.log)
 	return p.table, nil
 }
@@ -157,7 +170,7 @@ func (p *Priority) Open(cfg shard.Config, clock func() int64, log *slog.Logger) 
 // Start listens for members, dials them and starts the ticker. The member
 // starts as a standby that knows no active (its gate answers M with no
 // address) and listens for a failover timeout before it may promote.
-func (p *Priority) Start(addr string, host Host) error {
+func (p *node) Start(addr string, host repl.Host) error {
 	p.host = host
 	la, err := p.cfg.MemberListen()
 	if err != nil {
@@ -167,33 +180,24 @@ func (p *Priority) Start(addr string, host Host) error {
 	if err != nil {
 		return fmt.Errorf("member port %s (--listen port + --peer-offset): %w", la, err)
 	}
-	p.ln = ln
 	p.log.Info("member link listening", "addr", ln.Addr().String(), "peers", p.cfg.Peers, "self", p.self)
-	p.publish(&Gate{State: Redirect})
-	for i := range p.cfg.Peers {
-		if i != p.cfg.Self {
-			p.peers[i] = newPeer(p, i)
-		}
-	}
-	for _, pe := range p.peers {
-		if pe != nil {
-			p.wg.Add(1)
-			go pe.run()
-		}
-	}
-	p.wg.Add(4)
-	go p.accept()
+	p.publish(&repl.Gate{State: repl.Redirect})
+	p.link.start(ln)
+	p.wg.Add(3)
 	go p.ticker()
 	go p.actor()
-	go p.out.flusher()
+	go func() {
+		defer p.wg.Done()
+		p.out.flusher()
+	}()
 	return nil
 }
 
 // Gate is the current gate.
-func (p *Priority) Gate() *Gate { return p.gate.Load() }
+func (p *node) Gate() *repl.Gate { return p.gate.Load() }
 
 // publish installs g and tells the engine when what it applies changes.
-func (p *Priority) publish(g *Gate) {
+func (p *node) publish(g *repl.Gate) {
 	old := p.gate.Swap(g)
 	if p.host == nil {
 		return
@@ -205,25 +209,25 @@ func (p *Priority) publish(g *Gate) {
 }
 
 // gateFor is the gate of the current roles (p.mu held).
-func (p *Priority) gateFor(now int64) *Gate {
+func (p *node) gateFor(now int64) *repl.Gate {
 	r := p.roles
 	switch {
 	case r.serving() && p.ready:
 		// Until counts from the ticker's last tick, never from now: only
 		// the ticker notices a freeze, so nothing else (a heartbeat read
 		// first after a SIGCONT) may extend it.
-		return &Gate{State: Serve, Until: r.lastTick + p.timeout()/2}
-	case r.role == RoleActive || r.role == RoleHandover:
-		return &Gate{State: Hold}
+		return &repl.Gate{State: repl.Serve, Until: r.lastTick + p.timeout()/2}
+	case r.role == roleActive || r.role == roleHandover:
+		return &repl.Gate{State: repl.Hold}
 	case r.active >= 0 && r.active != p.cfg.Self:
-		return &Gate{State: Redirect, Addr: p.cfg.Peers[r.active]}
+		return &repl.Gate{State: repl.Redirect, Addr: p.cfg.Peers[r.active]}
 	}
-	return &Gate{State: Redirect}
+	return &repl.Gate{State: repl.Redirect}
 }
 
 // ticker runs the role machine every tenth of the failover timeout and
 // sends heartbeats.
-func (p *Priority) ticker() {
+func (p *node) ticker() {
 	defer p.wg.Done()
 	every := max(p.cfg.FailoverTimeout/10, 10*time.Millisecond)
 	t := time.NewTicker(every)
@@ -250,45 +254,59 @@ func (p *Priority) ticker() {
 		g := p.gateFor(now)
 		p.mu.Unlock()
 		p.publish(g)
-		for _, pe := range p.peers {
-			if pe != nil {
-				pe.sendHeartbeat(hb)
-			}
+		p.sendHeartbeats(hb)
+	}
+}
+
+// sendHeartbeats makes hb the next heartbeat to every member, with the
+// highest probe this member received from it; an active's heartbeat to a
+// standby in its stream carries the lag it measures for that standby (the
+// age of the oldest batch not acknowledged), which the standby reports as
+// its own.
+func (p *node) sendHeartbeats(hb heartbeat) {
+	for i, pe := range p.link.peers {
+		if pe == nil {
+			continue
 		}
+		hb.Echo = p.echoFor(i)
+		if hb.Role == roleActive {
+			hb.LagNS = uint64(p.out.lag(i))
+		}
+		pe.setHeartbeat(&hb)
 	}
 }
 
 // heartbeat is what this member says now (p.mu held).
-func (p *Priority) heartbeat() Heartbeat {
+func (p *node) heartbeat() heartbeat {
 	r := p.roles
-	active := uint8(255)
+	active := uint8(noActive)
 	if r.active >= 0 {
 		active = uint8(r.active)
 	}
 	role := r.role
-	if p.stopping && role == RoleStandby {
-		role = RoleLeaving
+	if p.stopping && role == roleStandby {
+		role = roleLeaving
 	}
-	hb := Heartbeat{Epoch: r.epoch, Role: role, Active: active, InSync: r.inSync,
+	hb := heartbeat{Epoch: r.epoch, Role: role, Active: active, InSync: r.inSync,
 		Probe: r.nextProbe(), TokenLast: p.table.Tokens().Last(), Reserved: max(p.table.Tokens().Limit(), p.reservedSeen),
 		StoredEpoch: r.peers[p.cfg.Self].storedEpoch}
 	return hb
 }
 
 // heardHeartbeat feeds a member's heartbeat to the role machine.
-func (p *Priority) heardHeartbeat(from int, hb *Heartbeat) {
+func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 	now := p.clock()
 	ps := peerState{epoch: hb.Epoch, role: hb.Role, follows: int(hb.Active), inSync: hb.InSync,
 		echo: hb.Echo, storedEpoch: hb.StoredEpoch, token: hb.TokenLast, reserved: hb.Reserved}
-	if hb.Active == 255 {
+	if hb.Active == noActive {
 		ps.follows = -1
 	}
 	p.mu.Lock()
-	if hb.Role == RoleActive && p.roles.role == RoleStandby && p.roles.active == from {
+	if hb.Role == roleActive && p.roles.role == roleStandby && p.roles.active == from {
 		p.stats.lagNs.Store(int64(hb.LagNS))
 	}
 	c := p.roles.heard(now, from, ps)
-	if p.roles.role == RoleActive && hb.Role == RoleActive {
+	if p.roles.role == roleActive && hb.Role == roleActive {
 		// Another active (a healed partition, a frozen member): whichever
 		// stays, tokens must go on above everything the other issued. Its
 		// heartbeat is already a little old: since it, the other may have
@@ -304,11 +322,11 @@ func (p *Priority) heardHeartbeat(from int, hb *Heartbeat) {
 	// A standby that follows this active but is not in the stream (its
 	// request for a snapshot was lost), or that has said it is out of sync
 	// for a long while, gets a snapshot.
-	resync := p.roles.role == RoleActive && ps.follows == p.cfg.Self && hb.Role == RoleStandby
+	resync := p.roles.role == roleActive && ps.follows == p.cfg.Self && hb.Role == roleStandby
 	g := p.gateFor(now)
 	p.mu.Unlock()
-	if pe := p.peers[from]; resync && pe != nil {
-		pe.resyncIfStale(hb.InSync, 2*p.cfg.FailoverTimeout)
+	if resync && p.link.peers[from] != nil {
+		p.out.resyncIfStale(from, hb.InSync, 2*p.cfg.FailoverTimeout)
 	}
 	p.act(c, "heartbeat")
 	p.publish(g)
@@ -323,7 +341,7 @@ type action struct {
 // act hands a change of the role machine to the actor goroutine: the
 // readers and the ticker never wait for a handover or a reservation (a
 // handover waits for an answer that a reader must deliver).
-func (p *Priority) act(c change, why string) {
+func (p *node) act(c change, why string) {
 	if !c.promote && !c.demote && c.follow < 0 && c.handover < 0 && !c.resume {
 		return
 	}
@@ -334,7 +352,7 @@ func (p *Priority) act(c change, why string) {
 }
 
 // actor carries out role changes in order.
-func (p *Priority) actor() {
+func (p *node) actor() {
 	defer p.wg.Done()
 	for {
 		select {
@@ -347,7 +365,7 @@ func (p *Priority) actor() {
 }
 
 // carryOut does what a change of the role machine asks.
-func (p *Priority) carryOut(c change, why string) {
+func (p *node) carryOut(c change, why string) {
 	switch {
 	case c.resume:
 		p.resumeServing()
@@ -377,14 +395,14 @@ func (p *Priority) carryOut(c change, why string) {
 // whatever the old active issued even if replication lost it (clocks
 // agreeing within the timeout); then a reservation of its own, made
 // durable and replicated, before the gate opens.
-func (p *Priority) becomeActive(handoffToken uint64, why string) {
+func (p *node) becomeActive(handoffToken uint64, why string) {
 	p.mu.Lock()
 	r := p.roles
 	epoch := r.epoch
 	tokens := p.table.Tokens()
 	start := max(tokens.Last(), tokens.Limit(), p.reservedSeen, handoffToken)
 	if handoffToken == 0 && !p.noWallFloor {
-		start = max(start, WallFloor()+uint64(p.timeout()))
+		start = max(start, repl.WallFloor()+uint64(p.timeout()))
 	}
 	for i := range r.peers {
 		start = max(start, r.peers[i].token, r.peers[i].reserved)
@@ -398,7 +416,7 @@ func (p *Priority) becomeActive(handoffToken uint64, why string) {
 	p.out.setActive(true)
 	p.log.Info("active", "epoch", epoch, "why", why, "token_start", start)
 	p.mu.Lock()
-	p.ready = p.roles.role == RoleActive
+	p.ready = p.roles.role == roleActive
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
 	p.publish(g)
@@ -412,10 +430,10 @@ func (p *Priority) becomeActive(handoffToken uint64, why string) {
 // may have been promoted meanwhile; its tokens are below that floor
 // (clocks agreeing within the timeout; docs/DESIGN.md "Tokens across a
 // failover").
-func (p *Priority) resumeServing() {
+func (p *node) resumeServing() {
 	tokens := p.table.Tokens()
 	if !p.noWallFloor {
-		tokens.Observe(WallFloor() + uint64(p.timeout()))
+		tokens.Observe(repl.WallFloor() + uint64(p.timeout()))
 	}
 	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check")
 	p.mu.Lock()
@@ -429,7 +447,7 @@ func (p *Priority) resumeServing() {
 // reserveUpTo reserves tokens up to limit (the standbys acknowledge it
 // first) and lets the allocator hand them out; when that fails, acquires
 // that need a token get B until the reserver's retries succeed.
-func (p *Priority) reserveUpTo(limit uint64, what string) {
+func (p *node) reserveUpTo(limit uint64, what string) {
 	if err := p.reserve(limit); err != nil {
 		p.log.Error(what+" failed: acquires get B until it succeeds", "err", err)
 		return
@@ -439,7 +457,7 @@ func (p *Priority) reserveUpTo(limit uint64, what string) {
 
 // follow discards this member's state and follows active a: the gate
 // answers M naming it, and the active sends a snapshot.
-func (p *Priority) follow(a int) {
+func (p *node) follow(a int) {
 	p.out.setActive(false)
 	p.mu.Lock()
 	p.ready = false
@@ -448,8 +466,8 @@ func (p *Priority) follow(a int) {
 	p.publish(g) // moves queued acquires to the active (M)
 	var fx shard.Out
 	p.table.Reset(&fx)
-	if pe := p.peers[a]; pe != nil {
-		pe.send(appendNeedSnapshot(nil, SnapStart))
+	if pe := p.link.peers[a]; pe != nil {
+		pe.send(appendNeedSnapshot(nil, snapStart))
 	}
 }
 
@@ -458,29 +476,29 @@ func (p *Priority) follow(a int) {
 // (PROTOCOL.md §6.2: a promoted standby starts above every reservation it
 // acknowledged). A standby that does not acknowledge within the failover
 // timeout is sent a new snapshot: until then it is not in sync.
-func (p *Priority) reserve(limit uint64) error {
+func (p *node) reserve(limit uint64) error {
 	if err := p.dir.Reserve(limit); err != nil {
 		return err
 	}
 	p.mu.Lock()
-	active := p.roles.role == RoleActive || p.roles.role == RoleHandover
+	active := p.roles.role == roleActive || p.roles.role == roleHandover
 	p.mu.Unlock()
 	if !active {
 		return nil
 	}
 	id := p.resID.Add(1)
-	var waits []*peer
-	for _, pe := range p.peers {
-		if pe != nil && pe.streaming() {
+	var waits []int
+	for i, pe := range p.link.peers {
+		if pe != nil && p.out.streaming(i) {
 			pe.send(appendReserve(nil, id, limit))
-			waits = append(waits, pe)
+			waits = append(waits, i)
 		}
 	}
 	deadline := time.Now().Add(p.cfg.FailoverTimeout)
-	for _, pe := range waits {
-		if !pe.waitReserveAck(id, deadline) {
-			p.log.Warn("a standby did not acknowledge a token reservation: resyncing it", "member", p.cfg.Peers[pe.i])
-			pe.resync()
+	for _, i := range waits {
+		if !p.out.waitReserveAck(i, id, deadline) {
+			p.log.Warn("a standby did not acknowledge a token reservation: resyncing it", "member", p.cfg.Peers[i])
+			p.out.resync(i)
 		}
 	}
 	return nil
@@ -491,24 +509,24 @@ func (p *Priority) reserve(limit uint64) error {
 // a standby tells the others it is leaving and returns the active's
 // address (its clients are sent there); the last live member returns ""
 // and shuts down as a single node.
-func (p *Priority) Stop(ctx context.Context) string {
+func (p *node) Stop(ctx context.Context) string {
 	p.mu.Lock()
 	p.stopping = true
 	r := p.roles
 	now := p.clock()
 	role, active := r.role, r.active
 	succ := -1
-	if role == RoleActive {
+	if role == roleActive {
 		succ = r.successor(now)
 	}
 	p.mu.Unlock()
 	switch {
-	case role == RoleActive && succ >= 0:
+	case role == roleActive && succ >= 0:
 		if p.handover(ctx, succ, true) {
 			return p.cfg.Peers[succ]
 		}
 		return ""
-	case role == RoleActive:
+	case role == roleActive:
 		p.log.Info("no live in-sync standby: shutting down as a single node")
 		return ""
 	}
@@ -516,11 +534,7 @@ func (p *Priority) Stop(ctx context.Context) string {
 	p.mu.Lock()
 	hb := p.heartbeat()
 	p.mu.Unlock()
-	for _, pe := range p.peers {
-		if pe != nil {
-			pe.sendHeartbeat(hb)
-		}
-	}
+	p.sendHeartbeats(hb)
 	if active >= 0 && active != p.cfg.Self {
 		return p.cfg.Peers[active]
 	}
@@ -530,10 +544,10 @@ func (p *Priority) Stop(ctx context.Context) string {
 // handover runs a planned handover to member s: stop executing, send
 // everything, have s take over, then answer M naming it. It reports
 // whether s confirmed; if not, this member serves again.
-func (p *Priority) handover(ctx context.Context, s int, shutdown bool) bool {
+func (p *node) handover(ctx context.Context, s int, shutdown bool) bool {
 	began := time.Now()
 	p.mu.Lock()
-	if p.roles.role != RoleActive {
+	if p.roles.role != roleActive {
 		p.mu.Unlock()
 		return false
 	}
@@ -541,8 +555,8 @@ func (p *Priority) handover(ctx context.Context, s int, shutdown bool) bool {
 	done := make(chan uint64, 1)
 	p.handoverDone = done
 	p.mu.Unlock()
-	p.publish(&Gate{State: Hold}) // waits for running batches; nothing executes from here
-	pe := p.peers[s]
+	p.publish(&repl.Gate{State: repl.Hold}) // waits for running batches; nothing executes from here
+	pe := p.link.peers[s]
 	p.out.flushNow()
 	tokens := p.table.Tokens()
 	pe.send(appendHandoff(nil, epoch, tokens.Last(), max(tokens.Limit(), p.reservedSeen)))
@@ -575,7 +589,7 @@ func (p *Priority) handover(ctx context.Context, s int, shutdown bool) bool {
 	if !shutdown {
 		var fx shard.Out
 		p.table.Reset(&fx)
-		pe.send(appendNeedSnapshot(nil, SnapStart))
+		pe.send(appendNeedSnapshot(nil, snapStart))
 	}
 	return true
 }
@@ -583,7 +597,7 @@ func (p *Priority) handover(ctx context.Context, s int, shutdown bool) bool {
 // takeOver is a standby's side of a planned handover: everything the old
 // active sent before the Handoff has been applied (one ordered link), so
 // this member promotes at the epoch it was given and confirms.
-func (p *Priority) takeOver(from int, h *Handoff) {
+func (p *node) takeOver(from int, h *handoff) {
 	p.mu.Lock()
 	if p.roles.active != from || !p.roles.inSync {
 		p.mu.Unlock()
@@ -595,14 +609,14 @@ func (p *Priority) takeOver(from int, h *Handoff) {
 	p.mu.Unlock()
 	p.stats.handovers.Add(1)
 	p.becomeActive(max(h.TokenLast, h.Reserved), "planned handover")
-	p.peers[from].send(appendAck(nil, AckHandoff, h.Epoch))
+	p.link.peers[from].send(appendAck(nil, ackHandoff, h.Epoch))
 }
 
 // Close stops the member: its goroutines end; after a shutdown or a crash
 // of the engine, a member that was the active writes the snapshot (the
 // last live member's locks survive a full restart); a standby's table is
 // a copy and is not written.
-func (p *Priority) Close(ctx context.Context, why CloseReason) error {
+func (p *node) Close(ctx context.Context, why repl.CloseReason) error {
 	p.closeMu.Lock()
 	if p.closed {
 		p.closeMu.Unlock()
@@ -611,15 +625,10 @@ func (p *Priority) Close(ctx context.Context, why CloseReason) error {
 	p.closed = true
 	p.closeMu.Unlock()
 	close(p.quit)
-	if p.ln != nil {
-		p.ln.Close()
+	if p.link != nil {
+		p.link.close()
+		p.out.close()
 	}
-	for _, pe := range p.peers {
-		if pe != nil {
-			pe.close()
-		}
-	}
-	p.out.close()
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()
 	select {
@@ -631,21 +640,21 @@ func (p *Priority) Close(ctx context.Context, why CloseReason) error {
 		return nil
 	}
 	p.mu.Lock()
-	wasActive := p.roles.role == RoleActive
+	wasActive := p.roles.role == roleActive
 	p.mu.Unlock()
 	var err error
 	switch {
-	case why == FailedStart:
+	case why == repl.FailedStart:
 		err = p.dir.Close()
 		if p.created {
 			os.RemoveAll(p.cfg.DataDir)
 		}
 		return err
-	case why == Discard || !wasActive:
+	case why == repl.Discard || !wasActive:
 		return p.dir.Close()
 	}
-	snap := TableSnapshot(p.table, p.clock())
-	err = RunWithin(ctx, func() error { return p.dir.WriteSnapshot(snap) })
+	snap := repl.TableSnapshot(p.table, p.clock())
+	err = repl.RunWithin(ctx, func() error { return p.dir.WriteSnapshot(snap) })
 	if err != nil {
 		p.log.Error("snapshot not written: held locks are lost (tokens are not)", "locks_lost", len(snap.Locks), "err", err)
 	} else {
@@ -655,17 +664,17 @@ func (p *Priority) Close(ctx context.Context, why CloseReason) error {
 }
 
 // Status reports this member and what it knows of the others.
-func (p *Priority) Status() Status {
+func (p *node) Status() repl.Status {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.roles
 	now := p.clock()
 	role := r.role
-	if r.checking() && role == RoleActive {
-		role = RoleHandover
+	if r.checking() && role == roleActive {
+		role = roleHandover
 	}
-	st := Status{Mode: "priority", Role: role.String(), Self: p.self, Epoch: r.epoch, InSync: r.inSync}
-	if r.role == RoleActive && r.checking() {
+	st := repl.Status{Mode: "priority", Role: role.String(), Self: p.self, Epoch: r.epoch, InSync: r.inSync}
+	if r.role == roleActive && r.checking() {
 		st.Role = "active-checking"
 	}
 	if r.active >= 0 {
@@ -674,11 +683,14 @@ func (p *Priority) Status() Status {
 	st.Failovers = p.stats.failovers.Load()
 	st.Handovers = p.stats.handovers.Load()
 	st.Demotions = p.stats.demotions.Load()
-	st.SnapshotsSent = p.stats.snapshotsSent.Load()
-	st.SnapshotsReceived = p.stats.snapshotsReceived.Load()
-	st.Batches, st.Records, st.Cancelled = p.stats.batches.Load(), p.stats.records.Load(), p.stats.cancelled.Load()
-	st.RawBytes, st.WireBytes = p.stats.rawBytes.Load(), p.stats.wireBytes.Load()
-	if r.role == RoleStandby {
+	out, in := &p.out.stats, &p.standby.stats
+	st.SnapshotsSent, st.SnapshotsReceived = out.snapshots.Load(), in.snapshots.Load()
+	st.Batches = out.batches.Load() + in.batches.Load()
+	st.Records = out.records.Load() + in.records.Load()
+	st.Cancelled = out.cancelled.Load() + in.cancelled.Load()
+	st.RawBytes = out.rawBytes.Load() + in.rawBytes.Load()
+	st.WireBytes = out.wireBytes.Load() + in.wireBytes.Load()
+	if r.role == roleStandby {
 		st.LagSeconds = float64(p.stats.lagNs.Load()) / 1e9
 	}
 	for i := range p.cfg.Peers {
@@ -686,13 +698,11 @@ func (p *Priority) Status() Status {
 			continue
 		}
 		ps := &r.peers[i]
-		m := Member{Addr: p.cfg.Peers[i], Live: r.live(i, now), InSync: ps.inSync}
+		m := repl.Member{Addr: p.cfg.Peers[i], Live: r.live(i, now), InSync: ps.inSync}
 		if ps.known {
 			m.Role = ps.role.String()
 		}
-		if pe := p.peers[i]; pe != nil {
-			pe.status(&m)
-		}
+		p.out.status(i, &m)
 		st.Members = append(st.Members, m)
 	}
 	p.res.Status(&st)
@@ -701,7 +711,7 @@ func (p *Priority) Status() Status {
 
 // Health is nil while this member is the serving active or a standby that
 // knows its active; an error otherwise.
-func (p *Priority) Health() error {
+func (p *node) Health() error {
 	if err := p.res.Health(); err != nil {
 		return err
 	}
@@ -710,8 +720,138 @@ func (p *Priority) Health() error {
 	switch {
 	case p.roles.serving() && p.ready:
 		return nil
-	case p.roles.role == RoleStandby && p.roles.active >= 0:
+	case p.roles.role == roleStandby && p.roles.active >= 0:
 		return nil
 	}
 	return errors.New("repl: no active known")
+}
+
+// hello is what this member says first on every link.
+func (p *node) hello() hello {
+	return hello{Version: protocolVersion, Mode: modePriority, Members: uint8(len(p.cfg.Peers)), Self: uint8(p.cfg.Self),
+		Offset: uint32(p.cfg.PeerOffset), Shards: uint32(p.table.Shards()), FailoverMS: uint32(p.cfg.FailoverTimeout / time.Millisecond)}
+}
+
+// echoFor is the highest heartbeat probe this member has received from
+// member i (it echoes it back for the freeze rule).
+func (p *node) echoFor(i int) uint64 {
+	p.echoMu.Lock()
+	defer p.echoMu.Unlock()
+	return p.echoes[i]
+}
+
+// epoch is the epoch of the active this member is or follows.
+func (p *node) epoch() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.roles.epoch
+}
+
+// accepted is the handler of a connection from member from (linkEvents):
+// every message it carries goes to the part of this member it is for.
+func (p *node) accepted(from int) func(t msgType, payload []byte) error {
+	in := p.standby.from(from)
+	return func(t msgType, payload []byte) error { return p.receive(in, from, t, payload) }
+}
+
+// receive processes one message from member from, on its connection's
+// reader goroutine: what the standby side applies (batches, snapshots,
+// reservations) goes to in; what answers this member as the active (acks,
+// snapshot requests) to its stream; heartbeats and handoffs to the node.
+func (p *node) receive(in *replica, from int, t msgType, payload []byte) error {
+	switch t {
+	case msgHeartbeat:
+		var hb heartbeat
+		if err := hb.Decode(payload); err != nil {
+			return err
+		}
+		p.echoMu.Lock()
+		p.echoes[from] = max(p.echoes[from], hb.Probe)
+		p.echoMu.Unlock()
+		p.heardHeartbeat(from, &hb)
+	case msgBatch:
+		return in.batch(payload)
+	case msgReserve:
+		return in.reserve(payload)
+	case msgSnapBegin:
+		return in.snapBegin(payload)
+	case msgSnapShard:
+		return in.snapShard(payload)
+	case msgSnapEnd:
+		return in.snapEnd(payload)
+	case msgAck:
+		var a ack
+		if err := a.Decode(payload); err != nil {
+			return err
+		}
+		switch a.Kind {
+		case ackBatch:
+			p.out.acked(from, a.Value)
+		case ackReserve:
+			p.out.reserveAcked(from, a.Value)
+		case ackHandoff:
+			p.mu.Lock()
+			if p.handoverDone != nil {
+				select {
+				case p.handoverDone <- a.Value:
+				default:
+				}
+			}
+			p.mu.Unlock()
+		}
+	case msgNeedSnapshot:
+		p.mu.Lock()
+		ok := p.roles.role == roleActive
+		p.mu.Unlock()
+		if ok {
+			p.out.resync(from)
+		}
+	case msgHandoff:
+		var h handoff
+		if err := h.Decode(payload); err != nil {
+			return err
+		}
+		p.takeOver(from, &h)
+	default:
+		return fmt.Errorf("priority: unexpected %s", t)
+	}
+	return nil
+}
+
+// follows is true while this member is a standby of member from
+// (follower).
+func (p *node) follows(from int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.roles.role == roleStandby && p.roles.active == from
+}
+
+// recordReserved makes the active's reservation durable here, then notes
+// it (follower).
+func (p *node) recordReserved(limit uint64) error {
+	if err := p.dir.Reserve(limit); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.reservedSeen = max(p.reservedSeen, limit)
+	p.mu.Unlock()
+	return nil
+}
+
+// desync marks this member out of sync and notes reserved (follower).
+func (p *node) desync(reserved uint64) {
+	p.mu.Lock()
+	p.roles.inSync = false
+	p.reservedSeen = max(p.reservedSeen, reserved)
+	p.mu.Unlock()
+}
+
+// synced marks this member in sync while it follows member from
+// (follower).
+func (p *node) synced(from int) {
+	p.mu.Lock()
+	if p.roles.role == roleStandby && p.roles.active == from {
+		p.roles.inSync = true
+	}
+	p.mu.Unlock()
 }

@@ -1,4 +1,4 @@
-package repl
+package priority
 
 import (
 	"bytes"
@@ -24,60 +24,60 @@ type wireMsg interface {
 // wireSnapEnd adapts the payload-less SnapEnd to wireMsg.
 type wireSnapEnd struct{}
 
-func (wireSnapEnd) Append(dst []byte) []byte { return AppendSnapEnd(dst) }
-func (wireSnapEnd) Decode(p []byte) error    { return DecodeSnapEnd(p) }
+func (wireSnapEnd) Append(dst []byte) []byte { return appendSnapEnd(dst) }
+func (wireSnapEnd) Decode(p []byte) error    { return decodeSnapEnd(p) }
 
 // wireCase is a message with its type and its payload written out by hand
 // from the member-link format table (hex, spaces ignored).
 type wireCase struct {
 	name    string
-	t       MsgType
+	t       msgType
 	m       wireMsg
 	payload string
 }
 
 func wireCases() []wireCase {
 	return []wireCase{
-		{"hello", MsgHello, &Hello{Version: 1, Mode: ModePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000},
+		{"hello", msgHello, &hello{Version: 1, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000},
 			"0001 01 03 02 00002710 00000040 000003e8"},
-		{"hello-raft-max", MsgHello, &Hello{Version: 1, Mode: ModeRaft, Members: 255, Self: 254, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000},
+		{"hello-raft-max", msgHello, &hello{Version: 1, Mode: modeRaft, Members: 255, Self: 254, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000},
 			"0001 02 ff fe ffffffff 00010000 0000ea60"},
-		{"heartbeat-active", MsgHeartbeat, &Heartbeat{Epoch: 7, Role: RoleActive, Active: 0, InSync: true, Probe: 1, Echo: 2,
+		{"heartbeat-active", msgHeartbeat, &heartbeat{Epoch: 7, Role: roleActive, Active: 0, InSync: true, Probe: 1, Echo: 2,
 			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0},
 			"0000000000000007 02 00 01 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000"},
-		{"heartbeat-standby-none", MsgHeartbeat, &Heartbeat{Epoch: 1<<64 - 1, Role: RoleStandby, Active: NoActive, LagNS: 1500000},
+		{"heartbeat-standby-none", msgHeartbeat, &heartbeat{Epoch: 1<<64 - 1, Role: roleStandby, Active: noActive, LagNS: 1500000},
 			"ffffffffffffffff 01 ff 00 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 000000000016e360"},
-		{"heartbeat-handover", MsgHeartbeat, &Heartbeat{Epoch: 9, Role: RoleHandover, Active: 1, InSync: true},
+		{"heartbeat-handover", msgHeartbeat, &heartbeat{Epoch: 9, Role: roleHandover, Active: 1, InSync: true},
 			"0000000000000009 03 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
-		{"heartbeat-leaving", MsgHeartbeat, &Heartbeat{Epoch: 9, Role: RoleLeaving, Active: 1, InSync: true},
+		{"heartbeat-leaving", msgHeartbeat, &heartbeat{Epoch: 9, Role: roleLeaving, Active: 1, InSync: true},
 			"0000000000000009 04 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
-		{"batch-raw", MsgBatch, &Batch{Seq: 3, Codec: records.CodecRaw, RawLen: 4, Data: []byte("abcd")},
+		{"batch-raw", msgBatch, &batch{Seq: 3, Codec: records.CodecRaw, RawLen: 4, Data: []byte("abcd")},
 			"0000000000000003 00 00000004 61626364"},
-		{"batch-s2", MsgBatch, &Batch{Seq: 1<<64 - 1, Codec: records.CodecS2, RawLen: 1000, Data: []byte{0xe8, 0x07, 0x00}},
+		{"batch-s2", msgBatch, &batch{Seq: 1<<64 - 1, Codec: records.CodecS2, RawLen: 1000, Data: []byte{0xe8, 0x07, 0x00}},
 			"ffffffffffffffff 01 000003e8 e80700"},
-		{"reserve", MsgReserve, &Reserve{ID: 5, Limit: 0x0102030405060708},
+		{"reserve", msgReserve, &reserve{ID: 5, Limit: 0x0102030405060708},
 			"0000000000000005 0102030405060708"},
-		{"ack-batch", MsgAck, &Ack{Kind: AckBatch, Value: 42}, "01 000000000000002a"},
-		{"ack-reserve", MsgAck, &Ack{Kind: AckReserve, Value: 5}, "02 0000000000000005"},
-		{"ack-snapshot", MsgAck, &Ack{Kind: AckSnapshot, Value: 7}, "03 0000000000000007"},
-		{"ack-handoff", MsgAck, &Ack{Kind: AckHandoff, Value: 8}, "04 0000000000000008"},
-		{"snap-begin", MsgSnapBegin, &SnapBegin{Epoch: 7, Shards: 64, TokenLast: 100, Reserved: 200, Locks: 10000},
+		{"ack-batch", msgAck, &ack{Kind: ackBatch, Value: 42}, "01 000000000000002a"},
+		{"ack-reserve", msgAck, &ack{Kind: ackReserve, Value: 5}, "02 0000000000000005"},
+		{"ack-snapshot", msgAck, &ack{Kind: ackSnapshot, Value: 7}, "03 0000000000000007"},
+		{"ack-handoff", msgAck, &ack{Kind: ackHandoff, Value: 8}, "04 0000000000000008"},
+		{"snap-begin", msgSnapBegin, &snapBegin{Epoch: 7, Shards: 64, TokenLast: 100, Reserved: 200, Locks: 10000},
 			"0000000000000007 00000040 0000000000000064 00000000000000c8 0000000000002710"},
-		{"snap-shard-raw", MsgSnapShard, &SnapShard{Shard: 63, Seq: 99, Last: true, Codec: records.CodecRaw, RawLen: 2, Data: []byte("xy")},
+		{"snap-shard-raw", msgSnapShard, &snapShard{Shard: 63, Seq: 99, Last: true, Codec: records.CodecRaw, RawLen: 2, Data: []byte("xy")},
 			"0000003f 0000000000000063 01 00 00000002 7879"},
-		{"snap-shard-s2", MsgSnapShard, &SnapShard{Shard: 0, Seq: 0, Last: false, Codec: records.CodecS2, RawLen: 5, Data: []byte{5, 1}},
+		{"snap-shard-s2", msgSnapShard, &snapShard{Shard: 0, Seq: 0, Last: false, Codec: records.CodecS2, RawLen: 5, Data: []byte{5, 1}},
 			"00000000 0000000000000000 00 01 00000005 0501"},
-		{"snap-end", MsgSnapEnd, wireSnapEnd{}, ""},
-		{"need-snapshot-gap", MsgNeedSnapshot, &NeedSnapshot{Reason: SnapGap}, "01"},
-		{"need-snapshot-start", MsgNeedSnapshot, &NeedSnapshot{Reason: SnapStart}, "02"},
-		{"need-snapshot-behind", MsgNeedSnapshot, &NeedSnapshot{Reason: SnapBehind}, "03"},
-		{"handoff", MsgHandoff, &Handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000},
+		{"snap-end", msgSnapEnd, wireSnapEnd{}, ""},
+		{"need-snapshot-gap", msgNeedSnapshot, &needSnapshot{Reason: snapGap}, "01"},
+		{"need-snapshot-start", msgNeedSnapshot, &needSnapshot{Reason: snapStart}, "02"},
+		{"need-snapshot-behind", msgNeedSnapshot, &needSnapshot{Reason: snapBehind}, "03"},
+		{"handoff", msgHandoff, &handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000},
 			"0000000000000008 00000000000003e8 00000000000007d0"},
 	}
 }
 
 // wireFrame builds a frame by hand: length, type, payload, CRC-32C.
-func wireFrame(t MsgType, payload []byte) []byte {
+func wireFrame(t msgType, payload []byte) []byte {
 	body := append([]byte{byte(t)}, payload...)
 	f := binary.BigEndian.AppendUint32(nil, uint32(len(body)+4))
 	f = append(f, body...)
@@ -104,7 +104,7 @@ func TestMessageLayout(t *testing.T) {
 			if !bytes.HasPrefix(got, []byte("prefix")) || !bytes.Equal(got[6:], want) {
 				t.Fatalf("Append:\n got %x\nwant prefix+%x", got, want)
 			}
-			typ, p, err := NewFrameReader(bytes.NewReader(want)).Next()
+			typ, p, err := newFrameReader(bytes.NewReader(want)).Next()
 			if err != nil || typ != c.t {
 				t.Fatalf("Next: %v, %v", typ, err)
 			}
@@ -136,7 +136,7 @@ func TestMessagePrefixesAndExtras(t *testing.T) {
 			}
 			long := append(append([]byte{}, p...), 0x01)
 			err := decodeAll(newWireMsg(c.m), long)
-			compressed := c.t == MsgBatch && p[8] == byte(records.CodecS2) || c.t == MsgSnapShard && p[13] == byte(records.CodecS2)
+			compressed := c.t == msgBatch && p[8] == byte(records.CodecS2) || c.t == msgSnapShard && p[13] == byte(records.CodecS2)
 			if err == nil && !compressed {
 				t.Errorf("payload with a byte added decoded")
 			}
@@ -151,9 +151,9 @@ func decodeAll(m wireMsg, p []byte) error {
 	}
 	var err error
 	switch m := m.(type) {
-	case *Batch:
+	case *batch:
 		_, err = m.Raw(nil)
-	case *SnapShard:
+	case *snapShard:
 		_, err = m.Raw(nil)
 	}
 	return err
@@ -167,27 +167,27 @@ func TestMessageBadFields(t *testing.T) {
 		payload string
 		want    error
 	}{
-		{"heartbeat-role-0", &Heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 48), ErrBadField},
-		{"heartbeat-role-5", &Heartbeat{}, "0000000000000007 05 00 01" + strings.Repeat("00", 48), ErrBadField},
-		{"heartbeat-insync-2", &Heartbeat{}, "0000000000000007 01 00 02" + strings.Repeat("00", 48), ErrBadField},
-		{"ack-kind-0", &Ack{}, "00 0000000000000001", ErrBadField},
-		{"ack-kind-5", &Ack{}, "05 0000000000000001", ErrBadField},
-		{"need-snapshot-0", &NeedSnapshot{}, "00", ErrBadField},
-		{"need-snapshot-4", &NeedSnapshot{}, "04", ErrBadField},
-		{"batch-codec-2", &Batch{}, "0000000000000001 02 00000001 00", ErrBadField},
-		{"batch-raw-len-short", &Batch{}, "0000000000000001 00 00000001 0000", ErrBadField},
-		{"batch-raw-len-long", &Batch{}, "0000000000000001 00 00000003 0000", ErrBadField},
-		{"batch-s2-no-data", &Batch{}, "0000000000000001 01 00000003", ErrBadField},
-		{"batch-s2-raw-len-over-max", &Batch{}, "0000000000000001 01 01000001 00", ErrBadField},
-		{"snap-shard-last-2", &SnapShard{}, "00000000 0000000000000000 02 00 00000000", ErrBadField},
-		{"snap-shard-codec-9", &SnapShard{}, "00000000 0000000000000000 00 09 00000000", ErrBadField},
-		{"snap-shard-raw-len", &SnapShard{}, "00000000 0000000000000000 01 00 00000001", ErrBadField},
-		{"snap-end-payload", wireSnapEnd{}, "00", ErrLongPayload},
-		{"reserve-short", &Reserve{}, "00", ErrShortPayload},
-		{"hello-short", &Hello{}, "0001 01", ErrShortPayload},
-		{"hello-long", &Hello{}, "0001 01 03 02 00002710 00000040 000003e8 00", ErrLongPayload},
-		{"hello-version-2", &Hello{}, "0002", ErrMismatch},
-		{"hello-version-0-long", &Hello{}, "0000 01 03 02 00002710 00000040 000003e8 00", ErrMismatch},
+		{"heartbeat-role-0", &heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 48), errBadField},
+		{"heartbeat-role-5", &heartbeat{}, "0000000000000007 05 00 01" + strings.Repeat("00", 48), errBadField},
+		{"heartbeat-insync-2", &heartbeat{}, "0000000000000007 01 00 02" + strings.Repeat("00", 48), errBadField},
+		{"ack-kind-0", &ack{}, "00 0000000000000001", errBadField},
+		{"ack-kind-5", &ack{}, "05 0000000000000001", errBadField},
+		{"need-snapshot-0", &needSnapshot{}, "00", errBadField},
+		{"need-snapshot-4", &needSnapshot{}, "04", errBadField},
+		{"batch-codec-2", &batch{}, "0000000000000001 02 00000001 00", errBadField},
+		{"batch-raw-len-short", &batch{}, "0000000000000001 00 00000001 0000", errBadField},
+		{"batch-raw-len-long", &batch{}, "0000000000000001 00 00000003 0000", errBadField},
+		{"batch-s2-no-data", &batch{}, "0000000000000001 01 00000003", errBadField},
+		{"batch-s2-raw-len-over-max", &batch{}, "0000000000000001 01 01000001 00", errBadField},
+		{"snap-shard-last-2", &snapShard{}, "00000000 0000000000000000 02 00 00000000", errBadField},
+		{"snap-shard-codec-9", &snapShard{}, "00000000 0000000000000000 00 09 00000000", errBadField},
+		{"snap-shard-raw-len", &snapShard{}, "00000000 0000000000000000 01 00 00000001", errBadField},
+		{"snap-end-payload", wireSnapEnd{}, "00", errLongPayload},
+		{"reserve-short", &reserve{}, "00", errShortPayload},
+		{"hello-short", &hello{}, "0001 01", errShortPayload},
+		{"hello-long", &hello{}, "0001 01 03 02 00002710 00000040 000003e8 00", errLongPayload},
+		{"hello-version-2", &hello{}, "0002", errMismatch},
+		{"hello-version-0-long", &hello{}, "0000 01 03 02 00002710 00000040 000003e8 00", errMismatch},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -196,7 +196,7 @@ func TestMessageBadFields(t *testing.T) {
 			}
 		})
 	}
-	var h Hello
+	var h hello
 	err := h.Decode(repltest.Hex(t, "0002 ffff"))
 	if h.Version != 2 || err == nil || !strings.Contains(err.Error(), "protocol version 2, here 1") {
 		t.Fatalf("version 2: %+v, %v", h, err)
@@ -204,26 +204,26 @@ func TestMessageBadFields(t *testing.T) {
 }
 
 func TestHelloCheck(t *testing.T) {
-	local := Hello{Version: 1, Mode: ModePriority, Members: 3, Self: 0, Offset: 10000, Shards: 64, FailoverMS: 1000}
+	local := hello{Version: 1, Mode: modePriority, Members: 3, Self: 0, Offset: 10000, Shards: 64, FailoverMS: 1000}
 	peer := local
 	peer.Self = 1
 	cases := []struct {
 		name  string
-		edit  func(h *Hello)
+		edit  func(h *hello)
 		wants []string // fragments of the error; nil: no error
 	}{
-		{"same", func(*Hello) {}, nil},
-		{"last-member", func(h *Hello) { h.Self = 2 }, nil},
-		{"version", func(h *Hello) { h.Version = 2 }, []string{"protocol version 2 (here 1)"}},
-		{"mode", func(h *Hello) { h.Mode = ModeRaft }, []string{"mode raft (here priority)"}},
-		{"mode-unknown", func(h *Hello) { h.Mode = 9 }, []string{"mode ClusterMode(9) (here priority)"}},
-		{"members", func(h *Hello) { h.Members = 5 }, []string{"5 members (here 3)"}},
-		{"offset", func(h *Hello) { h.Offset = 20000 }, []string{"peer offset 20000 (here 10000)"}},
-		{"shards", func(h *Hello) { h.Shards = 128 }, []string{"128 shards (here 64)"}},
-		{"failover", func(h *Hello) { h.FailoverMS = 2000 }, []string{"failover timeout 2000ms (here 1000ms)"}},
-		{"self-outside", func(h *Hello) { h.Self = 3 }, []string{"member index 3 outside its 3 members"}},
-		{"self-is-ours", func(h *Hello) { h.Self = 0 }, []string{"member index 0 is this node's own"}},
-		{"several", func(h *Hello) { h.Mode, h.Members, h.Shards = ModeRaft, 2, 8 },
+		{"same", func(*hello) {}, nil},
+		{"last-member", func(h *hello) { h.Self = 2 }, nil},
+		{"version", func(h *hello) { h.Version = 2 }, []string{"protocol version 2 (here 1)"}},
+		{"mode", func(h *hello) { h.Mode = modeRaft }, []string{"mode raft (here priority)"}},
+		{"mode-unknown", func(h *hello) { h.Mode = 9 }, []string{"mode ClusterMode(9) (here priority)"}},
+		{"members", func(h *hello) { h.Members = 5 }, []string{"5 members (here 3)"}},
+		{"offset", func(h *hello) { h.Offset = 20000 }, []string{"peer offset 20000 (here 10000)"}},
+		{"shards", func(h *hello) { h.Shards = 128 }, []string{"128 shards (here 64)"}},
+		{"failover", func(h *hello) { h.FailoverMS = 2000 }, []string{"failover timeout 2000ms (here 1000ms)"}},
+		{"self-outside", func(h *hello) { h.Self = 3 }, []string{"member index 3 outside its 3 members"}},
+		{"self-is-ours", func(h *hello) { h.Self = 0 }, []string{"member index 0 is this node's own"}},
+		{"several", func(h *hello) { h.Mode, h.Members, h.Shards = modeRaft, 2, 8 },
 			[]string{"mode raft (here priority)", "2 members (here 3)", "8 shards (here 64)"}},
 	}
 	for _, c := range cases {
@@ -237,7 +237,7 @@ func TestHelloCheck(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, ErrMismatch) {
+			if !errors.Is(err, errMismatch) {
 				t.Fatalf("Check: %v, want ErrMismatch", err)
 			}
 			for _, w := range c.wants {
@@ -253,11 +253,11 @@ func TestMsgTypeString(t *testing.T) {
 	want := []string{"MsgType(0)", "hello", "heartbeat", "batch", "reserve", "ack", "snap-begin",
 		"snap-shard", "snap-end", "need-snapshot", "handoff", "MsgType(11)"}
 	for i, w := range want {
-		if got := MsgType(i).String(); got != w {
+		if got := msgType(i).String(); got != w {
 			t.Errorf("MsgType(%d) = %q, want %q", i, got, w)
 		}
 	}
-	for _, s := range []interface{ String() string }{records.Codec(2), AckKind(0), SnapReason(4), HeartbeatRole(0), ClusterMode(0)} {
+	for _, s := range []interface{ String() string }{records.Codec(2), ackKind(0), snapReason(4), role(0), clusterMode(0)} {
 		if !strings.Contains(s.String(), "(") {
 			t.Errorf("unknown value named %q", s)
 		}
@@ -275,7 +275,7 @@ func wireStream() ([]byte, []wireCase) {
 }
 
 // readAllFrames reads frames until an error and checks them against cases.
-func readAllFrames(t *testing.T, fr *FrameReader, cases []wireCase) error {
+func readAllFrames(t *testing.T, fr *frameReader, cases []wireCase) error {
 	t.Helper()
 	for i := 0; ; i++ {
 		typ, p, err := fr.Next()
@@ -317,7 +317,7 @@ func TestFrameReaderSplits(t *testing.T) {
 	stream, cases := wireStream()
 	for _, small := range []bool{false, true} {
 		for i := 0; i <= len(stream); i++ {
-			fr := NewFrameReader(&wireChunks{chunks: [][]byte{stream[:i:i], stream[i:]}})
+			fr := newFrameReader(&wireChunks{chunks: [][]byte{stream[:i:i], stream[i:]}})
 			if small {
 				fr.buf = make([]byte, 16)
 			}
@@ -332,7 +332,7 @@ func TestFrameReaderSplits(t *testing.T) {
 		"data-err": iotest.DataErrReader(bytes.NewReader(stream)),
 	}
 	for name, r := range readers {
-		fr := NewFrameReader(r)
+		fr := newFrameReader(r)
 		fr.buf = make([]byte, 7)
 		if err := readAllFrames(t, fr, cases); err != io.EOF {
 			t.Fatalf("%s: end %v, want io.EOF", name, err)
@@ -343,36 +343,36 @@ func TestFrameReaderSplits(t *testing.T) {
 // TestFrameReaderLargeFrames: frames up to MaxFrame grow the buffer and
 // read back whole; the buffer is then reused for the next connection.
 func TestFrameReaderLargeFrames(t *testing.T) {
-	big := bytes.Repeat([]byte("0123456789abcdef"), (MaxFrame-5)/16)
-	big = append(big, make([]byte, MaxFrame-5-len(big))...)
+	big := bytes.Repeat([]byte("0123456789abcdef"), (maxFrame-5)/16)
+	big = append(big, make([]byte, maxFrame-5-len(big))...)
 	var s []byte
 	for _, n := range []int{0, 1, readBufStart - 9, readBufStart - 8, 3 * readBufStart, len(big)} {
-		s = AppendFrame(s, MsgBatch, big[:n])
+		s = appendFrame(s, msgBatch, big[:n])
 	}
-	if l := binary.BigEndian.Uint32(s[len(s)-4-len(big)-5:]); l != MaxFrame {
+	if l := binary.BigEndian.Uint32(s[len(s)-4-len(big)-5:]); l != maxFrame {
 		t.Fatalf("largest frame's length %d, want MaxFrame", l)
 	}
-	fr := NewFrameReader(iotest.HalfReader(bytes.NewReader(s)))
+	fr := newFrameReader(iotest.HalfReader(bytes.NewReader(s)))
 	for _, n := range []int{0, 1, readBufStart - 9, readBufStart - 8, 3 * readBufStart, len(big)} {
 		typ, p, err := fr.Next()
-		if err != nil || typ != MsgBatch || !bytes.Equal(p, big[:n]) {
+		if err != nil || typ != msgBatch || !bytes.Equal(p, big[:n]) {
 			t.Fatalf("frame of %d: %v %d bytes %v", n, typ, len(p), err)
 		}
 	}
 	if _, _, err := fr.Next(); err != io.EOF {
 		t.Fatalf("end: %v", err)
 	}
-	if len(fr.buf) > 2*(4+MaxFrame) {
+	if len(fr.buf) > 2*(4+maxFrame) {
 		t.Fatalf("buffer grew to %d", len(fr.buf))
 	}
-	var zero FrameReader // usable after Reset
+	var zero frameReader // usable after Reset
 	zero.Reset(bytes.NewReader(s[:4+5+1]))
-	if typ, p, err := zero.Next(); err != nil || typ != MsgBatch || len(p) != 0 {
+	if typ, p, err := zero.Next(); err != nil || typ != msgBatch || len(p) != 0 {
 		t.Fatalf("zero FrameReader after Reset: %v %d bytes %v", typ, len(p), err)
 	}
 	grown := &fr.buf[0]
-	fr.Reset(bytes.NewReader(AppendFrame(nil, MsgSnapEnd, nil)))
-	if typ, _, err := fr.Next(); err != nil || typ != MsgSnapEnd || &fr.buf[0] != grown {
+	fr.Reset(bytes.NewReader(appendFrame(nil, msgSnapEnd, nil)))
+	if typ, _, err := fr.Next(); err != nil || typ != msgSnapEnd || &fr.buf[0] != grown {
 		t.Fatalf("after Reset: %v %v, buffer kept %v", typ, err, &fr.buf[0] == grown)
 	}
 }
@@ -381,7 +381,7 @@ func TestFrameReaderLargeFrames(t *testing.T) {
 // frames are refused with their error, which then sticks; truncated
 // streams end with io.ErrUnexpectedEOF.
 func TestFrameReaderErrors(t *testing.T) {
-	good := (&Ack{Kind: AckBatch, Value: 1}).Append(nil)
+	good := (&ack{Kind: ackBatch, Value: 1}).Append(nil)
 	flip := func(i int) []byte {
 		b := append([]byte{}, good...)
 		b[i] ^= 0x40
@@ -393,27 +393,27 @@ func TestFrameReaderErrors(t *testing.T) {
 		stream []byte
 		want   error
 	}{
-		{"length-over-max", withLen(MaxFrame + 1), ErrFrameTooLarge},
-		{"length-max-u32", withLen(1<<32 - 1), ErrFrameTooLarge},
-		{"length-0", withLen(0), ErrFrameTooShort},
-		{"length-4", append(withLen(4), 1, 0, 0, 0), ErrFrameTooShort},
-		{"crc-flipped", flip(len(good) - 1), ErrBadCRC},
-		{"type-flipped", flip(4), ErrBadCRC},
-		{"payload-flipped", flip(7), ErrBadCRC},
-		{"length-shorter", append(withLen(uint32(len(good)-5)), good[4:]...), ErrBadCRC},
-		{"type-0", wireFrame(0, nil), ErrUnknownType},
-		{"type-11", wireFrame(11, []byte{1, 2}), ErrUnknownType},
-		{"type-255", wireFrame(255, nil), ErrUnknownType},
+		{"length-over-max", withLen(maxFrame + 1), errFrameTooLarge},
+		{"length-max-u32", withLen(1<<32 - 1), errFrameTooLarge},
+		{"length-0", withLen(0), errFrameTooShort},
+		{"length-4", append(withLen(4), 1, 0, 0, 0), errFrameTooShort},
+		{"crc-flipped", flip(len(good) - 1), errBadCRC},
+		{"type-flipped", flip(4), errBadCRC},
+		{"payload-flipped", flip(7), errBadCRC},
+		{"length-shorter", append(withLen(uint32(len(good)-5)), good[4:]...), errBadCRC},
+		{"type-0", wireFrame(0, nil), errUnknownType},
+		{"type-11", wireFrame(11, []byte{1, 2}), errUnknownType},
+		{"type-255", wireFrame(255, nil), errUnknownType},
 		{"truncated-length", good[:3], io.ErrUnexpectedEOF},
 		{"truncated-body", good[:len(good)-1], io.ErrUnexpectedEOF},
-		{"truncated-huge", append(withLen(MaxFrame), make([]byte, 100)...), io.ErrUnexpectedEOF},
+		{"truncated-huge", append(withLen(maxFrame), make([]byte, 100)...), io.ErrUnexpectedEOF},
 		{"empty", nil, io.EOF},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			stream := append(append([]byte{}, good...), c.stream...)
-			fr := NewFrameReader(bytes.NewReader(stream))
-			if typ, _, err := fr.Next(); err != nil || typ != MsgAck {
+			fr := newFrameReader(bytes.NewReader(stream))
+			if typ, _, err := fr.Next(); err != nil || typ != msgAck {
 				t.Fatalf("first frame: %v %v", typ, err)
 			}
 			if _, _, err := fr.Next(); err != c.want {
@@ -463,7 +463,7 @@ func TestFrameReaderResumes(t *testing.T) {
 	for i := 0; i < len(stream); i += 7 {
 		chunks = append(chunks, stream[i:min(i+7, len(stream))])
 	}
-	fr := NewFrameReader(&wireFlaky{chunks: chunks})
+	fr := newFrameReader(&wireFlaky{chunks: chunks})
 	for i := 0; i < len(cases); {
 		typ, p, err := fr.Next()
 		if err == errWireTimeout {
@@ -478,8 +478,8 @@ func TestFrameReaderResumes(t *testing.T) {
 	if _, _, err := fr.Next(); err != io.EOF && err != errWireTimeout {
 		t.Fatalf("end: %v", err)
 	}
-	fr = NewFrameReader(wireNothing{})
-	if _, _, err := fr.Next(); err != ErrNoProgress {
+	fr = newFrameReader(wireNothing{})
+	if _, _, err := fr.Next(); err != errNoProgress {
 		t.Fatalf("empty reads: %v", err)
 	}
 }
@@ -496,5 +496,5 @@ func TestAppendFramePanicsAboveMax(t *testing.T) {
 			t.Fatal("no panic")
 		}
 	}()
-	AppendFrame(nil, MsgBatch, make([]byte, MaxFrame-4))
+	appendFrame(nil, msgBatch, make([]byte, maxFrame-4))
 }

@@ -1,4 +1,4 @@
-package repl
+package priority
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -14,23 +15,22 @@ import (
 // canceller, snapshot dumps) without a member link: the test takes each
 // batch's raw records after flushNow.
 type cancelRig struct {
-	p       *Priority
+	table   *shard.Table
 	o       *outStream
 	batches [][]byte
 }
 
 func newCancelRig(t *testing.T, shards int) *cancelRig {
 	t.Helper()
-	r := &cancelRig{p: &Priority{}}
-	tab, err := shard.New(shard.Config{Shards: shards, Sink: r.p.sink}, shard.NewTokens(1000, 1<<62))
+	r := &cancelRig{o: newOutStream(nil, repltest.Quiet(), nil)}
+	tab, err := shard.New(shard.Config{Shards: shards, Sink: r.o.sink}, shard.NewTokens(1000, 1<<62))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.p.table = tab
-	r.o = newOutStream(r.p)
+	r.table = tab
+	r.o.attach(tab, nil, nil)
 	r.o.active.Store(true)
 	r.o.targets.Store(1)
-	r.p.out = r.o
 	return r
 }
 
@@ -47,7 +47,7 @@ func (r *cancelRig) flush() {
 // after shard i's dump (changes while the snapshot is cut).
 func (r *cancelRig) snapshot(between func(i int)) []SnapEntryAt {
 	var snap []SnapEntryAt
-	for i := range r.p.table.Shards() {
+	for i := range r.table.Shards() {
 		seq := r.o.dumpShard(i, func(key []byte, token uint64, _ int64, _ uint8) {
 			snap = append(snap, SnapEntryAt{Shard: i, Key: string(key), Token: token})
 		})
@@ -68,7 +68,7 @@ type SnapEntryAt struct {
 // replica builds a table from snap (if any) and the batches from first on.
 func (r *cancelRig) replica(t *testing.T, snap []SnapEntryAt, first int) *shard.Table {
 	t.Helper()
-	tab, err := shard.New(shard.Config{Shards: r.p.table.Shards()}, shard.NewTokens(0, 0))
+	tab, err := shard.New(shard.Config{Shards: r.table.Shards()}, shard.NewTokens(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func (r *cancelRig) replica(t *testing.T, snap []SnapEntryAt, first int) *shard.
 // same keys with the same tokens and every shard is at the same Seq).
 func (r *cancelRig) diff(tab *shard.Table) string {
 	want, got := map[string]uint64{}, map[string]uint64{}
-	r.p.table.Held(func(k []byte, tok uint64, _ int64) { want[string(k)] = tok })
+	r.table.Held(func(k []byte, tok uint64, _ int64) { want[string(k)] = tok })
 	tab.Held(func(k []byte, tok uint64, _ int64) { got[string(k)] = tok })
 	if !reflect.DeepEqual(got, want) {
 		for k, tok := range got {
@@ -109,9 +109,9 @@ func (r *cancelRig) diff(tab *shard.Table) string {
 		}
 		return fmt.Sprintf("holds %d keys, the active %d", len(got), len(want))
 	}
-	for i := range r.p.table.Shards() {
-		if r.p.table.Seq(i) != tab.Seq(i) {
-			return fmt.Sprintf("shard %d at seq %d, the active at %d", i, tab.Seq(i), r.p.table.Seq(i))
+	for i := range r.table.Shards() {
+		if r.table.Seq(i) != tab.Seq(i) {
+			return fmt.Sprintf("shard %d at seq %d, the active at %d", i, tab.Seq(i), r.table.Seq(i))
 		}
 	}
 	return ""
@@ -135,7 +135,7 @@ func TestCancelKeepsReplicas(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rig := newCancelRig(t, 16)
-			tab := rig.p.table
+			tab := rig.table
 			rng := rand.New(rand.NewPCG(tc.seed, 7))
 			keys := make([][]byte, tc.keys)
 			for i := range keys {
@@ -192,7 +192,7 @@ func TestCancelKeepsReplicas(t *testing.T) {
 			}
 			rig.flush()
 
-			st := &rig.p.stats
+			st := &rig.o.stats
 			if st.cancelled.Load() == 0 || st.records.Load() == 0 {
 				t.Fatalf("%d of %d records cancelled: the canceller never cut", st.cancelled.Load(), st.records.Load())
 			}
@@ -216,7 +216,7 @@ func TestCancelNotAcrossADump(t *testing.T) {
 	for _, bracketed := range []bool{true, false} {
 		t.Run(fmt.Sprint("bracketed=", bracketed), func(t *testing.T) {
 			rig := newCancelRig(t, 4)
-			tab := rig.p.table
+			tab := rig.table
 			var out shard.Out
 			key := []byte("k")
 			_, tok := tab.Acquire(0, key, 0, 30, 1, nil, &out)
@@ -242,15 +242,15 @@ func TestCancelNotAcrossADump(t *testing.T) {
 			case !bracketed && d == "":
 				t.Fatal("without the bracket the pair was not cancelled: this test no longer checks the rule")
 			}
-			if bracketed && rig.p.stats.cancelled.Load() != 0 {
-				t.Fatalf("%d records cancelled across the dump", rig.p.stats.cancelled.Load())
+			if bracketed && rig.o.stats.cancelled.Load() != 0 {
+				t.Fatalf("%d records cancelled across the dump", rig.o.stats.cancelled.Load())
 			}
 			// The next batch may cancel again.
 			_, tok = tab.Acquire(0, key, 0, 30, 1, nil, &out)
 			tab.Release(0, key, tok, &out)
 			rig.flush()
-			if bracketed && rig.p.stats.cancelled.Load() != 2 {
-				t.Fatalf("after the dump's batch: %d records cancelled, want 2", rig.p.stats.cancelled.Load())
+			if bracketed && rig.o.stats.cancelled.Load() != 2 {
+				t.Fatalf("after the dump's batch: %d records cancelled, want 2", rig.o.stats.cancelled.Load())
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package repl
+package priority
 
 import (
 	"testing"
@@ -85,7 +85,7 @@ func (s *sim) record(i int, c change) {
 func (s *sim) actives() []int {
 	var a []int
 	for i, r := range s.m {
-		if !s.down[i] && r.role == RoleActive {
+		if !s.down[i] && r.role == roleActive {
 			a = append(a, i)
 		}
 	}
@@ -328,7 +328,7 @@ func TestRolesLeavingIsNotLive(t *testing.T) {
 	s := newSim(t, 3)
 	s.step(2 * time.Second)
 	s.wantActive(0)
-	s.m[1].role = RoleLeaving
+	s.m[1].role = roleLeaving
 	s.step(100 * time.Millisecond)
 	if s.m[0].live(1, s.now) {
 		t.Fatal("a leaving member counts as live")
@@ -388,7 +388,7 @@ func TestRolesFrozenAtStartWatchesBeforePromoting(t *testing.T) {
 	a := s.actives()[0]
 	s.down[0] = false
 	s.step(100 * time.Millisecond)
-	if s.m[0].role == RoleActive {
+	if s.m[0].role == roleActive {
 		t.Fatalf("member 0 promoted at once after resuming, beside active %d", a)
 	}
 	s.step(2 * time.Second)
@@ -414,7 +414,7 @@ func TestRolesFrozenLoneActiveWatchesBeforeServing(t *testing.T) {
 		s.cut[0][j], s.cut[j][0] = true, true
 	}
 	s.step(2 * time.Second) // 1 promotes on its side; 0 stays active alone
-	if s.m[1].role != RoleActive || s.m[0].role != RoleActive {
+	if s.m[1].role != roleActive || s.m[0].role != roleActive {
 		t.Fatalf("split: roles %v %v", s.m[0].role, s.m[1].role)
 	}
 	s.down[0] = true
