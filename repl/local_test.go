@@ -44,7 +44,7 @@ func TestTokenReservationStaysAhead(t *testing.T) {
 		if st != shard.Granted {
 			t.Fatalf("acquire %d: %v", i, st)
 		}
-		if mark, err := n.Dir().Mark(); err != nil || mark < tok {
+		if mark, err := n.dir.Mark(); err != nil || mark < tok {
 			t.Fatalf("token %d handed out above the durable mark %d (%v)", tok, mark, err)
 		}
 		i++
@@ -182,7 +182,7 @@ func TestSnapshotAcrossOpen(t *testing.T) {
 	if _, tok2 := tab2.Acquire(now2(), []byte("new"), 0, 30, 0, nil, &out); tok2 <= tok {
 		t.Fatalf("token %d after the restart, not above %d", tok2, tok)
 	}
-	if n2.Restored() != 1 {
-		t.Fatalf("Restored = %d", n2.Restored())
+	if n2.restored != 1 {
+		t.Fatalf("Restored = %d", n2.restored)
 	}
 }

@@ -64,7 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.IntVar(&cfg.MaxConns, "max-conns", cfg.MaxConns, "open client connections; more are closed at once")
 	fs.IntVar(&cfg.MaxOutbound, "max-outbound", cfg.MaxOutbound, "bytes of answers buffered for a connection that does not read before it is closed")
 	fs.DurationVar(&cfg.Drain, "drain", cfg.Drain, "on shutdown, how long connections stay open answering E 4 before they close (≤ 4s)")
-	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "event loops (default: number of cores)")
+	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "event loops, 1..1024; one per core unless set")
 	fs.Uint64Var(&cfg.TokenBlock, "token-block", cfg.TokenBlock, "tokens reserved in the data dir per disk write; up to two blocks are reserved ahead")
 	fs.StringVar(&opt.cluster, "cluster", "", "cluster mode: priority or raft (PROTOCOL.md §6); empty: a single node")
 	peers := fs.String("peers", "", "every member's client address, comma-separated, the same on every member (priority: first = highest priority)")
@@ -152,15 +152,37 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 	}
 	m.Listen, m.DataDir, m.TokenBlock = cfg.Listen, cfg.DataDir, cfg.TokenBlock
 	if err := m.Validate(); err != nil {
-		var fe *repl.FieldError
-		if errors.As(err, &fe) {
-			name := map[string]string{"Peers": "--peers", "Self": "--self", "PeerOffset": "--peer-offset",
-				"FailoverTimeout": "--failover-timeout", "Listen": "--listen"}[fe.Field]
-			return usageError{fmt.Sprintf("%s %v: %s", name, fe.Value, fe.Want)}
-		}
-		return usageError{err.Error()}
+		return usageError{nodeError(err).Error()}
 	}
 	return nil
+}
+
+// nodeFlags maps the fields of a repl.FieldError onto the daemon's flags.
+var nodeFlags = map[string]string{
+	"Peers":           "--peers",
+	"Self":            "--self",
+	"PeerOffset":      "--peer-offset",
+	"FailoverTimeout": "--failover-timeout",
+	"Listen":          "--listen",
+	"DataDir":         "--data-dir",
+	"TokenBlock":      "--token-block",
+}
+
+// nodeError words a node's configuration error with the flag's name; other
+// errors are returned as they are.
+func nodeError(err error) error {
+	var fe *repl.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	name, ok := nodeFlags[fe.Field]
+	if !ok {
+		return err
+	}
+	if fe.Err != nil {
+		return fmt.Errorf("%s %v: %w", name, fe.Value, fe.Err)
+	}
+	return fmt.Errorf("%s %v: %s", name, fe.Value, fe.Want)
 }
 
 // flags maps engine.Config fields onto the daemon's flags.
@@ -268,7 +290,7 @@ func run(args []string, stderr io.Writer) int {
 		srv, err = engine.New(cfg)
 	}
 	if err != nil {
-		log.Error("start failed", "err", err)
+		log.Error("start failed", "err", nodeError(err))
 		if adminLn != nil {
 			adminLn.Close()
 		}
@@ -292,6 +314,8 @@ func run(args []string, stderr io.Writer) int {
 	case err := <-serveErr:
 		if errors.Is(err, engine.ErrStopped) {
 			log.Error("stopped serving on its own; exiting", "err", err)
+		} else if errors.As(err, new(*repl.FieldError)) {
+			log.Error("start failed", "err", nodeError(err))
 		} else {
 			log.Error("start failed", "err", fmt.Errorf("--listen %s: %w", cfg.Listen, err))
 		}

@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
-	"github.com/lockd-dev/lockd/store"
 )
 
 // node is a member of a priority cluster (PROTOCOL.md §6.3): the
@@ -37,7 +34,7 @@ type node struct {
 	cfg   repl.ClusterConfig
 	log   *slog.Logger
 	clock func() int64
-	dir   *store.Dir
+	dir   *repl.DataDir
 	table *shard.Table
 	host  repl.Host
 	self  string // this member's client address (its --peers entry)
@@ -62,16 +59,14 @@ type node struct {
 	echoMu sync.Mutex
 	echoes []uint64 // the highest heartbeat probe received from each member
 
-	res     repl.Reserver
-	resID   atomic.Uint64
-	created bool
+	res   repl.Reserver
+	resID atomic.Uint64
 
-	actions  chan action // role changes, carried out in order by the actor goroutine
-	quit     chan struct{}
-	wg       sync.WaitGroup
-	closeMu  sync.Mutex
-	closed   bool
-	restored int
+	actions chan action // role changes, carried out in order by the actor goroutine
+	quit    chan struct{}
+	wg      sync.WaitGroup
+	closeMu sync.Mutex
+	closed  bool
 
 	stats clusterStats
 
@@ -109,38 +104,23 @@ func (p *node) timeout() int64 { return int64(p.cfg.FailoverTimeout) }
 // the active: a standby discards it for the active's state).
 func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*shard.Table, error) {
 	p.log, p.clock = log.With("member", p.cfg.Self), clock
-	if _, err := os.Stat(p.cfg.DataDir); errors.Is(err, os.ErrNotExist) {
-		p.created = true
-	}
-	dir, err := store.Open(p.cfg.DataDir)
+	dir, err := repl.OpenDataDir(p.cfg.DataDir, p.log)
 	if err != nil {
-		return nil, fmt.Errorf("--data-dir %s: %w", p.cfg.DataDir, err)
+		return nil, err
 	}
 	p.dir = dir
 	fail := func(err error) (*shard.Table, error) {
-		dir.Close()
-		if p.created {
-			os.RemoveAll(p.cfg.DataDir)
-		}
+		dir.Release(repl.FailedStart)
+		p.dir = nil
 		return nil, err
 	}
-	mark, err := dir.Mark()
+	start, snap, err := dir.Load(true)
 	if err != nil {
 		return fail(err)
 	}
 	epoch, err := dir.Epoch()
 	if err != nil {
 		return fail(err)
-	}
-	snap, ok, err := dir.ReadSnapshot()
-	if errors.Is(err, store.ErrCorrupt) {
-		p.log.Error("snapshot corrupt: moved aside, its locks are lost (tokens are not)", "err", err)
-	} else if err != nil {
-		return fail(err)
-	}
-	start := max(mark, repl.WallFloor())
-	if ok {
-		start = max(start, snap.Mark)
 	}
 	p.out = newOutStream(p.cfg.Peers, p.log, p.epoch)
 	cfg.Sink = p.out.sink
@@ -150,14 +130,13 @@ func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 	if err != nil {
 		return fail(err)
 	}
-	if ok {
-		if p.restored, err = repl.RestoreLocks(p.table, snap.Locks, clock()); err != nil {
-			return fail(fmt.Errorf("restoring snapshot: %w", err))
+	if snap != nil {
+		if _, err := dir.Restore(p.table, snap, clock()); err != nil {
+			return fail(err)
 		}
 		if err := dir.RemoveSnapshot(); err != nil {
 			return fail(err)
 		}
-		p.log.Info("snapshot reloaded", "locks", p.restored)
 	}
 	p.roles = newRoles(p.cfg.Self, len(p.cfg.Peers), p.timeout(), epoch, clock())
 	p.link = newLink(p.cfg, p.hello(), p.log, linkEvents{changed: p.out.linkChanged, accepted: p.accepted}, p.quit, &p.wg)
@@ -172,13 +151,9 @@ func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 // address) and listens for a failover timeout before it may promote.
 func (p *node) Start(addr string, host repl.Host) error {
 	p.host = host
-	la, err := p.cfg.MemberListen()
+	ln, err := p.cfg.ListenMembers()
 	if err != nil {
 		return err
-	}
-	ln, err := net.Listen("tcp", la)
-	if err != nil {
-		return fmt.Errorf("member port %s (--listen port + --peer-offset): %w", la, err)
 	}
 	p.log.Info("member link listening", "addr", ln.Addr().String(), "peers", p.cfg.Peers, "self", p.self)
 	p.publish(&repl.Gate{State: repl.Redirect})
@@ -642,25 +617,11 @@ func (p *node) Close(ctx context.Context, why repl.CloseReason) error {
 	p.mu.Lock()
 	wasActive := p.roles.role == roleActive
 	p.mu.Unlock()
-	var err error
-	switch {
-	case why == repl.FailedStart:
-		err = p.dir.Close()
-		if p.created {
-			os.RemoveAll(p.cfg.DataDir)
-		}
-		return err
-	case why == repl.Discard || !wasActive:
-		return p.dir.Close()
+	if why == repl.FailedStart || why == repl.Discard || !wasActive {
+		return p.dir.Release(why)
 	}
-	snap := repl.TableSnapshot(p.table, p.clock())
-	err = repl.RunWithin(ctx, func() error { return p.dir.WriteSnapshot(snap) })
-	if err != nil {
-		p.log.Error("snapshot not written: held locks are lost (tokens are not)", "locks_lost", len(snap.Locks), "err", err)
-	} else {
-		p.log.Info("snapshot written", "locks", len(snap.Locks), "mark", snap.Mark, "after", why.String())
-	}
-	return errors.Join(err, p.dir.Close())
+	err := p.dir.Save(ctx, p.table, p.clock(), why)
+	return errors.Join(err, p.dir.Release(why))
 }
 
 // Status reports this member and what it knows of the others.

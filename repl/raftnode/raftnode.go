@@ -20,7 +20,6 @@ import (
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
-	"github.com/lockd-dev/lockd/store"
 )
 
 // node is a member of a raft cluster (PROTOCOL.md §6.4): the leader
@@ -51,8 +50,7 @@ type node struct {
 	table      *shard.Table
 	host       repl.Host
 	self       string // this member's client address
-	dir        *store.Dir
-	created    bool
+	dir        *repl.DataDir
 
 	gate atomic.Pointer[repl.Gate]
 
@@ -162,24 +160,20 @@ func (n *node) raftConfig() *raft.Config {
 func (n *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*shard.Table, error) {
 	n.log, n.clock = log.With("member", n.cfg.Self), clock
 	n.wallAtZero = time.Now().UnixNano() - clock()
-	if _, err := os.Stat(n.cfg.DataDir); errors.Is(err, os.ErrNotExist) {
-		n.created = true
-	}
-	dir, err := store.Open(n.cfg.DataDir)
+	dir, err := repl.OpenDataDir(n.cfg.DataDir, n.log)
 	if err != nil {
-		return nil, fmt.Errorf("--data-dir %s: %w", n.cfg.DataDir, err)
+		return nil, err
 	}
 	n.dir = dir
 	fail := func(err error) (*shard.Table, error) {
 		n.closeStores()
-		dir.Close()
+		dir.Release(repl.FailedStart)
 		n.dir = nil
-		if n.created {
-			os.RemoveAll(n.cfg.DataDir)
-		}
 		return nil, err
 	}
-	mark, err := dir.Mark()
+	// The raft log and snapshots hold the locks; a shutdown snapshot
+	// (from another mode) is not read.
+	start, _, err := dir.Load(false)
 	if err != nil {
 		return fail(err)
 	}
@@ -189,7 +183,6 @@ func (n *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 	n.tcfg = cfg
 	cfg.Sink = n.sink
 	// No token before this member leads and has committed a reservation.
-	start := max(mark, repl.WallFloor())
 	n.table, err = shard.New(cfg, shard.NewTokens(start, start))
 	if err != nil {
 		return fail(err)
@@ -217,18 +210,15 @@ func (n *node) openRaft() error {
 	if err != nil {
 		return fmt.Errorf("raft snapshots in %s: %w", base, err)
 	}
-	bind, err := n.cfg.MemberListen()
-	if err != nil {
-		return err
-	}
 	adv, err := net.ResolveTCPAddr("tcp", n.cfg.MemberAddr(n.cfg.Self))
 	if err != nil {
 		return fmt.Errorf("member address %s: %w", n.cfg.MemberAddr(n.cfg.Self), err)
 	}
-	n.stream, err = newRaftStream(bind, adv)
+	ln, err := n.cfg.ListenMembers()
 	if err != nil {
-		return fmt.Errorf("member port %s (--listen port + --peer-offset): %w", bind, err)
+		return err
 	}
+	n.stream = newRaftStream(ln, adv)
 	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing}
 	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second, netLog)
 	n.closers = append(n.closers, n.trans)
@@ -590,11 +580,8 @@ func (n *node) Close(ctx context.Context, why repl.CloseReason) error {
 	}
 	n.closeStores()
 	if n.dir != nil {
-		err = errors.Join(err, n.dir.Close())
+		err = errors.Join(err, n.dir.Release(why))
 		n.dir = nil
-	}
-	if why == repl.FailedStart && n.created {
-		os.RemoveAll(n.cfg.DataDir)
 	}
 	return err
 }

@@ -103,7 +103,7 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 	h.reserved = binary.BigEndian.Uint64(p[24:])
 	h.shards = binary.BigEndian.Uint32(p[32:])
 	if int(h.shards) != t.Shards() {
-		return h, fmt.Errorf("%w: snapshot of a table with %d shards, this one has %d (--shards must be the same on every member)",
+		return h, fmt.Errorf("%w: snapshot of a table with %d shards, this one has %d (every member must use the same shard count)",
 			errBadLogEntry, h.shards, t.Shards())
 	}
 	cutNow := h.cut - wallAtZero // the cut on t's clock

@@ -25,12 +25,9 @@ type raftStream struct {
 	conns map[net.Conn]struct{}
 }
 
-func newRaftStream(bind string, advertise net.Addr) (*raftStream, error) {
-	ln, err := net.Listen("tcp", bind)
-	if err != nil {
-		return nil, err
-	}
-	return &raftStream{ln: ln, advertise: advertise, conns: map[net.Conn]struct{}{}}, nil
+// newRaftStream serves raft on ln, advertising advertise.
+func newRaftStream(ln net.Listener, advertise net.Addr) *raftStream {
+	return &raftStream{ln: ln, advertise: advertise, conns: map[net.Conn]struct{}{}}
 }
 
 // Accept returns the next member connection (one that arrives while the
