@@ -85,7 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 		return cfg, opt, usageError{fmt.Sprintf("unexpected argument %q (lockd takes only flags)", fs.Arg(0))}
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, opt, usageError{flagError(err)}
+		return cfg, opt, usageError{flagError(err).Error()}
 	}
 	if err := clusterFlags(fs, &cfg, &opt, *peers, *self); err != nil {
 		return cfg, opt, err
@@ -152,40 +152,13 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 	}
 	m.Listen, m.DataDir, m.TokenBlock = cfg.Listen, cfg.DataDir, cfg.TokenBlock
 	if err := m.Validate(); err != nil {
-		return usageError{nodeError(err).Error()}
+		return usageError{flagError(err).Error()}
 	}
 	return nil
 }
 
-// nodeFlags maps the fields of a repl.FieldError onto the daemon's flags.
-var nodeFlags = map[string]string{
-	"Peers":           "--peers",
-	"Self":            "--self",
-	"PeerOffset":      "--peer-offset",
-	"FailoverTimeout": "--failover-timeout",
-	"Listen":          "--listen",
-	"DataDir":         "--data-dir",
-	"TokenBlock":      "--token-block",
-}
-
-// nodeError words a node's configuration error with the flag's name; other
-// errors are returned as they are.
-func nodeError(err error) error {
-	var fe *repl.FieldError
-	if !errors.As(err, &fe) {
-		return err
-	}
-	name, ok := nodeFlags[fe.Field]
-	if !ok {
-		return err
-	}
-	if fe.Err != nil {
-		return fmt.Errorf("%s %v: %w", name, fe.Value, fe.Err)
-	}
-	return fmt.Errorf("%s %v: %s", name, fe.Value, fe.Want)
-}
-
-// flags maps engine.Config fields onto the daemon's flags.
+// flags maps the fields of engine.Config and of the nodes' configuration
+// (repl.ClusterConfig, repl.LocalConfig) onto the daemon's flags.
 var flags = map[string]string{
 	"Listen":                  "--listen",
 	"DataDir":                 "--data-dir",
@@ -201,17 +174,38 @@ var flags = map[string]string{
 	"MaxPendingGrants":        "--max-pending-grants",
 	"FrameTimeout":            "--frame-timeout",
 	"TokenBlock":              "--token-block",
+	"Peers":                   "--peers",
+	"Self":                    "--self",
+	"PeerOffset":              "--peer-offset",
+	"FailoverTimeout":         "--failover-timeout",
 }
 
-// flagError words a validation error with the flag's name.
-func flagError(err error) string {
-	var ce *engine.ConfigError
-	if errors.As(err, &ce) {
-		if name, ok := flags[ce.Field]; ok {
-			return fmt.Sprintf("%s %v: %s", name, ce.Value, ce.Want)
+// flagError words an engine.ConfigError or a repl.FieldError with the
+// flag's name; other errors are returned as they are.
+func flagError(err error) error {
+	var (
+		ce    *engine.ConfigError
+		fe    *repl.FieldError
+		field string
+		value any
+		why   string
+	)
+	switch {
+	case errors.As(err, &ce):
+		field, value, why = ce.Field, ce.Value, ce.Want
+	case errors.As(err, &fe):
+		field, value, why = fe.Field, fe.Value, fe.Want
+		if fe.Err != nil {
+			why = fe.Err.Error()
 		}
+	default:
+		return err
 	}
-	return err.Error()
+	name, ok := flags[field]
+	if !ok {
+		return err
+	}
+	return fmt.Errorf("%s %v: %s", name, value, why)
 }
 
 // adminBeside is the default admin address: --listen's host, its port + 1
@@ -290,7 +284,7 @@ func run(args []string, stderr io.Writer) int {
 		srv, err = engine.New(cfg)
 	}
 	if err != nil {
-		log.Error("start failed", "err", nodeError(err))
+		log.Error("start failed", "err", flagError(err))
 		if adminLn != nil {
 			adminLn.Close()
 		}
@@ -315,7 +309,7 @@ func run(args []string, stderr io.Writer) int {
 		if errors.Is(err, engine.ErrStopped) {
 			log.Error("stopped serving on its own; exiting", "err", err)
 		} else if errors.As(err, new(*repl.FieldError)) {
-			log.Error("start failed", "err", nodeError(err))
+			log.Error("start failed", "err", flagError(err))
 		} else {
 			log.Error("start failed", "err", fmt.Errorf("--listen %s: %w", cfg.Listen, err))
 		}

@@ -3,7 +3,6 @@ package priority
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"io"
 	"slices"
 	"testing"
@@ -11,13 +10,9 @@ import (
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 )
 
-var writeCorpus = flag.Bool("write-corpus", false, "rewrite the fuzz seed corpus under testdata/fuzz")
-
-func frameSeeds() []repltest.Seed {
-	var seeds []repltest.Seed
-	add := func(target, name string, args ...any) {
-		seeds = append(seeds, repltest.Seed{Target: target, Name: name, Args: args})
-	}
+func frameSeeds() repltest.Seeds {
+	var seeds repltest.Seeds
+	add := seeds.Add
 	// Every message, alone and in one stream; batches and snapshot frames
 	// with real records, raw and compressed; broken frames.
 	stream, cases := wireStream()
@@ -42,7 +37,7 @@ func frameSeeds() []repltest.Seed {
 // TestFuzzCorpus: the seed corpus under testdata/fuzz holds every seed
 // above as it is built now (go test -run TestFuzzCorpus -write-corpus
 // rewrites it).
-func TestFuzzCorpus(t *testing.T) { repltest.CheckCorpus(t, frameSeeds(), *writeCorpus) }
+func TestFuzzCorpus(t *testing.T) { repltest.CheckCorpus(t, frameSeeds()) }
 
 // fuzzFrame is what a FrameReader returned.
 type fuzzFrame struct {
@@ -114,34 +109,23 @@ func fuzzOneByte(data []byte) io.Reader {
 	return &wireChunks{chunks: chunks}
 }
 
+// fuzzProtos is a message of every type (each has a wire case).
+var fuzzProtos = func() map[msgType]wireMsg {
+	protos := map[msgType]wireMsg{}
+	for _, c := range wireCases() {
+		protos[c.t] = c.m
+	}
+	return protos
+}()
+
 // fuzzMessage decodes a payload as its type's message; what decodes must
 // re-encode to frame.
 func fuzzMessage(t *testing.T, typ msgType, p, frame []byte) {
-	var m wireMsg
-	switch typ {
-	case msgHello:
-		m = &hello{}
-	case msgHeartbeat:
-		m = &heartbeat{}
-	case msgBatch:
-		m = &batch{}
-	case msgReserve:
-		m = &reserve{}
-	case msgAck:
-		m = &ack{}
-	case msgSnapBegin:
-		m = &snapBegin{}
-	case msgSnapShard:
-		m = &snapShard{}
-	case msgSnapEnd:
-		m = wireSnapEnd{}
-	case msgNeedSnapshot:
-		m = &needSnapshot{}
-	case msgHandoff:
-		m = &handoff{}
-	default:
+	proto, ok := fuzzProtos[typ]
+	if !ok {
 		t.Fatalf("reader returned type %v", typ)
 	}
+	m := newWireMsg(proto)
 	err := m.Decode(p)
 	if err != nil {
 		if !errors.Is(err, errShortPayload) && !errors.Is(err, errLongPayload) && !errors.Is(err, errBadField) &&

@@ -684,7 +684,7 @@ func (p *node) Health() error {
 	case p.roles.role == roleStandby && p.roles.active >= 0:
 		return nil
 	}
-	return errors.New("repl: no active known")
+	return errors.New("priority: no active known")
 }
 
 // hello is what this member says first on every link.

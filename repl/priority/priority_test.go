@@ -3,7 +3,6 @@ package priority
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,11 +33,7 @@ type member struct {
 func startMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 	t.Helper()
 	const offset = 1000
-	ports := repltest.FreePorts(t, n, offset)
-	var peers []string
-	for _, p := range ports {
-		peers = append(peers, "127.0.0.1:"+strconv.Itoa(p))
-	}
+	peers := repltest.FreeAddrs(t, n, offset)
 	var ms []*member
 	for i := range n {
 		p, err := newNode(repl.ClusterConfig{Peers: peers, Self: i, Listen: peers[i], PeerOffset: offset,

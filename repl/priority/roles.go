@@ -1,33 +1,5 @@
 package priority
 
-import "fmt"
-
-// role is a member's role in a priority cluster, as its heartbeats say it.
-type role uint8
-
-// Roles.
-const (
-	roleStandby  role = 1 // follows an active (or none is known yet)
-	roleActive   role = 2 // executes requests and streams its changes
-	roleHandover role = 3 // an active handing its work to a successor: executes nothing
-	roleLeaving  role = 4 // shutting down: count it as not live at once
-)
-
-// String names the role.
-func (r role) String() string {
-	switch r {
-	case roleStandby:
-		return "standby"
-	case roleActive:
-		return "active"
-	case roleHandover:
-		return "handing-over"
-	case roleLeaving:
-		return "leaving"
-	}
-	return fmt.Sprintf("role(%d)", uint8(r))
-}
-
 // peerState is what a member said in its last heartbeat, and when.
 type peerState struct {
 	known       bool  // heard from since this member started (or resumed)

@@ -68,40 +68,44 @@ var msgNames = [...]string{
 }
 
 // String names the message type.
-func (t msgType) String() string {
-	if t.valid() {
-		return msgNames[t]
-	}
-	return fmt.Sprintf("MsgType(%d)", uint8(t))
-}
+func (t msgType) String() string { return nameOf(msgNames[:], uint8(t), "MsgType") }
 
 func (t msgType) valid() bool { return t >= msgHello && t <= msgHandoff }
+
+// nameOf names value v of a small enum from names (indexed by value, ""
+// for none), or as typ(v).
+func nameOf(names []string, v uint8, typ string) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
+	}
+	return fmt.Sprintf("%s(%d)", typ, v)
+}
 
 // Errors of the member link's frames and messages. A frameReader's protocol
 // errors are final: the link must be closed (and the reason logged).
 var (
 	// errFrameTooLarge: a frame's length field exceeds maxFrame.
-	errFrameTooLarge = errors.New("repl: frame longer than maxFrame")
+	errFrameTooLarge = errors.New("priority: frame longer than maxFrame")
 	// errFrameTooShort: a frame's length field is below 5 (type + crc).
-	errFrameTooShort = errors.New("repl: frame length below 5")
+	errFrameTooShort = errors.New("priority: frame length below 5")
 	// errBadCRC: a frame's CRC-32C does not match its type and payload.
-	errBadCRC = errors.New("repl: frame checksum mismatch")
+	errBadCRC = errors.New("priority: frame checksum mismatch")
 	// errUnknownType: a frame's type byte names no message.
-	errUnknownType = errors.New("repl: unknown message type")
+	errUnknownType = errors.New("priority: unknown message type")
 	// errShortPayload: a payload ends before its message's fields do.
-	errShortPayload = errors.New("repl: payload too short for its message")
+	errShortPayload = errors.New("priority: payload too short for its message")
 	// errLongPayload: a payload has bytes after its message's fields.
-	errLongPayload = errors.New("repl: payload too long for its message")
+	errLongPayload = errors.New("priority: payload too long for its message")
 	// errBadField: a field holds a value its message does not allow (an
 	// unknown role, ack kind, reason or codec; a flag other than 0/1; a raw
 	// length that does not fit the data).
-	errBadField = errors.New("repl: invalid message field")
+	errBadField = errors.New("priority: invalid message field")
 	// errMismatch: a peer's Hello differs from this node's (hello.Check),
 	// or it speaks another protocol version (hello.Decode).
-	errMismatch = errors.New("repl: peer configuration differs")
+	errMismatch = errors.New("priority: peer configuration differs")
 	// errNoProgress: the underlying reader returned no data and no error
 	// many times in a row.
-	errNoProgress = errors.New("repl: reader makes no progress")
+	errNoProgress = errors.New("priority: reader makes no progress")
 )
 
 // appendFrame appends a frame of type t carrying payload to dst. payload
@@ -124,7 +128,7 @@ func beginFrame(dst []byte, t msgType) ([]byte, int) {
 func endFrame(dst []byte, at int) []byte {
 	n := len(dst) - at - 4 + frameTail
 	if n > maxFrame {
-		panic("repl: frame payload exceeds maxFrame")
+		panic("priority: frame payload exceeds maxFrame")
 	}
 	binary.BigEndian.PutUint32(dst[at:], uint32(n))
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[at+4:], castagnoli))
@@ -249,15 +253,9 @@ const (
 )
 
 // String names the mode as --cluster spells it.
-func (m clusterMode) String() string {
-	switch m {
-	case modePriority:
-		return "priority"
-	case modeRaft:
-		return "raft"
-	}
-	return fmt.Sprintf("ClusterMode(%d)", uint8(m))
-}
+func (m clusterMode) String() string { return nameOf(modeNames[:], uint8(m), "ClusterMode") }
+
+var modeNames = [...]string{modePriority: "priority", modeRaft: "raft"}
 
 // hello opens every link in both directions; a member refuses a peer whose
 // Hello differs from its own (Check).
@@ -354,7 +352,24 @@ func (h *hello) Check(local hello) error {
 	return fmt.Errorf("%w: %s", errMismatch, b.String())
 }
 
-// noActive is Heartbeat.Active when the sender follows no active.
+// role is a member's role in a priority cluster, as its heartbeats say it
+// (the role machine, roles.go, decides it).
+type role uint8
+
+// Roles.
+const (
+	roleStandby  role = 1 // follows an active (or none is known yet)
+	roleActive   role = 2 // executes requests and streams its changes
+	roleHandover role = 3 // an active handing its work to a successor: executes nothing
+	roleLeaving  role = 4 // shutting down: count it as not live at once
+)
+
+// String names the role (as /status and the logs show it).
+func (r role) String() string { return nameOf(roleNames[:], uint8(r), "role") }
+
+var roleNames = [...]string{roleStandby: "standby", roleActive: "active", roleHandover: "handing-over", roleLeaving: "leaving"}
+
+// noActive is heartbeat.Active when the sender follows no active.
 const noActive = 255
 
 // heartbeat is what every member sends every other member periodically.
@@ -515,19 +530,9 @@ const (
 )
 
 // String names the ack kind.
-func (k ackKind) String() string {
-	switch k {
-	case ackBatch:
-		return "batch"
-	case ackReserve:
-		return "reserve"
-	case ackSnapshot:
-		return "snapshot"
-	case ackHandoff:
-		return "handoff"
-	}
-	return fmt.Sprintf("AckKind(%d)", uint8(k))
-}
+func (k ackKind) String() string { return nameOf(ackNames[:], uint8(k), "AckKind") }
+
+var ackNames = [...]string{ackBatch: "batch", ackReserve: "reserve", ackSnapshot: "snapshot", ackHandoff: "handoff"}
 
 // ack acknowledges a batch, a reservation, a snapshot or a handoff.
 type ack struct {
@@ -680,17 +685,9 @@ const (
 )
 
 // String names the reason.
-func (r snapReason) String() string {
-	switch r {
-	case snapGap:
-		return "gap"
-	case snapStart:
-		return "start"
-	case snapBehind:
-		return "fell behind"
-	}
-	return fmt.Sprintf("SnapReason(%d)", uint8(r))
-}
+func (r snapReason) String() string { return nameOf(reasonNames[:], uint8(r), "SnapReason") }
+
+var reasonNames = [...]string{snapGap: "gap", snapStart: "start", snapBehind: "fell behind"}
 
 // needSnapshot asks the active for a snapshot.
 type needSnapshot struct {

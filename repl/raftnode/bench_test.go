@@ -64,11 +64,7 @@ func BenchmarkRaftLogStore(b *testing.B) {
 
 func benchRaftStore(b *testing.B, kind logStoreKind, g int) {
 	const offset = 1000
-	ports := repltest.FreePorts(&testing.T{}, 3, offset)
-	var peers []string
-	for _, p := range ports {
-		peers = append(peers, fmt.Sprintf("127.0.0.1:%d", p))
-	}
+	peers := repltest.FreeAddrs(b, 3, offset)
 	type mem struct {
 		n     *node
 		table *shard.Table

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,8 +98,8 @@ func newRaftCluster(t *testing.T, size int, tune ...func(*raft.Config)) *raftClu
 	if len(tune) > 0 {
 		c.tune = tune[0]
 	}
-	for _, p := range repltest.FreePorts(t, size, raftTestOffset) {
-		c.peers = append(c.peers, "127.0.0.1:"+strconv.Itoa(p))
+	c.peers = repltest.FreeAddrs(t, size, raftTestOffset)
+	for range c.peers {
 		c.dirs = append(c.dirs, t.TempDir())
 	}
 	c.ms = make([]*raftMember, size)

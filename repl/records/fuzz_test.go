@@ -2,7 +2,6 @@ package records_test
 
 import (
 	"bytes"
-	"flag"
 	"strings"
 	"testing"
 
@@ -11,13 +10,9 @@ import (
 	"github.com/lockd-dev/lockd/shard"
 )
 
-var writeCorpus = flag.Bool("write-corpus", false, "rewrite the fuzz seed corpus under testdata/fuzz")
-
-func recordSeeds() []repltest.Seed {
-	var seeds []repltest.Seed
-	add := func(target, name string, args ...any) {
-		seeds = append(seeds, repltest.Seed{Target: target, Name: name, Args: args})
-	}
+func recordSeeds() repltest.Seeds {
+	var seeds repltest.Seeds
+	add := seeds.Add
 	large := repltest.FuzzBatch(repltest.FuzzRecords(64))
 	add("FuzzBatchRecords", "one", repltest.FuzzBatch(repltest.FuzzRecords(1)))
 	add("FuzzBatchRecords", "eight", repltest.FuzzBatch(repltest.FuzzRecords(8)))
@@ -41,7 +36,7 @@ func recordSeeds() []repltest.Seed {
 // TestFuzzCorpus: the seed corpus under testdata/fuzz holds every seed
 // above as it is built now (go test -run TestFuzzCorpus -write-corpus
 // rewrites it).
-func TestFuzzCorpus(t *testing.T) { repltest.CheckCorpus(t, recordSeeds(), *writeCorpus) }
+func TestFuzzCorpus(t *testing.T) { repltest.CheckCorpus(t, recordSeeds()) }
 
 // fuzzCompression: raw survives Compress and Decompress; raw taken as s2
 // data decodes, at its claimed length, without panicking.

@@ -9,6 +9,7 @@ package repltest
 import (
 	"bytes"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -47,14 +48,15 @@ func WaitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// FreePorts returns n ports p such that p and p+offset were free.
-func FreePorts(t *testing.T, n, offset int) []int {
-	t.Helper()
-	var ports []int
-	for len(ports) < n {
+// FreeAddrs returns n addresses 127.0.0.1:p such that p and p+offset
+// were free (a member's client port and its member port).
+func FreeAddrs(tb testing.TB, n, offset int) []string {
+	tb.Helper()
+	var addrs []string
+	for len(addrs) < n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
 		p := l.Addr().(*net.TCPAddr).Port
 		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+offset))
@@ -63,9 +65,9 @@ func FreePorts(t *testing.T, n, offset int) []int {
 			continue
 		}
 		l2.Close()
-		ports = append(ports, p)
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(p))
 	}
-	return ports
+	return addrs
 }
 
 // Workload drives a shard.Table with a mix like bench/'s and returns
@@ -251,6 +253,14 @@ type Seed struct {
 	Args         []any  // its arguments: []byte or uint16
 }
 
+// Seeds is a seed corpus being built.
+type Seeds []Seed
+
+// Add adds the seed name of target with args.
+func (s *Seeds) Add(target, name string, args ...any) {
+	*s = append(*s, Seed{Target: target, Name: name, Args: args})
+}
+
 // fuzzFile is a seed as `go test` stores it.
 func fuzzFile(s Seed) []byte {
 	var b strings.Builder
@@ -266,13 +276,16 @@ func fuzzFile(s Seed) []byte {
 	return []byte(b.String())
 }
 
+// writeCorpus is the flag of every test binary that checks a corpus.
+var writeCorpus = flag.Bool("write-corpus", false, "rewrite the fuzz seed corpus under testdata/fuzz")
+
 // CheckCorpus: the seed corpus under testdata/fuzz holds every seed as it
-// is built now; with write, it is rewritten instead.
-func CheckCorpus(t *testing.T, seeds []Seed, write bool) {
+// is built now; with -write-corpus, it is rewritten instead.
+func CheckCorpus(t *testing.T, seeds Seeds) {
 	t.Helper()
 	for _, s := range seeds {
 		path := filepath.Join("testdata", "fuzz", s.Target, s.Name)
-		if write {
+		if *writeCorpus {
 			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 				t.Fatal(err)
 			}
