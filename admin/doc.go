@@ -7,7 +7,7 @@
 // and costs the hot path nothing but the atomic loads it reads. The
 // per-loop counters are aggregated at scrape time.
 //
-// admin may import lockd/engine, lockd/shard, net/http and
-// prometheus/client_golang. It must not import lockd/client or gnet, and
-// nothing in lockd except cmd/ imports it.
+// admin may import lockd/engine, lockd/repl (the node's Status), net/http
+// and prometheus/client_golang. It must not import lockd/client or gnet,
+// and nothing in lockd except cmd/ imports it (internal/layers).
 package admin
