@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -138,7 +139,7 @@ func (n *Local) Close(ctx context.Context, why CloseReason) error {
 // Status reports a single active node.
 func (n *Local) Status() Status {
 	self, _ := n.self.Load().(string)
-	st := Status{Mode: "single", Role: "active", Self: self, Active: self}
+	st := Status{Mode: api.ModeSingle, Role: api.RoleActive, Self: self, Active: self}
 	n.res.Status(&st)
 	return st
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/admin"
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/priority"
@@ -128,7 +129,7 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 			}
 		}
 		return nil
-	case "priority", "raft":
+	case api.ModePriority, api.ModeRaft:
 	default:
 		return usageError{fmt.Sprintf("--cluster %q: want priority or raft", opt.cluster)}
 	}
@@ -274,9 +275,9 @@ func run(args []string, stderr io.Writer) int {
 		adminLn = limitListen(adminLn, adminMaxConns)
 	}
 	switch opt.cluster {
-	case "priority":
+	case api.ModePriority:
 		cfg.Node, err = priority.New(opt.member)
-	case "raft":
+	case api.ModeRaft:
 		cfg.Node, err = raftnode.New(opt.member)
 	}
 	var srv *engine.Server

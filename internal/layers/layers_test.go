@@ -51,13 +51,13 @@ var rules = map[string]rule{
 		noCalls: []string{"time.Now(", "time.Since(", "time.Sleep(", "time.After", "time.NewTimer", "time.Tick", "go func"}},
 	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
 	// The seam, the single node and the kernel both cluster modes share.
-	"repl": {allow: lockd("shard", "store"),
+	"repl": {allow: lockd("api", "shard", "store"),
 		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
 	// The priority mode: never the raft mode nor hashicorp's libraries.
-	"repl/priority": {allow: lockd("shard", "store", "repl", "repl/records"),
+	"repl/priority": {allow: lockd("api", "shard", "store", "repl", "repl/records"),
 		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
 	// The raft mode: the only importer of hashicorp's libraries.
-	"repl/raftnode": {allow: append(lockd("shard", "store", "repl", "repl/records"), hashicorp),
+	"repl/raftnode": {allow: append(lockd("api", "shard", "store", "repl", "repl/records"), hashicorp),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/internal")...)},
 	// The format both cluster modes replicate: the table's records and
 	// the compressor, no I/O.
@@ -76,7 +76,7 @@ var rules = map[string]rule{
 	// The admin endpoint's JSON types and names: the standard library
 	// only, nothing of the module, so any consumer can import them.
 	"api": {noDeps: []string{mod + "/"}},
-	"cmd/lockd": {allow: append(lockd("engine", "admin", "repl"), "golang.org/x/sys/"),
+	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl"), "golang.org/x/sys/"),
 		noDeps: lockd("client", "bench")},
 	"cmd/lockctl": {allow: lockd("api", "client", "proto"),
 		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},

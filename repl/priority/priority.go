@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -634,9 +635,9 @@ func (p *node) Status() repl.Status {
 	if r.checking() && role == roleActive {
 		role = roleHandover
 	}
-	st := repl.Status{Mode: "priority", Role: role.String(), Self: p.self, Epoch: r.epoch, InSync: r.inSync}
+	st := repl.Status{Mode: api.ModePriority, Role: role.String(), Self: p.self, Epoch: r.epoch, InSync: r.inSync}
 	if r.role == roleActive && r.checking() {
-		st.Role = "active-checking"
+		st.Role = api.RoleActiveChecking
 	}
 	if r.active >= 0 {
 		st.Active = p.cfg.Peers[r.active]

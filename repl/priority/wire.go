@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/repl/records"
 )
 
@@ -255,7 +256,7 @@ const (
 // String names the mode as --cluster spells it.
 func (m clusterMode) String() string { return nameOf(modeNames[:], uint8(m), "ClusterMode") }
 
-var modeNames = [...]string{modePriority: "priority", modeRaft: "raft"}
+var modeNames = [...]string{modePriority: api.ModePriority, modeRaft: api.ModeRaft}
 
 // hello opens every link in both directions; a member refuses a peer whose
 // Hello differs from its own (Check).
@@ -367,7 +368,7 @@ const (
 // String names the role (as /status and the logs show it).
 func (r role) String() string { return nameOf(roleNames[:], uint8(r), "role") }
 
-var roleNames = [...]string{roleStandby: "standby", roleActive: "active", roleHandover: "handing-over", roleLeaving: "leaving"}
+var roleNames = [...]string{roleStandby: api.RoleStandby, roleActive: api.RoleActive, roleHandover: api.RoleHandingOver, roleLeaving: api.RoleLeaving}
 
 // noActive is heartbeat.Active when the sender follows no active.
 const noActive = 255

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
@@ -589,17 +590,17 @@ func (n *node) Close(ctx context.Context, why repl.CloseReason) error {
 // Status reports raft's view: role, leader, term, indexes and the group
 // commit figures.
 func (n *node) Status() repl.Status {
-	st := repl.Status{Mode: "raft", Self: n.self}
+	st := repl.Status{Mode: api.ModeRaft, Self: n.self}
 	if n.r == nil {
 		return st
 	}
 	switch n.r.State() {
 	case raft.Leader:
-		st.Role = "leader" // before it serves, its gate holds requests
+		st.Role = api.RoleLeader // before it serves, its gate holds requests
 	case raft.Candidate:
-		st.Role = "candidate"
+		st.Role = api.RoleCandidate
 	default:
-		st.Role = "follower"
+		st.Role = api.RoleFollower
 	}
 	l := n.leader()
 	if l >= 0 {
@@ -617,7 +618,7 @@ func (n *node) Status() repl.Status {
 	st.Rebuilds = n.stats.rebuilds.Load()
 	st.InSync = l >= 0
 	lastContact := n.r.LastContact()
-	leading := st.Role == "leader"
+	leading := st.Role == api.RoleLeader
 	for i := range n.cfg.Peers {
 		if i == n.cfg.Self {
 			continue
@@ -625,9 +626,9 @@ func (n *node) Status() repl.Status {
 		m := repl.Member{Addr: n.cfg.Peers[i]}
 		switch {
 		case leading:
-			m.Role, m.Live = "follower", !n.failing[i].Load()
+			m.Role, m.Live = api.RoleFollower, !n.failing[i].Load()
 		case i == l:
-			m.Role, m.Live = "leader", time.Since(lastContact) < n.cfg.FailoverTimeout
+			m.Role, m.Live = api.RoleLeader, time.Since(lastContact) < n.cfg.FailoverTimeout
 		}
 		st.Members = append(st.Members, m)
 	}
