@@ -88,7 +88,7 @@ var rules = map[string]rule{
 	// The binaries' version line: the standard library only, so every
 	// command may import it.
 	"internal/version": {noStd: []string{"net", "os", "syscall"}, noDeps: []string{mod + "/"}},
-	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "internal/"),
+	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "tlsconf", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
