@@ -278,15 +278,29 @@ func runFanin(t *target, cfg *config, res *Result) error {
 		*m, memErr = t.mem()
 	}
 	measure(&m0)
+	dialed := make(chan struct{})
 	afterDial := func() {
 		time.Sleep(200 * time.Millisecond)
 		measure(&m1)
+		close(dialed)
 	}
 	// Once every slot holds its lock, measure again (while renewing).
 	heldDone := make(chan struct{})
 	var finished atomic.Bool
 	go func() {
 		defer close(heldDone)
+		// The deadline counts from the end of the dialling, which takes
+		// seconds for 10,000 TLS handshakes.
+		for wait := true; wait; {
+			select {
+			case <-dialed:
+				wait = false
+			case <-time.After(20 * time.Millisecond):
+				if finished.Load() {
+					return
+				}
+			}
+		}
 		deadline := time.Now().Add(cfg.Dur + 30*time.Second)
 		for f.held.Load() < int64(cfg.Fanin) {
 			if finished.Load() || time.Now().After(deadline) {

@@ -55,6 +55,7 @@ type Server struct {
 	tlsWG         sync.WaitGroup        // one per TLS connection's reader
 	tlsHandshakes atomic.Uint64
 	tlsFailures   atomic.Uint64
+
 	// barrier is held for reading by every batch while it applies requests
 	// under the gate and the draining flag it read; its write lock waits
 	// for those batches (Shutdown, GateChanged).

@@ -460,3 +460,81 @@ func contendedPairs(addr string, cfg *tls.Config, seed uint64, depth, hot int, e
 		in = append(in[:0], in...)
 	}
 }
+
+// TestTLSPendingGrantsCap is TestPendingGrantsCap over TLS: while a
+// connection has --max-pending-grants grants in records that have not
+// reached the kernel, its acquires are answered B; once it reads, it is
+// granted again.
+func TestTLSPendingGrantsCap(t *testing.T) {
+	const max = 8
+	p := newPKI(t)
+	ts := startTLSServer(t, p, false, func(c *engine.Config) {
+		c.MaxOutbound = 64 << 20
+		c.MaxPendingGrants = max
+	})
+	nc := rawTLS(t, ts.Addr(), p.clientTLS(nil))
+	const pings = 1 << 20 // 10 MB of pongs: the grants after them stay in the server
+	req := bytes.Repeat(proto.AppendPing(nil, 0), pings)
+	for i := range 3 * max {
+		req = proto.AppendAcquire(req, 0, 30, uint64(100+i), fmt.Sprintf("pin/%d", i))
+	}
+	writeErr := make(chan error, 1)
+	go func() {
+		_ = nc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		_, err := nc.Write(req)
+		writeErr <- err
+	}()
+	lockdtest.WaitFor(t, "the grants made", func() bool { return ts.Table().Stats().Keys > 0 })
+	w := &wire{t: t, c: nc}
+	granted, busy := 0, 0
+	for granted+busy < 3*max {
+		f, err := w.next(20 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d A and %d B: %v", granted, busy, err)
+		}
+		switch f.Op {
+		case proto.OpPing:
+		case proto.OpAcquire:
+			granted++
+		case proto.OpBusy:
+			busy++
+		default:
+			t.Fatalf("answer %c id=%d", f.Op, f.ID)
+		}
+	}
+	if err := <-writeErr; err != nil {
+		t.Fatal(err)
+	}
+	if granted != max || busy != 2*max {
+		t.Fatalf("%d granted, %d B; want %d granted, then B", granted, busy, max)
+	}
+	w.acquire("pin/after", 0, 30, 1)
+	w.expect(proto.OpAcquire, 1)
+}
+
+// TestTLSRedirect: when the gate turns to Redirect, a TLS connection's
+// queued acquire and its new requests are answered M naming the active;
+// a hello is still answered by this member.
+func TestTLSRedirect(t *testing.T) {
+	p := newPKI(t)
+	ts, node := startCommittingWith(t, func(c *engine.Config) { c.TLS = p.serverTLS(false) })
+	a, b := dialTLS(t, ts.Addr(), p.clientTLS(nil)), dialTLS(t, ts.Addr(), p.clientTLS(nil))
+	a.acquire("k", 0, 30, 1)
+	lockdtest.WaitFor(t, "the grant made", func() bool { return ts.Table().Lookup([]byte("k")).Held })
+	ts.Committed(node.Barrier())
+	a.expect(proto.OpAcquire, 1)
+	b.acquire("k", 30, 30, 2)
+	lockdtest.WaitFor(t, "b queued", func() bool { return ts.Table().Lookup([]byte("k")).Waiters == 1 })
+	ts.Committed(node.Barrier())
+
+	node.gate.Store(&repl.Gate{State: repl.Redirect, Addr: "127.0.0.1:1"})
+	ts.GateChanged()
+	if f := b.expect(proto.OpMoved, 2); f.Tail != "127.0.0.1:1" {
+		t.Fatalf("queued acquire: M names %q", f.Tail)
+	}
+	a.send(append(proto.AppendAcquire(nil, 0, 30, 3, "j"), proto.AppendHello(nil, 4, "orders", "s")...))
+	if f := a.expect(proto.OpMoved, 3); f.Tail != "127.0.0.1:1" {
+		t.Fatalf("new acquire: M names %q", f.Tail)
+	}
+	a.expect(proto.OpHello, 4)
+}

@@ -11,9 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/lockd-dev/lockd/internal/testcerts"
 	"github.com/lockd-dev/lockd/tlsconf"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // files is a directory of PEM files made from one CA: server.pem,
 // server-key.pem, ca.pem; more can be written with write.
