@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,13 +21,31 @@ import (
 	"github.com/lockd-dev/lockd/repl"
 )
 
-// rawTLS dials a TLS connection and finishes its handshake. (Its receive
-// buffer keeps the default: shrunk after the connection's window scale was
-// agreed, the kernel drops segments the window allowed, and a closed
-// server socket's retransmissions back off for many seconds.)
+// rawTLS dials a TLS connection and finishes its handshake.
 func rawTLS(t testing.TB, addr string, cfg *tls.Config) *tls.Conn {
 	t.Helper()
-	raw, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	return rawTLSBuf(t, addr, cfg, 0)
+}
+
+// rawTLSBuf is rawTLS with a socket receive buffer of rcvbuf bytes (0: the
+// default), set before the connection is made: a client that will not
+// read then leaves little for the kernel to hold. (Shrunk after the
+// window scale was agreed, the kernel would drop segments the window
+// allowed, and a closed server socket's retransmissions back off for many
+// seconds.)
+func rawTLSBuf(t testing.TB, addr string, cfg *tls.Config, rcvbuf int) *tls.Conn {
+	t.Helper()
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if rcvbuf > 0 {
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, rcvbuf)
+			})
+			return errors.Join(err, serr)
+		}
+	}
+	raw, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +66,7 @@ func rawTLS(t testing.TB, addr string, cfg *tls.Config) *tls.Conn {
 // wholly reached the kernel is released and handed to the next waiter; one
 // the client did receive must still be held by it. Never both. The last
 // rounds have a backlog small enough for the kernel's buffers, so that the
-// grant is delivered there.
+// grant is delivered there. Rounds alternate TLS 1.3 and 1.2.
 func TestTLSNoPhantomGrant(t *testing.T) {
 	p := newPKI(t)
 	ts := startTLSServer(t, p, false, func(c *engine.Config) { c.MaxOutbound = 64 << 20 })
@@ -62,6 +82,10 @@ func TestTLSNoPhantomGrant(t *testing.T) {
 		pings := many
 		if round >= rounds-2 {
 			pings = few
+		}
+		p.version = tls.VersionTLS13
+		if round%2 == 1 {
+			p.version = tls.VersionTLS12 // records with an explicit nonce
 		}
 		key := fmt.Sprintf("phantom/%d", round)
 		holder := dialTLS(t, ts.Addr(), p.clientTLS(nil))
@@ -144,7 +168,7 @@ func TestTLSSlowReaderClosed(t *testing.T) {
 	ts := startTLSServer(t, p, false, func(c *engine.Config) { c.MaxOutbound = 64 << 10 })
 	holder := dialTLS(t, ts.Addr(), p.clientTLS(nil))
 	tok := holder.grant("slow", 30, 1)
-	s := rawTLS(t, ts.Addr(), p.clientTLS(nil))
+	s := rawTLSBuf(t, ts.Addr(), p.clientTLS(nil), 16<<10)
 	req := proto.AppendAcquire(nil, 60, 30, 2, "slow")
 	req = append(req, bytes.Repeat(proto.AppendPing(nil, 7), 1_000_000)...)
 	writeErr := make(chan error, 1)
@@ -153,7 +177,15 @@ func TestTLSSlowReaderClosed(t *testing.T) {
 		_, err := s.Write(req)
 		writeErr <- err
 	}()
-	lockdtest.WaitFor(t, "the slow reader closed", func() bool { return ts.Metrics().Conns == 1 })
+	// Megabytes of pongs fill the kernel's buffers first: allow for a
+	// loaded machine (and the race detector).
+	deadline := time.Now().Add(30 * time.Second)
+	for ts.Metrics().Conns != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow reader not closed within 30 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := <-writeErr; err == nil {
 		t.Fatal("10 MB written to a connection the server closed")
 	}
@@ -177,7 +209,7 @@ func TestTLSShutdownDrains(t *testing.T) {
 	a.grant("k", 30, 1)
 	b.acquire("k", 30, 10, 2)
 	b.silent(50 * time.Millisecond)
-	slow := rawTLS(t, ts.Addr(), p.clientTLS(nil))
+	slow := rawTLSBuf(t, ts.Addr(), p.clientTLS(nil), 16<<10)
 	go func() { _, _ = slow.Write(bytes.Repeat(proto.AppendPing(nil, 7), 1_000_000)) }()
 	time.Sleep(100 * time.Millisecond)
 
@@ -537,4 +569,63 @@ func TestTLSRedirect(t *testing.T) {
 		t.Fatalf("new acquire: M names %q", f.Tail)
 	}
 	a.expect(proto.OpHello, 4)
+}
+
+// TestTLSRequestsBeforeCloseNotify: requests that arrive in the same
+// segment as the client's close_notify are executed and answered before
+// the connection closes, as a plaintext connection's requests before its
+// EOF are (TLS 1.2 and 1.3).
+func TestTLSRequestsBeforeCloseNotify(t *testing.T) {
+	p := newPKI(t)
+	ts := startTLSServer(t, p, false, nil)
+	for i := range 10 {
+		raw, err := net.Dial("tcp", ts.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		bc := &batchConn{Conn: raw}
+		cfg := p.clientTLS(nil)
+		if i%2 == 0 {
+			// TLS 1.2's alert record is not encrypted as application data:
+			// crypto/tls then returns the requests' bytes with io.EOF.
+			cfg.MaxVersion = tls.VersionTLS12
+		}
+		c := tls.Client(bc, cfg)
+		if err := c.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		key := fmt.Sprintf("bye/%d", i)
+		bc.hold = true // the request's record and the alert: one write
+		if _, err := c.Write(append(proto.AppendAcquire(nil, 0, 30, 1, key), proto.AppendPing(nil, 2)...)); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.CloseWrite()
+		bc.hold = false
+		_ = raw.SetWriteDeadline(time.Time{}) // CloseWrite set it to now
+		if _, err := raw.Write(bc.buf); err != nil {
+			t.Fatal(err)
+		}
+		w := &wire{t: t, c: c}
+		w.expect(proto.OpAcquire, 1)
+		w.expect(proto.OpPing, 2)
+		if !ts.Key([]byte(key)).Held {
+			t.Fatalf("round %d: the delivered grant is not held", i)
+		}
+		raw.Close()
+	}
+}
+
+// batchConn keeps what is written while hold is set.
+type batchConn struct {
+	net.Conn
+	hold bool
+	buf  []byte
+}
+
+func (b *batchConn) Write(p []byte) (int, error) {
+	if b.hold {
+		b.buf = append(b.buf, p...)
+		return len(p), nil
+	}
+	return b.Conn.Write(p)
 }

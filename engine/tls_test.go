@@ -21,6 +21,7 @@ type pki struct {
 	server    *testcerts.Pair
 	alice     *testcerts.Pair
 	stranger  *testcerts.Pair
+	version   uint16 // the clients' highest TLS version (0: crypto/tls's)
 }
 
 func newPKI(t testing.TB) *pki {
@@ -57,7 +58,7 @@ func (p *pki) serverTLS(mutual bool) *tls.Config {
 
 // clientTLS trusts the CA and presents cert if not nil.
 func (p *pki) clientTLS(cert *testcerts.Pair) *tls.Config {
-	c := &tls.Config{RootCAs: p.ca.Pool(), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+	c := &tls.Config{RootCAs: p.ca.Pool(), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12, MaxVersion: p.version}
 	if cert != nil {
 		c.Certificates = []tls.Certificate{cert.TLS}
 	}
@@ -110,9 +111,16 @@ func tryTLS(addr string, cfg *tls.Config) (*wire, error) {
 // TestTLSEveryRequest: over TLS every request kind gets the answer it gets
 // in plaintext — grant, queued handoff to another connection, timeout,
 // busy, release, not held, renew, ping, hello, bad key, bad lease, and a
-// bad frame closes the connection.
+// bad frame closes the connection. Over TLS 1.2 and 1.3.
 func TestTLSEveryRequest(t *testing.T) {
 	p := newPKI(t)
+	for _, v := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
+		p.version = v
+		t.Run(tls.VersionName(v), func(t *testing.T) { everyRequest(t, p) })
+	}
+}
+
+func everyRequest(t *testing.T, p *pki) {
 	ts := startTLSServer(t, p, false, func(c *engine.Config) { c.Table.MaxKeys = 4; c.MaxKey = 64 })
 	a := dialTLS(t, ts.Addr(), p.clientTLS(nil))
 	b := dialTLS(t, ts.Addr(), p.clientTLS(nil))
@@ -165,6 +173,9 @@ func TestTLSEveryRequest(t *testing.T) {
 	// a's grants were delivered: they are held until released or expired.
 	if !ts.Key([]byte("x1")).Held {
 		t.Fatal("a delivered grant was released when its connection closed")
+	}
+	if v := a.c.(*tls.Conn).ConnectionState().Version; v != p.version {
+		t.Fatalf("negotiated %s, want %s", tls.VersionName(v), tls.VersionName(p.version))
 	}
 	m := ts.Metrics()
 	if m.TLSHandshakes != 2 || m.TLSHandshakeFailures != 0 {

@@ -24,7 +24,9 @@ import (
 // tracking, held commits, the gate, draining, --max-outbound,
 // --max-pending-grants, --frame-timeout) on a session whose wire is the
 // *tlsConn. The reader owns the session's loop-owned fields as an event
-// loop owns its connections', and runs the close.
+// loop owns its connections', and runs the close. A batch takes every
+// record that came with the socket read (gather), as a gnet batch takes
+// everything one read brought.
 //
 // Writes never block: tls.Conn writes its records into the sink below it
 // (tlsConn.sink), which hands each record to the socket with one
@@ -75,6 +77,7 @@ type tlsConn struct {
 	hdrN     int   // header bytes of the current record seen (5: in its body)
 	recLeft  int   // body bytes of the current record still to come
 	recSince int64 // table clock when its first byte was read
+	nonblock bool  // gather: sinkConn.Read does not read the socket
 
 	woken    atomic.Bool   // a wake's read deadline is set or about to be
 	wakeCh   chan struct{} // a wake, for a reader not reading (buffer full)
@@ -113,6 +116,9 @@ type sinkConn struct {
 }
 
 func (c sinkConn) Read(b []byte) (int, error) {
+	if c.t.nonblock {
+		return 0, errWouldBlock // gather: only what crypto/tls holds already
+	}
 	n, err := c.TCPConn.Read(b)
 	if n > 0 {
 		c.t.track(b[:n])
@@ -212,11 +218,19 @@ func (t *tlsConn) run(ss *session) {
 		h.partialFrame(ss, t.recSince, false)
 	}
 	for {
-		var err error
+		var (
+			err error
+			got int // plaintext bytes read this round
+		)
 		if t.w < len(t.in) {
-			var n int
-			n, err = t.tc.Read(t.in[t.w:])
-			t.w += n
+			got, err = t.tc.Read(t.in[t.w:])
+			t.w += got
+			if err == nil {
+				// What came with the same socket read: one batch, one write.
+				var more int
+				more, err = t.gather()
+				got += more
+			}
 		} else {
 			// The buffer is full of requests the gate holds (Hold): read
 			// no more until the wake of the gate's next change.
@@ -227,10 +241,8 @@ func (t *tlsConn) run(ss *session) {
 			}
 		}
 		timedOut := err != nil && errors.Is(err, os.ErrDeadlineExceeded)
-		if err != nil && !timedOut {
-			return
-		}
-		if t.isClosed() {
+		fatal := err != nil && !timedOut // EOF, a reset, a bad record
+		if (fatal && got == 0) || t.isClosed() {
 			return
 		}
 		if timedOut || t.woken.Load() {
@@ -240,8 +252,8 @@ func (t *tlsConn) run(ss *session) {
 			_ = t.raw.SetReadDeadline(time.Time{})
 			t.woken.Store(false)
 		}
-		if h.traffic(ss) == gnet.Close || t.failed() {
-			return
+		if h.traffic(ss) == gnet.Close || t.failed() || fatal {
+			return // requests read before an EOF were answered first
 		}
 		if t.hdrN > 0 {
 			// A record still incomplete is a partial frame too.
@@ -255,6 +267,39 @@ func (t *tlsConn) run(ss *session) {
 		}
 	}
 }
+
+// gather reads, without blocking, the plaintext of the records crypto/tls
+// already holds (they came with the socket read that brought the first):
+// in non-blocking mode sinkConn.Read answers errWouldBlock at once instead
+// of reading the socket, so crypto/tls stops at the first record it does
+// not hold whole. It returns the bytes added and an error other than that.
+func (t *tlsConn) gather() (int, error) {
+	t.nonblock = true
+	defer func() { t.nonblock = false }()
+	total := 0
+	for t.w < len(t.in) {
+		n, err := t.tc.Read(t.in[t.w:])
+		t.w += n
+		total += n
+		if err == errWouldBlock {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// errWouldBlock is sinkConn.Read's answer in non-blocking mode: a
+// temporary net.Error, which crypto/tls does not make sticky.
+var errWouldBlock error = wouldBlock{}
+
+type wouldBlock struct{}
+
+func (wouldBlock) Error() string   { return "engine: no more buffered TLS records" }
+func (wouldBlock) Timeout() bool   { return false }
+func (wouldBlock) Temporary() bool { return true }
 
 // track follows the raw inbound stream through its records' headers (the
 // reader, inside tls.Conn.Read). While a record is incomplete its first
