@@ -15,7 +15,7 @@ type collector struct {
 
 	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
 	keys, waiters, conns, tokenLast, tokenReserved, wait, role, build, up    *prometheus.Desc
-	noToken, reserveErrs, reserveFailing, moved, foreign                     *prometheus.Desc
+	noToken, reserveErrs, reserveFailing, moved, otherIdent                  *prometheus.Desc
 
 	// cluster
 	epoch, failovers, handovers, demotions, snapshots, batches, records, rawBytes, wireBytes *prometheus.Desc
@@ -34,7 +34,7 @@ func newCollector(srv *engine.Server, version string) *collector {
 	return &collector{
 		srv: srv, version: version,
 		requests:          d("requests_total", "Requests by op and result.", "op", "result"),
-		errors:            d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down).", "code"),
+		errors:            d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down, 5 unauthenticated, 6 permission denied).", "code"),
 		grants:            d("grants_total", "Grants, immediate or handoff."),
 		handoffs:          d("handoffs_total", "Grants to a queued acquire, on release or lease expiry."),
 		expiries:          d("expiries_total", "Leases that ended without a release."),
@@ -78,14 +78,14 @@ func newCollector(srv *engine.Server, version string) *collector {
 		raftSnapshotBytes: d("raft_snapshot_bytes", "The size of the last raft snapshot."),
 		raftElections:     d("raft_elections_total", "Times this member became a serving leader."),
 		raftRebuilds:      d("raft_rebuilds_total", "Times the table was rebuilt from the log (leadership lost, a change outside the log)."),
-		foreign:           d("foreign_token_ops_total", "Successful releases and renews from a connection other than the one the grant was made for (a client's other connection, a reconnect, or a client using a token it did not get).", "op"),
+		otherIdent:        d("other_identity_ops_total", "Releases and renews carrying the current token of a grant made to another identity (--acl): forced (by an admin, done) or refused (answered N).", "op", "result"),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
 		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
-		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.foreign,
+		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.otherIdent,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
 		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive,
 		c.raftTerm, c.raftCommit, c.raftApplied, c.raftEntries, c.raftEntryRecords, c.raftCommitLatency,
@@ -125,8 +125,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.reserveFailing, failing)
 	counter(c.moved, m.Moved)
-	counter(c.foreign, m.Table.ForeignReleases, "release")
-	counter(c.foreign, m.Table.ForeignRenews, "renew")
+	counter(c.otherIdent, m.Table.ForcedReleases, "release", "forced")
+	counter(c.otherIdent, m.Table.ForcedRenews, "renew", "forced")
+	counter(c.otherIdent, m.Table.RefusedReleases, "release", "refused")
+	counter(c.otherIdent, m.Table.RefusedRenews, "renew", "refused")
 	buckets := make(map[float64]uint64, len(engine.WaitBuckets))
 	var cum uint64
 	for i, ub := range engine.WaitBuckets {

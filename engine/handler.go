@@ -344,7 +344,7 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
 		}
 		b.cnt.request(proto.OpAcquire, acquireResult[st])
 	case proto.OpRelease:
-		if s.table.ReleaseFrom(now, r.Key, r.ID, ss.tconn, &b.fx) {
+		if s.table.Release(now, r.Key, r.ID, &b.fx) {
 			b.out = proto.AppendReleased(b.out, r.ID, r.Key)
 			b.cnt.request(proto.OpRelease, resReleased)
 		} else {
@@ -352,7 +352,7 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
 			b.cnt.request(proto.OpRelease, resNotHeld)
 		}
 	case proto.OpRenew:
-		if s.table.RenewFrom(now, r.Key, r.Lease, r.ID, ss.tconn, &b.fx) {
+		if s.table.Renew(now, r.Key, r.Lease, r.ID, &b.fx) {
 			b.out = proto.AppendRenewed(b.out, r.ID, r.Key)
 			b.cnt.request(proto.OpRenew, resRenewed)
 		} else {
