@@ -30,13 +30,18 @@ func (c *committing) Gate() *repl.Gate {
 	return c.Local.Gate()
 }
 
-func startCommitting(t *testing.T) (*testServer, *committing) {
+func startCommitting(t *testing.T, mods ...func(*engine.Config)) (*testServer, *committing) {
 	t.Helper()
 	node := &committing{}
 	ts := startServer(t, func(cfg *engine.Config) {
 		node.Local = repl.NewLocal(repl.LocalConfig{DataDir: cfg.DataDir})
 		cfg.Node = node
 		cfg.Table.Sink = func(shard.Record) { node.records.Add(1) }
+		for _, mod := range mods {
+			if mod != nil {
+				mod(cfg)
+			}
+		}
 	})
 	return ts, node
 }

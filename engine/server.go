@@ -61,6 +61,14 @@ type Server struct {
 	cancelled atomic.Uint64 // queued acquires answered E 4 at shutdown
 	moved     atomic.Uint64 // queued acquires answered M when the gate closed
 
+	// The ACL in force (auth.go): nil without Config.ACL. aclMu orders
+	// reloads.
+	acl   atomic.Pointer[aclState]
+	aclMu sync.Mutex
+	auth  authStats
+
+	adminReleases atomic.Uint64 // AdminRelease calls that released a grant
+
 	// Answers waiting for a commit (commit.go); committer is nil when the
 	// node answers at once.
 	committer      repl.Committer
@@ -110,6 +118,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.table = table
+	newRateLog(&s.auth.log)
+	newRateLog(&s.auth.refusedLog)
+	if cfg.ACL != nil {
+		s.acl.Store(s.newACLState(cfg.ACL))
+	}
 	return s, nil
 }
 
