@@ -1,13 +1,20 @@
 // Package admin is lockd's operator endpoint: an HTTP handler serving
 // /metrics (Prometheus text format), /healthz, /status (JSON), /keys/{key}
-// (JSON) and /debug/pprof/.
+// (JSON; DELETE releases the key's grant), /debug/locks and /debug/pprof/.
+//
+// With an ACL (PROTOCOL.md §8.5, auth.go) every path but OpenPaths (the
+// health probes) needs HTTP basic authentication of a monitor or admin
+// identity, checked against the ACL in force at each request (a reload
+// applies to the next one): 401 with a Basic challenge without valid
+// credentials, 403 for a client identity, and 403 for a change (any method
+// but GET, HEAD, OPTIONS) by anyone but an admin.
 //
 // It reads the engine only through engine.Server's snapshot methods
 // (Metrics, Table().Lookup, Config): a scrape never touches a connection
 // and costs the hot path nothing but the atomic loads it reads. The
 // per-loop counters are aggregated at scrape time.
 //
-// admin may import lockd/engine, lockd/shard, net/http and
+// admin may import lockd/engine, lockd/repl, lockd/acl, net/http and
 // prometheus/client_golang. It must not import lockd/client or gnet, and
 // nothing in lockd except cmd/ imports it.
 package admin

@@ -133,6 +133,9 @@ func (s *Server) now() int64 { return int64(time.Since(s.epoch)) }
 // deadlines from Table().Lookup.
 func (s *Server) Now() int64 { return s.now() }
 
+// Logger returns the server's logger (for the admin endpoint's lines).
+func (s *Server) Logger() *slog.Logger { return s.log }
+
 // Config returns the server's validated configuration.
 func (s *Server) Config() Config { return s.cfg }
 
