@@ -5,7 +5,10 @@
 //
 // SIGINT or SIGTERM shut it down gracefully (queued acquires are answered
 // with E 4, held locks are written to the data directory and reloaded by the
-// next start); it then exits 0.
+// next start); it then exits 0. SIGHUP re-reads the files registered for it
+// (the --acl file; reload.go): a file that does not load is logged and the
+// one in force stays. Without anything to reload SIGHUP is logged and
+// ignored.
 //
 // It owns the command line (flags validated at start with messages naming
 // the flag, exit 2), the process's logging, signals and exit codes, and the

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockd-dev/lockd/acl"
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/repl"
@@ -42,6 +43,7 @@ type options struct {
 	showVersion bool
 	cluster     string             // "", "priority" or "raft"
 	member      repl.ClusterConfig // the cluster flags, when cluster != ""
+	acl         string             // --acl FILE, "" for none
 }
 
 func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error) {
@@ -71,6 +73,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.DurationVar(&opt.member.FailoverTimeout, "failover-timeout", repl.DefaultFailoverTimeout, "priority: how long the active may be silent before a standby takes over; raft: the election timeout scale (100ms..60s)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
+	fs.StringVar(&opt.acl, "acl", "", "identity file (PROTOCOL.md §8.2): turns authentication and authorization on; SIGHUP re-reads it")
 	fs.BoolVar(&opt.showVersion, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nlockd is a lock server with fencing tokens. Flags:\n")
@@ -87,6 +90,13 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	}
 	if err := clusterFlags(fs, &cfg, &opt, *peers, *self); err != nil {
 		return cfg, opt, err
+	}
+	if opt.acl != "" {
+		a, err := acl.Load(opt.acl)
+		if err != nil {
+			return cfg, opt, usageError{aclError(opt.acl, err)}
+		}
+		cfg.ACL = a
 	}
 	adminSet := false
 	fs.Visit(func(f *flag.Flag) { adminSet = adminSet || f.Name == "admin" })
@@ -159,6 +169,16 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 		return usageError{err.Error()}
 	}
 	return nil
+}
+
+// aclError words a failure to load the ACL file with the flag's name (a
+// bad line already names the file and the line).
+func aclError(path string, err error) string {
+	var le *acl.LineError
+	if errors.As(err, &le) {
+		return "--acl: " + le.Error()
+	}
+	return fmt.Sprintf("--acl %s: %v", path, err)
 }
 
 // flags maps engine.Config fields onto the daemon's flags.
@@ -282,6 +302,25 @@ func run(args []string, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
+
+	var reload reloaders
+	if opt.acl != "" {
+		if cfg.ACL.Len() == 0 {
+			log.Warn("--acl names a file without any identity: every lock request will be refused", "file", opt.acl)
+		}
+		path := opt.acl
+		reload.add("--acl "+path, func() error {
+			err := srv.ReloadACL(func() (*acl.ACL, error) { return acl.Load(path) })
+			if err != nil {
+				return errors.New(aclError(path, err))
+			}
+			return nil
+		})
+		log.Info("authentication on", "acl", path, "identities", cfg.ACL.Len())
+	}
+	stopHUP := make(chan struct{})
+	defer close(stopHUP)
+	reload.onSIGHUP(log, stopHUP)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve() }()
