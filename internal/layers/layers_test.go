@@ -64,7 +64,7 @@ var rules = map[string]rule{
 		noDeps: lockd("client", "bench")},
 	"cmd/lockctl": {allow: lockd("client", "proto"),
 		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
-	"bench": {allow: append(lockd("client", "proto", "engine", "repl", "internal/"),
+	"bench": {allow: append(lockd("client", "proto", "engine", "repl", "acl", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
