@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockd-dev/lockd/admin"
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
@@ -222,7 +224,7 @@ func TestMetricsCountHandoffsAndWaits(t *testing.T) {
 func TestKeysEndpoint(t *testing.T) {
 	f := setup(t)
 	a := f.do(proto.AppendAcquire(nil, 0, 30, 1, "dir/a b"))
-	var k admin.Key
+	var k api.Key
 	if code := f.get("/keys/"+url.PathEscape("dir/a b"), &k); code != 200 {
 		t.Fatalf("status %d", code)
 	}
@@ -232,7 +234,7 @@ func TestKeysEndpoint(t *testing.T) {
 	if k.Token != strconv.FormatUint(a.Token, 10) {
 		t.Fatalf("token %q, want %d", k.Token, a.Token)
 	}
-	var free admin.Key
+	var free api.Key
 	f.get("/keys/nothing", &free)
 	if free.Held || free.Token != "" || free.Key != "nothing" {
 		t.Fatalf("free key: %+v", free)
@@ -245,7 +247,7 @@ func TestKeysEndpoint(t *testing.T) {
 func TestStatusHealthzPprof(t *testing.T) {
 	f := setup(t)
 	f.do(proto.AppendPing(nil, 1)) // the server has opened our connection
-	var st admin.Status
+	var st api.Status
 	if code := f.get("/status", &st); code != 200 {
 		t.Fatalf("status %d", code)
 	}
@@ -330,5 +332,72 @@ func TestBuildInfoOnASingleNode(t *testing.T) {
 	fam, ok := fams["lockd_build_info"]
 	if !ok || len(fam.Metric) != 1 || fam.Metric[0].GetGauge().GetValue() != 1 {
 		t.Fatalf("lockd_build_info on a single node: %v", fam)
+	}
+}
+
+// getStrict reads path and decodes its body into v with no unknown field
+// (a field the server sends that the api type lacks fails), then checks
+// that v encodes back to the very bytes served: the endpoint's documents
+// are api's types, whole, so the server and its consumers cannot drift.
+func (f *fixture) getStrict(path string, wantCode int, v any) {
+	f.t.Helper()
+	resp, err := http.Get(f.http.URL + path)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != wantCode || resp.Header.Get("Content-Type") != "application/json" {
+		f.t.Fatalf("GET %s: %s %q", path, resp.Status, resp.Header.Get("Content-Type"))
+	}
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		f.t.Fatalf("GET %s: %v in\n%s", path, err, body)
+	}
+	var again bytes.Buffer
+	enc := json.NewEncoder(&again)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		f.t.Fatal(err)
+	}
+	if !bytes.Equal(again.Bytes(), body) {
+		f.t.Fatalf("GET %s: the api type encodes\n%s\nbut the server sent\n%s", path, again.Bytes(), body)
+	}
+}
+
+// TestDocumentsAreAPITypes: /status, /keys/{key} (held and free) and the
+// 400 of /keys/ decode into package api's types with no unknown field and
+// re-encode to the served bytes. The cluster modes' documents (members,
+// raft) are checked on real clusters by internal/clustertest.
+func TestDocumentsAreAPITypes(t *testing.T) {
+	f := setup(t)
+	a := f.do(proto.AppendAcquire(nil, 0, 30, 1, "doc/k"))
+	f.do(proto.AppendAcquire(nil, 0, 30, 2, "doc/../."))
+	var st api.Status
+	f.getStrict(api.PathStatus, http.StatusOK, &st)
+	if st.Mode != api.ModeSingle || st.Role != api.RoleActive || st.Keys != 2 || st.Raft != nil || st.Members != nil ||
+		st.TokenReserved == "" || st.Limits.MaxOutbound == 0 {
+		t.Fatalf("status: %+v", st)
+	}
+	var k api.Key
+	f.getStrict(api.PathKeys+api.KeyPath("doc/k"), http.StatusOK, &k)
+	if !k.Held || k.Token != strconv.FormatUint(a.Token, 10) {
+		t.Fatalf("held key: %+v", k)
+	}
+	var dots api.Key
+	f.getStrict(api.PathKeys+api.KeyPath("doc/../."), http.StatusOK, &dots)
+	if !dots.Held || dots.Key != "doc/../." {
+		t.Fatalf("key with dot segments: %+v", dots)
+	}
+	var free api.Key
+	f.getStrict(api.PathKeys+api.KeyPath("doc/free"), http.StatusOK, &free)
+	if free.Held || free.Token != "" {
+		t.Fatalf("free key: %+v", free)
+	}
+	var e api.Error
+	f.getStrict(api.PathKeys, http.StatusBadRequest, &e)
+	if e.Error == "" {
+		t.Fatal("no error message")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/acl"
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
 )
 
@@ -100,14 +101,6 @@ func (st *authStats) log(l *slog.Logger, r *http.Request, msg, identity string) 
 		"not_logged_since_last", st.notLogged.Swap(0))
 }
 
-// Release is the JSON answer of DELETE /keys/{key}.
-type Release struct {
-	Key      string `json:"key"`
-	Released bool   `json:"released"`
-	Token    string `json:"token"`              // the released grant's token, decimal
-	Identity string `json:"identity,omitempty"` // the identity it was made to
-}
-
 // release serves DELETE /keys/{key...}[?token=T]: an operator frees a
 // key's grant, that one grant when token is given (so a grant made since
 // the operator looked is never released by mistake), else whatever grant
@@ -131,7 +124,7 @@ func release(srv *engine.Server) http.HandlerFunc {
 		var ns *engine.NotServingError
 		switch {
 		case err == nil:
-			writeJSON(w, http.StatusOK, Release{Key: key, Released: true, Token: strconv.FormatUint(rel.Token, 10), Identity: rel.Ident})
+			writeJSON(w, http.StatusOK, api.Release{Key: key, Released: true, Token: strconv.FormatUint(rel.Token, 10), Identity: rel.Ident})
 		case errors.Is(err, engine.ErrBadKey):
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "bad key: DELETE /keys/{key} with 1..max-key bytes of UTF-8"})
 		case errors.Is(err, engine.ErrNotHeld):

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockd-dev/lockd/acl"
 	"github.com/lockd-dev/lockd/admin"
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -164,7 +165,7 @@ func TestAdminNoACL(t *testing.T) {
 		t.Fatalf("metrics: %d", code)
 	}
 	code, _, body := f.req("DELETE", "/keys/k", "", "")
-	var rel admin.Release
+	var rel api.Release
 	if err := json.Unmarshal(body, &rel); err != nil || code != 200 || !rel.Released || rel.Token != strconv.FormatUint(a.Token, 10) || rel.Identity != "" {
 		t.Fatalf("release: %d %s", code, body)
 	}
@@ -186,7 +187,7 @@ func (f *fixture) scrapeAs(user string) map[string]*dto.MetricFamily {
 func TestAdminRelease(t *testing.T) {
 	f := setupACL(t)
 	a := f.do(proto.AppendAcquire(nil, 0, 30, 1, "orders/x"))
-	var k admin.Key
+	var k api.Key
 	if code := f.getAs("/keys/orders/x", "prom", &k); code != 200 || !k.Held || k.Identity != "orders" {
 		t.Fatalf("key view: %d %+v", code, k)
 	}
@@ -202,7 +203,7 @@ func TestAdminRelease(t *testing.T) {
 		t.Fatalf("release with a bad token: %d %s", code, body)
 	}
 	code, _, body := f.req("DELETE", "/keys/orders/x?token="+tok, "ops", "ops-secret")
-	var rel admin.Release
+	var rel api.Release
 	if err := json.Unmarshal(body, &rel); err != nil || code != 200 || rel.Token != tok || rel.Identity != "orders" || rel.Key != "orders/x" {
 		t.Fatalf("release: %d %s", code, body)
 	}

@@ -3,6 +3,7 @@ package admin
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/repl"
 )
@@ -155,10 +156,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	cum += m.WaitCounts[len(engine.WaitBuckets)]
 	ch <- prometheus.MustNewConstHistogram(c.wait, cum, m.WaitSum, buckets)
 	gauge(c.build, 1, c.version)
-	if node.Mode != "single" {
+	if node.Mode != api.ModeSingle {
 		c.collectCluster(ch, node)
 	}
-	if node.Mode == "raft" {
+	if node.Mode == api.ModeRaft {
 		c.collectRaft(ch, node)
 	}
 }

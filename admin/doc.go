@@ -1,6 +1,7 @@
 // Package admin is lockd's operator endpoint: an HTTP handler serving
 // /metrics (Prometheus text format), /healthz, /status (JSON), /keys/{key}
 // (JSON; DELETE releases the key's grant), /debug/locks and /debug/pprof/.
+// docs/ADMIN.md lists every path and metric.
 //
 // With an ACL (PROTOCOL.md §8.5, auth.go) every path but OpenPaths (the
 // health probes) needs HTTP basic authentication of a monitor or admin
@@ -10,11 +11,15 @@
 // but GET, HEAD, OPTIONS) by anyone but an admin.
 //
 // It reads the engine only through engine.Server's snapshot methods
-// (Metrics, Table().Lookup, Config): a scrape never touches a connection
-// and costs the hot path nothing but the atomic loads it reads. The
-// per-loop counters are aggregated at scrape time.
+// (Metrics, NodeStatus, Key, Locks, Config): a scrape never touches a
+// connection and costs the hot path nothing but the atomic loads it reads.
+// The per-loop counters are aggregated at scrape time. The JSON documents
+// are package api's types: admin maps engine.Metrics and repl.Status onto
+// them, and defines none of its own, so the server and every consumer
+// decode one definition.
 //
-// admin may import lockd/engine, lockd/repl, lockd/acl, net/http and
+// admin may import lockd/api, lockd/engine, lockd/repl, lockd/acl,
+// net/http and
 // prometheus/client_golang. It must not import lockd/client or gnet, and
 // nothing in lockd except cmd/ imports it.
 package admin

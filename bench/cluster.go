@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 )
 
@@ -198,11 +199,11 @@ func replStats(before, after map[string]float64, samples []lagSample, raft []raf
 func settled(mode string, sts []clustertest.Status) (int, bool) {
 	switch mode {
 	case clustertest.ModePriority:
-		if len(sts) == 0 || sts[0].Role != "active" {
+		if len(sts) == 0 || sts[0].Role != api.RoleActive {
 			return -1, false
 		}
 		for _, st := range sts[1:] {
-			if st.Role != "standby" || st.Raw["in_sync"] != true || st.Active != sts[0].Addr {
+			if st.Role != api.RoleStandby || !st.InSync || st.Active != sts[0].Addr {
 				return -1, false
 			}
 		}
@@ -211,23 +212,47 @@ func settled(mode string, sts []clustertest.Status) (int, bool) {
 		leader := -1
 		for i, st := range sts {
 			switch st.Role {
-			case "leader":
+			case api.RoleLeader:
 				if leader >= 0 {
 					return -1, false
 				}
 				leader = i
-			case "follower":
+			case api.RoleFollower:
 			default:
 				return -1, false
 			}
 		}
 		return leader, leader >= 0
 	default:
-		if len(sts) == 1 && sts[0].Role == "active" {
+		if len(sts) == 1 && sts[0].Role == api.RoleActive {
 			return 0, true
 		}
 		return -1, false
 	}
+}
+
+// errUnsettled is ok's complaint to waitSettled's reading.
+var errUnsettled = errors.New("not settled")
+
+// waitSettled waits up to timeout until ok accepts a reading of every
+// member's /status in --peers order (clustertest's WaitStatuses: a member
+// that does not answer counts as not yet), and returns the member ok
+// names and how long it waited.
+func waitSettled(c *clustertest.Cluster, mode string, timeout time.Duration, ok func([]clustertest.Status) (int, bool)) (int, time.Duration, error) {
+	began := time.Now()
+	member := -1
+	_, err := c.WaitStatuses(timeout, clustertest.Every, func(sts []clustertest.Status) error {
+		i, done := ok(sts)
+		if !done {
+			return errUnsettled
+		}
+		member = i
+		return nil
+	})
+	if err != nil {
+		return -1, time.Since(began), fmt.Errorf("%w within %v (%s): %w", errNotSettled, timeout, mode, err)
+	}
+	return member, time.Since(began), nil
 }
 
 // clusterTarget is a target made of lockd processes started from the
@@ -298,7 +323,7 @@ func openRaft(t *target, o *options) error {
 	}
 	defer os.RemoveAll(dir)
 	peers := "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"
-	why, err := rejectedFlags(bin, "--cluster", "raft", "--peers", peers, "--listen", "127.0.0.1:1",
+	why, err := rejectedFlags(bin, "--cluster", api.ModeRaft, "--peers", peers, "--listen", "127.0.0.1:1",
 		"--data-dir", dir, "--admin", "")
 	if err != nil {
 		return err
@@ -368,45 +393,11 @@ func (ct *clusterTarget) close() {
 // settle waits until the cluster is ready for a run (settled) and points
 // ct at the member to drive; it returns how long it waited.
 func (ct *clusterTarget) settle(timeout time.Duration) (time.Duration, error) {
-	return ct.settleWith(timeout, func(sts []clustertest.Status) (int, bool) { return settled(ct.mode, sts) })
-}
-
-// settleWith polls every member's /status (in --peers order) every 20 ms
-// until ok accepts them, for up to timeout, and points ct at the member ok
-// returns; it returns how long it waited.
-func (ct *clusterTarget) settleWith(timeout time.Duration, ok func([]clustertest.Status) (int, bool)) (time.Duration, error) {
-	began := time.Now()
-	deadline := began.Add(timeout)
-	var last []clustertest.Status
-	var lastErr error
-	for {
-		sts := make([]clustertest.Status, 0, len(ct.c.Members()))
-		lastErr = nil
-		for _, m := range ct.c.Members() {
-			st, err := m.Status()
-			if err != nil {
-				lastErr = err
-				break
-			}
-			sts = append(sts, st)
-		}
-		if lastErr == nil {
-			if i, done := ok(sts); done {
-				ct.driven = i
-				return time.Since(began), nil
-			}
-			last = sts
-		}
-		if time.Now().After(deadline) {
-			var roles []string
-			for _, st := range last {
-				roles = append(roles, fmt.Sprintf("%s %s in_sync=%v active=%s", st.Addr, st.Role, st.Raw["in_sync"], st.Active))
-			}
-			return time.Since(began), fmt.Errorf("%w within %v (%s): %s; %v", errNotSettled, timeout, ct.mode,
-				strings.Join(roles, "; "), lastErr)
-		}
-		time.Sleep(20 * time.Millisecond)
+	i, waited, err := waitSettled(ct.c, ct.mode, timeout, func(sts []clustertest.Status) (int, bool) { return settled(ct.mode, sts) })
+	if err == nil {
+		ct.driven = i
 	}
+	return waited, err
 }
 
 // admin is the driven member's admin URL.
@@ -473,25 +464,15 @@ func (ct *clusterTarget) mem() (memStat, error) {
 // largest lag over its standbys and the records not acknowledged then; for
 // a raft leader, its entry count and commit latency.
 func (ct *clusterTarget) statusSample(url string) (lagSample, raftSample, error) {
-	var st struct {
-		Members []struct {
-			LagSeconds float64 `json:"lag_seconds"`
-			LagRecords uint64  `json:"lag_records"`
-		} `json:"members"`
-		Raft *struct {
-			Entries   uint64  `json:"entries"`
-			CommitP50 float64 `json:"commit_p50_seconds"`
-			CommitP99 float64 `json:"commit_p99_seconds"`
-		} `json:"raft"`
-	}
+	var st api.Status
 	at := time.Now()
-	err := ct.get(url+"/status", func(r io.Reader) error { return json.NewDecoder(r).Decode(&st) })
+	err := ct.get(url+api.PathStatus, func(r io.Reader) error { return json.NewDecoder(r).Decode(&st) })
 	ls, rs := lagSample{at: at}, raftSample{at: at}
 	for _, m := range st.Members {
 		ls.secs, ls.records = max(ls.secs, m.LagSeconds), max(ls.records, m.LagRecords)
 	}
 	if st.Raft != nil {
-		rs.entries, rs.commitP50, rs.commitP99 = st.Raft.Entries, st.Raft.CommitP50, st.Raft.CommitP99
+		rs.entries, rs.commitP50, rs.commitP99 = st.Raft.Entries, st.Raft.CommitP50Seconds, st.Raft.CommitP99Seconds
 	} else if err == nil && ct.mode == clustertest.ModeRaft {
 		err = errors.New("/status has no raft section")
 	}

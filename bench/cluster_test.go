@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 )
 
@@ -118,11 +119,7 @@ func TestGoalsRaft(t *testing.T) {
 
 func TestSettled(t *testing.T) {
 	st := func(addr, role, active string, inSync bool) clustertest.Status {
-		raw := map[string]any{}
-		if inSync {
-			raw["in_sync"] = true
-		}
-		return clustertest.Status{Addr: addr, Role: role, Active: active, Raw: raw}
+		return clustertest.Status{Status: api.Status{Addr: addr, Role: role, Active: active, InSync: inSync}}
 	}
 	const a, b, c = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
 	for _, tc := range []struct {
@@ -131,18 +128,18 @@ func TestSettled(t *testing.T) {
 		sts  []clustertest.Status
 		want int // -1: not settled
 	}{
-		{"priority settled", clustertest.ModePriority, []clustertest.Status{st(a, "active", a, false), st(b, "standby", a, true)}, 0},
-		{"standby not in sync", clustertest.ModePriority, []clustertest.Status{st(a, "active", a, false), st(b, "standby", a, false)}, -1},
-		{"second member active", clustertest.ModePriority, []clustertest.Status{st(a, "standby", b, true), st(b, "active", b, false)}, -1},
-		{"standby follows another", clustertest.ModePriority, []clustertest.Status{st(a, "active", a, false), st(b, "standby", c, true)}, -1},
-		{"one of two standbys syncing", clustertest.ModePriority, []clustertest.Status{st(a, "active", a, false), st(b, "standby", a, true), st(c, "standby", a, false)}, -1},
-		{"three settled", clustertest.ModePriority, []clustertest.Status{st(a, "active", a, false), st(b, "standby", a, true), st(c, "standby", a, true)}, 0},
+		{"priority settled", clustertest.ModePriority, []clustertest.Status{st(a, api.RoleActive, a, false), st(b, api.RoleStandby, a, true)}, 0},
+		{"standby not in sync", clustertest.ModePriority, []clustertest.Status{st(a, api.RoleActive, a, false), st(b, api.RoleStandby, a, false)}, -1},
+		{"second member active", clustertest.ModePriority, []clustertest.Status{st(a, api.RoleStandby, b, true), st(b, api.RoleActive, b, false)}, -1},
+		{"standby follows another", clustertest.ModePriority, []clustertest.Status{st(a, api.RoleActive, a, false), st(b, api.RoleStandby, c, true)}, -1},
+		{"one of two standbys syncing", clustertest.ModePriority, []clustertest.Status{st(a, api.RoleActive, a, false), st(b, api.RoleStandby, a, true), st(c, api.RoleStandby, a, false)}, -1},
+		{"three settled", clustertest.ModePriority, []clustertest.Status{st(a, api.RoleActive, a, false), st(b, api.RoleStandby, a, true), st(c, api.RoleStandby, a, true)}, 0},
 		{"starting", clustertest.ModePriority, []clustertest.Status{st(a, "starting", "", false), st(b, "starting", "", false)}, -1},
-		{"raft leader", clustertest.ModeRaft, []clustertest.Status{st(a, "follower", b, false), st(b, "leader", b, false), st(c, "follower", b, false)}, 1},
-		{"raft two leaders", clustertest.ModeRaft, []clustertest.Status{st(a, "leader", a, false), st(b, "leader", b, false), st(c, "follower", b, false)}, -1},
-		{"raft election", clustertest.ModeRaft, []clustertest.Status{st(a, "candidate", "", false), st(b, "follower", "", false), st(c, "follower", "", false)}, -1},
-		{"raft no leader", clustertest.ModeRaft, []clustertest.Status{st(a, "follower", "", false), st(b, "follower", "", false)}, -1},
-		{"single", clustertest.ModeSingle, []clustertest.Status{st(a, "active", "", false)}, 0},
+		{"raft leader", clustertest.ModeRaft, []clustertest.Status{st(a, api.RoleFollower, b, false), st(b, api.RoleLeader, b, false), st(c, api.RoleFollower, b, false)}, 1},
+		{"raft two leaders", clustertest.ModeRaft, []clustertest.Status{st(a, api.RoleLeader, a, false), st(b, api.RoleLeader, b, false), st(c, api.RoleFollower, b, false)}, -1},
+		{"raft election", clustertest.ModeRaft, []clustertest.Status{st(a, api.RoleCandidate, "", false), st(b, api.RoleFollower, "", false), st(c, api.RoleFollower, "", false)}, -1},
+		{"raft no leader", clustertest.ModeRaft, []clustertest.Status{st(a, api.RoleFollower, "", false), st(b, api.RoleFollower, "", false)}, -1},
+		{"single", clustertest.ModeSingle, []clustertest.Status{st(a, api.RoleActive, "", false)}, 0},
 		{"single draining", clustertest.ModeSingle, []clustertest.Status{st(a, "draining", "", false)}, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,11 +21,15 @@
 // BENCHMARKS.md for the method and the numbers.
 //
 // `go run ./bench -failover N` measures failover instead of the suite: a
-// priority cluster of lockd processes under load from the client library
-// and from raw probes that know which member answers, its active killed
-// (kill -9) and stopped (SIGTERM) N times each, alternately: the time until
-// the successor's first grant, the longest time without an answer, and the
-// same for the planned handover back when the victim, restarted, rejoins.
+// priority (or, -failover-mode raft, a raft) cluster of lockd processes
+// under load from the client library and from raw probes that know which
+// member answers, its active (leader) killed (kill -9) and stopped
+// (SIGTERM) N times each, alternately: the time until the successor's first
+// grant, the longest time without an answer, and the same for the rejoin
+// when the victim, restarted, comes back. failover.go holds its
+// configuration and the trials, failover_record.go the record of answers
+// and non-answers, failover_load.go the clients, failover_report.go the
+// summaries, goals and tables.
 //
 // The lockd and echo servers run in a child process (this binary re-executed
 // with LOCKD_BENCH_SERVE set), so their memory and CPU profiles are their
@@ -36,8 +40,9 @@
 // gnet (the echo server), hdrhistogram-go (latency histograms), etcd's
 // client (go.etcd.io/etcd/client/v3 and its concurrency package),
 // prometheus/common's expfmt (etcd's and lockd's /metrics),
-// gonum.org/v1/plot (the latency plot, -svg) and internal/clustertest (the
-// lockd processes of the cluster targets). It imports client/ in the
+// gonum.org/v1/plot (the latency plot, -svg), internal/clustertest (the
+// lockd processes of the cluster targets, and their waits) and api (the
+// admin endpoint's documents). It imports client/ in the
 // failover mode only, whose question is what an application sees; the
 // suite's load generator must not use it: it speaks lockd's protocol
 // itself, so a client library's costs or bugs cannot hide in the server's

@@ -3,15 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/proto"
@@ -270,22 +269,8 @@ func TestProbeErrorOutcome(t *testing.T) {
 
 // raftSt is a raft member's /status as the harness parses it.
 func raftSt(addr, role, leader string, term, commit, applied uint64) clustertest.Status {
-	num := func(v uint64) json.Number { return json.Number(strconv.FormatUint(v, 10)) }
-	return clustertest.Status{Addr: addr, Role: role, Active: leader, Raw: map[string]any{
-		"raft": map[string]any{"term": num(term), "commit_index": num(commit), "applied_index": num(applied)}}}
-}
-
-func TestRaftField(t *testing.T) {
-	st := raftSt("a", "leader", "a", 7, 1234, 1230)
-	st.Raw["raft"].(map[string]any)["odd"] = "99"
-	for name, want := range map[string]uint64{"term": 7, "commit_index": 1234, "applied_index": 1230, "odd": 99, "absent": 0} {
-		if got := raftField(st, name); got != want {
-			t.Errorf("raftField(%s) = %d, want %d", name, got, want)
-		}
-	}
-	if got := raftField(clustertest.Status{Raw: map[string]any{}}, "term"); got != 0 {
-		t.Errorf("no raft object: %d", got)
-	}
+	return clustertest.Status{Status: api.Status{Addr: addr, Role: role, Active: leader,
+		Raft: &api.RaftStatus{Term: term, CommitIndex: commit, AppliedIndex: applied}}}
 }
 
 // TestRaftSettled feeds successive polls of three members to raftSettled:
@@ -297,8 +282,8 @@ func TestRaftSettled(t *testing.T) {
 	// poll: b leads in term 5 having committed commit; a and c applied
 	// applied and name b.
 	poll := func(commit, appliedA, appliedC uint64) []clustertest.Status {
-		return []clustertest.Status{raftSt(a, "follower", b, 5, commit, appliedA), raftSt(b, "leader", b, 5, commit, commit),
-			raftSt(c, "follower", b, 5, commit, appliedC)}
+		return []clustertest.Status{raftSt(a, api.RoleFollower, b, 5, commit, appliedA), raftSt(b, api.RoleLeader, b, 5, commit, commit),
+			raftSt(c, api.RoleFollower, b, 5, commit, appliedC)}
 	}
 	with := func(sts []clustertest.Status, i int, st clustertest.Status) []clustertest.Status {
 		sts = slices.Clone(sts)
@@ -314,26 +299,26 @@ func TestRaftSettled(t *testing.T) {
 		{"a follower behind the previous commit", [][]clustertest.Status{poll(100, 90, 100), poll(120, 99, 120), poll(130, 120, 125)},
 			[]int{-1, -1, 1}},
 		{"a restarted member with no leader yet", [][]clustertest.Status{
-			with(poll(100, 0, 100), 0, raftSt(a, "follower", "", 4, 0, 0)),
-			with(poll(110, 0, 110), 0, raftSt(a, "follower", "", 4, 0, 0)),
-			with(poll(120, 0, 120), 0, raftSt(a, "follower", b, 4, 0, 0)), // the old term still
+			with(poll(100, 0, 100), 0, raftSt(a, api.RoleFollower, "", 4, 0, 0)),
+			with(poll(110, 0, 110), 0, raftSt(a, api.RoleFollower, "", 4, 0, 0)),
+			with(poll(120, 0, 120), 0, raftSt(a, api.RoleFollower, b, 4, 0, 0)), // the old term still
 			poll(130, 125, 130),
 		}, []int{-1, -1, -1, 1}},
 		{"a candidate resets", [][]clustertest.Status{
-			poll(100, 100, 100), with(poll(100, 100, 100), 0, raftSt(a, "candidate", "", 6, 100, 100)), poll(100, 100, 100), poll(100, 100, 100),
+			poll(100, 100, 100), with(poll(100, 100, 100), 0, raftSt(a, api.RoleCandidate, "", 6, 100, 100)), poll(100, 100, 100), poll(100, 100, 100),
 		}, []int{-1, -1, -1, 1}},
 		{"a new term between polls", [][]clustertest.Status{
 			poll(100, 100, 100),
-			{raftSt(a, "follower", b, 6, 100, 100), raftSt(b, "leader", b, 6, 101, 101), raftSt(c, "follower", b, 6, 101, 101)},
-			{raftSt(a, "follower", b, 6, 101, 101), raftSt(b, "leader", b, 6, 101, 101), raftSt(c, "follower", b, 6, 101, 101)},
+			{raftSt(a, api.RoleFollower, b, 6, 100, 100), raftSt(b, api.RoleLeader, b, 6, 101, 101), raftSt(c, api.RoleFollower, b, 6, 101, 101)},
+			{raftSt(a, api.RoleFollower, b, 6, 101, 101), raftSt(b, api.RoleLeader, b, 6, 101, 101), raftSt(c, api.RoleFollower, b, 6, 101, 101)},
 		}, []int{-1, -1, 1}},
 		{"a new leader between polls", [][]clustertest.Status{
 			poll(100, 100, 100),
-			{raftSt(a, "follower", c, 5, 100, 100), raftSt(b, "follower", c, 5, 100, 100), raftSt(c, "leader", c, 5, 100, 100)},
-			{raftSt(a, "follower", c, 5, 100, 100), raftSt(b, "follower", c, 5, 100, 100), raftSt(c, "leader", c, 5, 100, 100)},
+			{raftSt(a, api.RoleFollower, c, 5, 100, 100), raftSt(b, api.RoleFollower, c, 5, 100, 100), raftSt(c, api.RoleLeader, c, 5, 100, 100)},
+			{raftSt(a, api.RoleFollower, c, 5, 100, 100), raftSt(b, api.RoleFollower, c, 5, 100, 100), raftSt(c, api.RoleLeader, c, 5, 100, 100)},
 		}, []int{-1, -1, 2}},
 		{"two leaders", [][]clustertest.Status{
-			with(poll(100, 100, 100), 0, raftSt(a, "leader", a, 4, 90, 90)), with(poll(100, 100, 100), 0, raftSt(a, "leader", a, 4, 90, 90)),
+			with(poll(100, 100, 100), 0, raftSt(a, api.RoleLeader, a, 4, 90, 90)), with(poll(100, 100, 100), 0, raftSt(a, api.RoleLeader, a, 4, 90, 90)),
 		}, []int{-1, -1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

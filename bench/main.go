@@ -521,6 +521,14 @@ func loadAvg() string {
 	return strings.Join(f[:3], " ")
 }
 
+// runHead opens every JSON document bench writes: the machine, and the
+// load average when the run began and ended.
+type runHead struct {
+	Machine   string `json:"machine"`
+	LoadStart string `json:"load_start"`
+	LoadEnd   string `json:"load_end"`
+}
+
 // writeDoc writes doc as JSON to -jsonfile if set, and to w with -json.
 func writeDoc(o *options, w io.Writer, doc any) error {
 	if o.jsonFile != "" {
@@ -558,16 +566,14 @@ func report(w io.Writer, o *options, rs []*Result) error {
 	}
 	gs, loadEnd := goals(rs), loadAvg()
 	doc := struct {
-		Machine   string    `json:"machine"`
-		LoadStart string    `json:"load_start"`
-		LoadEnd   string    `json:"load_end"`
-		Config    config    `json:"config"`
-		Rounds    int       `json:"rounds"`
-		Results   []*Result `json:"results"`
-		Summary   []summary `json:"summary"`
-		Ratios    []ratio   `json:"ratios"`
-		Goals     []goal    `json:"goals,omitempty"`
-	}{machine(), o.loadStart, loadEnd, o.cfg, o.rounds, rs, ss, rt, gs}
+		runHead
+		Config  config    `json:"config"`
+		Rounds  int       `json:"rounds"`
+		Results []*Result `json:"results"`
+		Summary []summary `json:"summary"`
+		Ratios  []ratio   `json:"ratios"`
+		Goals   []goal    `json:"goals,omitempty"`
+	}{runHead{machine(), o.loadStart, loadEnd}, o.cfg, o.rounds, rs, ss, rt, gs}
 	if err := writeDoc(o, w, doc); err != nil || o.jsonOut {
 		return err
 	}

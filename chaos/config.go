@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockd-dev/lockd/api"
 )
 
 // The fault kinds the nemesis knows (-faults).
@@ -67,7 +69,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: -%s: %s", ErrUsage, flag, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case c.Mode != "priority" && c.Mode != "raft":
+	case c.Mode != api.ModePriority && c.Mode != api.ModeRaft:
 		return bad("mode", "%q: want priority or raft", c.Mode)
 	case c.Duration < time.Second || c.Duration > 24*time.Hour:
 		return bad("duration", "%v: want 1s..24h", c.Duration)

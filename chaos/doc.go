@@ -63,6 +63,6 @@
 //
 // No server package (engine, shard, store, repl, admin) and no cmd: it
 // drives the lockd binary from outside as users do — the client library,
-// fence, internal/clustertest, internal/faultproxy and internal/history
-// (internal/layers enforces it).
+// fence, api (the admin endpoint's names), internal/clustertest,
+// internal/faultproxy and internal/history (internal/layers enforces it).
 package main

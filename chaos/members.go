@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/history"
 )
@@ -60,65 +61,27 @@ func (ms *members) reachable() []int {
 	return out
 }
 
-// leading reports whether a /status role is the one that executes:
-// priority's active, raft's leader.
-func leading(role string) bool { return role == "active" || role == "leader" }
-
-// leader returns a reachable member that says it leads (the first in
-// --peers order), or -1.
+// leader returns a reachable member that says it serves (the active, or
+// the leader; the first in --peers order), or -1.
 func (ms *members) leader() int {
 	for _, i := range ms.reachable() {
-		if st, err := ms.c.Member(i).Status(); err == nil && leading(st.Role) {
+		if st, err := ms.c.Member(i).Status(); err == nil && api.Serving(st.Role) {
 			return i
 		}
 	}
 	return -1
 }
 
-// agreement reports the member every member agrees leads: exactly one
-// says it leads and every other names it as its active/leader (by its
-// address or its entry in that member's --peers). Every member must
-// answer. The string says why not, when not.
-func agreement(c *clustertest.Cluster) (int, string) {
-	sts := make([]clustertest.Status, len(c.Members()))
-	lead := -1
-	for i, m := range c.Members() {
-		st, err := m.Status()
-		if err != nil {
-			return -1, fmt.Sprintf("member %d: %v", i, err)
-		}
-		sts[i] = st
-		if leading(st.Role) {
-			if lead >= 0 {
-				return -1, fmt.Sprintf("members %d and %d both lead", lead, i)
-			}
-			lead = i
-		}
-	}
-	if lead < 0 {
-		return -1, "no member leads"
-	}
-	for i, st := range sts {
-		if i != lead && st.Active != c.Member(lead).Addr() && st.Active != c.Peers(i)[lead] {
-			return -1, fmt.Sprintf("member %d (%s) names %q, not member %d", i, st.Role, st.Active, lead)
-		}
-	}
-	return lead, ""
-}
-
-// waitAgreement polls agreement every 20 ms for up to within.
+// waitAgreement waits up to within until every member agrees which one
+// serves (clustertest's WaitLeader over every member: each must answer),
+// and returns it and how long it took, or -1 and why not.
 func waitAgreement(c *clustertest.Cluster, within time.Duration) (int, time.Duration, string) {
 	began := time.Now()
-	for {
-		lead, why := agreement(c)
-		if lead >= 0 {
-			return lead, time.Since(began), ""
-		}
-		if time.Since(began) > within {
-			return -1, time.Since(began), why
-		}
-		time.Sleep(20 * time.Millisecond)
+	lead, err := c.WaitLeader(within, clustertest.Every)
+	if err != nil {
+		return -1, time.Since(began), err.Error()
 	}
+	return lead, time.Since(began), ""
 }
 
 // watch restarts, every 100 ms until stop is closed, any member that ended

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/faultproxy"
@@ -320,11 +321,11 @@ func splitWindows(h history.History, failover time.Duration) []history.Window {
 func checkHistory(h history.History, cfg Config, visualizeDir string) []history.Result {
 	out := []history.Result{history.CheckFenced(h)}
 	var windows []history.Window
-	if cfg.Mode == "priority" {
+	if cfg.Mode == api.ModePriority {
 		windows = splitWindows(h, cfg.FailoverTimeout)
 	}
 	out = append(out, history.CheckTokens(h, windows))
-	if cfg.Mode == "raft" {
+	if cfg.Mode == api.ModeRaft {
 		return append(out,
 			history.CheckLinearizable(h, history.LinOptions{Timeout: cfg.CheckTimeout, Dir: visualizeDir}),
 			history.CheckOverlap(h, true))

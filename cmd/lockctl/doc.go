@@ -16,5 +16,7 @@
 // It owns the command line, the exit codes and the supervision of the
 // command under a lock (process group, renewals, kill before the lease can
 // end). It talks to lockd only through lockd/client and the admin
-// endpoint's JSON; it must not import engine, shard, store or gnet.
+// endpoint's JSON, decoded into lockd/api's types (it prints every field
+// of them that helps an operator); it must not import engine, shard,
+// store, repl or gnet.
 package main

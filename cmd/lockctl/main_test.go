@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lockd-dev/lockd/api"
 )
 
 // These tests run the real binaries: lockd (built from ../lockd) and
@@ -362,11 +364,8 @@ func TestRunKillsCommandBeforeLeaseEnds(t *testing.T) {
 	}
 	// The command was dead before the lease ended on the server: lockd still
 	// shows the key held at the moment lockctl returned.
-	var k struct {
-		Held        bool  `json:"held"`
-		LeaseLeftMs int64 `json:"lease_left_ms"`
-	}
-	resp, err := http.Get("http://" + s.admin + "/keys/lost")
+	var k api.Key
+	resp, err := http.Get("http://" + s.admin + api.PathKeys + "lost")
 	if err != nil {
 		t.Fatal(err)
 	}

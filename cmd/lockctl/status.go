@@ -7,61 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/lockd-dev/lockd/api"
 )
-
-// The admin endpoint's documents (see package admin; decoded here by field
-// name so lockctl does not link the server).
-type statusDoc struct {
-	Version       string  `json:"version"`
-	Role          string  `json:"role"`
-	Addr          string  `json:"addr"`
-	UptimeSeconds float64 `json:"uptime_seconds"`
-	Draining      bool    `json:"draining"`
-	Keys          int     `json:"keys"`
-	Waiters       int     `json:"waiters"`
-	Connections   int64   `json:"connections"`
-	TokenLast     string  `json:"token_last"`
-	Limits        struct {
-		MaxKeys          int `json:"max_keys"`
-		MaxWaitersPerKey int `json:"max_waiters_per_key"`
-		MaxWaiters       int `json:"max_waiters"`
-		MaxConns         int `json:"max_conns"`
-	} `json:"limits"`
-	Mode       string  `json:"mode"`
-	Active     string  `json:"active"`
-	Epoch      uint64  `json:"epoch"`
-	InSync     bool    `json:"in_sync"`
-	LagSeconds float64 `json:"lag_seconds"`
-	Members    []struct {
-		Addr       string  `json:"addr"`
-		Role       string  `json:"role"`
-		Live       bool    `json:"live"`
-		InSync     bool    `json:"in_sync"`
-		LagSeconds float64 `json:"lag_seconds"`
-		LagRecords uint64  `json:"lag_records"`
-		LagBytes   uint64  `json:"lag_bytes"`
-	} `json:"members"`
-	Raft *struct {
-		Term            uint64  `json:"term"`
-		CommitIndex     uint64  `json:"commit_index"`
-		AppliedIndex    uint64  `json:"applied_index"`
-		RecordsPerEntry float64 `json:"records_per_entry"`
-		CommitP50       float64 `json:"commit_p50_seconds"`
-		CommitP99       float64 `json:"commit_p99_seconds"`
-	} `json:"raft"`
-}
-
-type keyDoc struct {
-	Key         string `json:"key"`
-	Held        bool   `json:"held"`
-	Token       string `json:"token"`
-	LeaseLeftMs int64  `json:"lease_left_ms"`
-	Waiters     int    `json:"waiters"`
-}
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	var c common
@@ -86,8 +36,8 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		var k keyDoc
-		if err := getJSON(hc, base+"/keys/"+keyPath(pos[0]), &k); err != nil {
+		var k api.Key
+		if err := getJSON(hc, base+api.PathKeys+api.KeyPath(pos[0]), &k); err != nil {
 			return err
 		}
 		if !k.Held {
@@ -101,8 +51,8 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	var firstErr error
 	shown := 0
 	for _, a := range admins {
-		var s statusDoc
-		if err := getJSON(hc, "http://"+a+"/status", &s); err != nil {
+		var s api.Status
+		if err := getJSON(hc, "http://"+a+api.PathStatus, &s); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("%s: %w", a, err)
 			}
@@ -148,14 +98,14 @@ func activeAdmin(hc *http.Client, admins []string) (string, error) {
 	var first string
 	var firstErr error
 	for _, a := range admins {
-		var s statusDoc
-		if err := getJSON(hc, "http://"+a+"/status", &s); err != nil {
+		var s api.Status
+		if err := getJSON(hc, "http://"+a+api.PathStatus, &s); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("%s: %w", a, err)
 			}
 			continue
 		}
-		if s.Role == "active" || s.Role == "leader" {
+		if api.Serving(s.Role) {
 			return "http://" + a, nil
 		}
 		if first == "" {
@@ -171,25 +121,29 @@ func activeAdmin(hc *http.Client, admins []string) (string, error) {
 	return "", firstErr
 }
 
-func printStatus(w io.Writer, s *statusDoc) {
+func printStatus(w io.Writer, s *api.Status) {
 	state := "serving"
 	if s.Draining {
 		state = "shutting down"
 	}
 	fmt.Fprintf(w, "server:      %s (%s, %s)\n", s.Addr, s.Role, state)
-	if s.Mode != "" && s.Mode != "single" {
+	if s.Mode != "" && s.Mode != api.ModeSingle {
 		fmt.Fprintf(w, "cluster:     %s, epoch %d, active %s\n", s.Mode, s.Epoch, orNone(s.Active))
-		if s.Role == "standby" {
+		if s.Role == api.RoleStandby {
 			fmt.Fprintf(w, "sync:        in sync %v, lag %s\n", s.InSync, seconds(s.LagSeconds))
 		}
 		if r := s.Raft; r != nil {
 			fmt.Fprintf(w, "raft:        term %d, commit %d, applied %d, %.1f changes/entry, commit p50 %s p99 %s\n",
-				r.Term, r.CommitIndex, r.AppliedIndex, r.RecordsPerEntry, seconds(r.CommitP50), seconds(r.CommitP99))
+				r.Term, r.CommitIndex, r.AppliedIndex, r.RecordsPerEntry, seconds(r.CommitP50Seconds), seconds(r.CommitP99Seconds))
+			fmt.Fprintf(w, "raft log:    %d entries committed as leader, %d elections won, %d snapshots (last %d B), %d rebuilds\n",
+				r.Entries, r.Elections, r.Snapshots, r.LastSnapshotBytes, r.Rebuilds)
 		}
 	}
-	fmt.Fprintf(w, "version:     %s\nuptime:      %s\nheld keys:   %d of %d\nwaiters:     %d of %d\nconnections: %d of %d\ntoken mark:  %s\n",
+	l := &s.Limits
+	fmt.Fprintf(w, "version:     %s\nuptime:      %s\nheld keys:   %d of %d\nwaiters:     %d of %d (%d per key)\nconnections: %d of %d\ntoken mark:  %s (reserved to %s)\nlimits:      keys of up to %d B, %d B of answers buffered per connection, %d event loops\n",
 		s.Version, (time.Duration(s.UptimeSeconds) * time.Second).String(),
-		s.Keys, s.Limits.MaxKeys, s.Waiters, s.Limits.MaxWaiters, s.Connections, s.Limits.MaxConns, s.TokenLast)
+		s.Keys, l.MaxKeys, s.Waiters, l.MaxWaiters, l.MaxWaitersPerKey, s.Connections, l.MaxConns, s.TokenLast, s.TokenReserved,
+		l.MaxKey, l.MaxOutbound, l.Loops)
 	if len(s.Members) > 0 {
 		fmt.Fprintln(w, "members:")
 		for _, m := range s.Members {
@@ -234,11 +188,4 @@ func getJSON(hc *http.Client, u string, v any) error {
 		return fmt.Errorf("admin endpoint: bad answer: %v", err)
 	}
 	return nil
-}
-
-// keyPath escapes key for /keys/{key...}: url.PathEscape leaves dots, and
-// a key "." or ".." (or with such a segment) would be cleaned out of the
-// path by the server's router.
-func keyPath(key string) string {
-	return strings.ReplaceAll(url.PathEscape(key), ".", "%2E")
 }

@@ -14,14 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/faultproxy"
 )
 
 // The modes of Options.Mode.
 const (
-	ModeSingle   = ""         // independent single nodes: no cluster flags
-	ModePriority = "priority" // --cluster priority (PROTOCOL.md §6.3)
-	ModeRaft     = "raft"     // --cluster raft (PROTOCOL.md §6.4)
+	ModeSingle   = ""               // independent single nodes: no cluster flags
+	ModePriority = api.ModePriority // --cluster priority (PROTOCOL.md §6.3)
+	ModeRaft     = api.ModeRaft     // --cluster raft (PROTOCOL.md §6.4)
 )
 
 // Defaults of Options.

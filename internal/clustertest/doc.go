@@ -29,8 +29,16 @@
 //   - Member: Kill (SIGKILL), Stop/Cont (SIGSTOP/SIGCONT, returning once
 //     the kernel reports the state), Term (SIGTERM, exit code, bounded),
 //     Signal, Wait, Restart (same flags, same data dir), WipeData, Addr,
-//     AdminURL, Status (/status decoded), WaitStatus, Logs, WaitLog,
-//     Alive.
+//     AdminURL, Status (/status decoded into package api's types),
+//     WaitStatus, Logs, WaitLog, Alive.
+//   - Cluster-level reads and waits, as hashicorp/raft's testing.go has
+//     them: Statuses reads the members an Among chooses (Every, or
+//     Running except the frozen ones), Agreed tells the member they all
+//     agree serves (one active or leader, named by every other), Leader
+//     reads and tells, WaitStatuses polls until a predicate accepts a
+//     reading and WaitLeader until they agree. The tests, the benchmark's
+//     cluster targets and chaos use these instead of polling loops of
+//     their own.
 //   - Conn: a raw protocol connection (frames from proto's AppendX, parsed
 //     responses, deadlines) to check the wire, such as the address of an M.
 //
@@ -51,9 +59,10 @@
 //
 // # Who uses it, what it must not import
 //
-// Only tests and the chaos command; lockd itself never imports it. It
-// drives the binary from outside: it may import the standard library,
-// proto and internal/faultproxy, and must not import engine, shard, store,
-// repl, admin, client, bench or cmd (internal/layers enforces it; tests
-// that want the client library import it themselves).
+// Only tests, the chaos command and the benchmark's cluster targets; lockd
+// itself never imports it. It drives the binary from outside: it may
+// import the standard library, api, proto and internal/faultproxy, and
+// must not import engine, shard, store, repl, admin, client, bench or cmd
+// (internal/layers enforces it; tests that want the client library import
+// it themselves).
 package clustertest

@@ -3,11 +3,10 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -33,56 +33,32 @@ func short(t *testing.T) {
 	}
 }
 
-// active returns the index of the one live member that says it is active
-// and that every other live member names as its active, or -1. Members
-// in skip (frozen ones, whose admin endpoint cannot answer) are left out.
-func active(c *clustertest.Cluster, skip ...int) int {
-	found := -1
-	var addr string
-	skipped := func(i int) bool { return slices.Contains(skip, i) }
-	for _, m := range c.Members() {
-		if !m.Alive() || skipped(m.Index()) {
-			continue
-		}
-		st, err := m.Status()
-		if err != nil {
-			return -1
-		}
-		if st.Role == "active" {
-			if found >= 0 {
-				return -1
-			}
-			found, addr = m.Index(), m.Addr()
-		}
-	}
-	if found < 0 {
-		return -1
-	}
-	for _, m := range c.Members() {
-		if !m.Alive() || m.Index() == found || skipped(m.Index()) {
-			continue
-		}
-		st, err := m.Status()
-		if err != nil || st.Active != addr && st.Active != c.Peers(m.Index())[found] {
-			return -1
-		}
-	}
-	return found
-}
-
-// waitActive waits until one member is the active, as every live member
-// agrees, and returns it and how long it took.
+// waitActive waits until one member is the active, as every running
+// member but those in skip (frozen ones, whose admin endpoint cannot
+// answer) agrees, and returns it and how long it took.
 func waitActive(t *testing.T, c *clustertest.Cluster, within time.Duration, skip ...int) (int, time.Duration) {
 	t.Helper()
 	began := time.Now()
-	for {
-		if a := active(c, skip...); a >= 0 {
-			return a, time.Since(began)
+	a, err := c.WaitLeader(within, clustertest.Running(skip...))
+	if err != nil {
+		t.Fatalf("no single active within %v: %v", within, err)
+	}
+	return a, time.Since(began)
+}
+
+// waitActiveIs waits until every running member agrees that member want
+// is the active; what says what failed if they do not within 10 s.
+func waitActiveIs(t *testing.T, c *clustertest.Cluster, want int, what string) {
+	t.Helper()
+	_, err := c.WaitStatuses(10*time.Second, clustertest.Running(), func(sts []clustertest.Status) error {
+		a, err := c.Agreed(sts)
+		if err == nil && a != want {
+			err = fmt.Errorf("member %d is the active", a)
 		}
-		if time.Since(began) > within {
-			t.Fatalf("no single active within %v", within)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 
@@ -122,15 +98,12 @@ func grant(t *testing.T, conn *clustertest.Conn, key string, lease uint8, owner 
 func keyState(t *testing.T, c *clustertest.Cluster, i int, key string) (bool, uint64) {
 	t.Helper()
 	hc := http.Client{Timeout: 5 * time.Second}
-	resp, err := hc.Get(c.Member(i).AdminURL() + "/keys/" + url.PathEscape(key))
+	resp, err := hc.Get(c.Member(i).AdminURL() + api.PathKeys + api.KeyPath(key))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var k struct {
-		Held  bool   `json:"held"`
-		Token string `json:"token"`
-	}
+	var k api.Key
 	if err := json.NewDecoder(resp.Body).Decode(&k); err != nil {
 		t.Fatal(err)
 	}

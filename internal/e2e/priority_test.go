@@ -19,7 +19,7 @@ import (
 func startPriority(t *testing.T, n int, proxied bool) (*clustertest.Cluster, int) {
 	t.Helper()
 	short(t)
-	c := clustertest.Start(t, clustertest.Options{Mode: "priority", Members: n, Proxied: proxied})
+	c := clustertest.Start(t, clustertest.Options{Mode: clustertest.ModePriority, Members: n, Proxied: proxied})
 	noRaces(t, c)
 	a, _ := waitActive(t, c, 10*time.Second)
 	return c, a
@@ -102,13 +102,7 @@ func TestPriorityRestartTakesOver(t *testing.T) {
 	if err := c.Member(0).Restart(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for active(c) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the restarted first member did not take over")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitActiveIs(t, c, 0, "the restarted first member did not take over")
 	for key, tok := range map[string]uint64{"before": a0, "during": a1} {
 		if held, got := keyState(t, c, 0, key); !held || got != tok {
 			t.Fatalf("%s after the handover: held=%v token %d, want %d", key, held, got, tok)
@@ -224,18 +218,18 @@ func TestPriorityPartitionHeals(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The majority side promotes after the failover timeout.
-	deadline := time.Now().Add(5 * time.Second)
 	b := -1
-	for b < 0 {
-		for _, i := range others(c, a) {
-			if st, err := c.Member(i).Status(); err == nil && st.Role == "active" {
-				b = i
+	_, err := c.WaitStatuses(5*time.Second, clustertest.Running(a), func(sts []clustertest.Status) error {
+		for _, st := range sts {
+			if st.Serving() {
+				b = st.Index
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no active on the other side of the partition")
-		}
-		time.Sleep(20 * time.Millisecond)
+		return errors.New("no member serves")
+	})
+	if err != nil {
+		t.Fatalf("no active on the other side of the partition: %v", err)
 	}
 	bc := dial(t, c, b)
 	mid := grant(t, bc, "split", 60, 2)
@@ -275,13 +269,7 @@ func TestPriorityPartitionHeals(t *testing.T) {
 	}
 	t.Logf("member %d stepped down %v after the heal", a, time.Since(healed))
 	// ...then priority order is restored by a planned handover.
-	deadline = time.Now().Add(10 * time.Second)
-	for active(c) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("priority order not restored after the heal")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitActiveIs(t, c, 0, "priority order not restored after the heal")
 	select {
 	case <-granting:
 	case <-time.After(10 * time.Second):
@@ -314,7 +302,7 @@ func others(c *clustertest.Cluster, a int) []int {
 func TestPrioritySnapshotOf100k(t *testing.T) {
 	short(t)
 	n := env("LOCKD_E2E_LOCKS", 100_000)
-	c := clustertest.Start(t, clustertest.Options{Mode: "priority", Members: 2, Deferred: []int{1}})
+	c := clustertest.Start(t, clustertest.Options{Mode: clustertest.ModePriority, Members: 2, Deferred: []int{1}})
 	noRaces(t, c)
 	waitActive(t, c, 10*time.Second)
 	conn := dial(t, c, 0)

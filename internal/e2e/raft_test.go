@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,67 +16,41 @@ import (
 	"github.com/lockd-dev/lockd/proto"
 )
 
-// raftLeader returns the index of the one live member whose /status says
-// leader and that every other live member (not in skip) names, or -1.
-func raftLeader(c *clustertest.Cluster, skip ...int) int {
-	found := -1
-	for _, m := range c.Members() {
-		if !m.Alive() || slices.Contains(skip, m.Index()) {
-			continue
-		}
-		st, err := m.Status()
-		if err != nil {
-			return -1
-		}
-		if st.Role == "leader" {
-			if found >= 0 {
-				return -1
-			}
-			found = m.Index()
-		}
-	}
-	if found < 0 {
-		return -1
-	}
-	for _, m := range c.Members() {
-		if !m.Alive() || m.Index() == found || slices.Contains(skip, m.Index()) {
-			continue
-		}
-		st, err := m.Status()
-		if err != nil || st.Active != c.Member(found).Addr() && st.Active != c.Peers(m.Index())[found] {
-			return -1
-		}
-	}
-	return found
-}
-
-// waitServing waits until a member that every live member names as the
-// leader grants on a fresh key, and returns it and how long it took.
+// waitServing waits until a member that every running member (but those
+// in skip) names as the leader grants on a fresh key, and returns it and
+// how long it took.
 func waitServing(t *testing.T, c *clustertest.Cluster, within time.Duration, skip ...int) (int, time.Duration) {
 	t.Helper()
 	began := time.Now()
-	for n := 0; ; n++ {
-		if l := raftLeader(c, skip...); l >= 0 {
-			if conn, err := clustertest.Dial(c.Member(l).Addr()); err == nil {
-				conn.SetTimeout(time.Second)
-				r, err := conn.Do(proto.AppendAcquire(nil, 0, 1, 1, fmt.Sprintf("probe/%d", n)))
-				conn.Close()
-				if err == nil && r.Op == proto.OpAcquire {
-					return l, time.Since(began)
-				}
-			}
+	l, n := -1, 0
+	_, err := c.WaitStatuses(within, clustertest.Running(skip...), func(sts []clustertest.Status) error {
+		var err error
+		if l, err = c.Agreed(sts); err != nil {
+			return err
 		}
-		if time.Since(began) > within {
-			t.Fatalf("no leader serving within %v", within)
+		n++
+		conn, err := clustertest.Dial(c.Member(l).Addr())
+		if err != nil {
+			return err
 		}
-		time.Sleep(20 * time.Millisecond)
+		defer conn.Close()
+		conn.SetTimeout(time.Second)
+		r, err := conn.Do(proto.AppendAcquire(nil, 0, 1, 1, fmt.Sprintf("probe/%d", n)))
+		if err == nil && r.Op != proto.OpAcquire {
+			err = fmt.Errorf("leader %d answered %c", l, r.Op)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("no leader serving within %v: %v", within, err)
 	}
+	return l, time.Since(began)
 }
 
 func startRaft(t *testing.T, proxied bool) (*clustertest.Cluster, int) {
 	t.Helper()
 	short(t)
-	c := clustertest.Start(t, clustertest.Options{Mode: "raft", Members: 3, Proxied: proxied})
+	c := clustertest.Start(t, clustertest.Options{Mode: clustertest.ModeRaft, Members: 3, Proxied: proxied})
 	l, _ := waitServing(t, c, 15*time.Second)
 	return c, l
 }

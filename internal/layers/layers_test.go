@@ -56,15 +56,18 @@ var rules = map[string]rule{
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin")...)},
 	"engine": {allow: append(lockd("proto", "shard", "repl", "acl"), gnet+"gnet/v2", "golang.org/x/sys/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
-	"admin": {allow: append(lockd("engine", "repl", "acl"), "github.com/prometheus/"),
+	"admin": {allow: append(lockd("api", "engine", "repl", "acl"), "github.com/prometheus/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"client": {allow: lockd("proto"), noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
 	"fence":  {noStd: []string{"net", "os"}, noDeps: []string{"net"}},
+	// The admin endpoint's JSON types and names: the standard library
+	// only, nothing of the module, so any consumer can import them.
+	"api": {noDeps: []string{mod + "/"}},
 	"cmd/lockd": {allow: append(lockd("engine", "admin", "repl", "acl"), "golang.org/x/sys/"),
 		noDeps: lockd("client", "bench")},
-	"cmd/lockctl": {allow: lockd("client", "proto"),
+	"cmd/lockctl": {allow: lockd("api", "client", "proto"),
 		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
-	"bench": {allow: append(lockd("client", "proto", "engine", "repl", "acl", "internal/"),
+	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "acl", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
@@ -76,7 +79,7 @@ var rules = map[string]rule{
 	// outside, so it imports no server package (nor client: the tests
 	// that use it bring their own).
 	"internal/faultproxy": {noDeps: []string{mod + "/"}},
-	"internal/clustertest": {allow: lockd("proto", "internal/faultproxy"),
+	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
 	// The history checkers know nothing of the wire or the server: the
 	// standard library and porcupine only.
@@ -85,7 +88,7 @@ var rules = map[string]rule{
 	// The chaos command drives real lockd processes from outside, as a
 	// user would: the client library, the fence, the harness and the
 	// checkers; never a server package.
-	"chaos": {allow: lockd("client", "fence", "internal/clustertest", "internal/faultproxy", "internal/history"),
+	"chaos": {allow: lockd("api", "client", "fence", "internal/clustertest", "internal/faultproxy", "internal/history"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "bench")...)},
 }
 
