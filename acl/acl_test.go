@@ -213,7 +213,7 @@ func TestByCertificate(t *testing.T) {
 }
 
 func TestAllows(t *testing.T) {
-	a := mustParse(t, example+"none cert - client\nmulti cert a,ab/,é/ client\n")
+	a := mustParse(t, example+"none cert - client\nmulti cert a,ab/,é/ client\nlong cert 12345678,tenant-000042/orders/ client\n")
 	for _, c := range []struct {
 		id, key string
 		ok      bool
@@ -234,6 +234,15 @@ func TestAllows(t *testing.T) {
 		{"multi", "é/x", true},
 		{"multi", "e/x", false},
 		{"multi", "b", false},
+		{"long", "12345678", true},
+		{"long", "1234567", false},
+		{"long", "123456789", true},
+		{"long", "12345679", false},
+		{"long", "tenant-000042/orders/1", true},
+		{"long", "tenant-000042/orders/", true},
+		{"long", "tenant-000042/orders", false},
+		{"long", "tenant-000042/ordersX", false},
+		{"long", "tenant-000043/orders/1", false},
 	} {
 		if got := a.Lookup([]byte(c.id)).Allows([]byte(c.key)); got != c.ok {
 			t.Errorf("%s.Allows(%q) = %v, want %v", c.id, c.key, got, c.ok)

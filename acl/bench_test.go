@@ -19,11 +19,23 @@ func BenchmarkAuthenticate(b *testing.B) {
 	}
 }
 
+// BenchmarkAllows: the prefix check every lock request makes, with the
+// lockd-acl bench target's identity (three prefixes, the key under the
+// last) and a long prefix.
 func BenchmarkAllows(b *testing.B) {
-	a := mustParse(b, example)
-	id, key := a.Lookup([]byte("orders")), []byte("jobs/000000000042")
-	b.ReportAllocs()
-	for b.Loop() {
-		_ = id.Allows(key)
+	for _, c := range []struct{ keys, key string }{
+		{"orders/,jobs/,bench/", "bench/key/123456"},
+		{"orders/,jobs/,bench/", "other/key/123456"},
+		{"tenant-000042/orders/", "tenant-000042/orders/123456"},
+		{"*", "bench/key/123456"},
+	} {
+		b.Run(c.keys, func(b *testing.B) {
+			a := mustParse(b, "x cert "+c.keys+" client\n")
+			id, key := a.Lookup([]byte("x")), []byte(c.key)
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = id.Allows(key)
+			}
+		})
 	}
 }

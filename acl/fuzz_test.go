@@ -71,8 +71,8 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("role %v", id.Role)
 			}
 			for _, p := range id.prefixes {
-				if len(p) == 0 || len(p) > MaxPrefix || !id.Allows(p) {
-					t.Fatalf("prefix %q", p)
+				if len(p.b) == 0 || len(p.b) > MaxPrefix || !id.Allows(p.b) {
+					t.Fatalf("prefix %q", p.b)
 				}
 			}
 			if id.all && len(id.prefixes) > 0 {
@@ -120,6 +120,29 @@ func FuzzHello(f *testing.F) {
 		ok := cut && known && secret == want && len(secret) >= 1 && len(secret) <= proto.MaxSecret
 		if (id != nil) != ok || (id != nil && id.Name != name) {
 			t.Fatalf("hello %q: identity %v, want ok=%v", tail, id, ok)
+		}
+	})
+}
+
+// FuzzAllows: the word-at-a-time prefix check answers as bytes.HasPrefix
+// over the identity's prefixes does, for any prefixes and key.
+func FuzzAllows(f *testing.F) {
+	f.Add("orders/,jobs/,bench/", []byte("bench/key/1"))
+	f.Add("a,ab/,é/", []byte("é"))
+	f.Add("tenant-000042/orders/", []byte("tenant-000042/orders"))
+	f.Add("12345678,123456789", []byte("12345678"))
+	f.Fuzz(func(t *testing.T, keys string, key []byte) {
+		a, err := Parse("f", []byte("x cert "+keys+" client\n"))
+		if err != nil {
+			return
+		}
+		id := a.Lookup([]byte("x"))
+		want := id.all
+		for _, p := range id.prefixes {
+			want = want || bytes.HasPrefix(key, p.b)
+		}
+		if got := id.Allows(key); got != want {
+			t.Fatalf("keys %q, key %q: Allows %v, want %v", keys, key, got, want)
 		}
 	})
 }
