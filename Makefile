@@ -4,8 +4,9 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME    ?= 15s
 BENCHTIME   ?= 1s
 PKGS        := ./...
+PYTHON      ?= /usr/bin/python3
 
-.PHONY: all build test test-short lint check-tracked vet fmt-check staticcheck bench fuzz clean chaos chaos-short
+.PHONY: all build test test-short lint check-tracked vet fmt-check staticcheck bench fuzz clean chaos chaos-short test-python lint-python
 
 all: build
 
@@ -19,7 +20,7 @@ build:
 ## reports are in the log; alone, so that its clusters and the
 ## e2e tests' do not share the 2 cores), then the allocation tests, which
 ## only count without it (they are built !race).
-test: lint
+test: lint test-python
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list $(PKGS) | grep -v '/chaos$$')
 	$(GO) test -race -count=1 -timeout 10m -v ./chaos/
 	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/ ./repl/
@@ -27,7 +28,16 @@ test: lint
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
-lint: check-tracked fmt-check vet staticcheck
+lint: check-tracked fmt-check vet staticcheck lint-python
+
+## test-python: the Python client's tests (clients/python), with Debian's
+## interpreter and python3-pytest; they build cmd/lockd and run it.
+test-python:
+	cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider
+
+## lint-python: mypy --strict on the Python client (Debian's python3-mypy).
+lint-python:
+	$(PYTHON) -m mypy --strict --cache-dir clients/python/.mypy_cache clients/python/src/lockd
 
 ## check-tracked: no tracked executable, no tracked file over 1 MiB outside testdata/.
 check-tracked:

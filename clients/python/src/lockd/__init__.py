@@ -1,0 +1,75 @@
+"""lockd: the Python client of the lockd lock server (standard library only).
+
+Take a named lock with a bounded wait and a lease, get its fencing token, keep
+the lease alive while you work, release it::
+
+    import lockd
+
+    async with lockd.Client(["127.0.0.1:7070"]) as c:
+        async with c.lock("orders/42", wait=5, lease=30) as lock:
+            await store.write(order, token=lock.token)
+
+or, without an event loop, :class:`SyncClient` with ``with c.lock(...)``.
+:class:`Client` documents how each rule of the protocol's client obligations
+(PROTOCOL.md §7, §8.6) is kept; :mod:`lockd.errors` the exceptions;
+:mod:`lockd.fence` the resource side of fencing; :mod:`lockd.proto` the wire
+codec.
+"""
+
+from . import errors, fence, proto
+from .client import MAX_REDIRECT_ADDRS, Client, HeldLock, Lock, LockContext, tls_context
+from .errors import (
+    Busy,
+    Closed,
+    ClosedIndeterminate,
+    Indeterminate,
+    InvalidArgument,
+    InvalidKey,
+    InvalidLease,
+    InvalidWait,
+    LockdError,
+    LockLost,
+    NoConnection,
+    NotHeld,
+    PermissionDenied,
+    Rejected,
+    ServerError,
+    Timeout,
+    Unauthenticated,
+)
+from .sync import SyncClient, SyncHeldLock, SyncLockContext
+
+__version__ = "0.1.0"
+"""The package's version."""
+
+__all__ = [
+    "Client",
+    "SyncClient",
+    "Lock",
+    "HeldLock",
+    "SyncHeldLock",
+    "LockContext",
+    "SyncLockContext",
+    "MAX_REDIRECT_ADDRS",
+    "tls_context",
+    "errors",
+    "fence",
+    "proto",
+    "LockdError",
+    "Timeout",
+    "Busy",
+    "NoConnection",
+    "Rejected",
+    "Indeterminate",
+    "NotHeld",
+    "LockLost",
+    "Closed",
+    "ClosedIndeterminate",
+    "Unauthenticated",
+    "PermissionDenied",
+    "ServerError",
+    "InvalidArgument",
+    "InvalidKey",
+    "InvalidWait",
+    "InvalidLease",
+]

@@ -1,0 +1,188 @@
+"""The exceptions of the lockd client: one base class, :class:`LockdError`.
+
+They mirror the errors of the Go client (``client/errors.go``). Apart from
+:class:`Indeterminate` (and its subclasses), every exception raised by an
+acquire means that nothing was granted to the caller.
+
+==========================  ==================================================
+exception                   meaning
+==========================  ==================================================
+:class:`Timeout`            lockd answered ``T`` (or the wait ran out with a
+                            connection up and nothing executed): held elsewhere
+:class:`Busy`               lockd answered ``B``: its queue or capacity is full
+:class:`NoConnection`       no server could be reached before the deadline;
+                            nothing was sent. ``cause`` says why
+:class:`Indeterminate`      the request may or may not have executed: do not
+                            assume the lock is held (its lease frees it)
+:class:`NotHeld`            ``N``: the token is not the key's current grant
+:class:`LockLost`           a held lock could no longer be shown to be held
+:class:`Unauthenticated`    ``E`` 5: the server refused the identity (§8)
+:class:`PermissionDenied`   ``E`` 6: the identity may not use that key (§8)
+:class:`ServerError`        another ``E``: rejected, not executed
+:class:`Closed`             the client was closed
+:class:`InvalidArgument`    bad key, wait, lease or option; nothing was sent
+==========================  ==================================================
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LockdError",
+    "Timeout",
+    "Busy",
+    "NoConnection",
+    "Rejected",
+    "Indeterminate",
+    "NotHeld",
+    "LockLost",
+    "Closed",
+    "ClosedIndeterminate",
+    "Unauthenticated",
+    "PermissionDenied",
+    "ServerError",
+    "InvalidArgument",
+    "InvalidKey",
+    "InvalidWait",
+    "InvalidLease",
+]
+
+
+class LockdError(Exception):
+    """The base class of every exception the lockd client raises."""
+
+
+class Timeout(LockdError):
+    """A definitive "not granted" while lockd was reachable.
+
+    The server answered ``T`` (the wait ended with the key still held), or the
+    wait ran out with a connection up and the request not sent or not executed
+    (``M`` without an address, ``E`` 4). A wait that ran out with no connection
+    is :class:`NoConnection`, never :class:`Timeout`: an outage is not a busy
+    lock. (``ping`` raises it for a pong that did not come back in time.)
+    """
+
+
+class Busy(LockdError):
+    """A definitive "not granted": the server answered ``B`` (its queue or key
+    capacity is full); nothing was queued."""
+
+
+class NoConnection(LockdError):
+    """No connection to any server was available before the call's deadline
+    (or, with ``fail_fast``, none could be made at all); nothing was sent.
+
+    ``cause`` (also ``__cause__``) is the reason when one is known: the last
+    dial error, :class:`Rejected`, or why the last connection ended.
+    """
+
+    def __init__(self, msg: str = "lockd: no connection to lockd", cause: BaseException | None = None) -> None:
+        if cause is not None:
+            msg = f"{msg}: {cause}"
+        super().__init__(msg)
+        self.cause = cause
+        self.__cause__ = cause
+
+
+class Rejected(LockdError):
+    """The reason given with :class:`NoConnection` when a server accepted a
+    connection and closed it at once without sending a frame: what lockd does
+    at its connection limit (``--max-conns``) or while shutting down (and
+    what a TLS port does to a plaintext client)."""
+
+    def __init__(self, addr: str) -> None:
+        super().__init__(
+            f"lockd at {addr} accepted the connection and closed it at once without a frame: "
+            "it may be at its connection limit (--max-conns) or shutting down, or expect TLS"
+        )
+        self.addr = addr
+
+
+class Indeterminate(LockdError):
+    """The request may or may not have been executed.
+
+    A byte of it may have reached the server and no answer was read in time
+    (connection lost, deadline passed), or a grant reached the caller's
+    delivery gate too late and was released again. The caller must not enter
+    the critical section; an unobserved grant ends at the latest with its
+    lease.
+    """
+
+
+class NotHeld(LockdError):
+    """The server's ``N``: the token is not the key's current grant (released,
+    or the lease ended)."""
+
+
+class LockLost(LockdError):
+    """A held lock could no longer be shown to be held.
+
+    A renewal was answered ``N`` (``reason`` is a :class:`NotHeld`), the client
+    was closed (a :class:`Closed`), or no renewal succeeded before the
+    holder's stop time (``reason`` is ``None``). Work under the lock must stop.
+    """
+
+    def __init__(self, msg: str, reason: BaseException | None = None) -> None:
+        super().__init__(msg)
+        self.reason = reason
+        if reason is not None:
+            self.__cause__ = reason
+
+
+class Closed(LockdError):
+    """The client was closed."""
+
+
+class ClosedIndeterminate(Closed, Indeterminate):
+    """The client was closed while a request that may have been executed (an
+    acquire, release or renew possibly sent) was pending: both
+    :class:`Closed` and :class:`Indeterminate`."""
+
+
+class Unauthenticated(LockdError):
+    """``E`` code 5 (§8.3): the server refused the hello (unknown identity,
+    wrong secret) or requires one; it closed the connection and executed
+    nothing sent on it after the hello. Definitive: the client does not retry
+    it on another connection. ``message`` is the server's text."""
+
+    def __init__(self, msg: str, message: str = "") -> None:
+        super().__init__(msg)
+        self.message = message
+
+
+class PermissionDenied(LockdError):
+    """``E`` code 6 (§8.3): the identity may not act on ``key`` (outside its
+    prefixes, or a monitor identity); definitive, not executed."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"lockd: permission denied for key {key!r}: {message}")
+        self.key = key
+        self.message = message
+
+
+class ServerError(LockdError):
+    """An ``E`` answer the client does not handle itself: the server rejected
+    the request and did not execute it. ``op`` is the request's op letter,
+    ``code`` the error code, ``message`` the server's text."""
+
+    def __init__(self, op: str, code: int, message: str) -> None:
+        super().__init__(f"lockd: server rejected {op} (code {code}): {message}")
+        self.op = op
+        self.code = code
+        self.message = message
+
+
+class InvalidArgument(LockdError, ValueError):
+    """A bad argument or option; nothing was sent."""
+
+
+class InvalidKey(InvalidArgument):
+    """A key that is empty, longer than 1024 bytes in UTF-8, not encodable as
+    UTF-8, or containing a newline."""
+
+
+class InvalidWait(InvalidArgument):
+    """A wait outside 0..255 seconds (there is no infinite wait: loop)."""
+
+
+class InvalidLease(InvalidArgument):
+    """A lease outside (0, 255] seconds."""

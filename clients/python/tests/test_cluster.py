@@ -1,0 +1,88 @@
+"""M followed against real clusters (``--cluster priority`` and ``--cluster
+raft``, three lockd processes each), with kill -9 of the active/leader while
+a ``with c.lock()`` block runs: the lock stays held across the failover, its
+renewals follow the new active, and the release at the end executes there."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import lockd
+from conftest import cluster_fixture
+from harness import Cluster
+
+
+@pytest.fixture
+def priority(lockd_bin: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    yield from cluster_fixture("priority", lockd_bin, tmp_path, request)
+
+
+@pytest.fixture
+def raft(lockd_bin: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    yield from cluster_fixture("raft", lockd_bin, tmp_path, request)
+
+
+LEASE = 6  # renewed every 2 s; the failover (within 3 s) must not lose it
+HOLD_AFTER_KILL = 2 * LEASE + 1
+
+
+@pytest.mark.timeout(90)
+async def test_moved_followed_to_the_active(priority: Cluster) -> None:
+    """A client given only a standby is redirected by M to the active, sends
+    there from then on, and its lock is held there."""
+    active = priority.wait_leader()
+    standby = next(nd for nd in priority.nodes if nd is not active)
+    async with lockd.Client([standby.addr]) as c:
+        lk = await c.acquire("cluster/moved", wait=5, lease=30)
+        assert c._preferred == active.addr
+        assert active.key_state("cluster/moved")["held"] is True
+        await c.release(lk)
+        assert active.key_state("cluster/moved")["held"] is False
+
+
+@pytest.mark.timeout(90)
+def test_priority_kill_active_while_lock_held(priority: Cluster) -> None:
+    active = priority.wait_leader()
+    with lockd.SyncClient(priority.addrs) as c, lockd.SyncClient(priority.addrs) as other:
+        with c.lock("cluster/p", wait=5, lease=LEASE) as lock:
+            time.sleep(1)  # replicated: the lag is milliseconds
+            active.kill()
+            killed = time.monotonic()
+            new = priority.wait_leader(timeout=15)
+            assert new is not active
+            while time.monotonic() - killed < HOLD_AFTER_KILL:
+                time.sleep(0.5)
+                lock.check()  # raises LockLost if a renewal failed
+            with pytest.raises(lockd.Timeout):
+                other.acquire("cluster/p")  # held on the new active
+            assert new.key_state("cluster/p")["token"] == str(lock.token)
+        # The exit released it there (a release answered N would have raised).
+        assert new.key_state("cluster/p")["held"] is False
+        lk = other.acquire("cluster/p", wait=5)
+        assert lk.token > lock.token
+        other.release(lk)
+
+
+@pytest.mark.timeout(90)
+async def test_raft_kill_leader_while_lock_held(raft: Cluster) -> None:
+    leader = raft.wait_leader()
+    async with lockd.Client(raft.addrs) as c, lockd.Client(raft.addrs) as other:
+        async with c.lock("cluster/r", wait=5, lease=LEASE) as lock:
+            await asyncio.sleep(0.5)
+            leader.kill()
+            killed = time.monotonic()
+            new = await asyncio.to_thread(raft.wait_leader, 15)
+            assert new is not leader
+            while time.monotonic() - killed < HOLD_AFTER_KILL:
+                await asyncio.sleep(0.5)  # the block would be cancelled here if the lock were lost
+            assert not lock.lost.is_set()
+            with pytest.raises(lockd.Timeout):
+                await other.acquire("cluster/r")
+        lk = await other.acquire("cluster/r", wait=5)
+        assert lk.token > lock.token
+        await other.release(lk)
