@@ -18,8 +18,8 @@
 // them, and defines none of its own, so the server and every consumer
 // decode one definition.
 //
-// admin may import lockd/api, lockd/engine, lockd/repl, lockd/acl,
-// net/http and
+// admin may import lockd/api, lockd/engine, lockd/repl (the node's
+// Status), lockd/acl (the basic authentication), net/http and
 // prometheus/client_golang. It must not import lockd/client or gnet, and
-// nothing in lockd except cmd/ imports it.
+// nothing in lockd except cmd/ imports it (internal/layers).
 package admin

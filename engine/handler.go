@@ -491,7 +491,7 @@ func (h *handler) sweep(now int64) {
 		}
 	}
 	if closed > 0 {
-		h.s.log.Warn("closed connections whose partial frame was older than --frame-timeout",
+		h.s.log.Warn("closed connections whose partial frame was older than the frame timeout",
 			"closed", closed, "frame_timeout", h.s.cfg.FrameTimeout)
 	}
 

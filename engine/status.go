@@ -66,6 +66,11 @@ func (s *Server) Locks(fn func(key []byte, token uint64, left time.Duration)) {
 // token reservations, members).
 func (s *Server) NodeStatus() repl.Status { return s.node.Status() }
 
+// Draining reports whether the shutdown sequence has begun (PROTOCOL.md §4):
+// the node is about to stop and should take no new work. It reads one
+// atomic, takes no lock, and is cheap enough for a health probe.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
 // ErrDraining is Health's answer once shutdown has begun.
 var ErrDraining = errors.New("engine: shutting down")
 

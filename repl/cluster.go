@@ -7,13 +7,17 @@ import (
 	"time"
 )
 
-// Cluster-wide defaults and bounds (PROTOCOL.md §6.1).
+// Cluster-wide defaults (PROTOCOL.md §6.1).
 const (
 	DefaultPeerOffset      = 10000
 	DefaultFailoverTimeout = time.Second
-	MinFailoverTimeout     = 100 * time.Millisecond
-	MaxFailoverTimeout     = 60 * time.Second
-	MaxMembers             = 7
+)
+
+// Bounds that Validate checks.
+const (
+	minFailoverTimeout = 100 * time.Millisecond
+	maxFailoverTimeout = 60 * time.Second
+	maxMembers         = 7
 )
 
 // ClusterConfig is a cluster member's configuration, the same on every
@@ -40,53 +44,63 @@ type ClusterConfig struct {
 	TokenBlock uint64
 }
 
-// FieldError is a ClusterConfig field out of bounds; Field is the Go name
-// ("Peers", "Self", "PeerOffset", "FailoverTimeout"): the daemon maps it
-// onto its flag.
+// FieldError is a configuration field out of bounds (Want says what it
+// must be), or one that could not be used (Err says why: a data
+// directory in use, a member port taken). Field is the Go name of a
+// ClusterConfig or LocalConfig field ("Peers", "Self", "Listen",
+// "PeerOffset", "FailoverTimeout", "DataDir", "TokenBlock"): the daemon
+// maps it onto its flag, so no message below cmd/ names a flag.
 type FieldError struct {
 	Field string
 	Value any
 	Want  string
+	Err   error
 }
 
 func (e *FieldError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("repl: %s %v: %v", e.Field, e.Value, e.Err)
+	}
 	return fmt.Sprintf("repl: %s %v: %s", e.Field, e.Value, e.Want)
 }
 
+// Unwrap returns the error that made the field unusable, if any.
+func (e *FieldError) Unwrap() error { return e.Err }
+
 // Validate checks the configuration.
 func (c *ClusterConfig) Validate() error {
-	if len(c.Peers) < 1 || len(c.Peers) > MaxMembers {
-		return &FieldError{"Peers", len(c.Peers), "must list 1..7 members"}
+	if len(c.Peers) < 1 || len(c.Peers) > maxMembers {
+		return &FieldError{Field: "Peers", Value: len(c.Peers), Want: "must list 1..7 members"}
 	}
 	if c.PeerOffset < 1 || c.PeerOffset > 65535 {
-		return &FieldError{"PeerOffset", c.PeerOffset, "must be 1..65535"}
+		return &FieldError{Field: "PeerOffset", Value: c.PeerOffset, Want: "must be 1..65535"}
 	}
 	seen := map[string]bool{}
 	for _, p := range c.Peers {
 		host, port, err := net.SplitHostPort(p)
 		if err != nil || host == "" {
-			return &FieldError{"Peers", p, "each member must be host:port"}
+			return &FieldError{Field: "Peers", Value: p, Want: "each member must be host:port"}
 		}
 		n, err := strconv.Atoi(port)
 		if err != nil || n < 1 || n > 65535 {
-			return &FieldError{"Peers", p, "each member needs a port 1..65535"}
+			return &FieldError{Field: "Peers", Value: p, Want: "each member needs a port 1..65535"}
 		}
 		if n+c.PeerOffset > 65535 {
-			return &FieldError{"PeerOffset", c.PeerOffset, fmt.Sprintf("%s's member port %d is above 65535", p, n+c.PeerOffset)}
+			return &FieldError{Field: "PeerOffset", Value: c.PeerOffset, Want: fmt.Sprintf("%s's member port %d is above 65535", p, n+c.PeerOffset)}
 		}
 		if seen[p] {
-			return &FieldError{"Peers", p, "lists a member twice"}
+			return &FieldError{Field: "Peers", Value: p, Want: "lists a member twice"}
 		}
 		seen[p] = true
 	}
 	if c.Self < 0 || c.Self >= len(c.Peers) {
-		return &FieldError{"Self", c.Self, "must be an entry of the member list"}
+		return &FieldError{Field: "Self", Value: c.Self, Want: "must be an entry of the member list"}
 	}
-	if c.FailoverTimeout < MinFailoverTimeout || c.FailoverTimeout > MaxFailoverTimeout {
-		return &FieldError{"FailoverTimeout", c.FailoverTimeout, "must be 100ms..60s"}
+	if c.FailoverTimeout < minFailoverTimeout || c.FailoverTimeout > maxFailoverTimeout {
+		return &FieldError{Field: "FailoverTimeout", Value: c.FailoverTimeout, Want: "must be 100ms..60s"}
 	}
 	if _, err := c.memberListen(); err != nil {
-		return &FieldError{"Listen", c.Listen, err.Error()}
+		return &FieldError{Field: "Listen", Value: c.Listen, Want: err.Error()}
 	}
 	if c.TokenBlock == 0 {
 		c.TokenBlock = DefaultTokenBlock
@@ -94,8 +108,23 @@ func (c *ClusterConfig) Validate() error {
 	return nil
 }
 
-// memberListen is where this member listens for members: its --listen
-// host at its --listen port + PeerOffset.
+// ListenMembers binds this member's member port (memberListen). Its
+// error is a *FieldError for PeerOffset: the port is the client port +
+// PeerOffset.
+func (c *ClusterConfig) ListenMembers() (net.Listener, error) {
+	la, err := c.memberListen()
+	if err != nil {
+		return nil, &FieldError{Field: "Listen", Value: c.Listen, Want: err.Error()}
+	}
+	ln, err := net.Listen("tcp", la)
+	if err != nil {
+		return nil, &FieldError{Field: "PeerOffset", Value: c.PeerOffset, Err: fmt.Errorf("member port %s: %w", la, err)}
+	}
+	return ln, nil
+}
+
+// memberListen is where this member listens for members: Listen's host
+// at Listen's port + PeerOffset.
 func (c *ClusterConfig) memberListen() (string, error) {
 	host, port, err := net.SplitHostPort(c.Listen)
 	if err != nil {
@@ -111,9 +140,9 @@ func (c *ClusterConfig) memberListen() (string, error) {
 	return net.JoinHostPort(host, strconv.Itoa(n+c.PeerOffset)), nil
 }
 
-// memberAddr is where member i listens for members, as this member dials
+// MemberAddr is where member i listens for members, as this member dials
 // it: its Peers entry's host at that port + PeerOffset.
-func (c *ClusterConfig) memberAddr(i int) string {
+func (c *ClusterConfig) MemberAddr(i int) string {
 	host, port, _ := net.SplitHostPort(c.Peers[i])
 	n, _ := strconv.Atoi(port)
 	return net.JoinHostPort(host, strconv.Itoa(n+c.PeerOffset))

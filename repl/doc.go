@@ -1,9 +1,17 @@
 // Package repl is where lockd's state goes beyond the event loops: the seam
 // between the engine and persistence/membership (Node, Host, Gate,
-// Committer), and its implementations: Local, a single node durable through
-// its data directory; Priority, a member of a priority cluster (roles.go,
-// link.go, stream.go, the member link of wire.go and records.go); and Raft,
-// a member of a raft cluster on hashicorp/raft (raft*.go).
+// Committer, Status) and what every node shares, with the single node,
+// Local, durable through its data directory. The cluster modes are nodes
+// in packages of their own: repl/priority (a priority cluster) and
+// repl/raftnode (a raft cluster on hashicorp/raft); both replicate the
+// format of repl/records. cmd/lockd picks the node: NewLocal (or none:
+// the engine's default), priority.New or raftnode.New.
+//
+// Files: seam.go (the interfaces and the Status a node reports),
+// local.go (Local), and the kernel the modes share: cluster.go (the
+// cluster configuration, member addresses, FieldError), datadir.go (the
+// one data-directory opener: token mark, shutdown snapshot, wall-clock
+// floor, cleanup after a failed start), reserve.go (the token reserver).
 //
 // # What it owns
 //
@@ -13,19 +21,21 @@
 //   - What survives a process: the shutdown snapshot and its wall-clock
 //     deadlines (the table's clock is this process's monotonic clock; wall
 //     time is how deadlines leave it).
-//   - Whether this process executes requests (Gate) and, for clusters, the
-//     member link, roles and epochs.
+//   - Whether this process executes requests (Gate).
 //
 // # Concurrency contract
 //
 // Node documents who calls each method on which goroutine. A node's own
 // goroutines end by Close. The table's Sink, which a node may set, runs
-// under a shard lock and must not block.
+// under a shard lock and must not block. Reserver's Health and Status are
+// safe from any goroutine; a DataDir is its node's alone.
 //
 // # What it must not import
 //
-// repl may import lockd/shard and lockd/store, the standard library and the
-// libraries of its transports (compression, Raft). It must not import
-// lockd/engine, lockd/proto, lockd/client, gnet or anything under cmd/: the
-// engine depends on repl, not the other way round (internal/layers).
+// repl may import lockd/shard and lockd/store and the standard library. It
+// must not import its subpackages (they import it), hashicorp's libraries,
+// lockd/engine, lockd/proto, lockd/client, gnet or anything under cmd/:
+// the engine depends on repl, not the other way round (internal/layers).
+// No message of its names a daemon flag: configuration errors are
+// FieldErrors, which cmd/lockd words with the flag.
 package repl

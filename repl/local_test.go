@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,16 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
 )
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
-// clock is a monotonic test clock.
-func clock() func() int64 {
-	start := time.Now()
-	return func() int64 { return int64(time.Since(start)) }
-}
 
 // Tokens beyond the first reserved block are handed out only after the
 // reserver has durably raised the mark: the mark on disk never falls behind
@@ -30,8 +21,8 @@ func clock() func() int64 {
 // is behind, acquires are answered Busy rather than waiting.
 func TestTokenReservationStaysAhead(t *testing.T) {
 	n := NewLocal(LocalConfig{DataDir: t.TempDir(), TokenBlock: 8})
-	now := clock()
-	tab, err := n.Open(shard.Config{}, now, quiet())
+	now := repltest.Clock()
+	tab, err := n.Open(shard.Config{}, now, repltest.Quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +44,7 @@ func TestTokenReservationStaysAhead(t *testing.T) {
 		if st != shard.Granted {
 			t.Fatalf("acquire %d: %v", i, st)
 		}
-		if mark, err := n.Dir().Mark(); err != nil || mark < tok {
+		if mark, err := n.dir.Mark(); err != nil || mark < tok {
 			t.Fatalf("token %d handed out above the durable mark %d (%v)", tok, mark, err)
 		}
 		i++
@@ -84,9 +75,9 @@ func TestReserverFailureAndRecovery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r reserver
-	r.start(tokens, 4, reserve, quiet())
-	defer r.stop(context.Background())
+	var r Reserver
+	r.Start(tokens, 4, reserve, repltest.Quiet())
+	defer r.Stop(context.Background())
 
 	var out shard.Out
 	for i := range 4 {
@@ -101,12 +92,12 @@ func TestReserverFailureAndRecovery(t *testing.T) {
 	if d := time.Since(begin); d > time.Second {
 		t.Fatalf("acquire beyond the range took %v: it waited", d)
 	}
-	waitFor(t, "health to report the failure", func() bool { return r.health() != nil })
-	if !errors.Is(r.health(), errDisk) {
-		t.Fatalf("health = %v, want it to wrap the disk error", r.health())
+	repltest.WaitFor(t, "health to report the failure", func() bool { return r.Health() != nil })
+	if !errors.Is(r.Health(), errDisk) {
+		t.Fatalf("health = %v, want it to wrap the disk error", r.Health())
 	}
 	var st Status
-	r.status(&st)
+	r.Status(&st)
 	if st.ReserveErrors == 0 || st.ReserveError == "" {
 		t.Fatalf("status while failing: %+v", st)
 	}
@@ -117,7 +108,7 @@ func TestReserverFailureAndRecovery(t *testing.T) {
 		t.Fatalf("%d reservation attempts in ~300 ms: want a few (back-off)", c)
 	}
 	fail.Store(false)
-	waitFor(t, "the reservation to succeed", func() bool { return r.health() == nil && tokens.Limit() > 104 })
+	repltest.WaitFor(t, "the reservation to succeed", func() bool { return r.Health() == nil && tokens.Limit() > 104 })
 	if st, tok := tab.Acquire(0, []byte("after"), 0, 5, 0, nil, &out); st != shard.Granted || tok != 105 {
 		t.Fatalf("acquire after recovery: %v %d, want granted 105", st, tok)
 	}
@@ -129,7 +120,7 @@ func TestFailedStartRemovesCreatedDir(t *testing.T) {
 	parent := t.TempDir()
 	fresh := filepath.Join(parent, "new")
 	n := NewLocal(LocalConfig{DataDir: fresh})
-	if _, err := n.Open(shard.Config{}, clock(), quiet()); err != nil {
+	if _, err := n.Open(shard.Config{}, repltest.Clock(), repltest.Quiet()); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.Close(context.Background(), FailedStart); err != nil {
@@ -144,7 +135,7 @@ func TestFailedStartRemovesCreatedDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	n = NewLocal(LocalConfig{DataDir: old})
-	if _, err := n.Open(shard.Config{}, clock(), quiet()); err != nil {
+	if _, err := n.Open(shard.Config{}, repltest.Clock(), repltest.Quiet()); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.Close(context.Background(), FailedStart); err != nil {
@@ -161,8 +152,8 @@ func TestFailedStartRemovesCreatedDir(t *testing.T) {
 func TestSnapshotAcrossOpen(t *testing.T) {
 	dir := t.TempDir()
 	n := NewLocal(LocalConfig{DataDir: dir})
-	now := clock()
-	tab, err := n.Open(shard.Config{}, now, quiet())
+	now := repltest.Clock()
+	tab, err := n.Open(shard.Config{}, now, repltest.Quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,8 +166,8 @@ func TestSnapshotAcrossOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	n2 := NewLocal(LocalConfig{DataDir: dir})
-	now2 := clock()
-	tab2, err := n2.Open(shard.Config{}, now2, quiet())
+	now2 := repltest.Clock()
+	tab2, err := n2.Open(shard.Config{}, now2, repltest.Quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,18 +182,7 @@ func TestSnapshotAcrossOpen(t *testing.T) {
 	if _, tok2 := tab2.Acquire(now2(), []byte("new"), 0, 30, 0, nil, &out); tok2 <= tok {
 		t.Fatalf("token %d after the restart, not above %d", tok2, tok)
 	}
-	if n2.Restored() != 1 {
-		t.Fatalf("Restored = %d", n2.Restored())
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if n2.restored != 1 {
+		t.Fatalf("Restored = %d", n2.restored)
 	}
 }

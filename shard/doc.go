@@ -35,8 +35,9 @@
 // one callback made under a shard lock: it must not block and must not call
 // back into the Table. A Conn has a small mutex of its own for its list of
 // queued waiters; the lock order is shard → Conn, and DropConn never holds a
-// Conn lock while taking a shard lock. Tokens.Next is the only call that can
-// block (at the reserved limit, until Extend).
+// Conn lock while taking a shard lock. No call waits: Tokens.Next at the
+// reserved limit returns 0 and signals Want (the table answers Busy) until
+// the node's reserver calls Extend.
 //
 // Time is an input: every call that needs it takes now, in nanoseconds on a
 // monotonic clock chosen by the caller. Deadlines fire when deadline ≤ now,

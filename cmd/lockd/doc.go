@@ -1,5 +1,6 @@
-// Command lockd is the lockd daemon: a single-node lock server speaking the
-// wire protocol of docs/PROTOCOL.md on TCP.
+// Command lockd is the lockd daemon: a lock server speaking the wire
+// protocol of docs/PROTOCOL.md on TCP, alone or as a member of a priority
+// or raft cluster (--cluster, docs/CLUSTER.md).
 //
 //	go run ./cmd/lockd --listen 127.0.0.1:7070 --data-dir ./lockd-data
 //
@@ -11,7 +12,10 @@
 // ignored.
 //
 // It owns the command line (flags validated at start with messages naming
-// the flag, exit 2), the process's logging, signals and exit codes, and the
-// wiring of engine (the server) and admin (the HTTP endpoint). It must not
-// import lockd/client: the daemon never talks to another lockd as a client.
+// the flag, exit 2; the libraries' repl.FieldErrors and engine.ConfigErrors
+// are worded here with the flag), the process's logging, signals and exit
+// codes, and the wiring: it picks the node (repl.NewLocal through the
+// engine's default, priority.New or raftnode.New) and hands it to engine
+// (the server) and admin (the HTTP endpoint). It must not import
+// lockd/client: the daemon never talks to another lockd as a client.
 package main

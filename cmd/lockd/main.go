@@ -20,8 +20,11 @@ import (
 
 	"github.com/lockd-dev/lockd/acl"
 	"github.com/lockd-dev/lockd/admin"
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/repl"
+	"github.com/lockd-dev/lockd/repl/priority"
+	"github.com/lockd-dev/lockd/repl/raftnode"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -64,7 +67,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.IntVar(&cfg.MaxConns, "max-conns", cfg.MaxConns, "open client connections; more are closed at once")
 	fs.IntVar(&cfg.MaxOutbound, "max-outbound", cfg.MaxOutbound, "bytes of answers buffered for a connection that does not read before it is closed")
 	fs.DurationVar(&cfg.Drain, "drain", cfg.Drain, "on shutdown, how long connections stay open answering E 4 before they close (≤ 4s)")
-	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "event loops (default: number of cores)")
+	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "event loops, 1..1024; one per core unless set")
 	fs.Uint64Var(&cfg.TokenBlock, "token-block", cfg.TokenBlock, "tokens reserved in the data dir per disk write; up to two blocks are reserved ahead")
 	fs.StringVar(&opt.cluster, "cluster", "", "cluster mode: priority or raft (PROTOCOL.md §6); empty: a single node")
 	peers := fs.String("peers", "", "every member's client address, comma-separated, the same on every member (priority: first = highest priority)")
@@ -86,7 +89,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 		return cfg, opt, usageError{fmt.Sprintf("unexpected argument %q (lockd takes only flags)", fs.Arg(0))}
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, opt, usageError{flagError(err)}
+		return cfg, opt, usageError{flagError(err).Error()}
 	}
 	if err := clusterFlags(fs, &cfg, &opt, *peers, *self); err != nil {
 		return cfg, opt, err
@@ -136,7 +139,7 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 			}
 		}
 		return nil
-	case "priority", "raft":
+	case api.ModePriority, api.ModeRaft:
 	default:
 		return usageError{fmt.Sprintf("--cluster %q: want priority or raft", opt.cluster)}
 	}
@@ -160,13 +163,7 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 	}
 	m.Listen, m.DataDir, m.TokenBlock = cfg.Listen, cfg.DataDir, cfg.TokenBlock
 	if err := m.Validate(); err != nil {
-		var fe *repl.FieldError
-		if errors.As(err, &fe) {
-			name := map[string]string{"Peers": "--peers", "Self": "--self", "PeerOffset": "--peer-offset",
-				"FailoverTimeout": "--failover-timeout", "Listen": "--listen"}[fe.Field]
-			return usageError{fmt.Sprintf("%s %v: %s", name, fe.Value, fe.Want)}
-		}
-		return usageError{err.Error()}
+		return usageError{flagError(err).Error()}
 	}
 	return nil
 }
@@ -181,7 +178,8 @@ func aclError(path string, err error) string {
 	return fmt.Sprintf("--acl %s: %v", path, err)
 }
 
-// flags maps engine.Config fields onto the daemon's flags.
+// flags maps the fields of engine.Config and of the nodes' configuration
+// (repl.ClusterConfig, repl.LocalConfig) onto the daemon's flags.
 var flags = map[string]string{
 	"Listen":                  "--listen",
 	"DataDir":                 "--data-dir",
@@ -197,17 +195,38 @@ var flags = map[string]string{
 	"MaxPendingGrants":        "--max-pending-grants",
 	"FrameTimeout":            "--frame-timeout",
 	"TokenBlock":              "--token-block",
+	"Peers":                   "--peers",
+	"Self":                    "--self",
+	"PeerOffset":              "--peer-offset",
+	"FailoverTimeout":         "--failover-timeout",
 }
 
-// flagError words a validation error with the flag's name.
-func flagError(err error) string {
-	var ce *engine.ConfigError
-	if errors.As(err, &ce) {
-		if name, ok := flags[ce.Field]; ok {
-			return fmt.Sprintf("%s %v: %s", name, ce.Value, ce.Want)
+// flagError words an engine.ConfigError or a repl.FieldError with the
+// flag's name; other errors are returned as they are.
+func flagError(err error) error {
+	var (
+		ce    *engine.ConfigError
+		fe    *repl.FieldError
+		field string
+		value any
+		why   string
+	)
+	switch {
+	case errors.As(err, &ce):
+		field, value, why = ce.Field, ce.Value, ce.Want
+	case errors.As(err, &fe):
+		field, value, why = fe.Field, fe.Value, fe.Want
+		if fe.Err != nil {
+			why = fe.Err.Error()
 		}
+	default:
+		return err
 	}
-	return err.Error()
+	name, ok := flags[field]
+	if !ok {
+		return err
+	}
+	return fmt.Errorf("%s %v: %s", name, value, why)
 }
 
 // adminBeside is the default admin address: --listen's host, its port + 1
@@ -276,17 +295,17 @@ func run(args []string, stderr io.Writer) int {
 		adminLn = limitListen(adminLn, adminMaxConns)
 	}
 	switch opt.cluster {
-	case "priority":
-		cfg.Node, err = repl.NewPriority(opt.member)
-	case "raft":
-		cfg.Node, err = repl.NewRaft(opt.member)
+	case api.ModePriority:
+		cfg.Node, err = priority.New(opt.member)
+	case api.ModeRaft:
+		cfg.Node, err = raftnode.New(opt.member)
 	}
 	var srv *engine.Server
 	if err == nil {
 		srv, err = engine.New(cfg)
 	}
 	if err != nil {
-		log.Error("start failed", "err", err)
+		log.Error("start failed", "err", flagError(err))
 		if adminLn != nil {
 			adminLn.Close()
 		}
@@ -329,6 +348,8 @@ func run(args []string, stderr io.Writer) int {
 	case err := <-serveErr:
 		if errors.Is(err, engine.ErrStopped) {
 			log.Error("stopped serving on its own; exiting", "err", err)
+		} else if errors.As(err, new(*repl.FieldError)) {
+			log.Error("start failed", "err", flagError(err))
 		} else {
 			log.Error("start failed", "err", fmt.Errorf("--listen %s: %w", cfg.Listen, err))
 		}

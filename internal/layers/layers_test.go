@@ -37,6 +37,7 @@ var (
 		return out
 	}
 	gnet      = "github.com/panjf2000/"
+	hashicorp = "github.com/hashicorp/"
 	cmds      = mod + "/cmd"
 	noNetOrOS = []string{"net", "os", "syscall"}
 )
@@ -52,8 +53,23 @@ var rules = map[string]rule{
 	"acl": {noStd: []string{"net", "syscall", "unsafe"},
 		noDeps: append([]string{gnet, "net"}, lockd("proto", "shard", "store", "engine", "repl", "admin", "client")...)},
 	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
-	"repl": {allow: append(lockd("shard", "store"), "github.com/klauspost/compress/", "github.com/hashicorp/"),
-		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin")...)},
+	// The seam, the single node and the kernel both cluster modes share.
+	"repl": {allow: lockd("api", "shard", "store"),
+		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
+	// The priority mode: never the raft mode nor hashicorp's libraries.
+	"repl/priority": {allow: lockd("api", "shard", "store", "repl", "repl/records"),
+		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
+	// The raft mode: the only importer of hashicorp's libraries.
+	"repl/raftnode": {allow: append(lockd("api", "shard", "store", "repl", "repl/records"), hashicorp),
+		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/internal")...)},
+	// The format both cluster modes replicate: the table's records and
+	// the compressor, no I/O.
+	"repl/records": {allow: append(lockd("shard"), "github.com/klauspost/compress/"), noStd: append(noNetOrOS, "io"),
+		noDeps: append([]string{gnet, "net"}, lockd("proto", "store", "engine", "repl")...)},
+	// Helpers for the tests of repl and its subpackages (only _test.go
+	// files import it).
+	"repl/internal/repltest": {allow: lockd("shard", "repl/records"),
+		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "store")...)},
 	"engine": {allow: append(lockd("proto", "shard", "repl", "acl"), gnet+"gnet/v2", "golang.org/x/sys/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
 	"admin": {allow: append(lockd("api", "engine", "repl", "acl"), "github.com/prometheus/"),
@@ -63,7 +79,7 @@ var rules = map[string]rule{
 	// The admin endpoint's JSON types and names: the standard library
 	// only, nothing of the module, so any consumer can import them.
 	"api": {noDeps: []string{mod + "/"}},
-	"cmd/lockd": {allow: append(lockd("engine", "admin", "repl", "acl"), "golang.org/x/sys/"),
+	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "acl"), "golang.org/x/sys/"),
 		noDeps: lockd("client", "bench")},
 	"cmd/lockctl": {allow: lockd("api", "client", "proto"),
 		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
@@ -90,6 +106,13 @@ var rules = map[string]rule{
 	// checkers; never a server package.
 	"chaos": {allow: lockd("api", "client", "fence", "internal/clustertest", "internal/faultproxy", "internal/history"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "bench")...)},
+}
+
+// owners names, for some third-party libraries, the one package of the
+// module that may import them directly: whatever the other rules allow.
+var owners = map[string]string{
+	hashicorp:                        "repl/raftnode",
+	"github.com/klauspost/compress/": "repl/records",
 }
 
 // goList runs go list with format f over pkgs.
@@ -139,6 +162,11 @@ func check(t *testing.T, name, dir string, imports, files []string, r rule) {
 			t.Errorf("%s imports %s, which its layer forbids", name, imp)
 		case !std && !hasPrefix(imp, r.allow):
 			t.Errorf("%s imports %s: not among the imports its layer allows", name, imp)
+		}
+		for lib, owner := range owners {
+			if name != owner && hasPrefix(imp, []string{lib}) {
+				t.Errorf("%s imports %s: only %s may", name, imp, owner)
+			}
 		}
 	}
 	if len(r.noDeps) > 0 {

@@ -1,0 +1,243 @@
+package priority
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/records"
+	"github.com/lockd-dev/lockd/shard"
+)
+
+// TestBatchFrames: real batches of every size travel as Batch frames
+// (split at every tenth byte) and come back record for record.
+func TestBatchFrames(t *testing.T) {
+	recs := repltest.Workload(t, 4000, 4)
+	for _, per := range []int{1, 8, 64, 512, 2000} {
+		t.Run(strconv.Itoa(per), func(t *testing.T) {
+			batches := repltest.Batches(t, recs, per)
+			var stream []byte
+			codecs := map[records.Codec]int{}
+			for i, raw := range batches {
+				stream = appendBatch(stream, uint64(i+1), raw)
+			}
+			var chunks [][]byte
+			for i := 0; i < len(stream); i += 10 {
+				chunks = append(chunks, stream[i:min(i+10, len(stream))])
+			}
+			fr := newFrameReader(&wireChunks{chunks: chunks})
+			var b batch
+			var rr records.RecordReader
+			var r shard.Record
+			var scratch []byte
+			next := 0
+			for i := range batches {
+				typ, p, err := fr.Next()
+				if err != nil || typ != msgBatch {
+					t.Fatalf("frame %d: %v %v", i, typ, err)
+				}
+				if err := b.Decode(p); err != nil || b.Seq != uint64(i+1) || int(b.RawLen) != len(batches[i]) {
+					t.Fatalf("batch %d: %+v %v", i, b, err)
+				}
+				codecs[b.Codec]++
+				raw, err := b.Raw(scratch)
+				if err != nil {
+					t.Fatalf("batch %d: Raw: %v", i, err)
+				}
+				if b.Codec == records.CodecS2 {
+					scratch = raw
+				}
+				for rr.Reset(raw); rr.Next(&r); next++ {
+					if !reflect.DeepEqual(r, recs[next]) {
+						t.Fatalf("record %d: %+v, want %+v", next, r, recs[next])
+					}
+				}
+				if rr.Err() != nil {
+					t.Fatalf("batch %d: %v", i, rr.Err())
+				}
+			}
+			if next != len(recs) {
+				t.Fatalf("%d records back of %d", next, len(recs))
+			}
+			if per >= 64 && codecs[records.CodecRaw] > 1 || per == 1 && codecs[records.CodecS2] > 0 {
+				t.Fatalf("codecs %v", codecs)
+			}
+		})
+	}
+}
+
+// TestReplicaFollows: a table applying the records another table streams
+// through Batch frames ends with the same held keys, tokens and sequences;
+// and a third table loaded from SnapShard frames of the first, then fed
+// the records after the dump, ends the same.
+func TestReplicaFollows(t *testing.T) {
+	var w records.BatchWriter
+	var stream []byte
+	seq := uint64(0)
+	flush := func() {
+		if w.Count() > 0 {
+			seq++
+			stream = appendBatch(stream, seq, w.Bytes())
+			w.Reset()
+		}
+	}
+	cfg := shard.Config{Shards: 16, Sink: func(r shard.Record) {
+		if err := w.Add(&r); err != nil {
+			t.Errorf("Add: %v", err)
+		}
+		if w.Len() >= 64<<10 || w.Count() >= 300 {
+			flush()
+		}
+	}}
+	active, err := shard.New(cfg, shard.NewTokens(1000, 1<<62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out shard.Out
+	rng := rand.New(rand.NewPCG(5, 5))
+	keys := make([][]byte, 3000)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "bench/key/%06d", i)
+	}
+	tokens := make([]uint64, len(keys))
+	now := int64(0)
+	play := func(steps int) {
+		for range steps {
+			now += 1e6
+			out.Reset()
+			i := rng.IntN(len(keys))
+			switch {
+			case tokens[i] == 0:
+				if st, tok := active.Acquire(now, keys[i], 0, uint8(1+rng.IntN(3)), 1, nil, &out); st == shard.Granted {
+					tokens[i] = tok
+				}
+			case rng.IntN(3) == 0:
+				active.Renew(now, keys[i], 5, tokens[i], &out)
+			default:
+				active.Release(now, keys[i], tokens[i], &out)
+				tokens[i] = 0
+			}
+			if rng.IntN(100) == 0 {
+				active.Tick(now, &out) // some leases end: expiry records
+			}
+		}
+		flush()
+	}
+	play(20000)
+
+	// The snapshot, cut now, in frames of at most 4 KiB raw per shard.
+	var snap []byte
+	var raw []byte
+	for i := range active.Shards() {
+		var dumpErr error
+		cut := active.DumpShard(i, func(key []byte, token uint64, deadline int64, lease uint8) {
+			raw, dumpErr = records.AppendSnapEntry(raw, &records.SnapEntry{Key: key, Token: token, Left: time.Duration(deadline - now), Lease: lease})
+			if len(raw) >= 4<<10 && dumpErr == nil {
+				snap = appendSnapShard(snap, uint32(i), 0, false, raw)
+				raw = raw[:0]
+			}
+		})
+		if dumpErr != nil {
+			t.Fatal(dumpErr)
+		}
+		snap = appendSnapShard(snap, uint32(i), cut, true, raw)
+		raw = raw[:0]
+	}
+	snapStream := len(stream)
+	play(20000)
+
+	follow := func(t *testing.T, tab *shard.Table, s []byte) {
+		fr := newFrameReader(bytes.NewReader(s))
+		var b batch
+		var rr records.RecordReader
+		var r shard.Record
+		for {
+			typ, p, err := fr.Next()
+			if err == io.EOF {
+				return
+			}
+			if err != nil || typ != msgBatch || b.Decode(p) != nil {
+				t.Fatalf("frame: %v %v", typ, err)
+			}
+			data, err := b.Raw(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rr.Reset(data); rr.Next(&r); {
+				if _, err := tab.Apply(now, &r, &out); err != nil {
+					t.Fatalf("Apply %+v: %v", r, err)
+				}
+			}
+			if rr.Err() != nil {
+				t.Fatal(rr.Err())
+			}
+		}
+	}
+	same := func(t *testing.T, tab *shard.Table) {
+		want := map[string]uint64{}
+		active.Held(func(k []byte, tok uint64, _ int64) { want[string(k)] = tok })
+		got := map[string]uint64{}
+		tab.Held(func(k []byte, tok uint64, _ int64) { got[string(k)] = tok })
+		if len(want) == 0 || !reflect.DeepEqual(got, want) {
+			t.Fatalf("replica holds %d keys, active %d (equal %v)", len(got), len(want), reflect.DeepEqual(got, want))
+		}
+		for i := range active.Shards() {
+			if active.Seq(i) != tab.Seq(i) {
+				t.Fatalf("shard %d: seq %d, active %d", i, tab.Seq(i), active.Seq(i))
+			}
+		}
+	}
+	t.Run("stream", func(t *testing.T) {
+		replica, err := shard.New(shard.Config{Shards: 16}, shard.NewTokens(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		follow(t, replica, stream)
+		same(t, replica)
+	})
+	t.Run("snapshot-then-stream", func(t *testing.T) {
+		replica, err := shard.New(shard.Config{Shards: 16}, shard.NewTokens(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fr := newFrameReader(bytes.NewReader(snap))
+		var s snapShard
+		var sr records.SnapReader
+		var e records.SnapEntry
+		for {
+			typ, p, err := fr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil || typ != msgSnapShard || s.Decode(p) != nil {
+				t.Fatalf("frame: %v %v", typ, err)
+			}
+			data, err := s.Raw(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for sr.Reset(data); sr.Next(&e); {
+				if err := replica.Restore(e.Key, e.Token, now+int64(e.Left)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if sr.Err() != nil {
+				t.Fatal(sr.Err())
+			}
+			if s.Last {
+				replica.SetSeq(int(s.Shard), s.Seq)
+			}
+		}
+		follow(t, replica, stream) // records up to the cut are skipped, the rest applied
+		same(t, replica)
+		if snapStream == len(stream) {
+			t.Fatal("no records after the snapshot")
+		}
+	})
+}

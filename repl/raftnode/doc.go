@@ -1,0 +1,35 @@
+// Package raftnode is a member of a raft cluster (--cluster raft,
+// PROTOCOL.md §6.4) on github.com/hashicorp/raft: a repl.Node and a
+// repl.Committer. The leader executes requests on its table as a single
+// node does; every change that comes out of the table's Sink is numbered
+// and proposed, many at a time, as one raft log entry (group commit), and
+// answers leave once the entry that carries their changes is committed.
+// Every member applies committed entries to its table; a leader that loses
+// its leadership abandons what did not commit and rebuilds its table from
+// the newest snapshot and the log.
+//
+// Files: raftnode.go (lifecycle and leadership: gain, lose, rebuild,
+// handover), propose.go (the Sink, the proposer and the committer, token
+// reservations), fsm.go (raft's state machine: Apply, Snapshot, Restore,
+// and the replay that rebuilds a table), entry.go and snapshot.go (the
+// log entry and snapshot formats, records in repl/records' format),
+// transport.go (raft's TCP stream layer on the member port), logstore.go
+// (raft-wal, or raft-boltdb for comparison), hclog.go (raft's logger onto
+// slog).
+//
+// # Concurrency contract
+//
+// The seam's contract (repl.Node) holds. Goroutines: raft's own; the
+// actor (leadership changes, gates, rebuilds); the proposer; the
+// committer; the token reserver. The Sink takes the node's own mutex
+// (mu) under the caller's shard lock; FSM.Apply, snapshots and rebuilds
+// take fsmMu. All goroutines end by Close.
+//
+// # What it must not import
+//
+// raftnode may import lockd/repl, lockd/repl/records, lockd/shard,
+// lockd/store, hashicorp's raft libraries and the standard library. It
+// must not import lockd/repl/priority (the two modes share only repl's
+// kernel and the records format), lockd/engine, lockd/proto or gnet; it
+// is the only package that imports hashicorp's (internal/layers).
+package raftnode

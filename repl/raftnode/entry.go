@@ -1,0 +1,119 @@
+package raftnode
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"github.com/lockd-dev/lockd/repl/records"
+)
+
+// The raft log's entries (raft.Log.Data of LogCommand entries):
+//
+//	records: 1 | proposer u8 | term u64 | stamp i64 | first uvarint | last uvarint |
+//	         count uvarint | codec u8 | rawlen uvarint | data
+//	reserve: 2 | proposer u8 | term u64 | limit u64
+//
+// proposer is the member index of the leader that proposed the entry and
+// term its term then; stamp is its wall clock (ns since the epoch) when it
+// cut the entry: every member's lease of a Grant or Renew in it counts
+// from that instant, moved onto its own table clock, so applying reads no
+// clock. first..last are the proposer's own record numbers (Committer),
+// for diagnosis only. data holds count records in the batch format
+// (BatchWriter), raw or one s2 block (Compress). A reserve entry says that
+// tokens up to limit may be handed out by the leader that proposed it.
+const (
+	entryRecords = 1
+	entryReserve = 2
+
+	entryHeader = 1 + 1 + 8 + 8 // kind, proposer, term, stamp
+)
+
+// errBadLogEntry: a raft log entry or snapshot lockd cannot read (a
+// member of another version, a damaged disk).
+var errBadLogEntry = errors.New("raftnode: malformed raft log entry or snapshot")
+
+// logEntry is a decoded entry; raw points into the entry's data or into a
+// decompression buffer.
+type logEntry struct {
+	kind     byte
+	proposer int
+	term     uint64
+	stamp    int64
+	first    uint64
+	last     uint64
+	count    int
+	raw      []byte
+	limit    uint64
+}
+
+// appendRecordsEntry appends a records entry carrying the raw records
+// (count of them) to dst.
+func appendRecordsEntry(dst []byte, proposer int, term uint64, stamp int64, first, last uint64, count int, raw []byte) []byte {
+	dst = append(dst, entryRecords, byte(proposer))
+	dst = binary.BigEndian.AppendUint64(dst, term)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(stamp))
+	dst = binary.AppendUvarint(dst, first)
+	dst = binary.AppendUvarint(dst, last)
+	dst = binary.AppendUvarint(dst, uint64(count))
+	at := len(dst)
+	dst = append(dst, 0)
+	dst = binary.AppendUvarint(dst, uint64(len(raw)))
+	codec, out := records.Compress(dst, raw)
+	out[at] = byte(codec)
+	return out
+}
+
+// appendReserveEntry appends a reserve entry to dst.
+func appendReserveEntry(dst []byte, proposer int, term, limit uint64) []byte {
+	dst = append(dst, entryReserve, byte(proposer))
+	dst = binary.BigEndian.AppendUint64(dst, term)
+	dst = binary.BigEndian.AppendUint64(dst, 0)
+	return binary.BigEndian.AppendUint64(dst, limit)
+}
+
+// decodeLogEntry decodes p into e; records are decompressed into *buf's
+// memory when they are compressed.
+func decodeLogEntry(p []byte, e *logEntry, buf *[]byte) error {
+	if len(p) < entryHeader {
+		return errBadLogEntry
+	}
+	*e = logEntry{kind: p[0], proposer: int(p[1]), term: binary.BigEndian.Uint64(p[2:]),
+		stamp: int64(binary.BigEndian.Uint64(p[10:]))}
+	switch e.kind {
+	case entryReserve:
+		if len(p) != entryHeader+8 {
+			return errBadLogEntry
+		}
+		e.limit = binary.BigEndian.Uint64(p[entryHeader:])
+		return nil
+	case entryRecords:
+	default:
+		return errBadLogEntry
+	}
+	var vals [4]uint64
+	i := entryHeader
+	for k := range 3 {
+		v, next, err := records.Uvarint(p, i)
+		if err != nil {
+			return errBadLogEntry
+		}
+		vals[k], i = v, next
+	}
+	if i >= len(p) {
+		return errBadLogEntry
+	}
+	codec := records.Codec(p[i])
+	rawLen, i, err := records.Uvarint(p, i+1)
+	if err != nil || rawLen > records.MaxRaw || vals[2] > rawLen {
+		return errBadLogEntry
+	}
+	raw, err := records.Decompress(*buf, codec, p[i:], int(rawLen))
+	if err != nil {
+		return errBadLogEntry
+	}
+	if codec == records.CodecS2 {
+		*buf = raw[:0]
+	}
+	e.first, e.last, e.count, e.raw = vals[0], vals[1], int(vals[2]), raw
+	return nil
+}

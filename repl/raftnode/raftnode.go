@@ -1,0 +1,652 @@
+package raftnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/api"
+	"github.com/lockd-dev/lockd/repl"
+	"github.com/lockd-dev/lockd/repl/records"
+	"github.com/lockd-dev/lockd/shard"
+)
+
+// node is a member of a raft cluster (PROTOCOL.md §6.4): the leader
+// executes requests on its table as a single node does, every change that
+// comes out of the table's Sink is numbered (Committer) and proposed, many
+// at a time, as one raft log entry (group commit); answers leave once the
+// entry that carries their changes is committed (Host.Committed). Every
+// member applies the committed entries to its table (the state machine);
+// the leader skips the entries of its own term, which it executed already.
+// A leader that loses its leadership stops (gate Redirect), tells the
+// engine which changes will never commit (Host.Abandon), and rebuilds its
+// table from the newest snapshot and the log. A new leader holds requests
+// until every entry of earlier terms is applied, extends every lease to
+// at least its election time plus the failover timeout, starts its tokens
+// above every token and reservation of the log and the wall clock, and
+// commits a reservation of its own before it serves.
+//
+// Goroutines: raft's own; the actor (leadership changes, gates, rebuilds);
+// the proposer (cuts and proposes entries); the committer (waits for them
+// in order); the token reserver. All end by Close.
+type node struct {
+	cfg        repl.ClusterConfig
+	store      logStoreKind
+	log        *slog.Logger
+	clock      func() int64
+	wallAtZero int64 // the wall clock (ns) at table time 0
+	tcfg       shard.Config
+	table      *shard.Table
+	host       repl.Host
+	self       string // this member's client address
+	dir        *repl.DataDir
+
+	gate atomic.Pointer[repl.Gate]
+
+	r        *raft.Raft
+	trans    *raft.NetworkTransport
+	stream   *raftStream
+	logs     raft.LogStore
+	stable   raft.StableStore
+	snaps    *raft.FileSnapshotStore
+	closers  []io.Closer
+	observer *raft.Observer
+	events   chan raft.Observation
+
+	// Sink side, under mu: the records of the current entry and their
+	// numbers.
+	mu        sync.Mutex
+	proposing bool   // this member leads (leadTerm) and its records are proposed
+	term      uint64 // the term they are proposed in
+	buf       records.BatchWriter
+	first     uint64   // number of buf's first record
+	full      []sealed // entries cut at raftMaxEntry, waiting for a pipeline slot
+	num       uint64   // the last number handed out
+	dirty     bool     // the table changed outside the log while not proposing
+
+	barrier   atomic.Uint64 // = num (Committer.Barrier)
+	committed atomic.Uint64 // the last number whose entry committed
+	busy      atomic.Int64  // entries taken by the proposer and not resolved yet
+	kick      chan struct{} // wakes the proposer
+	slots     chan struct{} // pipeline slots
+	inflight  chan *proposal
+
+	// FSM side, under fsmMu: held by every apply, snapshot cut and rebuild.
+	fsmMu    sync.Mutex
+	leading  uint64 // the term whose own entries FSM.Apply skips (0: none)
+	applied  uint64 // raft index of the last command applied (or restored)
+	fsmState applyState
+	reserved atomic.Uint64 // the highest reservation in the applied log
+
+	leadTerm atomic.Uint64 // = leading, for lock-free reads
+	actMu    sync.Mutex    // serialises step (actor, Stop)
+	actKick  chan struct{}
+	stopping atomic.Bool
+	closing  atomic.Bool // mutes the transport's log while it closes
+	quit     chan struct{}
+	wg       sync.WaitGroup
+	closeMu  sync.Mutex
+	closed   bool
+
+	failing []atomic.Bool      // leader: heartbeats to member i failing
+	tune    func(*raft.Config) // tests: adjusts raft's configuration
+	res     repl.Reserver
+	stats   raftStats
+}
+
+// New returns a member of a raft cluster configured by cfg, its log in
+// raft-wal. The node is also a repl.Committer: the engine holds every
+// answer until the records it depends on are committed.
+func New(cfg repl.ClusterConfig) (repl.Node, error) { return newNode(cfg, logStoreWAL) }
+
+// newNode returns a raft-mode member whose log lives in the given store
+// (BenchmarkRaftLogStore compares them).
+func newNode(cfg repl.ClusterConfig, logStore logStoreKind) (*node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logStore != logStoreWAL && logStore != logStoreBolt {
+		return nil, fmt.Errorf("raftnode: unknown raft log store %q", logStore)
+	}
+	n := &node{cfg: cfg, store: logStore, self: cfg.Peers[cfg.Self],
+		kick: make(chan struct{}, 1), actKick: make(chan struct{}, 1), quit: make(chan struct{}),
+		slots: make(chan struct{}, raftPipeline), inflight: make(chan *proposal, raftPipeline+1),
+		events: make(chan raft.Observation, 64), failing: make([]atomic.Bool, len(cfg.Peers))}
+	n.gate.Store(&repl.Gate{State: repl.Redirect})
+	return n, nil
+}
+
+// raftConfig maps the failover timeout T onto raft's timeouts: heartbeat
+// and election timeouts T/2 (a follower that hears nothing for T/2..T
+// starts an election; raft randomises both), a leader that has not heard
+// from a majority for T/2 steps down (LeaderLeaseTimeout), heartbeats every
+// T/20. So with the default T = 1 s a new leader is elected well within
+// 3 s of a leader's death, and a minority leader stops within T.
+func (n *node) raftConfig() *raft.Config {
+	c := raft.DefaultConfig()
+	half := n.cfg.FailoverTimeout / 2
+	c.LocalID = raft.ServerID(strconv.Itoa(n.cfg.Self))
+	c.HeartbeatTimeout = half
+	c.ElectionTimeout = half
+	c.LeaderLeaseTimeout = half
+	c.CommitTimeout = min(max(n.cfg.FailoverTimeout/50, time.Millisecond), 20*time.Millisecond)
+	c.SnapshotThreshold = 16384
+	c.SnapshotInterval = 30 * time.Second
+	c.TrailingLogs = 10240
+	c.Logger = newHclog(n.log.With("component", "raft"), hclog.Info)
+	c.NoLegacyTelemetry = true
+	if n.tune != nil {
+		n.tune(c)
+	}
+	return c
+}
+
+// Open takes the data directory, opens the raft log, stable and snapshot
+// stores in it (bootstrapping the cluster from --peers on the first start
+// of an empty one), binds the member port and starts raft: the newest
+// snapshot is restored into the table now; the log after it is applied as
+// a leader commits it.
+func (n *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*shard.Table, error) {
+	n.log, n.clock = log.With("member", n.cfg.Self), clock
+	n.wallAtZero = time.Now().UnixNano() - clock()
+	dir, err := repl.OpenDataDir(n.cfg.DataDir, n.log)
+	if err != nil {
+		return nil, err
+	}
+	n.dir = dir
+	fail := func(err error) (*shard.Table, error) {
+		n.closeStores()
+		dir.Release(repl.FailedStart)
+		n.dir = nil
+		return nil, err
+	}
+	// The raft log and snapshots hold the locks; a shutdown snapshot
+	// (from another mode) is not read.
+	start, _, err := dir.Load(false)
+	if err != nil {
+		return fail(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return fail(err)
+	}
+	n.tcfg = cfg
+	cfg.Sink = n.sink
+	// No token before this member leads and has committed a reservation.
+	n.table, err = shard.New(cfg, shard.NewTokens(start, start))
+	if err != nil {
+		return fail(err)
+	}
+	n.fsmState.table = n.table
+	if err := n.openRaft(); err != nil {
+		return fail(err)
+	}
+	n.res.Start(n.table.Tokens(), n.cfg.TokenBlock, n.reserve, n.log)
+	return n.table, nil
+}
+
+// openRaft opens the stores and the transport and starts raft.
+func (n *node) openRaft() error {
+	base := filepath.Join(n.cfg.DataDir, "raft")
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return err
+	}
+	ls, err := n.openLogStore(n.store, base)
+	if err != nil {
+		return fmt.Errorf("raft log in %s: %w", base, err)
+	}
+	n.logs, n.stable = ls, ls
+	n.snaps, err = raft.NewFileSnapshotStoreWithLogger(base, 2, newHclog(n.log.With("component", "raft-snapshot"), hclog.Info))
+	if err != nil {
+		return fmt.Errorf("raft snapshots in %s: %w", base, err)
+	}
+	adv, err := net.ResolveTCPAddr("tcp", n.cfg.MemberAddr(n.cfg.Self))
+	if err != nil {
+		return fmt.Errorf("member address %s: %w", n.cfg.MemberAddr(n.cfg.Self), err)
+	}
+	ln, err := n.cfg.ListenMembers()
+	if err != nil {
+		return err
+	}
+	n.stream = newRaftStream(ln, adv)
+	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing}
+	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second, netLog)
+	n.closers = append(n.closers, n.trans)
+	conf := n.raftConfig()
+	existing, err := raft.HasExistingState(n.logs, n.stable, n.snaps)
+	if err != nil {
+		return err
+	}
+	if !existing {
+		var servers []raft.Server
+		for i := range n.cfg.Peers {
+			servers = append(servers, raft.Server{Suffrage: raft.Voter,
+				ID: raft.ServerID(strconv.Itoa(i)), Address: raft.ServerAddress(n.cfg.MemberAddr(i))})
+		}
+		if err := raft.BootstrapCluster(conf, n.logs, n.stable, n.snaps, n.trans,
+			raft.Configuration{Servers: servers}); err != nil {
+			return fmt.Errorf("bootstrapping the raft cluster: %w", err)
+		}
+		n.log.Info("raft cluster bootstrapped", "members", n.cfg.Peers)
+	}
+	cache, err := raft.NewLogCache(1024, n.logs)
+	if err != nil {
+		return err
+	}
+	n.r, err = raft.NewRaft(conf, (*raftFSM)(n), cache, n.stable, n.snaps, n.trans)
+	if err != nil {
+		return fmt.Errorf("starting raft: %w", err)
+	}
+	n.observer = raft.NewObserver(n.events, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.RaftState, raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation:
+			return true
+		}
+		return false
+	})
+	n.r.RegisterObserver(n.observer)
+	return nil
+}
+
+// closeStores closes what openRaft opened (raft itself is shut down
+// first by the caller).
+func (n *node) closeStores() {
+	for _, c := range slices.Backward(n.closers) {
+		c.Close()
+	}
+	n.closers = nil
+}
+
+// Start starts the node's goroutines: from here on it follows raft's
+// leadership and tells the engine.
+func (n *node) Start(addr string, host repl.Host) error {
+	n.host = host
+	n.log.Info("raft member", "peers", n.cfg.Peers, "self", n.self, "member_port", n.cfg.MemberAddr(n.cfg.Self), "log_store", string(n.store))
+	n.wg.Add(3)
+	go n.actor()
+	go n.proposer()
+	go n.committer()
+	n.poke()
+	return nil
+}
+
+// Gate is the current gate.
+func (n *node) Gate() *repl.Gate { return n.gate.Load() }
+
+// Barrier is the number of the last record the Sink received (Committer).
+func (n *node) Barrier() uint64 { return n.barrier.Load() }
+
+// publish installs g and tells the engine when it differs.
+func (n *node) publish(g *repl.Gate) {
+	old := n.gate.Swap(g)
+	if n.host != nil && (old.State != g.State || old.Addr != g.Addr) {
+		n.host.GateChanged()
+	}
+}
+
+// actor follows raft's leadership: every observation, every kick and a
+// tick of a tenth of the failover timeout run step.
+func (n *node) actor() {
+	defer n.wg.Done()
+	t := time.NewTicker(max(n.cfg.FailoverTimeout/10, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-n.quit:
+			return
+		case o := <-n.events:
+			switch d := o.Data.(type) {
+			case raft.FailedHeartbeatObservation:
+				n.markFailing(string(d.PeerID), true)
+			case raft.ResumedHeartbeatObservation:
+				n.markFailing(string(d.PeerID), false)
+			}
+		case <-n.actKick:
+		case <-t.C:
+		}
+		n.step()
+	}
+}
+
+func (n *node) markFailing(id string, v bool) {
+	if i, err := strconv.Atoi(id); err == nil && i >= 0 && i < len(n.failing) {
+		n.failing[i].Store(v)
+	}
+}
+
+// leader returns the current leader's member index, or -1.
+func (n *node) leader() int {
+	_, id := n.r.LeaderWithID()
+	if id == "" {
+		return -1
+	}
+	i, err := strconv.Atoi(string(id))
+	if err != nil || i < 0 || i >= len(n.cfg.Peers) {
+		return -1
+	}
+	return i
+}
+
+// step brings the node in line with raft: it gives up a leadership raft
+// no longer has, takes up one it has, rebuilds a table changed outside the
+// log, and points a follower's gate at the leader.
+func (n *node) step() {
+	n.actMu.Lock()
+	defer n.actMu.Unlock()
+	n.stepLocked()
+}
+
+// stepLocked is step with actMu held.
+func (n *node) stepLocked() {
+	select {
+	case <-n.quit:
+		return
+	default:
+	}
+	state, term := n.r.State(), n.r.CurrentTerm()
+	if lt := n.leadTerm.Load(); lt != 0 && (state != raft.Leader || term != lt) {
+		n.lose(lt)
+	}
+	if state == raft.Leader && n.leadTerm.Load() == 0 {
+		if n.stopping.Load() {
+			n.publish(&repl.Gate{State: repl.Hold})
+			return
+		}
+		n.gain(term)
+		return
+	}
+	if n.leadTerm.Load() != 0 {
+		return
+	}
+	n.mu.Lock()
+	dirty := n.dirty
+	n.mu.Unlock()
+	if dirty {
+		n.rebuild("the table changed outside the log")
+	}
+	if l := n.leader(); l >= 0 && l != n.cfg.Self {
+		n.publish(&repl.Gate{State: repl.Redirect, Addr: n.cfg.Peers[l]})
+	} else {
+		n.publish(&repl.Gate{State: repl.Redirect})
+	}
+}
+
+// gain makes this member, raft's leader in term, serve: hold requests,
+// apply every entry of earlier terms, then the lease rule, the tokens and
+// a committed reservation; then serve. It returns without serving if the
+// leadership goes meanwhile (the next step sees it).
+func (n *node) gain(term uint64) {
+	began := time.Now()
+	n.publish(&repl.Gate{State: repl.Hold})
+	if err := n.r.Barrier(n.cfg.FailoverTimeout).Error(); err != nil {
+		n.log.Warn("elected, but applying the log failed; not serving", "term", term, "err", err)
+		return
+	}
+	for {
+		n.mu.Lock()
+		dirty := n.dirty
+		n.mu.Unlock()
+		if !dirty {
+			break
+		}
+		n.rebuild("the table changed outside the log")
+	}
+	if n.r.State() != raft.Leader || n.r.CurrentTerm() != term {
+		return
+	}
+	n.fsmMu.Lock()
+	n.leading = term
+	n.leadTerm.Store(term)
+	n.fsmMu.Unlock()
+
+	// §6.4: every deadline is at least the election time + T.
+	moved := n.table.ExtendLeases(n.clock() + int64(n.cfg.FailoverTimeout))
+	tokens := n.table.Tokens()
+	start := max(tokens.Last(), tokens.Limit(), n.reserved.Load(), repl.WallFloor())
+	tokens.Observe(start)
+	limit := start + n.cfg.TokenBlock
+	err := n.applyReserve(term, limit)
+	if err != nil {
+		n.log.Warn("elected, but the first token reservation did not commit; not serving", "term", term, "err", err)
+		n.lose(term) // the next step tries again if raft still has it lead
+		return
+	}
+	if err := n.dir.Reserve(limit); err != nil {
+		n.log.Warn("recording the token reservation in the data directory failed (the raft log has it)", "err", err)
+	}
+	tokens.Extend(limit)
+	n.mu.Lock()
+	n.proposing, n.term = true, term
+	n.first = n.num + 1
+	n.mu.Unlock()
+	n.stats.elections.Add(1)
+	n.log.Info("leader", "term", term, "token_start", start, "leases_extended", moved,
+		"locks", n.table.Stats().Keys, "took", time.Since(began))
+	n.publish(&repl.Gate{State: repl.Serve})
+}
+
+// lose gives up the leadership of term: stop executing, let the changes
+// in flight resolve, abandon those that did not commit, and rebuild the
+// table from the log.
+func (n *node) lose(term uint64) {
+	addr := ""
+	if l := n.leader(); l >= 0 && l != n.cfg.Self {
+		addr = n.cfg.Peers[l]
+	}
+	n.publish(&repl.Gate{State: repl.Redirect, Addr: addr}) // no batch runs from here on
+	n.mu.Lock()
+	n.proposing = false
+	n.buf.Reset()
+	n.full = nil
+	last := n.num
+	n.first = n.num + 1
+	n.mu.Unlock()
+	// The entries in flight resolve: raft fails them when it steps down.
+	deadline := time.Now().Add(2 * n.cfg.FailoverTimeout)
+	for n.busy.Load() > 0 && time.Now().Before(deadline) {
+		select {
+		case <-n.quit:
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+	committed := n.committed.Load()
+	if committed < last && n.host != nil {
+		n.host.Abandon(committed)
+	}
+	n.log.Warn("no longer the leader", "term", term, "leader", addr,
+		"records_abandoned", last-committed, "state", n.r.State().String())
+	n.rebuild("leadership lost")
+}
+
+// rebuild replaces the table with the committed state: the newest
+// snapshot and the log's commands after it, up to the last one applied.
+func (n *node) rebuild(why string) {
+	began := time.Now()
+	n.fsmMu.Lock()
+	defer n.fsmMu.Unlock()
+	n.mu.Lock()
+	n.dirty = false
+	n.mu.Unlock()
+	// The leadership ends (FSM.Apply stops skipping) only with the
+	// rebuild done: leadTerm 0 means the table is the committed state.
+	defer func() {
+		n.leading = 0
+		n.leadTerm.Store(0)
+	}()
+	var fx shard.Out
+	n.table.Reset(&fx)
+	st, from, err := replayInto(n.table, n.snaps, n.logs, n.applied, n.wallAtZero)
+	if err != nil {
+		n.log.Error("rebuilding the table from the raft log failed: it may miss committed locks until a snapshot is installed", "err", err)
+	}
+	n.reserved.Store(max(n.reserved.Load(), st.reserved))
+	n.fsmState.reserved = max(n.fsmState.reserved, st.reserved)
+	if st.errs > 0 {
+		n.log.Error("rebuilding: records the table refused", "count", st.errs, "last_err", st.lastErr)
+	}
+	n.stats.rebuilds.Add(1)
+	n.log.Info("table rebuilt from the raft log", "why", why, "snapshot_index", from, "applied_index", n.applied,
+		"locks", n.table.Stats().Keys, "took", time.Since(began))
+}
+
+// Stop hands the leadership over when this member leads (PROTOCOL.md §6.2
+// planned handoff): hold requests, wait until every change is committed,
+// transfer the leadership to an in-sync follower, then answer M naming it.
+// A follower returns the leader's address. "" when no other member took
+// over (a single-node shutdown).
+func (n *node) Stop(ctx context.Context) string {
+	n.stopping.Store(true)
+	n.actMu.Lock() // a leadership change in progress finishes first
+	if n.leadTerm.Load() == 0 {
+		n.actMu.Unlock()
+		if l := n.leader(); l >= 0 && l != n.cfg.Self {
+			return n.cfg.Peers[l]
+		}
+		return ""
+	}
+	began := time.Now()
+	n.publish(&repl.Gate{State: repl.Hold})
+	deadline := time.Now().Add(n.cfg.FailoverTimeout)
+	for n.committed.Load() < n.barrier.Load() && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	err := n.r.LeadershipTransfer().Error()
+	if err != nil {
+		if n.leadTerm.Load() != 0 && n.r.State() == raft.Leader {
+			n.publish(&repl.Gate{State: repl.Serve})
+		}
+		n.actMu.Unlock()
+		n.log.Warn("leadership transfer failed: shutting down as a single node", "err", err)
+		return ""
+	}
+	// Wait for the new leader to be known, then give the leadership up:
+	// the queued acquires' M names it.
+	for ctx.Err() == nil && time.Now().Before(deadline.Add(n.cfg.FailoverTimeout)) {
+		if l := n.leader(); l >= 0 && l != n.cfg.Self {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	n.stepLocked()
+	n.actMu.Unlock()
+	g := n.Gate()
+	if g.State != repl.Redirect || g.Addr == "" {
+		return ""
+	}
+	n.log.Info("handed the leadership over", "successor", g.Addr, "took", time.Since(began))
+	return g.Addr
+}
+
+// Close shuts raft down and closes the stores (the log and snapshots are
+// durable as they are written: nothing more to write).
+func (n *node) Close(ctx context.Context, why repl.CloseReason) error {
+	n.closeMu.Lock()
+	if n.closed {
+		n.closeMu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.closeMu.Unlock()
+	close(n.quit)
+	n.closing.Store(true)
+	if e := n.stats.entries.Load(); e > 0 {
+		p50, p99 := n.stats.percentiles()
+		r := n.stats.records.Load()
+		n.log.Info("raft totals as leader", "entries", e, "records", r, "records_per_entry", float64(r)/float64(e),
+			"commit_p50", time.Duration(p50*1e9), "commit_p99", time.Duration(p99*1e9))
+	}
+	n.res.Stop(ctx)
+	var err error
+	if n.r != nil {
+		n.r.DeregisterObserver(n.observer)
+		err = repl.RunWithin(ctx, func() error { return n.r.Shutdown().Error() })
+	}
+	done := make(chan struct{})
+	go func() { n.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	n.closeStores()
+	if n.dir != nil {
+		err = errors.Join(err, n.dir.Release(why))
+		n.dir = nil
+	}
+	return err
+}
+
+// Status reports raft's view: role, leader, term, indexes and the group
+// commit figures.
+func (n *node) Status() repl.Status {
+	st := repl.Status{Mode: api.ModeRaft, Self: n.self}
+	if n.r == nil {
+		return st
+	}
+	switch n.r.State() {
+	case raft.Leader:
+		st.Role = api.RoleLeader // before it serves, its gate holds requests
+	case raft.Candidate:
+		st.Role = api.RoleCandidate
+	default:
+		st.Role = api.RoleFollower
+	}
+	l := n.leader()
+	if l >= 0 {
+		st.Active = n.cfg.Peers[l]
+	}
+	st.Epoch = n.r.CurrentTerm()
+	st.CommitIndex = n.r.CommitIndex()
+	st.AppliedIndex = n.r.AppliedIndex()
+	st.Entries = n.stats.entries.Load()
+	st.EntryRecords = n.stats.records.Load()
+	st.CommitP50, st.CommitP99 = n.stats.percentiles()
+	st.SnapshotBytes = uint64(max(n.stats.snapshotBytes.Load(), 0))
+	st.Snapshots = n.stats.snapshots.Load()
+	st.Elections = n.stats.elections.Load()
+	st.Rebuilds = n.stats.rebuilds.Load()
+	st.InSync = l >= 0
+	lastContact := n.r.LastContact()
+	leading := st.Role == api.RoleLeader
+	for i := range n.cfg.Peers {
+		if i == n.cfg.Self {
+			continue
+		}
+		m := repl.Member{Addr: n.cfg.Peers[i]}
+		switch {
+		case leading:
+			m.Role, m.Live = api.RoleFollower, !n.failing[i].Load()
+		case i == l:
+			m.Role, m.Live = api.RoleLeader, time.Since(lastContact) < n.cfg.FailoverTimeout
+		}
+		st.Members = append(st.Members, m)
+	}
+	n.res.Status(&st)
+	return st
+}
+
+// Health is nil while this member serves as the leader or follows a known
+// leader.
+func (n *node) Health() error {
+	if err := n.res.Health(); err != nil {
+		return err
+	}
+	if n.leadTerm.Load() != 0 && n.Gate().State == repl.Serve {
+		return nil
+	}
+	if l := n.leader(); l >= 0 && l != n.cfg.Self {
+		return nil
+	}
+	return errors.New("raftnode: no raft leader known")
+}

@@ -1,0 +1,570 @@
+package records_test
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/s2"
+	"github.com/klauspost/compress/zstd"
+	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/records"
+	"github.com/lockd-dev/lockd/shard"
+)
+
+// TestRecordLayout: a record of each kind encodes to the bytes the format
+// says, written out by hand.
+func TestRecordLayout(t *testing.T) {
+	cases := []struct {
+		r    shard.Record
+		want string
+	}{
+		{repltest.Rec(shard.RecordGrant, 5, 1, "k", 0x18700000000000ff, 30), "01 0005 01 18700000000000ff 1e 01 6b"},
+		{repltest.Rec(shard.RecordRelease, 65535, 300, "ab", 2, 0), "02 ffff ac02 0000000000000002 00 02 6162"},
+		{repltest.Rec(shard.RecordExpire, 0, 1<<64-1, "x", 3, 0), "03 0000 ffffffffffffffffff01 0000000000000003 00 01 78"},
+		{repltest.Rec(shard.RecordRenew, 1, 128, strings.Repeat("z", 200), 1<<64-1, 255),
+			"04 0001 8001 ffffffffffffffff ff c801 " + strings.Repeat("7a", 200)},
+	}
+	for _, c := range cases {
+		t.Run(c.r.Kind.String(), func(t *testing.T) {
+			var w records.BatchWriter
+			r := c.r
+			r.Deadline = 12345 // not sent
+			if err := w.Add(&r); err != nil {
+				t.Fatal(err)
+			}
+			if want := repltest.Hex(t, c.want); !bytes.Equal(w.Bytes(), want) {
+				t.Fatalf("got %x\nwant %x", w.Bytes(), want)
+			}
+		})
+	}
+}
+
+// TestRecordRoundTrip: records of every kind and at the edges of every
+// field, written by a BatchWriter, read back as they were (Deadline
+// aside), with keys pointing into the batch.
+func TestRecordRoundTrip(t *testing.T) {
+	recs := []shard.Record{
+		repltest.Rec(shard.RecordGrant, 0, 1, "a", 1, 1),
+		repltest.Rec(shard.RecordGrant, 65535, 1<<64-1, strings.Repeat("k", records.MaxKey), 1<<64-1, 255),
+		repltest.Rec(shard.RecordGrant, 3, 127, "bench/key/000123", 1_750_000_000_000_000_001, 0),
+		repltest.Rec(shard.RecordRelease, 3, 128, "bench/key/000123", 1_750_000_000_000_000_001, 0),
+		repltest.Rec(shard.RecordExpire, 17, 16383, "é/ü", 9, 0),
+		repltest.Rec(shard.RecordRenew, 17, 16384, "é/ü", 9, 10),
+		repltest.Rec(shard.RecordRenew, 1, 2, "\x00\n\xff", 2, 0),
+	}
+	var w records.BatchWriter
+	w.Add(&recs[0]) // dropped by Reset
+	w.Reset()
+	for i := range recs {
+		recs[i].Deadline = int64(i) * 1e9
+		if err := w.Add(&recs[i]); err != nil {
+			t.Fatalf("Add %d: %v", i, err)
+		}
+		recs[i].Deadline = 0
+	}
+	if w.Count() != len(recs) || w.Len() != len(w.Bytes()) {
+		t.Fatalf("Count %d, Len %d (%d bytes)", w.Count(), w.Len(), len(w.Bytes()))
+	}
+	raw := w.Bytes()
+	if n, err := records.CheckRecords(raw); n != len(recs) || err != nil {
+		t.Fatalf("CheckRecords: %d, %v", n, err)
+	}
+	var rr records.RecordReader
+	rr.Reset(raw)
+	var r shard.Record
+	for i := 0; rr.Next(&r); i++ {
+		if !reflect.DeepEqual(r, recs[i]) {
+			t.Fatalf("record %d: %+v, want %+v", i, r, recs[i])
+		}
+		if !repltest.Within(r.Key, raw) {
+			t.Fatalf("record %d: key not in the batch", i)
+		}
+	}
+	if rr.Err() != nil || rr.Next(&r) {
+		t.Fatalf("end: %v", rr.Err())
+	}
+
+	// Skip records: their layout, refusals and the way back.
+	w.Reset()
+	skips := []shard.Record{
+		{Kind: shard.RecordSkip, Shard: 5, Seq: 3, From: 1},
+		{Kind: shard.RecordSkip, Shard: 65535, Seq: 1<<64 - 1, From: 1},
+		{Kind: shard.RecordSkip, Shard: 0, Seq: 200, From: 200},
+	}
+	for _, sk := range skips {
+		if err := w.AddSkip(sk.Shard, sk.From, sk.Seq); err != nil {
+			t.Fatalf("AddSkip %+v: %v", sk, err)
+		}
+	}
+	if got := fmt.Sprintf("%x", w.Bytes()[:5]); got != "0500050303" {
+		t.Fatalf("skip layout %s, want 05 0005 03 03", got)
+	}
+	for _, bad := range [][3]uint64{{65536, 1, 1}, {0, 0, 1}, {0, 3, 2}} {
+		if err := w.AddSkip(uint32(bad[0]), bad[1], bad[2]); err != records.ErrBadRecord {
+			t.Fatalf("AddSkip%v: %v", bad, err)
+		}
+	}
+	rr.Reset(w.Bytes())
+	for i := 0; rr.Next(&r); i++ {
+		if !reflect.DeepEqual(r, skips[i]) {
+			t.Fatalf("skip %d: %+v, want %+v", i, r, skips[i])
+		}
+	}
+	if rr.Err() != nil || w.Count() != len(skips) {
+		t.Fatalf("skips: %v, count %d", rr.Err(), w.Count())
+	}
+}
+
+// TestBatchWriterRefuses: a record the format cannot carry is refused and
+// leaves the batch as it was.
+func TestBatchWriterRefuses(t *testing.T) {
+	long := strings.Repeat("k", records.MaxKey+1)
+	cases := []struct {
+		name string
+		r    shard.Record
+		want error
+	}{
+		{"kind-0", repltest.Rec(0, 0, 1, "k", 1, 0), records.ErrBadRecord},
+		{"kind-5-skip-by-Add", repltest.Rec(shard.RecordSkip, 0, 1, "k", 1, 0), records.ErrBadRecord},
+		{"kind-6", repltest.Rec(6, 0, 1, "k", 1, 0), records.ErrBadRecord},
+		{"shard-65536", repltest.Rec(shard.RecordGrant, 65536, 1, "k", 1, 1), records.ErrBadRecord},
+		{"seq-0", repltest.Rec(shard.RecordGrant, 0, 0, "k", 1, 1), records.ErrBadRecord},
+		{"token-0", repltest.Rec(shard.RecordGrant, 0, 1, "k", 0, 1), records.ErrBadRecord},
+		{"release-lease", repltest.Rec(shard.RecordRelease, 0, 1, "k", 1, 1), records.ErrBadRecord},
+		{"expire-lease", repltest.Rec(shard.RecordExpire, 0, 1, "k", 1, 1), records.ErrBadRecord},
+		{"key-empty", repltest.Rec(shard.RecordGrant, 0, 1, "", 1, 1), records.ErrBadKey},
+		{"key-1025", repltest.Rec(shard.RecordGrant, 0, 1, long, 1, 1), records.ErrBadKey},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var w records.BatchWriter
+			ok := repltest.Rec(shard.RecordGrant, 0, 1, "k", 1, 1)
+			w.Add(&ok)
+			before := string(w.Bytes())
+			if err := w.Add(&c.r); err != c.want {
+				t.Fatalf("Add: %v, want %v", err, c.want)
+			}
+			if string(w.Bytes()) != before || w.Count() != 1 {
+				t.Fatalf("batch changed: %x, %d records", w.Bytes(), w.Count())
+			}
+		})
+	}
+}
+
+// TestRecordReaderRefuses: malformed batches stop the reader with their
+// error, after the good records before them.
+func TestRecordReaderRefuses(t *testing.T) {
+	good := "01 0005 01 0000000000000001 1e 01 6b" // grant seq 1 token 1 lease 30 key "k"
+	cases := []struct {
+		name string
+		raw  string
+		want error
+	}{
+		{"kind-0", "00 0005 01 0000000000000001 1e 01 6b", records.ErrBadRecord},
+		{"kind-6", "06 0005 01 0000000000000001 1e 01 6b", records.ErrBadRecord},
+		{"skip-count-0", "05 0005 03 00", records.ErrBadRecord},
+		{"skip-seq-0", "05 0005 00 01", records.ErrBadRecord},
+		{"skip-count-above-seq", "05 0005 03 04", records.ErrBadRecord},
+		{"skip-count-truncated", "05 0005 03", records.ErrTruncated},
+		{"skip-count-padded", "05 0005 03 8100", records.ErrBadVarint},
+		{"seq-0", "01 0005 00 0000000000000001 1e 01 6b", records.ErrBadRecord},
+		{"token-0", "01 0005 01 0000000000000000 1e 01 6b", records.ErrBadRecord},
+		{"release-lease", "02 0005 01 0000000000000001 1e 01 6b", records.ErrBadRecord},
+		{"expire-lease", "03 0005 01 0000000000000001 01 01 6b", records.ErrBadRecord},
+		{"key-0", "01 0005 01 0000000000000001 1e 00", records.ErrBadKey},
+		{"key-1025", "01 0005 01 0000000000000001 1e 8108" + strings.Repeat("6b", 1025), records.ErrBadKey},
+		{"key-huge", "01 0005 01 0000000000000001 1e ffffffffffffffff7f", records.ErrBadKey},
+		{"key-truncated", "01 0005 01 0000000000000001 1e 02 6b", records.ErrTruncated},
+		{"seq-truncated-varint", "01 0005 80", records.ErrTruncated},
+		{"seq-padded-varint", "01 0005 8100 0000000000000001 1e 01 6b", records.ErrBadVarint},
+		{"seq-over-64-bits", "01 0005 ffffffffffffffffff02 0000000000000001 1e 01 6b", records.ErrBadVarint},
+		{"seq-11-bytes", "01 0005 ffffffffffffffffff8001 0000000000000001 1e 01 6b", records.ErrBadVarint},
+		{"keylen-padded", "01 0005 01 0000000000000001 1e 8100 6b", records.ErrBadVarint},
+		{"token-truncated", "01 0005 01 00000000000000", records.ErrTruncated},
+		{"trailing-byte", "01", records.ErrTruncated},
+		{"trailing-two", "0100", records.ErrTruncated},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			raw := repltest.Hex(t, good+c.raw)
+			var rr records.RecordReader
+			rr.Reset(raw)
+			var r shard.Record
+			if !rr.Next(&r) || string(r.Key) != "k" {
+				t.Fatalf("good record: %+v %v", r, rr.Err())
+			}
+			if rr.Next(&r) {
+				t.Fatalf("accepted %+v", r)
+			}
+			if rr.Err() != c.want || rr.Next(&r) {
+				t.Fatalf("Err %v, want %v", rr.Err(), c.want)
+			}
+			if n, err := records.CheckRecords(raw); n != 1 || err != c.want {
+				t.Fatalf("CheckRecords: %d, %v", n, err)
+			}
+		})
+	}
+}
+
+// TestRecordPrefixes: every prefix of a real batch reads back exactly the
+// records it holds whole, and one that ends inside a record is an error.
+func TestRecordPrefixes(t *testing.T) {
+	recs := repltest.Workload(t, 40, 2)
+	raw := repltest.Batches(t, recs, len(recs))[0]
+	ends := map[int]int{0: 0} // prefix length at a record boundary → records
+	var w records.BatchWriter
+	for i := range recs {
+		w.Add(&recs[i])
+		ends[w.Len()] = i + 1
+	}
+	for i := 0; i <= len(raw); i++ {
+		n, err := records.CheckRecords(raw[:i])
+		whole, boundary := ends[i]
+		switch {
+		case boundary && (err != nil || n != whole):
+			t.Fatalf("prefix %d: %d records, %v; want %d", i, n, err, whole)
+		case !boundary && err == nil:
+			t.Fatalf("prefix %d inside a record: %d records, no error", i, n)
+		}
+	}
+}
+
+func TestSnapEntryLayoutAndRoundTrip(t *testing.T) {
+	entries := []records.SnapEntry{
+		{Key: []byte("k"), Token: 0x0102030405060708, Left: 300, Lease: 30},
+		{Key: []byte(strings.Repeat("x", records.MaxKey)), Token: 1<<64 - 1, Left: math.MaxInt64, Lease: 255},
+		{Key: []byte("bench/key/000123"), Token: 1, Left: 0, Lease: 0},
+	}
+	raw, err := records.AppendSnapEntry([]byte("pre"), &entries[0])
+	if want := repltest.Hex(t, "707265 01 6b 0102030405060708 ac02 1e"); err != nil || !bytes.Equal(raw, want) {
+		t.Fatalf("layout: %x, %v\nwant %x", raw, err, want)
+	}
+	raw = raw[3:]
+	for i := 1; i < len(entries); i++ {
+		if raw, err = records.AppendSnapEntry(raw, &entries[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	neg := records.SnapEntry{Key: []byte("n"), Token: 5, Left: -time.Second, Lease: 3}
+	if raw, err = records.AppendSnapEntry(raw, &neg); err != nil {
+		t.Fatal(err)
+	}
+	neg.Left = 0 // sent as ended
+	entries = append(entries, neg)
+	var sr records.SnapReader
+	sr.Reset(raw)
+	var e records.SnapEntry
+	i := 0
+	for ; sr.Next(&e); i++ {
+		if !reflect.DeepEqual(e, entries[i]) || !repltest.Within(e.Key, raw) {
+			t.Fatalf("entry %d: %+v, want %+v", i, e, entries[i])
+		}
+	}
+	if sr.Err() != nil || i != len(entries) {
+		t.Fatalf("end after %d: %v", i, sr.Err())
+	}
+	// Every prefix that ends inside an entry is an error.
+	ends := map[int]bool{0: true}
+	var b []byte
+	for i := range entries {
+		b, _ = records.AppendSnapEntry(b, &entries[i])
+		ends[len(b)] = true
+	}
+	for n := 0; n <= len(raw); n++ {
+		sr.Reset(raw[:n])
+		for sr.Next(&e) {
+		}
+		if (sr.Err() == nil) != ends[n] {
+			t.Fatalf("prefix %d: %v", n, sr.Err())
+		}
+	}
+}
+
+func TestSnapEntryRefuses(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		e    records.SnapEntry
+		want error
+	}{
+		{"token-0", records.SnapEntry{Key: []byte("k")}, records.ErrBadEntry},
+		{"key-empty", records.SnapEntry{Token: 1}, records.ErrBadKey},
+		{"key-1025", records.SnapEntry{Key: make([]byte, records.MaxKey+1), Token: 1}, records.ErrBadKey},
+	} {
+		if out, err := records.AppendSnapEntry([]byte("x"), &c.e); err != c.want || string(out) != "x" {
+			t.Errorf("%s: %q, %v; want %v", c.name, out, err, c.want)
+		}
+	}
+	good := "01 6b 0000000000000001 00 00"
+	for _, c := range []struct {
+		name, raw string
+		want      error
+	}{
+		{"key-0", "00", records.ErrBadKey},
+		{"key-1025", "8108" + strings.Repeat("6b", 1025), records.ErrBadKey},
+		{"key-truncated", "05 6b6b", records.ErrTruncated},
+		{"token-0", "01 6b 0000000000000000 00 00", records.ErrBadEntry},
+		{"token-truncated", "01 6b 00000000", records.ErrTruncated},
+		{"left-truncated", "01 6b 0000000000000001 80", records.ErrTruncated},
+		{"left-padded", "01 6b 0000000000000001 8000 00", records.ErrBadVarint},
+		{"left-over-int64", "01 6b 0000000000000001 ffffffffffffffff8001 00", records.ErrBadEntry},
+		{"lease-missing", "01 6b 0000000000000001 00", records.ErrTruncated},
+		{"keylen-truncated", "80", records.ErrTruncated},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var sr records.SnapReader
+			var e records.SnapEntry
+			sr.Reset(repltest.Hex(t, good+c.raw))
+			if !sr.Next(&e) {
+				t.Fatalf("good entry: %v", sr.Err())
+			}
+			if sr.Next(&e) || sr.Err() != c.want {
+				t.Fatalf("Err %v, want %v (entry %+v)", sr.Err(), c.want, e)
+			}
+		})
+	}
+}
+
+// TestCompress: the codec each kind of batch gets, and the round trip.
+func TestCompress(t *testing.T) {
+	recs := repltest.Workload(t, 2000, 3)
+	rng := rand.New(rand.NewPCG(3, 3))
+	noise := make([]byte, 4096)
+	for i := range noise {
+		noise[i] = byte(rng.Uint32())
+	}
+	// 1024 bytes of which the first n are noise: s2 saves about 1024-n.
+	partly := func(n int) []byte { return append(append([]byte{}, noise[:n]...), make([]byte, 1024-n)...) }
+	for n, in := range map[int][2]int{900: {7, 8}, 800: {0, 7}} {
+		if enc := len(s2.Encode(nil, partly(n))); enc*8 < in[0]*1024 || enc*8 >= in[1]*1024 {
+			t.Fatalf("%d noise bytes: s2 gives %d of 1024, not within %d/8..%d/8", n, enc, in[0], in[1])
+		}
+	}
+	cases := []struct {
+		name string
+		raw  []byte
+		want records.Codec
+	}{
+		{"empty", nil, records.CodecRaw},
+		{"s2-above-7/8", partly(900), records.CodecRaw},
+		{"s2-below-7/8", partly(800), records.CodecS2},
+		{"tiny-compressible", bytes.Repeat([]byte{'a'}, records.CompressMin-1), records.CodecRaw},
+		{"min-compressible", bytes.Repeat([]byte{'a'}, records.CompressMin), records.CodecS2},
+		{"incompressible", noise, records.CodecRaw},
+		{"batch-2", repltest.Batches(t, recs[:2], 2)[0], records.CodecRaw},
+		{"batch-64", repltest.Batches(t, recs[:64], 64)[0], records.CodecS2},
+		{"batch-2000", repltest.Batches(t, recs, 2000)[0], records.CodecS2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			codec, out := records.Compress([]byte("hdr"), c.raw)
+			if codec != c.want || string(out[:3]) != "hdr" {
+				t.Fatalf("codec %v, want %v", codec, c.want)
+			}
+			data := out[3:]
+			if codec == records.CodecS2 && len(data)*8 >= len(c.raw)*7 {
+				t.Fatalf("s2: %d bytes of %d", len(data), len(c.raw))
+			}
+			back, err := records.Decompress(make([]byte, 10), codec, data, len(c.raw))
+			if err != nil || !bytes.Equal(back, c.raw) {
+				t.Fatalf("Decompress: %v", err)
+			}
+		})
+	}
+}
+
+// TestDecompressRefuses: a raw length that does not match, is too large
+// or negative, corrupt s2 data and unknown codecs are errors; the raw
+// length is checked before any allocation.
+func TestDecompressRefuses(t *testing.T) {
+	raw := bytes.Repeat([]byte("bench/key/000123"), 64)
+	_, enc := records.Compress(nil, raw)
+	huge := s2.Encode(nil, make([]byte, 2*records.MaxRaw/1000))[:8] // a header claiming more than is there
+	cases := []struct {
+		name   string
+		c      records.Codec
+		data   []byte
+		rawLen int
+		want   error
+	}{
+		{"raw-len-mismatch", records.CodecRaw, raw, len(raw) - 1, records.ErrBadCodec},
+		{"s2-len-short", records.CodecS2, enc, len(raw) - 1, records.ErrCorrupt},
+		{"s2-len-long", records.CodecS2, enc, len(raw) + 1, records.ErrCorrupt},
+		{"s2-over-max", records.CodecS2, enc, records.MaxRaw + 1, records.ErrBadCodec},
+		{"s2-negative", records.CodecS2, enc, -1, records.ErrBadCodec},
+		{"s2-truncated", records.CodecS2, enc[:len(enc)-1], len(raw), records.ErrCorrupt},
+		{"s2-trailing", records.CodecS2, append(append([]byte{}, enc...), 0), len(raw), records.ErrCorrupt},
+		{"s2-header-only", records.CodecS2, huge, 2 * records.MaxRaw / 1000, records.ErrCorrupt},
+		{"s2-empty", records.CodecS2, nil, 0, records.ErrCorrupt},
+		{"codec-2", 2, raw, len(raw), records.ErrBadCodec},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if out, err := records.Decompress(nil, c.c, c.data, c.rawLen); err != c.want || out != nil {
+				t.Fatalf("Decompress: %d bytes, %v; want %v", len(out), err, c.want)
+			}
+		})
+	}
+	if n := testing.AllocsPerRun(10, func() { _, _ = records.Decompress(nil, records.CodecS2, enc, records.MaxRaw+1) }); n != 0 {
+		t.Fatalf("refused raw length allocated %v times", n)
+	}
+}
+
+// BenchmarkCompress compresses real batches of 8, 64, 512 and 2000
+// records (the workload of repltest.Workload) with s2 block encoding (s2: the
+// codec alone; s2-sent: Compress, which leaves batches under 256 bytes
+// raw), and zstd EncodeAll at SpeedFastest and at SpeedDefault (one reused
+// encoder, no dictionary). ratio is raw/compressed over all batches; B/rec
+// is the compressed bytes per record (wireB/rec: with the Batch frame);
+// MB/s counts raw bytes.
+func BenchmarkCompress(b *testing.B) {
+	recs := repltest.Workload(b, 64000, 7)
+	fastest, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fastest.Close()
+	dflt, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dflt.Close()
+	codecs := []struct {
+		name string
+		enc  func(dst, raw []byte) []byte
+	}{
+		{"s2", func(dst, raw []byte) []byte { return s2.Encode(dst[:cap(dst)], raw) }},
+		{"s2-sent", func(dst, raw []byte) []byte { _, out := records.Compress(dst[:0], raw); return out }},
+		{"zstd", func(dst, raw []byte) []byte { return fastest.EncodeAll(raw, dst[:0]) }},
+		{"zstd-default", func(dst, raw []byte) []byte { return dflt.EncodeAll(raw, dst[:0]) }},
+	}
+	for _, c := range codecs {
+		for _, per := range []int{8, 64, 512, 2000} {
+			batches := repltest.Batches(b, recs, per)
+			batches = batches[:len(batches)-1] // whole batches only
+			b.Run(fmt.Sprintf("%s/%d", c.name, per), func(b *testing.B) {
+				dst := make([]byte, 0, 2*s2.MaxEncodedLen(64<<10))
+				var rawBytes, encBytes int
+				for _, raw := range batches {
+					rawBytes += len(raw)
+					encBytes += len(c.enc(dst, raw))
+				}
+				b.SetBytes(int64(rawBytes / len(batches)))
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					c.enc(dst, batches[i])
+					if i++; i == len(batches) {
+						i = 0
+					}
+				}
+				b.ReportMetric(float64(rawBytes)/float64(encBytes), "ratio")
+				b.ReportMetric(float64(encBytes)/float64(len(batches)*per), "B/rec")
+				b.ReportMetric(float64(rawBytes)/float64(len(batches)*per), "rawB/rec")
+				if c.name == "s2-sent" { // with the member link's Batch frame around it
+					frames := 0
+					for _, raw := range batches {
+						frames += len(c.enc(dst, raw)) + batchFrame
+					}
+					b.ReportMetric(float64(frames)/float64(len(batches)*per), "wireB/rec")
+				}
+			})
+		}
+	}
+}
+
+// batchFrame is what a member link's Batch frame adds to its data: length
+// u32, type u8, seq u64, codec u8, raw_len u32, crc u32 (MEMBER-LINK.md).
+const batchFrame = 4 + 1 + 8 + 1 + 4 + 4
+
+// BenchmarkDecompress decodes the same batches: s2 block and zstd
+// DecodeAll with a reused decoder.
+func BenchmarkDecompress(b *testing.B) {
+	recs := repltest.Workload(b, 64000, 7)
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer enc.Close()
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dec.Close()
+	for _, name := range []string{"s2", "zstd"} {
+		for _, per := range []int{8, 64, 512, 2000} {
+			batches := repltest.Batches(b, recs, per)
+			batches = batches[:len(batches)-1]
+			b.Run(fmt.Sprintf("%s/%d", name, per), func(b *testing.B) {
+				encoded := make([][]byte, len(batches))
+				rawBytes := 0
+				for i, raw := range batches {
+					rawBytes += len(raw)
+					if name == "s2" {
+						encoded[i] = s2.Encode(nil, raw)
+					} else {
+						encoded[i] = enc.EncodeAll(raw, nil)
+					}
+				}
+				dst := make([]byte, 0, 128<<10)
+				b.SetBytes(int64(rawBytes / len(batches)))
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					var err error
+					if name == "s2" {
+						_, err = records.Decompress(dst, records.CodecS2, encoded[i], len(batches[i]))
+					} else {
+						_, err = dec.DecodeAll(encoded[i], dst[:0])
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+					if i++; i == len(batches) {
+						i = 0
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkBatchWriter encodes real records; BenchmarkRecordReader decodes
+// them (per record).
+func BenchmarkBatchWriter(b *testing.B) {
+	recs := repltest.Workload(b, 4096, 8)
+	var w records.BatchWriter
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if w.Len() >= 64<<10 {
+			w.Reset()
+		}
+		if err := w.Add(&recs[i&4095]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+func BenchmarkRecordReader(b *testing.B) {
+	raw := repltest.Batches(b, repltest.Workload(b, 2000, 9), 2000)[0]
+	var rr records.RecordReader
+	var r shard.Record
+	rr.Reset(raw)
+	b.SetBytes(int64(len(raw) / 2000))
+	b.ReportAllocs()
+	for b.Loop() {
+		if !rr.Next(&r) {
+			if rr.Err() != nil {
+				b.Fatal(rr.Err())
+			}
+			rr.Reset(raw)
+		}
+	}
+}
