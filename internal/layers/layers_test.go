@@ -79,10 +79,15 @@ var rules = map[string]rule{
 	// The admin endpoint's JSON types and names: the standard library
 	// only, nothing of the module, so any consumer can import them.
 	"api": {noDeps: []string{mod + "/"}},
-	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "acl"), "golang.org/x/sys/"),
+	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "acl", "internal/version"), "golang.org/x/sys/"),
 		noDeps: lockd("client", "bench")},
-	"cmd/lockctl": {allow: lockd("api", "client", "proto"),
-		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
+	// The CLI: the client, the admin endpoint's types, cobra for the
+	// command line; never a server package.
+	"cmd/lockctl": {allow: append(lockd("api", "client", "proto", "internal/version"), "github.com/spf13/cobra"),
+		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl", "admin")...)},
+	// The binaries' version line: the standard library only, so every
+	// command may import it.
+	"internal/version": {noStd: []string{"net", "os", "syscall"}, noDeps: []string{mod + "/"}},
 	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "acl", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
