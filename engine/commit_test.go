@@ -30,22 +30,24 @@ func (c *committing) Gate() *repl.Gate {
 	return c.Local.Gate()
 }
 
-func startCommitting(t *testing.T) (*testServer, *committing) {
-	t.Helper()
-	return startCommittingWith(t, nil)
-}
-
 // startCommittingWith is startCommitting with the configuration changed by
 // mod too.
 func startCommittingWith(t *testing.T, mod func(*engine.Config)) (*testServer, *committing) {
+	t.Helper()
+	return startCommitting(t, mod)
+}
+
+func startCommitting(t *testing.T, mods ...func(*engine.Config)) (*testServer, *committing) {
 	t.Helper()
 	node := &committing{}
 	ts := startServer(t, func(cfg *engine.Config) {
 		node.Local = repl.NewLocal(repl.LocalConfig{DataDir: cfg.DataDir})
 		cfg.Node = node
 		cfg.Table.Sink = func(shard.Record) { node.records.Add(1) }
-		if mod != nil {
-			mod(cfg)
+		for _, mod := range mods {
+			if mod != nil {
+				mod(cfg)
+			}
 		}
 	})
 	return ts, node

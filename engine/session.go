@@ -123,6 +123,13 @@ type session struct {
 	// (outbound bytes plus mail), read by Shutdown from another goroutine.
 	backlog atomic.Int64
 
+	// The connection's identity with an ACL (auth.go): auth is the loop's;
+	// ident is its table handle for SetACL's sweep, and removed says a
+	// reload removed it (counted once).
+	auth    sessAuth
+	ident   atomic.Uint32
+	removed atomic.Bool
+
 	// partialSince is when the partial frame that ends the inbound buffer
 	// was first seen (the table's clock, 0: none); listed says the session
 	// is in the handler's list of sessions with a partial frame. Written by
