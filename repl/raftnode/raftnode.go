@@ -84,7 +84,11 @@ type node struct {
 	inflight  chan *proposal
 
 	// FSM side, under fsmMu: held by every apply, snapshot cut and rebuild.
+	// snapMu is held by a rebuild throughout and by Persist while it makes
+	// a snapshot visible, after which raft compacts the log: no compaction
+	// runs during a rebuild. Order: fsmMu, then snapMu.
 	fsmMu    sync.Mutex
+	snapMu   sync.Mutex
 	leading  uint64 // the term whose own entries FSM.Apply skips (0: none)
 	applied  uint64 // raft index of the last command applied (or restored)
 	fsmState applyState
@@ -92,13 +96,21 @@ type node struct {
 
 	leadTerm atomic.Uint64 // = leading, for lock-free reads
 	actMu    sync.Mutex    // serialises step (actor, Stop)
-	actKick  chan struct{}
-	stopping atomic.Bool
-	closing  atomic.Bool // mutes the transport's log while it closes
-	quit     chan struct{}
-	wg       sync.WaitGroup
-	closeMu  sync.Mutex
-	closed   bool
+	// stale: the last rebuild failed; the table is not the committed state
+	// and this member does not serve (it retries, with retryAt and
+	// retryWait under actMu).
+	stale       atomic.Bool
+	retryAt     time.Time
+	retryWait   time.Duration
+	replayHook  func() // tests: runs inside a rebuild between the snapshot and the log
+	persistHook func() // tests: runs in Persist before the snapshot becomes visible
+	actKick     chan struct{}
+	stopping    atomic.Bool
+	closing     atomic.Bool // mutes the transport's log while it closes
+	quit        chan struct{}
+	wg          sync.WaitGroup
+	closeMu     sync.Mutex
+	closed      bool
 
 	failing []atomic.Bool      // leader: heartbeats to member i failing
 	tune    func(*raft.Config) // tests: adjusts raft's configuration
@@ -372,8 +384,8 @@ func (n *node) stepLocked() {
 	n.mu.Lock()
 	dirty := n.dirty
 	n.mu.Unlock()
-	if dirty {
-		n.rebuild("the table changed outside the log")
+	if dirty && !time.Now().Before(n.retryAt) {
+		_ = n.rebuild("the table changed outside the log")
 	}
 	if l := n.leader(); l >= 0 && l != n.cfg.Self {
 		n.publish(&repl.Gate{State: repl.Redirect, Addr: n.cfg.Peers[l]})
@@ -400,7 +412,13 @@ func (n *node) gain(term uint64) {
 		if !dirty {
 			break
 		}
-		n.rebuild("the table changed outside the log")
+		if err := n.rebuild("the table changed outside the log"); err != nil {
+			// A table that is not the committed state must not serve: let
+			// another member lead (this one retries the rebuild).
+			n.log.Error("elected, but the table is not the committed state; not serving: handing the leadership over", "term", term, "err", err)
+			n.r.LeadershipTransfer()
+			return
+		}
 	}
 	if n.r.State() != raft.Leader || n.r.CurrentTerm() != term {
 		return
@@ -467,15 +485,22 @@ func (n *node) lose(term uint64) {
 	}
 	n.log.Warn("no longer the leader", "term", term, "leader", addr,
 		"records_abandoned", last-committed, "state", n.r.State().String())
-	n.rebuild("leadership lost")
+	_ = n.rebuild("leadership lost")
 }
 
 // rebuild replaces the table with the committed state: the newest
-// snapshot and the log's commands after it, up to the last one applied.
-func (n *node) rebuild(why string) {
+// snapshot and the log's commands after it, up to the last one applied
+// (actMu held). It holds snapMu throughout, so raft cannot compact the
+// log past the snapshot it replays from (Persist). If it fails anyway (a
+// log it cannot read), the table is not the committed state: the member
+// is stale (Health says so, gain does not serve) and the next step tries
+// again, backing off from a tenth of the failover timeout to 10 s.
+func (n *node) rebuild(why string) error {
 	began := time.Now()
 	n.fsmMu.Lock()
 	defer n.fsmMu.Unlock()
+	n.snapMu.Lock()
+	defer n.snapMu.Unlock()
 	n.mu.Lock()
 	n.dirty = false
 	n.mu.Unlock()
@@ -487,18 +512,29 @@ func (n *node) rebuild(why string) {
 	}()
 	var fx shard.Out
 	n.table.Reset(&fx)
-	st, from, err := replayInto(n.table, n.snaps, n.logs, n.applied, n.wallAtZero)
-	if err != nil {
-		n.log.Error("rebuilding the table from the raft log failed: it may miss committed locks until a snapshot is installed", "err", err)
-	}
+	st, from, err := replayInto(n.table, n.snaps, n.logs, n.applied, n.wallAtZero, n.replayHook)
 	n.reserved.Store(max(n.reserved.Load(), st.reserved))
 	n.fsmState.reserved = max(n.fsmState.reserved, st.reserved)
-	if st.errs > 0 {
-		n.log.Error("rebuilding: records the table refused", "count", st.errs, "last_err", st.lastErr)
+	if err == nil && st.errs > 0 {
+		err = fmt.Errorf("%d records the table refused, the last: %w", st.errs, st.lastErr)
 	}
 	n.stats.rebuilds.Add(1)
+	if err != nil {
+		n.mu.Lock()
+		n.dirty = true
+		n.mu.Unlock()
+		n.stale.Store(true)
+		n.retryWait = min(max(2*n.retryWait, n.cfg.FailoverTimeout/10), 10*time.Second)
+		n.retryAt = time.Now().Add(n.retryWait)
+		n.log.Error("rebuilding the table from the raft log failed: this member does not serve until a rebuild succeeds",
+			"why", why, "snapshot_index", from, "applied_index", n.applied, "err", err, "retry_in", n.retryWait)
+		return err
+	}
+	n.stale.Store(false)
+	n.retryWait, n.retryAt = 0, time.Time{}
 	n.log.Info("table rebuilt from the raft log", "why", why, "snapshot_index", from, "applied_index", n.applied,
 		"locks", n.table.Stats().Keys, "took", time.Since(began))
+	return nil
 }
 
 // Stop hands the leadership over when this member leads (PROTOCOL.md §6.2
@@ -641,6 +677,9 @@ func (n *node) Status() repl.Status {
 func (n *node) Health() error {
 	if err := n.res.Health(); err != nil {
 		return err
+	}
+	if n.stale.Load() {
+		return errors.New("raftnode: the table could not be rebuilt from the raft log")
 	}
 	if n.leadTerm.Load() != 0 && n.Gate().State == repl.Serve {
 		return nil
