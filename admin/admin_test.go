@@ -3,6 +3,7 @@ package admin_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
+	"github.com/lockd-dev/lockd/internal/testcerts"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -433,5 +435,44 @@ func TestDocumentsAreAPITypes(t *testing.T) {
 	f.getStrict(api.PathKeys, http.StatusBadRequest, &e)
 	if e.Error == "" {
 		t.Fatal("no error message")
+	}
+}
+
+// TestTLSMetrics: with TLS on the client port, the handshakes that
+// succeeded and failed are counted; without it the metrics are absent.
+func TestTLSMetrics(t *testing.T) {
+	ca, err := testcerts.NewCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Issue("lockd", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := setupWith(t, func(c *engine.Config) {
+		c.TLS = &tls.Config{Certificates: []tls.Certificate{cert.TLS}}
+	})
+	// The fixture's plaintext connection fails its handshake.
+	_, _ = f.conn.Write(proto.AppendPing(nil, 1))
+	_ = f.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _ = f.conn.Read(make([]byte, 64))
+	tc, err := tls.Dial("tcp", f.srv.Addr(), &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	lockdtest.WaitFor(t, "both handshakes counted", func() bool {
+		m := f.srv.Metrics()
+		return m.TLSHandshakes == 1 && m.TLSHandshakeFailures == 1
+	})
+	fams := f.scrape()
+	if v := value(t, fams, "lockd_tls_handshakes_total"); v != 1 {
+		t.Fatalf("lockd_tls_handshakes_total %v, want 1", v)
+	}
+	if v := value(t, fams, "lockd_tls_handshake_failures_total"); v != 1 {
+		t.Fatalf("lockd_tls_handshake_failures_total %v, want 1", v)
+	}
+	if _, ok := setup(t).scrape()["lockd_tls_handshakes_total"]; ok {
+		t.Fatal("a plaintext server reports TLS handshakes")
 	}
 }

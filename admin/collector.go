@@ -17,6 +17,7 @@ type collector struct {
 	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
 	keys, waiters, conns, tokenLast, tokenReserved, wait, role, build, up    *prometheus.Desc
 	noToken, reserveErrs, reserveFailing, moved, foreign                     *prometheus.Desc
+	tlsHandshakes, tlsFailures                                               *prometheus.Desc
 
 	// cluster
 	epoch, failovers, handovers, demotions, snapshots, batches, records, rawBytes, wireBytes *prometheus.Desc
@@ -79,6 +80,8 @@ func newCollector(srv *engine.Server, version string) *collector {
 		raftSnapshotBytes: d("raft_snapshot_bytes", "The size of the last raft snapshot."),
 		raftElections:     d("raft_elections_total", "Times this member became a serving leader."),
 		raftRebuilds:      d("raft_rebuilds_total", "Times the table was rebuilt from the log (leadership lost, a change outside the log)."),
+		tlsHandshakes:     d("tls_handshakes_total", "TLS handshakes completed on the client port (with --tls-cert)."),
+		tlsFailures:       d("tls_handshake_failures_total", "TLS handshakes on the client port that failed (a plaintext client, a missing or untrusted client certificate, a timeout): the connection was closed."),
 		foreign:           d("foreign_token_ops_total", "Successful releases and renews from a connection other than the one the grant was made for (a client's other connection, a reconnect, or a client using a token it did not get).", "op"),
 	}
 }
@@ -86,7 +89,7 @@ func newCollector(srv *engine.Server, version string) *collector {
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
 		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
-		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.foreign,
+		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.foreign, c.tlsHandshakes, c.tlsFailures,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
 		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive,
 		c.raftTerm, c.raftCommit, c.raftApplied, c.raftEntries, c.raftEntryRecords, c.raftCommitLatency,
@@ -128,6 +131,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.moved, m.Moved)
 	counter(c.foreign, m.Table.ForeignReleases, "release")
 	counter(c.foreign, m.Table.ForeignRenews, "renew")
+	if c.srv.Config().TLS != nil {
+		counter(c.tlsHandshakes, m.TLSHandshakes)
+		counter(c.tlsFailures, m.TLSHandshakeFailures)
+	}
 	buckets := make(map[float64]uint64, len(engine.WaitBuckets))
 	var cum uint64
 	for i, ub := range engine.WaitBuckets {

@@ -194,6 +194,8 @@ var targetKinds = []struct {
 	{"lockd-bin", openLockdBin, true},
 	{"echo", openEcho, false},
 	{"redis", openRedis, false},
+	{"lockd-tls", openLockdTLS, false},
+	{"redis-tls", openRedisTLS, false},
 	{"etcd", openEtcd, false},
 }
 
@@ -250,6 +252,7 @@ func (t *target) own(ch *child) {
 func openLockd(t *target, o *options) error {
 	t.newCodec = func(int) codec { return newLockdCodec() }
 	t.queues = true
+	t.ping = lockdPing
 	if o.addr != "" {
 		t.addr = o.addr
 		return nil
@@ -266,8 +269,8 @@ func openEcho(t *target, o *options) error {
 
 // startChild starts a server child of kind, owned by t, and points t's
 // driver and memory readings at it.
-func (t *target) startChild(kind string, loops int) error {
-	ch, err := startChild(kind, loops)
+func (t *target) startChild(kind string, loops int, env ...string) error {
+	ch, err := startChild(kind, loops, env...)
 	if err != nil {
 		return err
 	}
@@ -300,11 +303,12 @@ func openRedis(t *target, o *options) error {
 	if err != nil {
 		return err
 	}
-	if err := redisSetup(t.addr); err != nil {
+	if err := redisSetup(t.addr, nil); err != nil {
 		return err
 	}
 	t.newCodec = func(int) codec { return newRedisCodec(rand.Uint64() >> 32) }
-	t.mem = func() (memStat, error) { return redisMem(t.addr, pid) }
+	t.mem = func() (memStat, error) { return redisMem(t.addr, nil, pid) }
+	t.ping = redisPing
 	return nil
 }
 

@@ -40,15 +40,22 @@ func (c *committing) Gate() *repl.Gate {
 	return c.Local.Gate()
 }
 
-func startCommitting(t *testing.T, mod ...func(*engine.Config)) (*testServer, *committing) {
+func startCommitting(t *testing.T) (*testServer, *committing) {
+	t.Helper()
+	return startCommittingWith(t, nil)
+}
+
+// startCommittingWith is startCommitting with the configuration changed by
+// mod too.
+func startCommittingWith(t *testing.T, mod func(*engine.Config)) (*testServer, *committing) {
 	t.Helper()
 	node := &committing{}
 	ts := startServer(t, func(cfg *engine.Config) {
 		node.Local = repl.NewLocal(repl.LocalConfig{DataDir: cfg.DataDir})
 		cfg.Node = node
 		cfg.Table.Sink = func(shard.Record) { node.records.Add(1) }
-		for _, m := range mod {
-			m(cfg)
+		if mod != nil {
+			mod(cfg)
 		}
 	})
 	return ts, node
@@ -143,7 +150,7 @@ func TestAbandonClosesWaitingConnections(t *testing.T) {
 // abandons later ones. The held grant must never reach its client: the
 // connection is closed.
 func TestAbandonRemembersEveryRange(t *testing.T) {
-	ts, node := startCommitting(t, func(cfg *engine.Config) { cfg.Loops = 1 })
+	ts, node := startCommittingWith(t, func(cfg *engine.Config) { cfg.Loops = 1 })
 	w, other := dial(t, ts.Addr()), dial(t, ts.Addr())
 	w.send(proto.AppendAcquire(nil, 0, 30, 1, "lost"))
 	lockdtest.WaitFor(t, "the grant's record", func() bool { return node.Barrier() == 1 })

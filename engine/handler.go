@@ -38,6 +38,12 @@ type handler struct {
 	refused    atomic.Int64
 	refusedLog atomic.Int64
 
+	// Failed TLS handshakes since the last log line, the last one's cause
+	// and when that line was logged (table clock): one line a second.
+	hsFailed atomic.Int64
+	hsLast   atomic.Pointer[string]
+	hsLog    atomic.Int64
+
 	// Sessions that may hold a partial frame, for the --frame-timeout
 	// sweep (OnTick, every sweepEvery).
 	partialMu    sync.Mutex
@@ -56,6 +62,7 @@ type handler struct {
 func (h *handler) OnBoot(gnet.Engine) gnet.Action {
 	h.msgBadKey = "bad key: must be 1.." + strconv.Itoa(h.s.cfg.MaxKey) + " bytes of UTF-8 without 0x0A"
 	h.refusedLog.Store(-int64(time.Second))
+	h.hsLog.Store(-int64(time.Second))
 	h.sweepEvery = int64(min(time.Second, h.s.cfg.FrameTimeout))
 	return gnet.None
 }
@@ -71,20 +78,49 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		h.logRefused(s.now())
 		return nil, gnet.Close
 	}
-	ss := &session{c: c, loop: c.EventLoop()}
-	ss.st = s.statsFor(ss.loop)
-	ss.tconn = shard.NewConn(ss)
-	c.SetContext(ss)
-	s.addSession(ss)
+	loop := c.EventLoop()
+	c.SetContext(h.open(c, loop, s.statsFor(loop), ""))
 	return nil, gnet.None
 }
 
+// open makes the session of a new connection (counted in s.conns by the
+// caller) and lists it; cn is its verified client certificate's Common
+// Name (TLS), or "".
+func (h *handler) open(c wire, loop gnet.EventLoop, st *loopStats, cn string) *session {
+	ss := &session{c: c, loop: loop, st: st, certCN: cn}
+	ss.tconn = shard.NewConn(ss)
+	h.s.addSession(ss)
+	return ss
+}
+
 func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
-	s := h.s
 	ss, _ := c.Context().(*session)
 	if ss == nil || ss.gone {
 		return gnet.None
 	}
+	mbox, mgrants := h.closeBegin(ss)
+	// gnet writes what is left in its buffer after this callback returns,
+	// to a peer that may still read (a half-close, a bad frame): a grant
+	// in those bytes would reach its client after being released below.
+	// So hand the socket what it takes now (those grants are delivered and
+	// stay), then shut the write side: nothing more can be handed to it,
+	// and what is still buffered is not delivered, ever.
+	if c.OutboundBuffered() > 0 {
+		_ = c.Flush()
+		if c.OutboundBuffered() > 0 {
+			_ = unix.Shutdown(c.Fd(), unix.SHUT_WR)
+		}
+	}
+	h.closeEnd(ss, mbox, mgrants)
+	return gnet.None
+}
+
+// closeBegin is the first half of a connection's close, on the goroutine
+// that runs its batches: the session leaves the server's lists, its
+// mailbox takes no more mail (what it holds is returned: never written,
+// so undelivered) and its queued acquires leave their queues.
+func (h *handler) closeBegin(ss *session) (mbox []byte, mgrants []grantRef) {
+	s := h.s
 	ss.gone = true
 	ss.partialSince.Store(0) // the sweep forgets it
 	s.conns.Add(-1)
@@ -93,7 +129,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	// No more mail; what was posted and never written is undeliverable.
 	ss.mu.Lock()
 	ss.closed = true
-	mbox, mgrants := ss.mbox, ss.mgrants
+	mbox, mgrants = ss.mbox, ss.mgrants
 	ss.mbox, ss.mgrants = nil, nil
 	ss.mu.Unlock()
 
@@ -106,21 +142,14 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	if !s.table.DropWaiters(ss.tconn, dropInline) {
 		h.dropLater(ss.tconn)
 	}
+	return mbox, mgrants
+}
 
-	// Grants that did not reach the socket are released at once
-	// (PROTOCOL.md §4: no phantom lock). gnet writes what is left in its
-	// buffer after this callback returns, to a peer that may still read
-	// (a half-close, a bad frame): a grant in those bytes would reach its
-	// client after being released here. So hand the socket what it takes
-	// now (those grants are delivered and stay), then shut the write side:
-	// nothing more can be handed to it, and what is still buffered is not
-	// delivered, ever.
-	if c.OutboundBuffered() > 0 {
-		_ = c.Flush()
-		if c.OutboundBuffered() > 0 {
-			_ = unix.Shutdown(c.Fd(), unix.SHUT_WR)
-		}
-	}
+// closeEnd is the second half, once nothing more can reach the socket
+// (ss.c.OutboundBuffered is final): grants that did not reach it are
+// released at once (PROTOCOL.md §4: no phantom lock).
+func (h *handler) closeEnd(ss *session, mbox []byte, mgrants []grantRef) {
+	s := h.s
 	b := s.getScratch()
 	now := s.now()
 	if !s.serving(now) {
@@ -130,7 +159,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 		ss.pend, ss.pkeys = nil, nil
 		s.forgetHeld(ss)
 		s.putScratch(b)
-		return gnet.None
+		return
 	}
 	s.releaseHeld(ss, b, now)
 	if w := ss.writing; w != nil {
@@ -139,7 +168,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 			s.table.Release(now, g.key(w.out), g.token, &b.fx)
 		}
 	}
-	delivered := ss.written - uint64(c.OutboundBuffered())
+	delivered := ss.written - uint64(ss.c.OutboundBuffered())
 	for i := range ss.pend {
 		if p := &ss.pend[i]; p.end > delivered {
 			s.table.Release(now, ss.pendingKey(p), p.token, &b.fx)
@@ -151,7 +180,6 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	ss.pend, ss.pkeys = nil, nil
 	s.deliver(b, nil, now)
 	s.putScratch(b)
-	return gnet.None
 }
 
 // dropLater drops the queued acquires of a closed connection on a goroutine
@@ -187,11 +215,19 @@ func (h *handler) OnShutdown(gnet.Engine) {
 }
 
 func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
-	s := h.s
 	ss, _ := c.Context().(*session)
 	if ss == nil || ss.gone {
 		return gnet.Close
 	}
+	return h.traffic(ss)
+}
+
+// traffic is one batch of a session, on the goroutine that owns it (its
+// event loop, or a TLS connection's reader): the mail, then every complete
+// request ss.c has buffered, then one Write of all the answers. It returns
+// the action for the connection.
+func (h *handler) traffic(ss *session) gnet.Action {
+	s, c := h.s, ss.c
 	b := s.getScratch()
 	defer s.putScratch(b)
 	ss.heldWake.Store(false)
@@ -424,6 +460,7 @@ func (h *handler) partialFrame(ss *session, now int64, fresh bool) {
 // to the sessions listed by partialFrame, not to all of them.
 func (h *handler) sweep(now int64) {
 	h.logRefused(now)
+	h.logHandshakes(now)
 	h.partialMu.Lock()
 	list := h.partial
 	h.partial = h.partialSpare[:0]
@@ -496,7 +533,8 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 			b.out = appendEffect(b.out, &b.grants, &e, s.node.Gate().Addr)
 			continue
 		}
-		local := cur != nil && ss.loop == cur.loop
+		// A TLS session (loop nil) has no loop-mates: it is woken.
+		local := cur != nil && cur.loop != nil && ss.loop == cur.loop
 		ok, flush := ss.post(&e, local, s.node.Gate().Addr, b.gen)
 		if !ok && e.Kind == shard.EffectGrant {
 			s.table.Release(now, e.Key, e.Token, &b.fx)

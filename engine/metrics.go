@@ -134,6 +134,9 @@ type Metrics struct {
 	Uptime     time.Duration
 	Draining   bool
 	Moved      uint64 // queued acquires answered M when the gate closed
+	// TLS port: handshakes that succeeded and that failed (a plaintext
+	// client, a bad or missing client certificate, a timeout).
+	TLSHandshakes, TLSHandshakeFailures uint64
 }
 
 // Metrics aggregates the loops' counters and reads the table's.
@@ -174,5 +177,6 @@ func (s *Server) Metrics() Metrics {
 	m.Uptime = time.Since(s.epoch)
 	m.Draining = s.draining.Load()
 	m.Moved = s.moved.Load()
+	m.TLSHandshakes, m.TLSHandshakeFailures = s.tlsHandshakes.Load(), s.tlsFailures.Load()
 	return m
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"net"
 	"sync"
 	"sync/atomic"
 
@@ -73,12 +74,43 @@ func appendGrant(dst []byte, grants *[]grantRef, owner, token uint64, key []byte
 	return dst
 }
 
-// session is one client connection.
+// wire is what a session needs of its connection. A gnet.Conn is one (a
+// plaintext connection, on an event loop); a *tlsConn is the other (a TLS
+// connection, on goroutines of its own: tlsconn.go). Peek, Discard and
+// Write are called by the session's batches only; OutboundBuffered by its
+// batches and its close; Wake, Close and RemoteAddr from any goroutine.
+type wire interface {
+	// Peek(-1) returns every unread inbound byte; Discard consumes n.
+	Peek(n int) ([]byte, error)
+	Discard(n int) (int, error)
+	// Write hands b to the socket without blocking: what the socket does
+	// not take now is buffered and counted by OutboundBuffered until it
+	// does (for TLS: until the records holding it reached the kernel).
+	Write(b []byte) (int, error)
+	OutboundBuffered() int
+	// Wake makes the session run a batch soon (its mailbox, held answers,
+	// unread requests); Close closes the connection (its batches' owner
+	// then runs the close).
+	Wake(cb gnet.AsyncCallback) error
+	Close() error
+	RemoteAddr() net.Addr
+}
+
+// session is one client connection, plaintext (gnet) or TLS: the request
+// handling (handler.traffic, write, the close) is the same for both.
 type session struct {
-	c     gnet.Conn
+	c     wire
 	tconn *shard.Conn    // the table's handle: this connection's queued acquires
-	loop  gnet.EventLoop // the loop that owns c
-	st    *loopStats     // that loop's counters
+	loop  gnet.EventLoop // the loop that owns c; nil for a TLS connection
+	st    *loopStats     // that loop's counters (the TLS connections' own)
+
+	// certCN is the Subject Common Name of the client certificate that the
+	// TLS handshake verified against --tls-client-ca: "" on a plaintext
+	// connection and without --tls-client-ca. Set before the session's
+	// first batch, never changed. The identity code authenticates the
+	// connection from it (PROTOCOL.md §8.3: "at once when its verified
+	// client certificate's Common Name is an identity of the file").
+	certCN string
 
 	// Owned by the connection's event loop.
 	written uint64   // bytes handed to c.Write so far
@@ -129,6 +161,11 @@ const (
 	keepPend  = 256
 	keepPKeys = 16 << 10
 )
+
+// CertCommonName returns the Subject Common Name of the connection's
+// verified client certificate (see certCN), "" if it has none. Safe from
+// any goroutine.
+func (ss *session) CertCommonName() string { return ss.certCN }
 
 func (ss *session) hasMail() bool {
 	ss.mu.Lock()

@@ -76,17 +76,27 @@ var rules = map[string]rule{
 	// The admin endpoint's JSON types and names: the standard library
 	// only, nothing of the module, so any consumer can import them.
 	"api": {noDeps: []string{mod + "/"}},
-	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl"), "golang.org/x/sys/"),
+	// TLS material: the standard library only, nothing of the module
+	// (the engine, admin, repl and cmd/lockd all use it).
+	"tlsconf": {noDeps: []string{mod + "/"}},
+	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "internal/version", "tlsconf"), "golang.org/x/sys/"),
 		noDeps: lockd("client", "bench")},
-	"cmd/lockctl": {allow: lockd("api", "client", "proto"),
-		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
-	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "internal/"),
+	// The CLI: the client, the admin endpoint's types, cobra for the
+	// command line; never a server package.
+	"cmd/lockctl": {allow: append(lockd("api", "client", "proto", "internal/version"), "github.com/spf13/cobra"),
+		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl", "admin")...)},
+	// The binaries' version line: the standard library only, so every
+	// command may import it.
+	"internal/version": {noStd: []string{"net", "os", "syscall"}, noDeps: []string{mod + "/"}},
+	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "tlsconf", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"internal/layers": {},
-	"internal/e2e":    {noDeps: []string{cmds}},
+	// Throwaway certificates for tests and bench: the standard library only.
+	"internal/testcerts": {noDeps: []string{mod + "/"}},
+	"internal/e2e":       {noDeps: []string{cmds}},
 	// Test tools: the standard library only, and nothing of the module
 	// for the proxy; the cluster harness drives the lockd binary from
 	// outside, so it imports no server package (nor client: the tests
