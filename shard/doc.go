@@ -6,7 +6,10 @@
 //   - The lock tables: keys spread over a power-of-two number of shards by
 //     xxhash.Sum64(key); each shard indexes its held keys in its own
 //     open-addressing table on the same hash. A key is free (no entry) or
-//     held (token, lease deadline, lease seconds, FIFO wait queue).
+//     held (token, lease deadline, lease seconds, FIFO wait queue). A
+//     shard's entries live in a slab of pointer-free 56-byte entries named
+//     by 32-bit refs, with short keys inline and wait queues only for keys
+//     that have waiters, compacted as it empties (slab.go).
 //   - The FIFO wait queues of held keys, with the per-key and table-wide
 //     capacity limits of PROTOCOL.md §4.
 //   - One hashed timer wheel per shard for lease and wait deadlines

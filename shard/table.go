@@ -74,6 +74,7 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		s.t = t
 		s.id = uint32(i)
 		s.idx.init()
+		s.slab.hwm = 1
 		s.wheel.init(int64(cfg.Tick), slots)
 	}
 	return t, nil
@@ -124,6 +125,7 @@ func (t *Table) AcquireAs(now int64, key []byte, wait, lease uint8, owner uint64
 	s := t.shardOf(h)
 	s.mu.Lock()
 	st, tok := s.acquire(now, h, key, wait, lease, owner, id, c, out)
+	s.settle()
 	s.mu.Unlock()
 	return st, tok
 }
@@ -149,6 +151,7 @@ func (t *Table) ReleaseAs(now int64, key []byte, token uint64, who Who, out *Out
 	s := t.shardOf(h)
 	s.mu.Lock()
 	res, holder := s.release(now, h, key, token, who, out)
+	s.settle()
 	s.mu.Unlock()
 	return res, holder
 }
@@ -169,6 +172,7 @@ func (t *Table) RenewAs(now int64, key []byte, lease uint8, token uint64, who Wh
 	s := t.shardOf(h)
 	s.mu.Lock()
 	res, holder := s.renew(now, h, key, lease, token, who, out)
+	s.settle()
 	s.mu.Unlock()
 	return res, holder
 }
@@ -181,7 +185,7 @@ func (t *Table) Tick(now int64, out *Out) {
 		s := &t.shards[i]
 		s.mu.Lock()
 		s.tick(now, out)
-		s.mu.Unlock()
+		s.unlock()
 	}
 }
 
@@ -219,7 +223,7 @@ func (t *Table) DropWaiters(c *Conn, limit int) bool {
 				s.unqueue(w)
 				s.freeWaiter(w)
 			}
-			s.mu.Unlock()
+			s.unlock()
 		}
 		limit -= n
 	}
@@ -232,7 +236,7 @@ func (t *Table) CancelWaiters(out *Out) {
 		s := &t.shards[i]
 		s.mu.Lock()
 		s.cancel(EffectCancel, out)
-		s.mu.Unlock()
+		s.unlock()
 	}
 }
 
@@ -243,11 +247,7 @@ func (t *Table) Held(fn func(key []byte, token uint64, deadline int64)) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		for _, sl := range s.idx.slots {
-			if e := sl.e; e != nil {
-				fn(e.key, e.token, e.deadline)
-			}
-		}
+		s.each(func(_ ref, e *entry) { fn(s.keyOf(e), e.token, e.deadline) })
 		s.mu.Unlock()
 	}
 }
@@ -267,7 +267,7 @@ func (t *Table) RestoreAs(key []byte, token uint64, deadline int64, ident []byte
 	s := t.shardOf(h)
 	s.mu.Lock()
 	err := s.restore(h, key, token, deadline, id)
-	s.mu.Unlock()
+	s.unlock()
 	return err
 }
 
@@ -344,9 +344,9 @@ func (t *Table) Lookup(key []byte) KeyInfo {
 	s := t.shardOf(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.idx.find(h, key)
+	_, e := s.find(h, key)
 	if e == nil {
 		return KeyInfo{}
 	}
-	return KeyInfo{Held: true, Token: e.token, Deadline: e.deadline, Waiters: int(e.nwait), Ident: t.idents.lookup(e.ident).s}
+	return KeyInfo{Held: true, Token: e.token, Deadline: e.deadline, Waiters: int(s.waiters(e)), Ident: t.idents.lookup(e.ident).s}
 }
