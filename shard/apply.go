@@ -65,7 +65,7 @@ func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) 
 	switch r.Kind {
 	case RecordGrant:
 		if e == nil {
-			if !t.reserve(&t.keys, t.maxKeys) {
+			if !s.room() || !t.reserve(&t.keys, t.maxKeys) {
 				return false, ErrFull
 			}
 			ref, e = s.newEntry(h, r.Key)
@@ -73,7 +73,7 @@ func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) 
 			s.delLease(e)
 		}
 		e.token, e.lease = r.Token, r.Lease
-		e.ident = t.idents.intern(r.Ident)
+		e.ident = uint16(t.idents.intern(r.Ident))
 		e.deadline = now + int64(r.Lease)*second
 		s.addLease(ref, e)
 		t.tokens.Observe(r.Token)
@@ -182,7 +182,7 @@ func (t *Table) Dump(i int, fn func(h *HeldLock)) (seq uint64) {
 	defer s.mu.Unlock()
 	var h HeldLock
 	s.each(func(_ ref, e *entry) {
-		h = HeldLock{Key: s.keyOf(e), Token: e.token, Deadline: e.deadline, Lease: e.lease, Ident: t.idents.name(e.ident)}
+		h = HeldLock{Key: s.keyOf(e), Token: e.token, Deadline: e.deadline, Lease: e.lease, Ident: t.idents.name(Ident(e.ident))}
 		fn(&h)
 	})
 	return s.seq

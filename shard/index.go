@@ -18,7 +18,7 @@ import "bytes"
 // doublings at 3/4, 9.1–18.3 B at 7/8. At the shard sizes of 1M and 10M
 // keys over 64 shards (15,625 and 156,250 keys per shard) both thresholds
 // pick the same table (load 0.48 and 0.60): 3/4 stays (BENCHMARKS.md
-// "Memory per lock").
+// "Memory per held lock").
 type index struct {
 	slots []islot // len is a power of two ≥ minIndex
 	mask  uint64

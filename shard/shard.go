@@ -73,7 +73,7 @@ const second = int64(1e9)
 // from now, for the identity id.
 func (s *shard) grant(r ref, e *entry, now int64, lease uint8, tok uint64, id Ident) {
 	e.token = tok
-	e.ident = id
+	e.ident = uint16(id)
 	e.lease = lease
 	e.deadline = now + int64(lease)*second
 	s.addLease(r, e)
@@ -90,7 +90,7 @@ func (s *shard) emit(kind RecordKind, e *entry, lease uint8) {
 			r.Lease, r.Deadline = lease, e.deadline
 		}
 		if kind == RecordGrant {
-			r.Ident = s.t.idents.name(e.ident)
+			r.Ident = s.t.idents.name(Ident(e.ident))
 		}
 		sink(r)
 	}
@@ -233,7 +233,7 @@ func (s *shard) unqueue(w *waiter) {
 func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owner uint64, id Ident, c *Conn, out *Out) (Status, uint64) {
 	r, e := s.lookup(now, h, key, out)
 	if e == nil {
-		if !s.t.reserve(&s.t.keys, s.t.maxKeys) {
+		if !s.room() || !s.t.reserve(&s.t.keys, s.t.maxKeys) {
 			return Busy, 0
 		}
 		tok := s.t.tokens.Next()
@@ -266,7 +266,7 @@ func (s *shard) release(now int64, h uint64, key []byte, token uint64, who Who, 
 	if e == nil || e.token != token {
 		return ResultNotHeld, NoIdent
 	}
-	holder := e.ident
+	holder := Ident(e.ident)
 	res := judge(holder, who)
 	switch res {
 	case ResultRefused:
@@ -290,11 +290,12 @@ func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64
 	if e == nil || e.token != token {
 		return ResultNotHeld, NoIdent
 	}
-	res := judge(e.ident, who)
+	holder := Ident(e.ident)
+	res := judge(holder, who)
 	switch res {
 	case ResultRefused:
 		s.ctr.RefusedRenews++
-		return res, e.ident
+		return res, holder
 	case ResultForced:
 		s.ctr.ForcedRenews++
 	}
@@ -304,7 +305,7 @@ func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64
 	s.addLease(r, e)
 	s.ctr.Renews++
 	s.emit(RecordRenew, e, lease)
-	return res, e.ident
+	return res, holder
 }
 
 // tick fires every lease and wait deadline ≤ now.
@@ -371,7 +372,7 @@ func (s *shard) dequeueAll(e *entry, kind EffectKind, out *Out) {
 func (s *shard) restore(h uint64, key []byte, token uint64, deadline int64, id Ident) error {
 	r, e := s.find(h, key)
 	if e == nil {
-		if !s.t.reserve(&s.t.keys, s.t.maxKeys) {
+		if !s.room() || !s.t.reserve(&s.t.keys, s.t.maxKeys) {
 			return ErrFull
 		}
 		r, e = s.newEntry(h, key)
@@ -381,7 +382,7 @@ func (s *shard) restore(h uint64, key []byte, token uint64, deadline int64, id I
 		}
 		s.delLease(e)
 	}
-	e.token, e.deadline, e.lease, e.ident = token, deadline, 0, id
+	e.token, e.deadline, e.lease, e.ident = token, deadline, 0, uint16(id)
 	s.addLease(r, e)
 	return nil
 }

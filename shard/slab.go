@@ -13,7 +13,7 @@ import (
 // to inlineKey bytes is stored in the entry itself, a longer one in the
 // shard's longs table, and a key's wait queue, which only a contended key
 // has, in the shard's queues table — so the garbage collector never scans
-// the chunks, and a held lock of a short key costs one 56-byte entry plus
+// the chunks, and a held lock of a short key costs one 48-byte entry plus
 // its share of the index (docs/DESIGN.md "Memory per lock").
 //
 // Refs are stable while an operation runs. Released entries go to a free
@@ -25,29 +25,33 @@ import (
 // never while a loop (the tick's walk of a wheel slot) holds refs.
 type ref uint32
 
-// The slab's geometry: 512 entries of 56 bytes make a 28,672-byte chunk, a
-// Go size class (no rounding waste).
+// The slab's geometry: 512 entries of 48 bytes make a 24,576-byte chunk, a
+// Go size class (no rounding waste). Refs stay below headMark (2³¹): a
+// wheel link with that bit set is not a ref but the wheel slot of a list's
+// head.
 const (
 	chunkBits = 9
 	chunkLen  = 1 << chunkBits
 	chunkMask = chunkLen - 1
-	inlineKey = 20 // longest key stored in the entry itself
+	inlineKey = 16 // longest key stored in the entry itself
+
+	headMark = ref(1) << 31
+	maxRef   = headMark - 1
 
 	klFree = 0   // entry.kl of a free entry
 	klLong = 255 // entry.kl of an entry whose key is in s.longs
 )
 
-// entry is a held key (free keys have no entry). Its 56 bytes (TestEntrySize):
-// token 8, deadline 8, wheel links 2 × 4, identity 4, queue 4, wheel slot 2,
-// key length 1, lease 1, inline key 20.
+// entry is a held key (free keys have no entry). Its 48 bytes
+// (TestEntrySize): token 8, deadline 8, wheel links 2 × 4, queue 4,
+// identity 2, key length 1, lease 1, inline key 16.
 type entry struct {
 	token    uint64 // current fencing token
 	deadline int64  // lease deadline (ns on the caller's clock)
 	tnext    ref    // wheel slot list; free list link while free
-	tprev    ref
-	ident    Ident  // the identity the current grant was made to (NoIdent: none)
+	tprev    ref    // wheel slot list; headMark | the slot for the slot's head
 	q        uint32 // 1 + index of the key's wait queue in shard.queues; 0: no waiter
-	slot     uint16 // wheel slot
+	ident    uint16 // the Ident the current grant was made to (NoIdent: none; handles are < 2¹⁶)
 	kl       uint8  // klFree; 1 + the key's length if it is inline; klLong
 	lease    uint8  // lease seconds of the current grant or renew
 	// key is the key itself (kl-1 bytes), or for klLong the index of its
@@ -103,8 +107,12 @@ func setLongIndex(e *entry, i uint32) {
 	e.key[0], e.key[1], e.key[2], e.key[3] = byte(i), byte(i>>8), byte(i>>16), byte(i>>24)
 }
 
-// newEntry creates the entry of a key (hash h) that is not in the index. Its
-// fields other than the key are zero.
+// room reports whether the shard can make one more entry: below 2³¹ refs
+// (a shard of 100 GB), always.
+func (s *shard) room() bool { return s.slab.free != 0 || s.slab.hwm <= maxRef }
+
+// newEntry creates the entry of a key (hash h) that is not in the index
+// (room reported true). Its fields other than the key are zero.
 func (s *shard) newEntry(h uint64, key []byte) (ref, *entry) {
 	sl := &s.slab
 	r := sl.free
@@ -182,7 +190,7 @@ func (s *shard) freeEntry(r ref, e *entry, h uint64) {
 	}
 	// The key's bytes stay: a Record or HeldLock made during this call may
 	// still be read until it returns.
-	e.token, e.deadline, e.ident, e.lease, e.kl = 0, 0, NoIdent, 0, klFree
+	e.token, e.deadline, e.ident, e.lease, e.kl = 0, 0, 0, 0, klFree
 	e.tnext = s.slab.free
 	s.slab.free = r
 	if s.slab.n--; len(s.slab.chunks) > 1 && s.slab.n*4 < len(s.slab.chunks)*chunkLen {
@@ -292,10 +300,10 @@ func (s *shard) move(from, to ref) {
 	*dst = *src
 	src.kl = klFree
 	s.idx.repoint(xxhash.Sum64(s.keyOf(dst)), from, to)
-	if dst.tprev != 0 {
-		s.ent(dst.tprev).tnext = to
+	if p := dst.tprev; p&headMark != 0 {
+		s.wheel.leases[p&^headMark] = to
 	} else {
-		s.wheel.leases[dst.slot] = to
+		s.ent(p).tnext = to
 	}
 	if dst.tnext != 0 {
 		s.ent(dst.tnext).tprev = to

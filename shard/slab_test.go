@@ -39,7 +39,7 @@ func layoutError(s *shard) string {
 	// The wheel: every list well linked, each entry in the slot it names.
 	inWheel := map[ref]bool{}
 	for slot, head := range s.wheel.leases {
-		prev := ref(0)
+		prev := headMark | ref(slot)
 		for r := head; r != 0; r = s.ent(r).tnext {
 			e := s.ent(r)
 			switch {
@@ -47,8 +47,8 @@ func layoutError(s *shard) string {
 				return fmt.Sprintf("wheel slot %d names free ref %d", slot, r)
 			case inWheel[r]:
 				return fmt.Sprintf("ref %d twice in the wheel", r)
-			case int(e.slot) != slot || e.tprev != prev:
-				return fmt.Sprintf("ref %d in wheel slot %d records slot %d prev %d, want prev %d", r, slot, e.slot, e.tprev, prev)
+			case e.tprev != prev:
+				return fmt.Sprintf("ref %d in wheel slot %d: prev %#x, want %#x", r, slot, e.tprev, prev)
 			}
 			inWheel[r] = true
 			prev = r

@@ -5,8 +5,9 @@ package shard
 // rounded down); a deadline more than one rotation away simply stays in its
 // slot for extra rotations. Lease timers (entries) and wait timers (waiters)
 // have separate slot lists so each intrusive list has one element type; both
-// are nil-terminated doubly-linked lists (entries linked by ref, waiters by
-// pointer), so add and remove are O(1) and a renew is a remove plus an add.
+// are doubly-linked lists (entries linked by ref, ended by ref 0, the first
+// entry's back link its slot | headMark; waiters by pointer, nil-terminated),
+// so add and remove are O(1) and a renew is a remove plus an add.
 //
 // Invariant: every timer sits in a slot whose tick is ≥ cur (deadlines
 // already in the past are filed under cur), and advance visits every tick
@@ -48,12 +49,13 @@ func (w *wheel) slot(d int64) uint16 {
 	return uint16(uint64(t) & w.mask)
 }
 
-// addLease files the entry r (e) under its deadline.
+// addLease files the entry r (e) under its deadline, at the head of its
+// slot's list: the head's tprev is headMark | its slot, so that removing
+// it needs no slot field.
 func (s *shard) addLease(r ref, e *entry) {
 	w := &s.wheel
-	sl := w.slot(e.deadline)
-	e.slot = sl
-	e.tprev = 0
+	sl := ref(w.slot(e.deadline))
+	e.tprev = headMark | sl
 	e.tnext = w.leases[sl]
 	if e.tnext != 0 {
 		s.ent(e.tnext).tprev = r
@@ -63,10 +65,10 @@ func (s *shard) addLease(r ref, e *entry) {
 
 // delLease takes e out of its wheel slot.
 func (s *shard) delLease(e *entry) {
-	if e.tprev != 0 {
-		s.ent(e.tprev).tnext = e.tnext
+	if p := e.tprev; p&headMark != 0 {
+		s.wheel.leases[p&^headMark] = e.tnext
 	} else {
-		s.wheel.leases[e.slot] = e.tnext
+		s.ent(p).tnext = e.tnext
 	}
 	if e.tnext != 0 {
 		s.ent(e.tnext).tprev = e.tprev
