@@ -207,3 +207,45 @@ func TestPriorityFailoverInProcess(t *testing.T) {
 	}
 	t.Logf("%d of the last burst's grants were lost with the active; first token after: +%d", lost, tok-last)
 }
+
+// TestStaleGateNotInstalled (issue 18): gates are computed under the
+// node's lock and published after it: a Serve gate computed before a
+// handover's hold (or a demotion) and published after it must not reopen
+// the gate.
+func TestStaleGateNotInstalled(t *testing.T) {
+	p, err := newNode(repl.ClusterConfig{Peers: []string{"127.0.0.1:1", "127.0.0.1:2"}, Self: 0, Listen: "127.0.0.1:1",
+		PeerOffset: 1000, FailoverTimeout: time.Second, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := &fakeHost{}
+	now := int64(1e9)
+	p.host, p.clock = host, func() int64 { return now }
+	for _, tc := range []struct {
+		name  string
+		after func()
+		want  repl.GateState
+	}{
+		{"handover", func() { p.roles.offer(1, now) }, repl.Hold},
+		{"demotion", func() { p.roles.heard(now, 1, peerState{epoch: 5, role: roleActive, follows: 1}) }, repl.Redirect},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p.roles = newRoles(0, 2, p.timeout(), 0, now)
+			p.roles.promote()
+			p.ready = true
+			p.mu.Lock()
+			stale := p.gateFor(now) // what the ticker computed last
+			tc.after()
+			later := p.gateFor(now)
+			p.mu.Unlock()
+			if stale.State != repl.Serve || later.State != tc.want {
+				t.Fatalf("gates %v then %v: the test proves nothing", stale.State, later.State)
+			}
+			p.publish(later)
+			p.publish(stale) // the ticker's publish comes late
+			if g := p.Gate(); g.State != tc.want {
+				t.Fatalf("gate %v after a stale %v was published late, want %v", g.State, stale.State, tc.want)
+			}
+		})
+	}
+}

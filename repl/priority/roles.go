@@ -25,6 +25,9 @@ type change struct {
 	// tokens are raised (a member it did not hear from after resuming may
 	// have been promoted meanwhile).
 	resume bool
+	// took: this member took a planned handover (takeHandoff): it promotes
+	// above the tokens the old active handed over.
+	took bool
 }
 
 func noChange() change { return change{follow: -1, handover: -1} }
@@ -47,6 +50,14 @@ func noChange() change { return change{follow: -1, handover: -1} }
 //     epochs: lower priority) steps down and follows the other;
 //   - an active hands over to a live, in-sync member of higher priority
 //     (rejoin), and on shutdown to the best live in-sync standby;
+//   - a planned handover (MEMBER-LINK.md, "Planned handover") is decided by
+//     the successor alone, and only once: the old active offers an epoch
+//     and executes nothing until the successor says it took it (or is
+//     heard as the active at it) or refused it; a successor that is asked
+//     to decide (HandoffAbort) before it saw the offer refuses that epoch
+//     for good; when the successor goes silent before a verdict, the old
+//     active becomes a standby without an active and the rules above
+//     decide (it never serves again from the handover's side);
 //   - a member whose ticks stopped for more than half the timeout (frozen,
 //     stalled) does nothing from its stale view until every member it knew
 //     as live has echoed a heartbeat it sent after resuming, or a full
@@ -63,7 +74,19 @@ type roles struct {
 	maxEpoch uint64 // the highest epoch seen, including the one stored on disk
 	active   int    // the active this member follows or is, -1 none known
 	inSync   bool   // standby: applied a snapshot of active and the stream since
-	handTo   int    // RoleHandover: the successor, else -1
+
+	// The old active's side of a planned handover.
+	handTo      int       // RoleHandover: the successor, else -1
+	handEpoch   uint64    // RoleHandover: the epoch offered to handTo
+	handSince   int64     // RoleHandover: when it was offered
+	handAsked   int64     // when the successor was last asked to decide (HandoffAbort), 0 never
+	handOutcome handState // how the last handover ended (handOffered while it runs)
+	handResult  int       // the member it ended with: the successor, or the active that superseded it
+	// The successor's side: the handoff this member took, and the highest
+	// epoch it refused (it never takes an epoch at or below it).
+	tookFrom  int
+	tookEpoch uint64
+	refused   uint64
 
 	peers    []peerState
 	probe    uint64 // number of the last heartbeat this member sent
@@ -75,7 +98,7 @@ type roles struct {
 }
 
 func newRoles(self, n int, timeout int64, storedEpoch uint64, now int64) *roles {
-	r := &roles{self: self, n: n, timeout: timeout, role: roleStandby, active: -1, handTo: -1,
+	r := &roles{self: self, n: n, timeout: timeout, role: roleStandby, active: -1, handTo: -1, tookFrom: -1, handResult: -1,
 		maxEpoch: storedEpoch, peers: make([]peerState, n), started: now, lastTick: now}
 	for i := range r.peers {
 		r.peers[i].follows = -1
@@ -217,6 +240,8 @@ func (r *roles) decide(now int64, c change) change {
 				return c
 			}
 		}
+	case roleHandover:
+		r.decideHandover(now)
 	case roleStandby:
 		if a := r.bestActive(now); a >= 0 {
 			if a != r.active || r.peers[a].epoch != r.epoch {
@@ -300,19 +325,145 @@ func (r *roles) promoteAt(e uint64) {
 	r.peers[r.self].storedEpoch = e
 }
 
-// startHandover moves an active to RoleHandover towards successor i and
-// returns the epoch the successor must take.
-func (r *roles) startHandover(i int) uint64 {
-	r.role, r.handTo = roleHandover, i
-	return r.maxEpoch + 1
+// handState is where a planned handover stands, as its old active sees it.
+type handState uint8
+
+// Handover states.
+const (
+	handNone       handState = iota // none since this member started
+	handOffered                     // the Handoff is out, no verdict yet: execute nothing
+	handTaken                       // the successor took it: this member follows it
+	handRefused                     // the successor refused it: this member is the active again
+	handLost                        // the successor went silent first: a standby without an active
+	handSuperseded                  // another member became active later: this member follows it
+	handUndecided                   // no verdict in time, the successor live: this member follows it, serving nothing
+)
+
+var handNames = [...]string{handNone: "none", handOffered: "offered", handTaken: "taken", handRefused: "refused",
+	handLost: "lost", handSuperseded: "superseded", handUndecided: "undecided"}
+
+// String names the state.
+func (h handState) String() string { return nameOf(handNames[:], uint8(h), "handState") }
+
+// offer starts a planned handover of this active to member i and returns
+// the epoch it offers: above every epoch seen, so that a refused or lost
+// offer's epoch is never offered again.
+func (r *roles) offer(i int, now int64) uint64 {
+	r.maxEpoch++
+	r.role, r.handTo, r.handEpoch, r.handSince, r.handAsked = roleHandover, i, r.maxEpoch, now, 0
+	r.handOutcome, r.handResult = handOffered, -1
+	return r.handEpoch
 }
 
-// abortHandover returns a handing-over member to active (the successor did
-// not confirm in time).
-func (r *roles) abortHandover() {
-	if r.role == roleHandover {
-		r.role, r.handTo = roleActive, -1
+// handoffAnswer applies the successor's verdict on the offer of epoch e
+// (Ack(handoff) when taken, Ack(refused) otherwise); an answer to anything
+// but the handover in progress is ignored.
+func (r *roles) handoffAnswer(from int, e uint64, taken bool) {
+	if r.role != roleHandover || from != r.handTo || e != r.handEpoch {
+		return
 	}
+	if taken {
+		r.endHandover(handTaken, from, e)
+		return
+	}
+	r.role, r.handTo = roleActive, -1
+	r.handOutcome, r.handResult = handRefused, from
+}
+
+// decideHandover is decide for a member handing over: what the others say
+// can end the handover without an answer from the successor.
+func (r *roles) decideHandover(now int64) {
+	s := r.handTo
+	switch a := r.bestActive(now); {
+	case a == s && r.peers[s].epoch >= r.handEpoch:
+		// The successor says it is the active at the epoch offered (or a
+		// later one): it took the handover, whether or not its Ack comes.
+		r.endHandover(handTaken, s, r.peers[s].epoch)
+	case a >= 0 && beats(r.peers[a].epoch, a, r.epoch, r.self):
+		r.endHandover(handSuperseded, a, r.peers[a].epoch)
+	case !r.live(s, now):
+		// Silent (or leaving) before a verdict: it may have taken the
+		// handover or not, and this member cannot ask. It serves nothing
+		// from here: a standby without an active, which watches a full
+		// timeout before the rules may promote anyone (itself included,
+		// with a new epoch above the offered one).
+		r.role, r.active, r.inSync, r.handTo = roleStandby, -1, false, -1
+		r.handOutcome, r.handResult = handLost, s
+		r.started = max(r.started, now)
+	}
+}
+
+// endHandover makes this member a standby of member i, the active at
+// epoch e, as the handover's outcome o.
+func (r *roles) endHandover(o handState, i int, e uint64) {
+	r.handedOver(i, e)
+	r.handOutcome, r.handResult = o, i
+}
+
+// leaveUndecided ends a handover that got no verdict in the time its owner
+// allows while the successor is live: this member serves nothing and
+// follows the successor, which took it or will promote by failover once
+// this member leaves.
+func (r *roles) leaveUndecided() {
+	if r.role != roleHandover {
+		return
+	}
+	s := r.handTo
+	r.role, r.active, r.inSync, r.handTo = roleStandby, s, false, -1
+	r.handOutcome, r.handResult = handUndecided, s
+}
+
+// askDue reports whether the successor should be asked (again) to decide
+// the handover in progress (HandoffAbort): the offer has waited a failover
+// timeout, and the last ask half of one. Asking is safe at any time: the
+// successor decides once.
+func (r *roles) askDue(now int64) bool {
+	if r.role != roleHandover || now-r.handSince < r.timeout || (r.handAsked != 0 && now-r.handAsked < r.timeout/2) {
+		return false
+	}
+	r.handAsked = now
+	return true
+}
+
+// handover reports how the last handover stands: its state and the member
+// it ended with (-1 while it runs, or when there was none).
+func (r *roles) handover() (handState, int) { return r.handOutcome, r.handResult }
+
+// takeHandoff is this member's answer to member from's Handoff at epoch e:
+// taken (fresh when it promoted now; a repeated Handoff is taken again) or
+// refused — then for good. It takes it only as a standby of from in sync
+// with it, willing (not shutting down), for an epoch above the one it
+// follows and above every epoch it refused.
+func (r *roles) takeHandoff(from int, e uint64, willing bool) (taken, fresh bool) {
+	if r.tookFrom == from && r.tookEpoch == e && r.role == roleActive && r.epoch == e {
+		return true, false
+	}
+	if !willing || r.role != roleStandby || r.active != from || !r.inSync || e <= r.epoch || e <= r.refused {
+		r.refuse(e)
+		return false, false
+	}
+	r.promoteAt(e)
+	r.tookFrom, r.tookEpoch = from, e
+	return true, true
+}
+
+// abortHandoff is this member's answer to member from's HandoffAbort at
+// epoch e: true when it took that handoff (or may have: its data dir holds
+// an epoch at or above e, from before a restart), else it refuses e for
+// good and says so.
+func (r *roles) abortHandoff(from int, e uint64) (taken bool) {
+	if r.tookFrom == from && r.tookEpoch == e || r.peers[r.self].storedEpoch >= e {
+		return true
+	}
+	r.refuse(e)
+	return false
+}
+
+// refuse swears off epoch e: it is never taken, and every later promotion
+// of this member is above it.
+func (r *roles) refuse(e uint64) {
+	r.refused = max(r.refused, e)
+	r.maxEpoch = max(r.maxEpoch, e)
 }
 
 // handedOver makes this member a standby of successor i at epoch e.
@@ -321,12 +472,25 @@ func (r *roles) handedOver(i int, e uint64) {
 	r.role, r.active, r.epoch, r.inSync, r.handTo = roleStandby, i, e, false, -1
 }
 
+// heardFrom records that member from said something (any frame, not only
+// a heartbeat): it is live, whatever else the link carries (a snapshot of
+// any size). What it said last in a heartbeat stands.
+func (r *roles) heardFrom(now int64, from int) {
+	if from == r.self || from < 0 || from >= r.n {
+		return
+	}
+	if p := &r.peers[from]; p.known {
+		p.heard = max(p.heard, now)
+	}
+}
+
 // successor is the live standby an active hands over to on shutdown: the
-// highest-priority one that is in sync with it, or -1.
-func (r *roles) successor(now int64) int {
+// highest-priority one that is in sync with it and not in skip (a bit per
+// member: those that refused already), or -1.
+func (r *roles) successor(now int64, skip uint64) int {
 	for i := range r.peers {
 		p := &r.peers[i]
-		if i != r.self && r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
+		if i != r.self && skip&(1<<i) == 0 && r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
 			return i
 		}
 	}

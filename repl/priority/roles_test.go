@@ -75,7 +75,7 @@ func (s *sim) record(i int, c change) {
 		s.m[i].inSync = true // the snapshot arrives at once in this model
 	}
 	if c.handover >= 0 {
-		e := s.m[i].startHandover(c.handover)
+		e := s.m[i].offer(c.handover, s.now)
 		s.m[c.handover].promoteAt(e)
 		s.m[i].handedOver(c.handover, e)
 		s.m[i].inSync = true
@@ -333,7 +333,7 @@ func TestRolesLeavingIsNotLive(t *testing.T) {
 	if s.m[0].live(1, s.now) {
 		t.Fatal("a leaving member counts as live")
 	}
-	if got := s.m[0].successor(s.now); got != 2 {
+	if got := s.m[0].successor(s.now, 0); got != 2 {
 		t.Fatalf("successor %d, want 2", got)
 	}
 }
