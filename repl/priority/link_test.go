@@ -26,7 +26,7 @@ func TestItemWriterKeepsHeartbeats(t *testing.T) {
 
 	const (
 		every = 10 * time.Millisecond
-		runs  = 300 * time.Millisecond
+		runs  = 600 * time.Millisecond
 	)
 	work := make(chan struct{})
 	pe.queue = []outItem{{write: func(w *itemWriter) error {
@@ -105,7 +105,10 @@ func TestItemWriterKeepsHeartbeats(t *testing.T) {
 		worst = max(worst, g)
 	}
 	t.Logf("%d heartbeats in %v, the longest gap %v", len(gaps)+1, time.Since(began), worst)
-	if len(gaps) < int(runs/every)/3 || worst > runs/9+5*every {
+	// Without the interleaving, the gaps would be the item's waits (a
+	// third of runs each) and more; on a loaded machine a goroutine may
+	// still be late by a few intervals.
+	if len(gaps) < int(runs/every)/3 || worst >= runs/3 {
 		t.Fatalf("%d heartbeats while the item ran %v, the longest gap %v: the item held them back", len(gaps)+1, time.Since(began), worst)
 	}
 }

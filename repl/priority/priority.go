@@ -57,6 +57,10 @@ type node struct {
 	// may open its gate (a promotion happens in the role machine first).
 	ready bool
 
+	// reserving: a reservation past a jump of the counter is queued for
+	// the actor (reserveSoon).
+	reserving atomic.Bool
+
 	// handWake is kicked whenever a handover in progress may have ended
 	// (an answer or a heartbeat of the successor arrived).
 	handWake chan struct{}
@@ -76,6 +80,17 @@ type node struct {
 	// resMark is the highest token reservation made durable in the data
 	// dir as the active (a snapshot's end carries it).
 	resMark atomic.Uint64
+	// diskMark is the data dir's reservation mark, as this member's and as
+	// its actives' (heartbeats carry it: an active raises its counter above
+	// every member's, so a member that granted on its own — a split brain's
+	// other side — and restarted cannot be undercut).
+	diskMark atomic.Uint64
+	markMu   sync.Mutex // writeMark: one write of the mark at a time
+	// busySince is, for each member, when this member began to process a
+	// frame from it (its clock), 0 while none is in hand: a reader held up
+	// by this member's own work (a table reset, an fsync, the engine's
+	// barrier) does not make that member look silent.
+	busySince []atomic.Int64
 
 	link    *link
 	out     *outStream // what this member sends as the active
@@ -116,10 +131,33 @@ func newNode(cfg repl.ClusterConfig) (*node, error) {
 		return nil, err
 	}
 	p := &node{cfg: cfg, self: cfg.Peers[cfg.Self], quit: make(chan struct{}), actions: make(chan action, 64),
-		echoes: make([]uint64, len(cfg.Peers)), handWake: make(chan struct{}, 1)}
+		echoes: make([]uint64, len(cfg.Peers)), handWake: make(chan struct{}, 1), busySince: make([]atomic.Int64, len(cfg.Peers))}
 	p.gate.Store(&gate{Gate: repl.Gate{State: repl.Hold}})
 	p.loaded.from = -1
 	return p, nil
+}
+
+// writeMark makes limit durable as the data dir's reservation mark. The
+// reserver, the actor (a promotion, the end of a freeze check, a jump)
+// and a standby's reader all reserve: one write at a time, and never one
+// below the mark already written (a lower limit is durable already).
+func (p *node) writeMark(limit uint64) error {
+	p.markMu.Lock()
+	defer p.markMu.Unlock()
+	if limit <= p.diskMark.Load() {
+		return nil
+	}
+	if err := p.dir.Reserve(limit); err != nil {
+		return err
+	}
+	p.diskMark.Store(limit)
+	return nil
+}
+
+// raise makes v at least x.
+func raise(v *atomic.Uint64, x uint64) {
+	for m := v.Load(); m < x && !v.CompareAndSwap(m, x); m = v.Load() {
+	}
 }
 
 // gate is a repl.Gate with the number of its computation (gateSeq).
@@ -163,6 +201,14 @@ func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 		return fail(err)
 	}
 	p.resMark.Store(start)
+	// The mark as written (a shutdown snapshot's mark is below it: tokens
+	// are reserved before they are issued); the wall floor in start is no
+	// token anyone issued.
+	mark, err := dir.Mark()
+	if err != nil {
+		return fail(err)
+	}
+	p.diskMark.Store(mark)
 	if snap != nil {
 		if _, err := dir.Restore(p.table, snap, clock()); err != nil {
 			return fail(err)
@@ -268,6 +314,7 @@ func (p *node) ticker() {
 		}
 		now := p.clock()
 		p.mu.Lock()
+		p.busyHeard(now)
 		wasChecking, lastTick := p.roles.checking(), p.roles.lastTick
 		c := p.roles.tick(now)
 		if !wasChecking && p.roles.checking() {
@@ -283,6 +330,18 @@ func (p *node) ticker() {
 		p.mu.Unlock()
 		p.publish(g)
 		p.sendHeartbeats(hb)
+	}
+}
+
+// busyHeard counts, for every member a frame of which this member is
+// processing now, as hearing from it (p.mu held): the frame came; what
+// holds it up is here. Bounded at ten failover timeouts, so a reader stuck
+// for good cannot keep a dead member live.
+func (p *node) busyHeard(now int64) {
+	for i := range p.busySince {
+		if b := p.busySince[i].Load(); b != 0 && now-b < 10*p.timeout() {
+			p.roles.heardFrom(now, i)
+		}
 	}
 }
 
@@ -317,7 +376,7 @@ func (p *node) heartbeat() heartbeat {
 	}
 	hb := heartbeat{Epoch: r.epoch, Role: role, Active: active, InSync: r.inSync,
 		Probe: r.nextProbe(), TokenLast: p.table.Tokens().Last(), Reserved: max(p.table.Tokens().Limit(), p.reservedSeen),
-		StoredEpoch: r.peers[p.cfg.Self].storedEpoch}
+		StoredEpoch: r.peers[p.cfg.Self].storedEpoch, Mark: p.diskMark.Load()}
 	return hb
 }
 
@@ -325,7 +384,7 @@ func (p *node) heartbeat() heartbeat {
 func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 	now := p.clock()
 	ps := peerState{epoch: hb.Epoch, role: hb.Role, follows: int(hb.Active), inSync: hb.InSync,
-		echo: hb.Echo, storedEpoch: hb.StoredEpoch, token: hb.TokenLast, reserved: hb.Reserved}
+		echo: hb.Echo, storedEpoch: hb.StoredEpoch, token: hb.TokenLast, reserved: hb.Reserved, mark: hb.Mark}
 	if hb.Active == noActive {
 		ps.follows = -1
 	}
@@ -333,7 +392,21 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 	if hb.Role == roleActive && p.roles.role == roleStandby && p.roles.active == from {
 		p.stats.lagNs.Store(int64(hb.LagNS))
 	}
+	p.busyHeard(now)
 	c := p.roles.heard(now, from, ps)
+	if r := p.roles.role; r == roleActive || r == roleHandover {
+		// Whatever the member is now, its data dir's mark is above every
+		// token it ever issued. A mark above this active's own reservation
+		// is one the member made on its own — it served on the other side
+		// of a split, say, and restarted before the two met as actives —
+		// and its tokens must not be undercut: the counter jumps above it
+		// (acquires get B until the reserver has made that safe). A
+		// standby's mark is a reservation of this active's (or of an
+		// earlier active's, below this one's): nothing moves.
+		if tokens := p.table.Tokens(); hb.Mark > tokens.Limit() {
+			tokens.Observe(hb.Mark)
+		}
+	}
 	if p.roles.role == roleActive && hb.Role == roleActive {
 		// Another active (a healed partition, a frozen member): whichever
 		// stays, tokens must go on above everything the other issued. Its
@@ -347,6 +420,10 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		p.table.Tokens().Observe(floor)
 		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
 	}
+	// A jump above the reserved range: every grant gets B until a
+	// reservation covers it; ask for one now.
+	tokens := p.table.Tokens()
+	jumped := (p.roles.role == roleActive || p.roles.role == roleHandover) && tokens.Last() >= tokens.Limit()
 	// A standby that follows this active but is not in the stream (its
 	// request for a snapshot was lost), or that has said it is out of sync
 	// for a long while, gets a snapshot.
@@ -360,6 +437,9 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 	if resync && p.link.peers[from] != nil {
 		p.out.resyncIfStale(from, hb.InSync, 2*p.cfg.FailoverTimeout)
 	}
+	if jumped {
+		p.reserveSoon("reservation above another member's tokens")
+	}
 	p.act(c, "heartbeat")
 	p.publish(g)
 }
@@ -369,6 +449,9 @@ type action struct {
 	c     change
 	why   string
 	token uint64 // took: the tokens the old active handed out and reserved
+	// reserve: the counter jumped above the reservation (another member's
+	// tokens): reserve past it now rather than at the next grant's B.
+	reserve bool
 }
 
 // act hands a change of the role machine to the actor goroutine: the
@@ -376,13 +459,26 @@ type action struct {
 // handover waits for an answer that a reader must deliver).
 func (p *node) act(c change, why string) { p.actWith(c, why, 0) }
 
+// reserveSoon asks the actor for a reservation past the counter: it jumped
+// above the reserved range (another member's tokens), and every grant gets
+// B until one is made. One request is queued at a time.
+func (p *node) reserveSoon(why string) {
+	if !p.reserving.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case p.actions <- action{why: why, reserve: true}:
+	case <-p.quit:
+	}
+}
+
 // actWith is act with the tokens a planned handover hands over.
 func (p *node) actWith(c change, why string, token uint64) {
 	if !c.promote && !c.demote && c.follow < 0 && c.handover < 0 && !c.resume && !c.took {
 		return
 	}
 	select {
-	case p.actions <- action{c, why, token}:
+	case p.actions <- action{c: c, why: why, token: token}:
 	case <-p.quit:
 	}
 }
@@ -403,6 +499,12 @@ func (p *node) actor() {
 // carryOut does what a change of the role machine asks.
 func (p *node) carryOut(a action) {
 	c, why := a.c, a.why
+	if a.reserve {
+		p.reserving.Store(false)
+		tokens := p.table.Tokens()
+		p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, why)
+		return
+	}
 	switch {
 	case c.took:
 		p.becomeActive(a.token, why)
@@ -445,7 +547,7 @@ func (p *node) becomeActive(handoffToken uint64, why string) {
 		start = max(start, repl.WallFloor()+uint64(p.timeout()))
 	}
 	for i := range r.peers {
-		start = max(start, r.peers[i].token, r.peers[i].reserved)
+		start = max(start, r.peers[i].token, r.peers[i].reserved, r.peers[i].mark)
 	}
 	p.mu.Unlock()
 	if err := p.dir.SetEpoch(epoch); err != nil {
@@ -533,7 +635,7 @@ func (p *node) applyBarrier() {
 // acknowledged). A standby that does not acknowledge within the failover
 // timeout is sent a new snapshot: until then it is not in sync.
 func (p *node) reserve(limit uint64) error {
-	if err := p.dir.Reserve(limit); err != nil {
+	if err := p.writeMark(limit); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -544,8 +646,7 @@ func (p *node) reserve(limit uint64) error {
 	}
 	// From here a snapshot that ends carries limit (its SnapEnd reads the
 	// mark after this): a standby in a snapshot is not waited for.
-	for m := p.resMark.Load(); m < limit && !p.resMark.CompareAndSwap(m, limit); m = p.resMark.Load() {
-	}
+	raise(&p.resMark, limit)
 	id := p.resID.Add(1)
 	var waits []int
 	for i, pe := range p.link.peers {
@@ -946,6 +1047,8 @@ func (p *node) accepted(from int) func(t msgType, payload []byte) error {
 // reservations) goes to in; what answers this member as the active (acks,
 // snapshot requests) to its stream; heartbeats and handoffs to the node.
 func (p *node) receive(in *replica, from int, t msgType, payload []byte) error {
+	p.busySince[from].Store(p.clock())
+	defer p.busySince[from].Store(0)
 	if t != msgHeartbeat {
 		// Any frame shows the sender is live (PROTOCOL.md §6.1: heard from
 		// within the failover timeout), whatever is queued before its next
@@ -1035,7 +1138,7 @@ func (p *node) follows(from int) bool {
 // recordReserved makes the active's reservation durable here, then notes
 // it (follower).
 func (p *node) recordReserved(limit uint64) error {
-	if err := p.dir.Reserve(limit); err != nil {
+	if err := p.writeMark(limit); err != nil {
 		return err
 	}
 	p.mu.Lock()

@@ -12,6 +12,7 @@ type peerState struct {
 	storedEpoch uint64
 	token       uint64 // the highest token it has issued or seen
 	reserved    uint64 // the highest reservation it has made or seen
+	mark        uint64 // the reservation mark in its data dir
 	lastKnown   bool   // live when this member noticed it had been frozen
 }
 

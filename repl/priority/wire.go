@@ -391,9 +391,13 @@ type heartbeat struct {
 	Reserved    uint64
 	StoredEpoch uint64 // the epoch in the sender's data directory
 	LagNS       uint64 // active to a standby in its stream: the age of the oldest batch it has not acknowledged; else 0
+	// Mark is the token reservation mark in the sender's data directory:
+	// above every token it ever issued, also before a restart (an active
+	// raises its counter above every member's mark).
+	Mark uint64
 }
 
-const heartbeatLen = 8 + 3 + 6*8
+const heartbeatLen = 8 + 3 + 7*8
 
 // Append appends hb as a complete frame to dst.
 func (hb *heartbeat) Append(dst []byte) []byte {
@@ -406,6 +410,7 @@ func (hb *heartbeat) Append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, hb.Reserved)
 	dst = binary.BigEndian.AppendUint64(dst, hb.StoredEpoch)
 	dst = binary.BigEndian.AppendUint64(dst, hb.LagNS)
+	dst = binary.BigEndian.AppendUint64(dst, hb.Mark)
 	return endFrame(dst, at)
 }
 
@@ -430,6 +435,7 @@ func (hb *heartbeat) Decode(p []byte) error {
 		Reserved:    binary.BigEndian.Uint64(p[35:]),
 		StoredEpoch: binary.BigEndian.Uint64(p[43:]),
 		LagNS:       binary.BigEndian.Uint64(p[51:]),
+		Mark:        binary.BigEndian.Uint64(p[59:]),
 	}
 	return nil
 }
