@@ -3,6 +3,7 @@ package admin_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
+	"github.com/lockd-dev/lockd/internal/testcerts"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -289,40 +291,6 @@ func TestHealthzFailsWhileDraining(t *testing.T) {
 	}
 }
 
-// TestForeignReleaseMetric: a release of a token granted to another
-// connection succeeds (a lock is not tied to its connection) and is
-// counted, so a client using a token it did not get is observable; a
-// release on the grant's own connection is not counted.
-func TestForeignReleaseMetric(t *testing.T) {
-	f := setup(t)
-	if v := value(t, f.scrape(), "lockd_foreign_token_ops_total", "op", "release"); v != 0 {
-		t.Fatalf("foreign releases before any: %v", v)
-	}
-	own := f.do(proto.AppendAcquire(nil, 0, 30, 1, "own"))
-	f.do(proto.AppendRelease(nil, own.Token, "own"))
-	stolen := f.do(proto.AppendAcquire(nil, 0, 30, 2, "victim/key"))
-	thief := &fixture{t: t, srv: f.srv, http: f.http}
-	c, err := net.Dial("tcp", f.srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	thief.conn = c
-	if r := thief.do(proto.AppendRenew(nil, 30, stolen.Token, "victim/key")); r.Op != proto.OpRenew {
-		t.Fatalf("renew from another connection: %c", r.Op)
-	}
-	if r := thief.do(proto.AppendRelease(nil, stolen.Token, "victim/key")); r.Op != proto.OpRelease {
-		t.Fatalf("release from another connection: %c", r.Op)
-	}
-	fams := f.scrape()
-	if v := value(t, fams, "lockd_foreign_token_ops_total", "op", "release"); v != 1 {
-		t.Fatalf("foreign releases = %v, want 1", v)
-	}
-	if v := value(t, fams, "lockd_foreign_token_ops_total", "op", "renew"); v != 1 {
-		t.Fatalf("foreign renews = %v, want 1", v)
-	}
-}
-
 // TestHealthzTakesNoShardLock is issue 9 fault 5: /healthz took every shard
 // lock to read one flag, so a probe waited behind any busy shard. Here a
 // shard is held (its record sink blocks inside a grant, under the shard's
@@ -433,5 +401,44 @@ func TestDocumentsAreAPITypes(t *testing.T) {
 	f.getStrict(api.PathKeys, http.StatusBadRequest, &e)
 	if e.Error == "" {
 		t.Fatal("no error message")
+	}
+}
+
+// TestTLSMetrics: with TLS on the client port, the handshakes that
+// succeeded and failed are counted; without it the metrics are absent.
+func TestTLSMetrics(t *testing.T) {
+	ca, err := testcerts.NewCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Issue("lockd", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := setupWith(t, func(c *engine.Config) {
+		c.TLS = &tls.Config{Certificates: []tls.Certificate{cert.TLS}}
+	})
+	// The fixture's plaintext connection fails its handshake.
+	_, _ = f.conn.Write(proto.AppendPing(nil, 1))
+	_ = f.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _ = f.conn.Read(make([]byte, 64))
+	tc, err := tls.Dial("tcp", f.srv.Addr(), &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	lockdtest.WaitFor(t, "both handshakes counted", func() bool {
+		m := f.srv.Metrics()
+		return m.TLSHandshakes == 1 && m.TLSHandshakeFailures == 1
+	})
+	fams := f.scrape()
+	if v := value(t, fams, "lockd_tls_handshakes_total"); v != 1 {
+		t.Fatalf("lockd_tls_handshakes_total %v, want 1", v)
+	}
+	if v := value(t, fams, "lockd_tls_handshake_failures_total"); v != 1 {
+		t.Fatalf("lockd_tls_handshake_failures_total %v, want 1", v)
+	}
+	if _, ok := setup(t).scrape()["lockd_tls_handshakes_total"]; ok {
+		t.Fatal("a plaintext server reports TLS handshakes")
 	}
 }

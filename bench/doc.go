@@ -15,7 +15,12 @@
 // records per batch of each run; lockd-raft, three members in raft mode,
 // driven at the leader (skipped, with the binary's message, while the
 // binary refuses --cluster raft); and lockd-bin, one single node, the
-// baseline that separates a cluster's cost from the binary's. With several
+// baseline that separates a cluster's cost from the binary's. Two targets
+// speak TLS (PROTOCOL.md §8.1): lockd-tls, the lockd child with its client
+// port behind TLS, and redis-tls, redis-server with --tls-port; the load
+// generator then does a full crypto/tls handshake per connection, and the
+// handshakes workload measures the TLS listener (dial, handshake, one
+// ping, close; plaintext targets skip it). With several
 // rounds the targets are interleaved (A B A B …) and the report gives
 // medians and the per-round ratios of lockd to each other target. See
 // BENCHMARKS.md for the method and the numbers.
@@ -41,8 +46,10 @@
 // client (go.etcd.io/etcd/client/v3 and its concurrency package),
 // prometheus/common's expfmt (etcd's and lockd's /metrics),
 // gonum.org/v1/plot (the latency plot, -svg), internal/clustertest (the
-// lockd processes of the cluster targets, and their waits) and api (the
-// admin endpoint's documents). It imports client/ in the
+// lockd processes of the cluster targets, and their waits), api (the
+// admin endpoint's documents), tlsconf (the lockd-tls child loads its
+// certificate as the daemon does) and internal/testcerts (the TLS targets'
+// throwaway certificates). It imports client/ in the
 // failover mode only, whose question is what an application sees; the
 // suite's load generator must not use it: it speaks lockd's protocol
 // itself, so a client library's costs or bugs cannot hide in the server's

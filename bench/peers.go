@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -95,12 +96,22 @@ func retryStart(start func() (*peer, error)) (*peer, error) {
 }
 
 // startRedis starts redis-server without persistence on a free loopback port.
-func startRedis() (*peer, error) { return retryStart(startRedisOnce) }
+func startRedis() (*peer, error) {
+	return retryStart(func() (*peer, error) { return startRedisOnce(nil) })
+}
+
+// startRedisTLS starts redis-server speaking TLS only, with m's
+// certificate (clients are not asked for one).
+func startRedisTLS(m *tlsMaterial) (*peer, error) {
+	return retryStart(func() (*peer, error) { return startRedisOnce(m) })
+}
 
 // startEtcd starts a one-member etcd on free loopback ports.
 func startEtcd() (*peer, error) { return retryStart(startEtcdOnce) }
 
-func startRedisOnce() (*peer, error) {
+// startRedisOnce starts redis-server once: plaintext, or TLS with m
+// (--port 0 --tls-port P; Redis 6+ built with TLS, as Debian's is).
+func startRedisOnce(m *tlsMaterial) (*peer, error) {
 	bin, err := lookPeer("redis-server")
 	if err != nil {
 		return nil, err
@@ -114,8 +125,19 @@ func startRedisOnce() (*peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := startProcess(dir, bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--maxclients", "10200", "--protected-mode", "no", "--daemonize", "no")
+	plainPort := port
+	if m != nil {
+		plainPort = "0" // TLS only
+	}
+	args := []string{"--port", plainPort, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--maxclients", "10200", "--protected-mode", "no", "--daemonize", "no"}
+	var ccfg *tls.Config
+	if m != nil {
+		args = append(args, "--tls-port", port, "--tls-cert-file", m.certFile, "--tls-key-file", m.keyFile,
+			"--tls-ca-cert-file", m.caFile, "--tls-auth-clients", "no")
+		ccfg = m.client
+	}
+	p, err := startProcess(dir, bin, args...)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -123,7 +145,7 @@ func startRedisOnce() (*peer, error) {
 	p.addr = addr
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if r, err := redisCommand(addr, "PING"); err == nil && r == "PONG" {
+		if r, err := redisCommand(addr, ccfg, "PING"); err == nil && r == "PONG" {
 			return p, nil
 		}
 		select {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha1"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -165,12 +166,22 @@ func (c *redisCodec) decode(in []byte, a *answer) (int, error) {
 	return n, nil
 }
 
-// redisCommand sends one command on a plain connection and returns the
-// first reply line (for a bulk reply, its payload).
-func redisCommand(addr string, args ...string) (string, error) {
+// redisCommand sends one command on a connection of its own (TLS with
+// cfg, if not nil) and returns the first reply line (for a bulk reply, its
+// payload).
+func redisCommand(addr string, cfg *tls.Config, args ...string) (string, error) {
 	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		return "", err
+	}
+	if cfg != nil {
+		tc := tls.Client(nc, cfg)
+		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := tc.Handshake(); err != nil {
+			nc.Close()
+			return "", err
+		}
+		nc = tc
 	}
 	defer nc.Close()
 	nc.SetDeadline(time.Now().Add(10 * time.Second))
@@ -205,9 +216,9 @@ func redisCommand(addr string, args ...string) (string, error) {
 }
 
 // redisSetup loads the release and renew scripts.
-func redisSetup(addr string) error {
+func redisSetup(addr string, cfg *tls.Config) error {
 	for _, s := range []struct{ src, sha string }{{redisRelease, redisReleaseSHA}, {redisRenew, redisRenewSHA}} {
-		got, err := redisCommand(addr, "SCRIPT", "LOAD", s.src)
+		got, err := redisCommand(addr, cfg, "SCRIPT", "LOAD", s.src)
 		if err != nil {
 			return err
 		}
@@ -219,8 +230,8 @@ func redisSetup(addr string) error {
 }
 
 // redisMem returns used_memory from INFO memory, and the RSS of pid if known.
-func redisMem(addr string, pid int) (memStat, error) {
-	info, err := redisCommand(addr, "INFO", "memory")
+func redisMem(addr string, cfg *tls.Config, pid int) (memStat, error) {
+	info, err := redisCommand(addr, cfg, "INFO", "memory")
 	if err != nil {
 		return memStat{}, err
 	}

@@ -216,7 +216,8 @@ var clusterTargets = []string{"lockd-priority", "lockd-raft", "lockd-bin"}
 // and contended real handoffs/s each ≥ 80 % of lockd's in the same round,
 // and the replication lag p99 ≤ 5 ms during those runs — and issue 12's for
 // lockd-raft: uncontended pairs/s ≥ 20× etcd's and contended real handoffs/s
-// ≥ 5× etcd's concurrency.Mutex in the same round.
+// ≥ 5× etcd's concurrency.Mutex in the same round; and issue 19's for
+// lockd-tls: uncontended pairs/s ≥ 70 % of lockd's and ≥ 2.5× redis-tls's.
 func goals(rs []*Result) []goal {
 	const tg = "lockd-priority"
 	var out []goal
@@ -263,6 +264,13 @@ func goals(rs []*Result) []goal {
 	add("uncontended pairs/s ÷ etcd", 20, false, measured(up))
 	hp, _ = perRound(rs, wlContended, target, "etcd", func(r *Result) float64 { return r.HandoffRate })
 	add("contended handoffs/s ÷ etcd concurrency.Mutex", 5, false, measured(hp))
+	// Issue 19: TLS costs lockd at most 30 % and keeps it 2.5× Redis over TLS.
+	target, times = "lockd-tls", false
+	up, _ = perRound(rs, wlUncontended, target, "lockd", func(r *Result) float64 { return r.Rate })
+	add("uncontended pairs/s ÷ lockd", 0.7, false, measured(up))
+	times = true
+	up, _ = perRound(rs, wlUncontended, target, "redis-tls", func(r *Result) float64 { return r.Rate })
+	add("uncontended pairs/s ÷ redis-tls", 2.5, false, measured(up))
 	return out
 }
 

@@ -23,10 +23,11 @@ import (
 
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/proto"
+	"github.com/lockd-dev/lockd/tlsconf"
 )
 
 // serveEnv names the environment variable that turns the harness binary
-// (or the test binary) into a server child: "lockd" or "echo".
+// (or the test binary) into a server child: "lockd", "lockd-acl" or "echo".
 const serveEnv = "LOCKD_BENCH_SERVE"
 
 // memStat is a server's memory as the harness sees it.
@@ -56,7 +57,7 @@ func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
 		stop func()
 	)
 	switch kind {
-	case "lockd":
+	case "lockd", "lockd-tls", "lockd-acl":
 		dir, err := os.MkdirTemp("", "lockd-bench-")
 		if err != nil {
 			return err
@@ -67,6 +68,19 @@ func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
 		cfg.DataDir = dir
 		cfg.Loops = loops
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		switch kind {
+		case "lockd-tls":
+			// The daemon's path: tlsconf reading the files, reloadable.
+			st, err := tlsconf.Load(tlsFiles(os.Getenv(tlsDirEnv)))
+			if err != nil {
+				return err
+			}
+			cfg.TLS = st.ServerConfig()
+		case "lockd-acl":
+			if cfg.ACL, err = benchACL(); err != nil {
+				return err
+			}
+		}
 		srv, err := engine.New(cfg)
 		if err != nil {
 			return err
@@ -223,14 +237,15 @@ type child struct {
 	mu   sync.Mutex
 }
 
-// startChild re-executes this binary as a server child of the given kind.
-func startChild(kind string, loops int) (*child, error) {
+// startChild re-executes this binary as a server child of the given kind,
+// with env added to its environment.
+func startChild(kind string, loops int, env ...string) (*child, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), serveEnv+"="+kind, "LOCKD_BENCH_LOOPS="+strconv.Itoa(loops))
+	cmd.Env = append(append(os.Environ(), serveEnv+"="+kind, "LOCKD_BENCH_LOOPS="+strconv.Itoa(loops)), env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

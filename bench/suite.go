@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -17,10 +18,11 @@ const (
 	wlUncontended = "uncontended"
 	wlContended   = "contended"
 	wlFanin       = "fanin"
+	wlHandshakes  = "handshakes"
 )
 
 // allWorkloads is the standard suite.
-var allWorkloads = []string{wlUncontended, wlContended, wlFanin}
+var allWorkloads = []string{wlUncontended, wlContended, wlFanin, wlHandshakes}
 
 // config sizes the workloads. Every loop is bounded by Dur plus a drain.
 type config struct {
@@ -54,14 +56,17 @@ type target struct {
 	name     string
 	addr     string
 	newCodec func(conn int) codec // pipelined targets
+	hello    []byte               // sent first on every connection, its welcome read before the load (lockd-acl)
 	etcd     *etcdDriver          // the synchronous target
 	queues   bool                 // the server has a wait queue (else: retry)
 	mem      func() (memStat, error)
-	children []*child          // server child processes (lockd, echo), for profiles
-	cluster  *clusterTarget    // lockd processes from the binary (lockd-priority, lockd-raft, lockd-bin)
-	pids     func() []int      // the server processes whose CPU time a run reports (nil: unknown)
-	stop     func()            // stops every process the target started
-	skip     map[string]string // workload → why it does not apply
+	children []*child             // server child processes (lockd, echo), for profiles
+	cluster  *clusterTarget       // lockd processes from the binary (lockd-priority, lockd-raft, lockd-bin)
+	pids     func() []int         // the server processes whose CPU time a run reports (nil: unknown)
+	stop     func()               // stops every process the target started
+	skip     map[string]string    // workload → why it does not apply
+	tls      *tls.Config          // the driver's TLS configuration (nil: plaintext)
+	ping     func(net.Conn) error // one round trip that proves a connection is served (the handshakes workload)
 }
 
 // Result is one workload run on one target in one round.
@@ -133,6 +138,10 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		res.Skipped = why
 		return res, nil
 	}
+	if wl == wlHandshakes && (t.tls == nil || t.ping == nil) {
+		res.Skipped = "plaintext: no handshake to measure"
+		return res, nil
+	}
 	var run *clusterRun
 	if t.cluster != nil {
 		var err error
@@ -176,6 +185,8 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		err = runContended(t, cfg, res)
 	case wlFanin:
 		err = runFanin(t, cfg, res)
+	case wlHandshakes:
+		err = runHandshakes(t, cfg, res)
 	default:
 		err = fmt.Errorf("unknown workload %q", wl)
 	}
@@ -268,15 +279,29 @@ func runFanin(t *target, cfg *config, res *Result) error {
 		*m, memErr = t.mem()
 	}
 	measure(&m0)
+	dialed := make(chan struct{})
 	afterDial := func() {
 		time.Sleep(200 * time.Millisecond)
 		measure(&m1)
+		close(dialed)
 	}
 	// Once every slot holds its lock, measure again (while renewing).
 	heldDone := make(chan struct{})
 	var finished atomic.Bool
 	go func() {
 		defer close(heldDone)
+		// The deadline counts from the end of the dialling, which takes
+		// seconds for 10,000 TLS handshakes.
+		for wait := true; wait; {
+			select {
+			case <-dialed:
+				wait = false
+			case <-time.After(20 * time.Millisecond):
+				if finished.Load() {
+					return
+				}
+			}
+		}
 		deadline := time.Now().Add(cfg.Dur + 30*time.Second)
 		for f.held.Load() < int64(cfg.Fanin) {
 			if finished.Load() || time.Now().After(deadline) {
@@ -348,6 +373,23 @@ func drive(t *target, cfg *config, clk *clock, warm time.Duration, w workload, g
 				}
 				if tc, ok := nc.(*net.TCPConn); ok {
 					tc.SetNoDelay(true)
+				}
+				if t.tls != nil {
+					if nc, err = handshake(nc, t.tls); err != nil {
+						mu.Lock()
+						first = errors.Join(first, fmt.Errorf("TLS handshake with %s: %w", t.addr, err))
+						mu.Unlock()
+						continue
+					}
+				}
+				if t.hello != nil {
+					if err := sayHello(nc, t.hello); err != nil {
+						nc.Close()
+						mu.Lock()
+						first = errors.Join(first, fmt.Errorf("hello to %s: %w", t.addr, err))
+						mu.Unlock()
+						continue
+					}
 				}
 				conns[i] = newPconn(nc, t.newCodec(i), w, clk, groups[i], bufLen, shards[i%len(shards)])
 			}

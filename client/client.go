@@ -2,10 +2,14 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockd-dev/lockd/proto"
 )
 
 // Client is a connection pool to lockd servers and the entry point of every
@@ -20,6 +24,15 @@ type Client struct {
 	preferred   atomic.Pointer[string]  // address an M pointed to
 	rr          atomic.Uint32
 	established atomic.Bool // a server's answer has been read on some connection
+	// refused is the E 5 of the last refused hello, until a hello is
+	// welcomed: a call that finds no live connection fails with it at once.
+	refused atomic.Pointer[authError]
+	// tlsRefused is the last TLS refusal of a connection before any
+	// answer (a client certificate the server rejects), until an answer is
+	// read: a call that finds no live connection fails at once with
+	// ErrNoConnection and it, instead of waiting for a redial that would
+	// be refused the same way.
+	tlsRefused atomic.Pointer[tlsRefusedError]
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced when a connection comes up or goes down
@@ -125,9 +138,19 @@ func (cl *Client) runSlot(s *slot) {
 	pause := time.NewTimer(time.Hour)
 	pause.Stop()
 	for {
-		nc, err := cl.dialer.DialContext(cl.bg, "tcp", s.addr)
+		var c *conn
+		nc, err := cl.dial(s.addr)
 		if err == nil {
-			c := newConn(cl, s.addr, nc)
+			// The hello leaves before the connection is published, so
+			// it is the first frame; requests follow without waiting for
+			// its answer.
+			c = newConn(cl, s.addr, nc)
+			if err = c.hello(); err != nil {
+				_ = nc.Close()
+				err = &addrError{s.addr, err}
+			}
+		}
+		if err == nil {
 			cl.wg.Add(1)
 			go c.readLoop()
 			s.cur.Store(c)
@@ -164,6 +187,49 @@ func (cl *Client) runSlot(s *slot) {
 			return
 		}
 	}
+}
+
+// dial connects to addr: TCP, then the TLS handshake when Config.TLS is
+// set, both within Config.DialTimeout.
+func (cl *Client) dial(addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(cl.bg, cl.cfg.DialTimeout)
+	defer cancel()
+	nc, err := cl.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil || cl.cfg.TLS == nil {
+		return nc, err
+	}
+	cfg := cl.cfg.TLS
+	if cfg.ServerName == "" {
+		host, _, _ := net.SplitHostPort(addr)
+		cfg = cfg.Clone()
+		cfg.ServerName = host
+	}
+	tc := tls.Client(nc, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		_ = nc.Close()
+		return nil, &handshakeError{addr, err}
+	}
+	return tc, nil
+}
+
+// hello writes the hello (Config.Identity, Config.Secret) to a new
+// connection before anything else is sent on it, when an identity is
+// configured; the reader takes its answer (see readLoop). The buffer that
+// held the secret is cleared.
+func (c *conn) hello() error {
+	cfg := &c.cl.cfg
+	c.mayAuth = cfg.clientCert()
+	if cfg.Identity == "" {
+		return nil
+	}
+	c.helloNonce = rand.Uint64()
+	c.helloSent = true
+	c.mayAuth = true
+	buf := proto.AppendHello(nil, c.helloNonce, cfg.Identity, string(cfg.Secret))
+	_ = c.nc.SetWriteDeadline(time.Now().Add(cfg.TransportTimeout))
+	_, err := c.nc.Write(buf)
+	clear(buf)
+	return err
 }
 
 func (s *slot) isRetired() bool {

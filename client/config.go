@@ -1,6 +1,7 @@
 package client
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
 	"time"
@@ -53,6 +54,30 @@ type Config struct {
 	// leave it false: a server that is down when they start is dialled
 	// again every ReconnectInterval and used when it comes up.
 	FailFast bool
+
+	// TLS, when not nil, makes every connection TLS with these settings
+	// (PROTOCOL.md §8.1): RootCAs verifies the servers (nil: the system's
+	// roots), Certificates (or GetClientCertificate) is the client
+	// certificate for mutual TLS. An empty ServerName is set, for each
+	// connection, to the host of the address dialled (an address an M
+	// names included); set it to verify every server under one name.
+	// LoadTLS builds one from PEM files. New keeps a copy (Clone) and
+	// raises a MinVersion below TLS 1.2; the handshake is part of the dial
+	// and bounded by DialTimeout.
+	TLS *tls.Config
+	// Identity names the client to a server started with --acl
+	// (PROTOCOL.md §8.2): 1..64 bytes of A–Z a–z 0–9 . _ @ -. When set, a
+	// hello (H) with Identity and Secret is the first frame of every
+	// connection, and requests are pipelined behind it without waiting
+	// for its answer. A server without --acl answers the hello and checks
+	// nothing, so a client can be given its credentials before the server
+	// requires them. Empty: no hello (a client certificate may still
+	// authenticate the connection).
+	Identity string
+	// Secret is Identity's secret: 1..256 bytes without 0x0A (LoadSecret
+	// reads one from a file). It is required with Identity and never
+	// printed (see Secret).
+	Secret Secret
 }
 
 // DefaultConfig returns the defaults of docs/PROTOCOL.md §7, without
@@ -113,5 +138,25 @@ func (c *Config) Validate() error {
 	if c.DefaultLease > 255*time.Second {
 		return ErrInvalidLease
 	}
+	switch {
+	case c.Identity != "" && !validIdentity(c.Identity):
+		return &FieldError{Field: "Identity", Value: c.Identity, Want: "1..64 bytes of A-Z a-z 0-9 . _ @ -"}
+	case c.Identity == "" && c.Secret != "":
+		return &FieldError{Field: "Identity", Want: "required with a Secret"}
+	case c.Identity != "" && !validSecret(c.Secret):
+		return &FieldError{Field: "Secret", Want: "1..256 bytes without a newline, required with an Identity"}
+	}
+	if c.TLS != nil {
+		c.TLS = c.TLS.Clone()
+		if c.TLS.MinVersion < tls.VersionTLS12 {
+			c.TLS.MinVersion = tls.VersionTLS12
+		}
+	}
 	return nil
+}
+
+// clientCert reports whether c presents a client certificate: such a
+// connection may be authenticated without a hello (PROTOCOL.md §8.3).
+func (c *Config) clientCert() bool {
+	return c.TLS != nil && (len(c.TLS.Certificates) > 0 || c.TLS.GetClientCertificate != nil)
 }

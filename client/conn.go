@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"net"
 	"runtime"
 	"sync"
@@ -42,6 +43,13 @@ type conn struct {
 	opened  instant                          // when the dial succeeded
 	heard   atomic.Bool                      // a byte has been read from the server
 
+	// Set by hello before the reader starts, read-only after.
+	helloSent  bool        // a hello is this connection's first frame
+	helloNonce uint64      // its nonce
+	mayAuth    bool        // a hello was sent or a client certificate offered: requests may run authenticated
+	welcomed   atomic.Bool // the hello's welcome was read
+	werr       error       // a write failed (failWrite); under mu
+
 	// Owned by the goroutine in flush.
 	wbuf []byte  // the batch being written
 	wdl  instant // when to move the write deadline next
@@ -60,6 +68,10 @@ const rejectedWithin = time.Second
 // if the server closed it at once without a frame, else the cause of the
 // failure with the address.
 func (c *conn) endCause() error {
+	switch c.cause.(type) {
+	case *authError, *tlsRefusedError:
+		return c.cause
+	}
 	switch {
 	case c.cause == ErrClosed || c.cause == errAbandoned:
 		return &addrError{c.addr, c.cause}
@@ -161,10 +173,31 @@ func (c *conn) flush() {
 			c.wbuf = buf
 		}
 		if err != nil {
-			c.fail(err)
+			c.failWrite(err)
 			return
 		}
 	}
+}
+
+// writeGrace is how long the reader may still read after a write failed,
+// before the connection is failed: answers that arrived before the
+// failure decide their requests. A server that refuses a hello (or a
+// request without an identity) answers E 5 and closes; a write that then
+// fails on the reset must not hide the E 5, which says that nothing on
+// the connection ran.
+const writeGrace = 100 * time.Millisecond
+
+// failWrite hands the failure of a write to the reader: it reads what
+// has arrived, for up to writeGrace, then fails c with err (unless what it
+// read decides otherwise). c takes no new batch meanwhile (writing stays
+// set); requests queued on it meanwhile stay definitely unsent.
+func (c *conn) failWrite(err error) {
+	c.mu.Lock()
+	if c.werr == nil {
+		c.werr = err
+	}
+	c.mu.Unlock()
+	_ = c.nc.SetReadDeadline(time.Now().Add(writeGrace))
 }
 
 // addPendLocked appends t to the FIFO chain of its correlation key.
@@ -225,6 +258,7 @@ func (c *conn) readLoop() {
 				heard = true
 				c.heard.Store(true)
 				c.cl.established.Store(true)
+				c.cl.tlsRefused.Store(nil)
 			}
 			var bad error
 			c.mu.Lock()
@@ -240,6 +274,21 @@ func (c *conn) readLoop() {
 				start += m
 				if r.Op == proto.OpError && r.Code == proto.CodeBadFrame {
 					bad = errServerE1
+					break
+				}
+				if r.Op == proto.OpHello || r.Op == proto.OpError && r.ReqOp == proto.OpHello {
+					if bad = c.helloAnswerLocked(&r); bad != nil {
+						break
+					}
+					continue
+				}
+				if r.Op == proto.OpError && r.Code == proto.CodeUnauthenticated && !c.mayAuth {
+					// No hello and no client certificate: nothing sent
+					// on this connection can have been executed, and the
+					// server closes it.
+					e := &authError{code: r.Code, op: r.ReqOp, identity: c.cl.cfg.Identity, addr: c.addr, msg: string(r.Tail)}
+					c.cl.refused.Store(e)
+					bad = e
 					break
 				}
 				if t := c.dispatchLocked(&r); t != nil {
@@ -273,10 +322,53 @@ func (c *conn) readLoop() {
 			}
 		}
 		if err != nil {
+			alert := isRemoteAlert(err)
+			c.mu.Lock()
+			if c.werr != nil && !alert {
+				err = c.werr // the reader only drained what had arrived
+			}
+			c.mu.Unlock()
+			if !heard && (alert || isRemoteAlert(err)) {
+				// The server's TLS refused us after our side of the
+				// handshake was done (TLS 1.3 judges the client
+				// certificate then): it read no request.
+				e := &tlsRefusedError{c.addr, err}
+				c.cl.mu.Lock()
+				c.cl.connErr = e // before the calls woken by the failure read it
+				c.cl.mu.Unlock()
+				c.cl.tlsRefused.Store(e)
+				err = e
+			}
 			c.fail(err)
 			return
 		}
 	}
+}
+
+// isRemoteAlert reports whether err is a TLS alert from the peer.
+func isRemoteAlert(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "remote error"
+}
+
+// helloAnswerLocked takes the answer to the connection's hello: a welcome,
+// or an error that fails the connection (returned). Another welcome is
+// dropped, like any answer that matches nothing.
+func (c *conn) helloAnswerLocked(r *proto.Response) error {
+	if !c.helloSent || r.ID != c.helloNonce {
+		return nil
+	}
+	if r.Op == proto.OpHello {
+		c.welcomed.Store(true)
+		c.cl.refused.Store(nil)
+		return nil
+	}
+	if r.Code != proto.CodeUnauthenticated {
+		return errHelloAnswer
+	}
+	e := &authError{code: r.Code, op: proto.OpHello, identity: c.cl.cfg.Identity, addr: c.addr, msg: string(r.Tail)}
+	c.cl.refused.Store(e)
+	return e
 }
 
 // dispatchLocked hands one answer to the request it answers and returns
@@ -354,9 +446,23 @@ func (c *conn) killLocked(cause error) bool {
 	c.cause = cause
 	c.dead = true
 	c.isDead.Store(true)
+	// What became of the requests: queued ones are definitely unsent, and
+	// sent ones lost (possibly executed), except where the server cannot
+	// have executed them: behind a refused hello (or on a connection
+	// refused E 5 without any identity) they fail with that E 5, not
+	// retried; after a TLS refusal before any answer they are unsent.
+	queued, sent := resUnsent, resLost
+	var rerr error
+	switch cause.(type) {
+	case *authError:
+		queued, sent, rerr = resUnauth, resUnauth, cause
+	case *tlsRefusedError:
+		sent = resUnsent
+	}
 	for i, t := range c.queue {
 		c.queue[i] = nil
-		t.finishLocked(resUnsent)
+		t.rerr = rerr
+		t.finishLocked(queued)
 	}
 	c.queue = nil
 	for i := range c.pend {
@@ -364,7 +470,8 @@ func (c *conn) killLocked(cause error) bool {
 			for t != nil {
 				nx := t.next
 				t.next = nil
-				t.finishLocked(resLost)
+				t.rerr = rerr
+				t.finishLocked(sent)
 				t = nx
 			}
 		})

@@ -50,6 +50,55 @@
 // at --max-conns). A command-line tool sets Config.FailFast to fail at
 // once when no server can be reached at all.
 //
+// # TLS and identities
+//
+// Config.TLS makes every connection TLS (LoadTLS reads the CA bundle,
+// client certificate and key, and server name from PEM files); the
+// handshake is part of the dial. Config.Identity and Config.Secret
+// (LoadSecret reads a secret file) authenticate the client to a server
+// started with --acl (docs/PROTOCOL.md §8 in the repository):
+//
+//	tlsCfg, err := client.LoadTLS(client.TLSFiles{CA: "ca.pem"})
+//	secret, err := client.LoadSecret("/etc/orders/lockd-secret")
+//	cl, err := client.New(client.Config{Addrs: addrs, TLS: tlsCfg, Identity: "orders", Secret: secret})
+//
+// With an identity, a hello (H) is the first frame of every connection
+// the client opens, written before the connection takes any request;
+// requests are pipelined behind it at once, without waiting for the
+// welcome, since the server judges them by the hello's outcome, in
+// order. A server without --acl answers every hello and checks nothing.
+// The secret is sent in the hello and nowhere else: a Secret prints as
+// "[redacted]", and no error carries it.
+//
+// Outcomes, all definitive — the request was not executed, and it is not
+// sent again on another connection, where the same credentials would fail
+// the same way:
+//
+//   - ErrUnauthenticated (E 5): the server refused the hello (unknown
+//     identity or wrong secret), or the request came on a connection that
+//     has no identity. The server then closes the connection. Every request
+//     pipelined behind a refused hello fails with ErrUnauthenticated too,
+//     not ErrIndeterminate: the hello was the connection's first frame, so
+//     nothing on it ran. The same holds for an E 5 on a connection that
+//     sent no hello and offered no client certificate. (An E 5 to a request
+//     on a connection whose hello had been welcomed — a reload of the ACL
+//     file removed the identity — fails that request; the others on the
+//     connection are judged by the usual rules: a lost connection.) Until
+//     a hello is welcomed again, a call that finds no live connection fails
+//     at once with ErrUnauthenticated; connections are redialled in the
+//     background as usual, so a fixed ACL file is picked up.
+//   - ErrPermissionDenied (E 6): the identity may not lock that key (outside
+//     its prefixes, or a monitor identity). The connection stays open.
+//     A KeepAlive whose renewal is refused (E 5, E 6) reports the lock lost
+//     at once.
+//
+// A TLS server that refuses the client's certificate after the client's
+// side of the handshake is done (TLS 1.3 does it with the first read)
+// read none of the requests sent: they count as definitely unsent, and,
+// as with a failed handshake, the call ends with ErrNoConnection and the
+// reason — at once when no other connection is up, until a connection
+// reads an answer again.
+//
 // # Clusters
 //
 // Give Config.Addrs every member's address. A member that is not the
@@ -67,7 +116,7 @@
 //
 // # What it owns
 //
-// Connections: one persistent TCP connection per address, two when a single
+// Connections: one persistent TCP (or TLS) connection per address, two when a single
 // address is given (Config.ConnsPerAddr overrides). A connection that drops
 // is excluded at once and dialled again in the background every
 // Config.ReconnectInterval (3 s). Requests are pipelined: a request is
@@ -129,7 +178,8 @@
 //     recently named by an M is dropped: no new request goes there, and
 //     its connections close once nothing sent on them awaits an answer.
 //     E 4 (server shutting down, not executed) also pauses and sends
-//     again. Other E codes are returned as *ServerError.
+//     again. E 5 and E 6 are ErrUnauthenticated and ErrPermissionDenied
+//     (above). Other E codes are returned as *ServerError.
 //   - Lock.Expires is the send instant of the granting request plus the
 //     lease: conservative, since the server's lease starts later.
 //
@@ -152,7 +202,13 @@
 // matched to a later request with the same id (a renew's late K to the
 // next renew of that token); a stand-in acquire releases a grant it gets.
 // The goroutine that flushes a batch may thus spend up to that long in
-// Write on behalf of others.
+// Write on behalf of others. A write that fails (blocked that long, or
+// the server reset the connection) does not fail the connection at once:
+// the reader first takes, for up to 100 ms, the answers that had already
+// arrived — a grant, or the E 5 of a server that refused the connection
+// and closed it — so they decide their requests instead of a blanket
+// ErrIndeterminate; then the connection fails with the write's error. No
+// new batch is written on it meanwhile.
 //
 // Close ends every goroutine the client started and fails every pending
 // call with ErrClosed (a call that may have been executed — an acquire,
@@ -179,6 +235,7 @@
 //
 // # What it must not import
 //
-// package proto and the standard library only: never gnet, never engine
-// (tests may import engine to run a real server in process).
+// package proto and the standard library only (crypto/tls for TLS):
+// never gnet, never engine (tests may import engine to run a real server
+// in process).
 package client

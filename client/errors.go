@@ -41,7 +41,7 @@ var (
 	// ErrRejected is the reason given with ErrNoConnection when a server
 	// accepted a connection and closed it at once without sending a frame:
 	// what lockd does at its connection limit (--max-conns) or while
-	// shutting down.
+	// shutting down, and what a TLS port does to a plaintext client.
 	ErrRejected = errors.New("client: lockd accepted the connection and closed it at once without a frame")
 	// ErrClosed means the Client was closed. A pending acquire that may
 	// already have been sent when Close ran fails with an error matching
@@ -51,6 +51,23 @@ var (
 	// could no longer be shown to be held (renew answered N, or renewals
 	// kept failing until the lease's conservative end).
 	ErrLockLost = errors.New("client: lock lost")
+	// ErrUnauthenticated is the server's E 5 (PROTOCOL.md §8.3): its
+	// --acl refused the hello (unknown identity, wrong secret), or the
+	// request came on a connection without an identity. It is definitive:
+	// the request was not executed, and it is not retried on another
+	// connection, where the same credentials fail the same way. The error
+	// returned names the cause (the identity and the server), never the
+	// secret. The server closes the connection: every request pipelined
+	// behind a refused hello fails with it too, not executed (the hello
+	// is each connection's first frame, and the server judges what
+	// follows by it). Until a hello succeeds again, a call that finds no
+	// live connection fails with it at once.
+	ErrUnauthenticated = errors.New("client: unauthenticated")
+	// ErrPermissionDenied is the server's E 6 (PROTOCOL.md §8.3): the
+	// identity may not lock that key (outside its prefixes, or a monitor
+	// identity). Definitive, not executed, not retried; the connection
+	// stays open.
+	ErrPermissionDenied = errors.New("client: permission denied")
 	// ErrInvalidKey rejects a key that is empty, longer than 1024 bytes,
 	// not valid UTF-8 or containing 0x0A; nothing is sent.
 	ErrInvalidKey = errors.New("client: invalid key")
@@ -61,8 +78,9 @@ var (
 )
 
 // ServerError is an E answer other than "shutting down" (code 4, which the
-// client handles itself): the server rejected the request and did not
-// execute it.
+// client handles itself), "unauthenticated" (5: ErrUnauthenticated) and
+// "permission denied" (6: ErrPermissionDenied): the server rejected the
+// request and did not execute it.
 type ServerError struct {
 	Op   proto.Op // the request's op
 	Code uint8    // proto.CodeBadFrame, CodeBadKey, CodeBadLease, ...
@@ -104,7 +122,7 @@ func (e *noConnError) Unwrap() error { return e.cause }
 type rejectedError struct{ addr string }
 
 func (e *rejectedError) Error() string {
-	return "lockd at " + e.addr + " accepted the connection and closed it at once without a frame: it may be at its connection limit (--max-conns) or shutting down"
+	return "lockd at " + e.addr + " accepted the connection and closed it at once without a frame: it may be at its connection limit (--max-conns), shutting down, or serving TLS to a client without TLS"
 }
 
 func (e *rejectedError) Is(target error) bool { return target == ErrRejected }

@@ -174,15 +174,22 @@ func TestWireWait(t *testing.T) {
 		wire uint8
 	}{
 		{0, 0},
-		{time.Millisecond, 1},
+		{300 * time.Millisecond, 1}, // was 1 ms: unsent by its deadline under load (ErrTimeout), a flake on main
 		{time.Second, 1},
 		{2500 * time.Millisecond, 3},
 		{255 * time.Second, 255},
 	} {
-		if _, err := cl.Acquire(ctx, "wire-wait", AcquireOptions{Wait: c.wait, Lease: 7 * time.Second}); err != nil {
+		// A grant that comes back after a sub-second wait has ended goes
+		// through the delivery gate (released again, ErrIndeterminate):
+		// a correct outcome under load, and not what this test checks.
+		if _, err := cl.Acquire(ctx, "wire-wait", AcquireOptions{Wait: c.wait, Lease: 7 * time.Second}); err != nil &&
+			!(c.wait < time.Second && errors.Is(err, ErrIndeterminate)) {
 			t.Fatal(err)
 		}
 		r := f.next(time.Second)
+		for r.Op == proto.OpRelease { // the gate's compensating release
+			r = f.next(time.Second)
+		}
 		if r.Op != proto.OpAcquire || r.Wait != c.wire || r.Lease != 7 || r.Key != "wire-wait" {
 			t.Fatalf("Wait %v: server got %c wait=%d lease=%d key=%q, want wait %d", c.wait, r.Op, r.Wait, r.Lease, r.Key, c.wire)
 		}

@@ -43,11 +43,26 @@ var (
 	errLostClosed   error = &bothErr{"client: lock lost: the client was closed", ErrLockLost, ErrClosed}
 )
 
+// lostRefused is a keep-alive ended by a renewal the server refused for
+// the identity (E 5, E 6): no retry can succeed, so the lock is given up
+// at once rather than at StopBy. It matches ErrLockLost and the cause.
+type lostRefused struct{ cause error }
+
+func (e *lostRefused) Error() string {
+	return "client: lock lost: a renewal was refused: " + e.cause.Error()
+}
+
+func (e *lostRefused) Is(target error) bool { return target == ErrLockLost }
+
+func (e *lostRefused) Unwrap() error { return e.cause }
+
 // A KeepAlive renews a lock in the background, every Every, until Stop or
 // until the lock is lost: a renewal answered N, the client closed, or
 // StopBy (the lease's conservative end less Margin) passed without a
-// renewal. Loss closes Lost and cancels Context with a cause matching
-// ErrLockLost (and ErrNotHeld or ErrClosed where that is the reason). A
+// renewal, or a renewal refused for the identity (E 5, E 6). Loss closes
+// Lost and cancels Context with a cause matching ErrLockLost (and
+// ErrNotHeld, ErrClosed, ErrUnauthenticated or ErrPermissionDenied where
+// that is the reason). A
 // holder must stop touching the protected resource by StopBy, and should
 // pass the lock's token to it (package fence).
 //
@@ -158,8 +173,9 @@ func (k *KeepAlive) Context() context.Context { return k.ctx }
 func (k *KeepAlive) Lost() <-chan struct{} { return k.lost }
 
 // Err is nil while the lock is not lost; then an error matching
-// ErrLockLost, and ErrNotHeld when a renewal was answered N, or ErrClosed
-// when the client was closed.
+// ErrLockLost, and ErrNotHeld when a renewal was answered N, ErrClosed
+// when the client was closed, or ErrUnauthenticated or
+// ErrPermissionDenied when the server refused a renewal for the identity.
 func (k *KeepAlive) Err() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -232,6 +248,9 @@ func (k *KeepAlive) run() {
 			continue
 		case errors.Is(err, ErrNotHeld):
 			k.lose(errLostNotHeld)
+			return
+		case errors.Is(err, ErrUnauthenticated), errors.Is(err, ErrPermissionDenied):
+			k.lose(&lostRefused{err})
 			return
 		case errors.Is(err, ErrClosed):
 			k.lose(errLostClosed)

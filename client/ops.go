@@ -150,6 +150,8 @@ func (t *Ticket) acquire() (Lock, error) {
 			return Lock{}, t.ctx.Err()
 		case outClosed:
 			return Lock{}, ErrClosed
+		case outUnauth:
+			return Lock{}, t.rerr
 		default: // outLost, outAbandoned
 			if cl.isClosed() {
 				return Lock{}, errClosedIndeterminate
@@ -179,6 +181,9 @@ func (t *Ticket) acquire() (Lock, error) {
 				continue
 			}
 		case proto.OpError:
+			if isAuthCode(t.rcode) {
+				return Lock{}, t.authErr()
+			}
 			if t.rcode != proto.CodeShutdown {
 				return Lock{}, &ServerError{Op: proto.OpAcquire, Code: t.rcode, Msg: t.rtail}
 			}
@@ -355,6 +360,9 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 					continue
 				}
 			case proto.OpError:
+				if isAuthCode(t.rcode) {
+					return t.authErr()
+				}
 				if t.rcode != proto.CodeShutdown {
 					return &ServerError{Op: t.op, Code: t.rcode, Msg: t.rtail}
 				}
@@ -363,6 +371,13 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 			}
 		}
 		switch o {
+		case outUnauth:
+			// Not executed; an earlier attempt that may have been is
+			// not confirmed either way.
+			if maybe {
+				return ErrIndeterminate
+			}
+			return t.rerr
 		case outCtx:
 			if maybe {
 				return ErrIndeterminate
@@ -430,6 +445,8 @@ func (cl *Client) Ping(ctx context.Context) (time.Duration, error) {
 			return 0, t.ctx.Err()
 		case outClosed:
 			return 0, ErrClosed
+		case outUnauth:
+			return 0, t.rerr
 		default:
 			return 0, cl.noConnErr()
 		}

@@ -30,6 +30,7 @@ const (
 	resLost             // the connection died after the request was possibly sent
 	resExpired          // the writer found the send deadline passed; not sent
 	resAbandoned        // the waiter gave up with the request possibly sent
+	resUnauth           // not executed: the connection's hello was refused (E 5); rerr says so
 )
 
 // outcome of roundTrip, the waiter's view of one request.
@@ -43,6 +44,7 @@ const (
 	outAbandoned                // the answer deadline passed (or ctx ended) with the request possibly sent
 	outCtx                      // ctx ended before it was sent
 	outClosed                   // the client was closed before it was sent
+	outUnauth                   // not executed, for want of an accepted identity: t.rerr
 )
 
 // A Ticket is one acquire in flight, returned by AcquireAsync. Call Wait
@@ -81,6 +83,7 @@ type Ticket struct {
 	rtoken   uint64
 	rcode    uint8
 	rtail    string
+	rerr     error // resUnauth, outUnauth: the E 5
 
 	// done wakes the waiter (cap 1): an attempt's result is signalled on
 	// it once, and the timer rings it. A wake-up is only a hint to look at
@@ -352,6 +355,8 @@ func (t *Ticket) roundTrip() outcome {
 			continue // definitely unsent: another connection, same request
 		case resExpired:
 			return outNotSent
+		case resUnauth:
+			return outUnauth
 		default: // resLost
 			return outLost
 		}
@@ -365,6 +370,15 @@ func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
 	ch := cl.changedCh()
 	if t.trySend() {
 		return 0, true
+	}
+	if e := cl.refused.Load(); e != nil {
+		// The server refused the credentials, and no connection is up:
+		// a redial would be refused the same way.
+		t.rerr = e
+		return outUnauth, false
+	}
+	if cl.tlsRefused.Load() != nil {
+		return outNoConn, false // with the refusal as the reason
 	}
 	if monoNow() >= t.sendBy || cl.cfg.FailFast && cl.unreachable() {
 		return outNoConn, false

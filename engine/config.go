@@ -1,12 +1,14 @@
 package engine
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
 	"runtime"
 	"time"
 
+	"github.com/lockd-dev/lockd/acl"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
@@ -56,10 +58,25 @@ type Config struct {
 	// Table sizes the lock table and its limits (MaxKeys, MaxWaitersPerKey,
 	// MaxWaiters, MaxWaitersPerConn: each 1..2^40).
 	Table shard.Config
+	// TLS, when set, makes the client port speak TLS and nothing else
+	// (PROTOCOL.md §8.1): its certificate, and ClientCAs with ClientAuth
+	// for mutual TLS (lockd's tlsconf builds it from the files and
+	// reloads them through GetConfigForClient). The engine raises
+	// MinVersion to TLS 1.2 and turns dynamic record sizing off; the
+	// rest is the caller's. A handshake must finish within FrameTimeout.
+	// nil: plaintext.
+	TLS *tls.Config
 	// Node is where state goes beyond the event loops: persistence, token
 	// reservations, membership (package repl). nil means a single node on
 	// DataDir (repl.NewLocal).
 	Node repl.Node
+	// ACL, if not nil, turns authentication and authorization on
+	// (PROTOCOL.md §8.2, §8.3): every connection needs an identity of it
+	// for lock requests, reaches only its identity's keys, and a grant can
+	// be released or renewed only by the identity it was made to (or an
+	// admin). Server.SetACL replaces it while serving. nil: no identities,
+	// the token alone decides (§1–§7).
+	ACL *acl.ACL
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -185,6 +202,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FrameTimeout < MinFrameTimeout || c.FrameTimeout > MaxFrameTimeout {
 		return &ConfigError{"FrameTimeout", c.FrameTimeout, "must be 100ms..1h"}
+	}
+	if c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil {
+		return &ConfigError{"TLS", "without a certificate", "must have Certificates, GetCertificate or GetConfigForClient"}
 	}
 	t := c.Table
 	if err := t.Validate(); err != nil {

@@ -3,7 +3,11 @@
 // answers. Connections are accepted by the engine's own goroutine on a
 // net.Listener and enrolled in the loops (gnet's acceptor would end the
 // whole engine on an accept error; docs/DESIGN.md "Accepting
-// connections").
+// connections"). With Config.TLS the port speaks TLS (PROTOCOL.md §8.1):
+// gnet has none, so each TLS connection runs on a reader goroutine of its
+// own that feeds the same batches (handler.traffic) through the same
+// session type, whose wire is then a *tlsConn instead of a gnet.Conn
+// (tlsconn.go, docs/DESIGN.md "TLS").
 //
 // It owns the connections (sessions), the per-connection mailboxes through
 // which answers made elsewhere reach their connection (a handoff caused by
@@ -15,9 +19,19 @@
 // Persistence, token reservations and membership are the node's
 // (repl.Node, docs/DESIGN.md "The seam"); the engine knows no cluster mode.
 //
+// With an ACL (Config.ACL, package acl) it also owns each connection's
+// identity and the checks of PROTOCOL.md §8.3 (auth.go): the hello, E 5
+// and E 6 in the validation order, grants made to the identity and
+// released or renewed only by it or an admin, the reload of the file
+// (SetACL), and the admin endpoint's release (AdminRelease).
+//
 // Concurrency: gnet calls OnTraffic, OnOpen and OnClose of one connection on
 // that connection's event-loop goroutine; OnTick on its own goroutine; the
-// accept goroutine only enrolls or closes new connections. Every batch and
+// accept goroutine only enrolls, starts (TLS) or closes new connections. A
+// TLS connection's reader goroutine plays its event loop: it runs the
+// handshake, every batch and the close; its flusher goroutine, started
+// only while the kernel does not take its records, touches nothing but
+// the sink's buffers (under the sink's mutex, a leaf lock). Every batch and
 // tick holds the batch barrier's read lock from the gate it reads to the
 // write of its answers; the node's gate changes take its write lock. A
 // closing connection with more queued acquires than OnClose drops at once
@@ -28,7 +42,9 @@
 // than its own connection's write, and nothing on the request path waits:
 // when no token is reserved an acquire is answered B.
 //
-// engine may import lockd/proto, lockd/shard, lockd/repl, gnet and
-// golang.org/x/sys. It must not import lockd/store (the node owns the data
-// directory), lockd/client, lockd/admin or anything under cmd/.
+// engine may import lockd/proto, lockd/shard, lockd/repl, lockd/acl, gnet,
+// golang.org/x/sys and the standard library (crypto/tls included). It must
+// not import lockd/store (the node owns the data directory), lockd/client,
+// lockd/admin, lockd/tlsconf (it takes a *tls.Config) or anything under
+// cmd/.
 package engine

@@ -38,6 +38,12 @@ type handler struct {
 	refused    atomic.Int64
 	refusedLog atomic.Int64
 
+	// Failed TLS handshakes since the last log line, the last one's cause
+	// and when that line was logged (table clock): one line a second.
+	hsFailed atomic.Int64
+	hsLast   atomic.Pointer[string]
+	hsLog    atomic.Int64
+
 	// Sessions that may hold a partial frame, for the --frame-timeout
 	// sweep (OnTick, every sweepEvery).
 	partialMu    sync.Mutex
@@ -56,6 +62,7 @@ type handler struct {
 func (h *handler) OnBoot(gnet.Engine) gnet.Action {
 	h.msgBadKey = "bad key: must be 1.." + strconv.Itoa(h.s.cfg.MaxKey) + " bytes of UTF-8 without 0x0A"
 	h.refusedLog.Store(-int64(time.Second))
+	h.hsLog.Store(-int64(time.Second))
 	h.sweepEvery = int64(min(time.Second, h.s.cfg.FrameTimeout))
 	return gnet.None
 }
@@ -71,20 +78,49 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		h.logRefused(s.now())
 		return nil, gnet.Close
 	}
-	ss := &session{c: c, loop: c.EventLoop()}
-	ss.st = s.statsFor(ss.loop)
-	ss.tconn = shard.NewConn(ss)
-	c.SetContext(ss)
-	s.addSession(ss)
+	loop := c.EventLoop()
+	c.SetContext(h.open(c, loop, s.statsFor(loop), ""))
 	return nil, gnet.None
 }
 
+// open makes the session of a new connection (counted in s.conns by the
+// caller) and lists it; cn is its verified client certificate's Common
+// Name (TLS), or "".
+func (h *handler) open(c wire, loop gnet.EventLoop, st *loopStats, cn string) *session {
+	ss := &session{c: c, loop: loop, st: st, certCN: cn}
+	ss.tconn = shard.NewConn(ss)
+	h.s.addSession(ss)
+	return ss
+}
+
 func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
-	s := h.s
 	ss, _ := c.Context().(*session)
 	if ss == nil || ss.gone {
 		return gnet.None
 	}
+	mbox, mgrants := h.closeBegin(ss)
+	// gnet writes what is left in its buffer after this callback returns,
+	// to a peer that may still read (a half-close, a bad frame): a grant
+	// in those bytes would reach its client after being released below.
+	// So hand the socket what it takes now (those grants are delivered and
+	// stay), then shut the write side: nothing more can be handed to it,
+	// and what is still buffered is not delivered, ever.
+	if c.OutboundBuffered() > 0 {
+		_ = c.Flush()
+		if c.OutboundBuffered() > 0 {
+			_ = unix.Shutdown(c.Fd(), unix.SHUT_WR)
+		}
+	}
+	h.closeEnd(ss, mbox, mgrants)
+	return gnet.None
+}
+
+// closeBegin is the first half of a connection's close, on the goroutine
+// that runs its batches: the session leaves the server's lists, its
+// mailbox takes no more mail (what it holds is returned: never written,
+// so undelivered) and its queued acquires leave their queues.
+func (h *handler) closeBegin(ss *session) (mbox []byte, mgrants []grantRef) {
+	s := h.s
 	ss.gone = true
 	ss.partialSince.Store(0) // the sweep forgets it
 	s.conns.Add(-1)
@@ -93,7 +129,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	// No more mail; what was posted and never written is undeliverable.
 	ss.mu.Lock()
 	ss.closed = true
-	mbox, mgrants := ss.mbox, ss.mgrants
+	mbox, mgrants = ss.mbox, ss.mgrants
 	ss.mbox, ss.mgrants = nil, nil
 	ss.mu.Unlock()
 
@@ -106,21 +142,14 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	if !s.table.DropWaiters(ss.tconn, dropInline) {
 		h.dropLater(ss.tconn)
 	}
+	return mbox, mgrants
+}
 
-	// Grants that did not reach the socket are released at once
-	// (PROTOCOL.md §4: no phantom lock). gnet writes what is left in its
-	// buffer after this callback returns, to a peer that may still read
-	// (a half-close, a bad frame): a grant in those bytes would reach its
-	// client after being released here. So hand the socket what it takes
-	// now (those grants are delivered and stay), then shut the write side:
-	// nothing more can be handed to it, and what is still buffered is not
-	// delivered, ever.
-	if c.OutboundBuffered() > 0 {
-		_ = c.Flush()
-		if c.OutboundBuffered() > 0 {
-			_ = unix.Shutdown(c.Fd(), unix.SHUT_WR)
-		}
-	}
+// closeEnd is the second half, once nothing more can reach the socket
+// (ss.c.OutboundBuffered is final): grants that did not reach it are
+// released at once (PROTOCOL.md §4: no phantom lock).
+func (h *handler) closeEnd(ss *session, mbox []byte, mgrants []grantRef) {
+	s := h.s
 	b := s.getScratch()
 	now := s.now()
 	if !s.serving(now) {
@@ -130,7 +159,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 		ss.pend, ss.pkeys = nil, nil
 		s.forgetHeld(ss)
 		s.putScratch(b)
-		return gnet.None
+		return
 	}
 	s.releaseHeld(ss, b, now)
 	if w := ss.writing; w != nil {
@@ -139,7 +168,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 			s.table.Release(now, g.key(w.out), g.token, &b.fx)
 		}
 	}
-	delivered := ss.written - uint64(c.OutboundBuffered())
+	delivered := ss.written - uint64(ss.c.OutboundBuffered())
 	for i := range ss.pend {
 		if p := &ss.pend[i]; p.end > delivered {
 			s.table.Release(now, ss.pendingKey(p), p.token, &b.fx)
@@ -151,7 +180,6 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	ss.pend, ss.pkeys = nil, nil
 	s.deliver(b, nil, now)
 	s.putScratch(b)
-	return gnet.None
 }
 
 // dropLater drops the queued acquires of a closed connection on a goroutine
@@ -187,11 +215,19 @@ func (h *handler) OnShutdown(gnet.Engine) {
 }
 
 func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
-	s := h.s
 	ss, _ := c.Context().(*session)
 	if ss == nil || ss.gone {
 		return gnet.Close
 	}
+	return h.traffic(ss)
+}
+
+// traffic is one batch of a session, on the goroutine that owns it (its
+// event loop, or a TLS connection's reader): the mail, then every complete
+// request ss.c has buffered, then one Write of all the answers. It returns
+// the action for the connection.
+func (h *handler) traffic(ss *session) gnet.Action {
+	s, c := h.s, ss.c
 	b := s.getScratch()
 	defer s.putScratch(b)
 	ss.heldWake.Store(false)
@@ -200,11 +236,17 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	// gate is still on its way to a socket (Abandon relies on it).
 	s.barrier.RLock()
 	defer s.barrier.RUnlock()
-	spec := ss.takeMail(b) // answers made from the table's state
+	b.gen = s.abandonsA.Load() // what this batch executes comes after these Abandon calls
+	spec := ss.takeMail(b)     // answers made from the table's state
 	now := s.now()
 	action := gnet.None
 
+	auth := s.acl.Load() != nil
 	buf, _ := c.Peek(-1)
+	if auth && !s.refreshAuth(ss) {
+		// A reload removed this connection's identity: close, unread.
+		buf, action = nil, gnet.Close
+	}
 	if len(buf) > 0 {
 		draining := s.draining.Load()
 		gate := s.node.Gate()
@@ -215,22 +257,11 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 			// until GateChanged wakes it under the next gate.
 			buf = nil
 		}
+		// Validation order (PROTOCOL.md §3, §6.2, §8.3): E 1, E 5, E 2,
+		// E 3, E 6, then E 4 or M, then the table's answers.
 		n := 0
 		for n < len(buf) {
 			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &b.req)
-			if err == nil {
-				n += m
-				if state == repl.Redirect && b.req.Op != proto.OpHello {
-					// Every member answers a hello itself: it changes no
-					// lock state (PROTOCOL.md §8.3).
-					r := &b.req
-					b.out = proto.AppendMoved(b.out, r.Op, r.ID, gate.Addr)
-					b.cnt.request(r.Op, resMoved)
-					continue
-				}
-				h.apply(ss, b, now, draining)
-				continue
-			}
 			if err == proto.ErrIncomplete {
 				break
 			}
@@ -244,13 +275,44 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 				break
 			}
 			n += m
+			if auth && !h.admit(ss, b) {
+				// E 5: nothing after it is read; the connection closes.
+				n = len(buf)
+				action = gnet.Close
+				break
+			}
 			if err == proto.ErrBadKey {
 				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadKey, h.msgBadKey)
 				b.cnt.error(r.Op, proto.CodeBadKey)
-			} else {
+				continue
+			}
+			if err == proto.ErrBadLease {
 				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadLease, msgBadLease)
 				b.cnt.error(r.Op, proto.CodeBadLease)
+				continue
 			}
+			if auth && !h.permit(ss, b) {
+				continue
+			}
+			if state == repl.Redirect && r.Op != proto.OpHello {
+				// Every member answers a hello itself: it changes no
+				// lock state (PROTOCOL.md §8.3). A member that drains
+				// after naming a successor answers M, not E 4 (§6.2).
+				b.out = proto.AppendMoved(b.out, r.Op, r.ID, gate.Addr)
+				b.cnt.request(r.Op, resMoved)
+				continue
+			}
+			if h.apply(ss, b, now, draining) == gnet.Close {
+				// A hello that failed (E 5): nothing after it is read.
+				n = len(buf)
+				action = gnet.Close
+				break
+			}
+		}
+		if auth && ss.auth.id != nil && ss.auth.gen != s.acl.Load() && !s.refreshAuth(ss) {
+			// A reload during this batch removed the identity it
+			// authenticated as (SetACL's sweep may not have seen it).
+			action = gnet.Close
 		}
 		if n > 0 {
 			_, _ = c.Discard(n)
@@ -317,23 +379,26 @@ func (h *handler) write(ss *session, b *scratch, action gnet.Action, spec bool) 
 // acquireResult maps a shard status to its counter.
 var acquireResult = [...]int{shard.Granted: resGranted, shard.TimedOut: resTimeout, shard.Busy: resBusy, shard.Queued: resQueued}
 
-// apply executes one well-formed request and appends its immediate answer.
-func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
+// apply executes one well-formed request that passed the ACL's checks and
+// appends its immediate answer. It returns gnet.Close after a failed hello
+// (E 5).
+func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) gnet.Action {
 	s, r := h.s, &b.req
 	if draining && r.Op != proto.OpPing && r.Op != proto.OpHello {
 		b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeShutdown, msgShutdown)
 		b.cnt.error(r.Op, proto.CodeShutdown)
-		return
+		return gnet.None
 	}
+	who := ss.auth.who // the zero Who without an ACL: the token alone decides
 	switch r.Op {
 	case proto.OpAcquire:
 		if len(ss.pend)+len(b.grants) >= s.cfg.MaxPendingGrants && h.pendingFull(ss, b) {
 			// Grants this client has not taken pin as many keys already.
 			b.out = proto.AppendBusy(b.out, r.ID, r.Key)
 			b.cnt.request(proto.OpAcquire, resBusy)
-			return
+			return gnet.None
 		}
-		st, token := s.table.Acquire(now, r.Key, r.Wait, r.Lease, r.ID, ss.tconn, &b.fx)
+		st, token := s.table.AcquireAs(now, r.Key, r.Wait, r.Lease, r.ID, who.Ident, ss.tconn, &b.fx)
 		switch st {
 		case shard.Granted:
 			b.out = appendGrant(b.out, &b.grants, r.ID, token, r.Key)
@@ -344,30 +409,44 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
 		}
 		b.cnt.request(proto.OpAcquire, acquireResult[st])
 	case proto.OpRelease:
-		if s.table.ReleaseFrom(now, r.Key, r.ID, ss.tconn, &b.fx) {
+		// Another identity's grant is N, as a stale token, unless who is
+		// an admin (PROTOCOL.md §8.3).
+		res, holder := s.table.ReleaseAs(now, r.Key, r.ID, who, &b.fx)
+		if res.Done() {
 			b.out = proto.AppendReleased(b.out, r.ID, r.Key)
 			b.cnt.request(proto.OpRelease, resReleased)
 		} else {
 			b.out = proto.AppendNotHeld(b.out, proto.OpRelease, r.ID, r.Key)
 			b.cnt.request(proto.OpRelease, resNotHeld)
 		}
+		if res == shard.ResultForced || res == shard.ResultRefused {
+			s.logOther(res, r.Op, r.Key, r.ID, ss.auth.id.Name, holder)
+		}
 	case proto.OpRenew:
-		if s.table.RenewFrom(now, r.Key, r.Lease, r.ID, ss.tconn, &b.fx) {
+		res, holder := s.table.RenewAs(now, r.Key, r.Lease, r.ID, who, &b.fx)
+		if res.Done() {
 			b.out = proto.AppendRenewed(b.out, r.ID, r.Key)
 			b.cnt.request(proto.OpRenew, resRenewed)
 		} else {
 			b.out = proto.AppendNotHeld(b.out, proto.OpRenew, r.ID, r.Key)
 			b.cnt.request(proto.OpRenew, resNotHeld)
 		}
+		if res == shard.ResultForced || res == shard.ResultRefused {
+			s.logOther(res, r.Op, r.Key, r.ID, ss.auth.id.Name, holder)
+		}
 	case proto.OpPing:
 		b.out = proto.AppendPong(b.out, r.ID)
 		b.cnt.request(proto.OpPing, resPong)
 	case proto.OpHello:
+		if s.acl.Load() != nil {
+			return h.hello(ss, b)
+		}
 		// Without an ACL a hello is accepted and changes nothing: the
 		// answer names the identity it gave, unchecked (PROTOCOL.md §8.3).
 		b.out = proto.AppendWelcome(b.out, r.ID, proto.HelloIdentity(r.Key))
 		b.cnt.request(proto.OpHello, resWelcome)
 	}
+	return gnet.None
 }
 
 // pendingFull reports whether ss has --max-pending-grants grants that did
@@ -423,6 +502,7 @@ func (h *handler) partialFrame(ss *session, now int64, fresh bool) {
 // to the sessions listed by partialFrame, not to all of them.
 func (h *handler) sweep(now int64) {
 	h.logRefused(now)
+	h.logHandshakes(now)
 	h.partialMu.Lock()
 	list := h.partial
 	h.partial = h.partialSpare[:0]
@@ -495,8 +575,9 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 			b.out = appendEffect(b.out, &b.grants, &e, s.node.Gate().Addr)
 			continue
 		}
-		local := cur != nil && ss.loop == cur.loop
-		ok, flush := ss.post(&e, local, s.node.Gate().Addr)
+		// A TLS session (loop nil) has no loop-mates: it is woken.
+		local := cur != nil && cur.loop != nil && ss.loop == cur.loop
+		ok, flush := ss.post(&e, local, s.node.Gate().Addr, b.gen)
 		if !ok && e.Kind == shard.EffectGrant {
 			s.table.Release(now, e.Key, e.Token, &b.fx)
 		}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,6 +45,17 @@ type Server struct {
 	serveErr  error
 
 	conns atomic.Int64
+
+	// The TLS port (tlsconn.go): nil when plaintext.
+	tlsConf       *tls.Config
+	tlsStats      *loopStats // the counters of every TLS connection's batches
+	tlsMu         sync.Mutex
+	tlsSet        map[*tlsConn]struct{} // guarded by tlsMu
+	tlsStop       bool                  // guarded by tlsMu: no new TLS connection
+	tlsWG         sync.WaitGroup        // one per TLS connection's reader
+	tlsHandshakes atomic.Uint64
+	tlsFailures   atomic.Uint64
+
 	// barrier is held for reading by every batch while it applies requests
 	// under the gate and the draining flag it read; its write lock waits
 	// for those batches (Shutdown, GateChanged).
@@ -61,14 +73,24 @@ type Server struct {
 	cancelled atomic.Uint64 // queued acquires answered E 4 at shutdown
 	moved     atomic.Uint64 // queued acquires answered M when the gate closed
 
+	// The ACL in force (auth.go): nil without Config.ACL. aclMu orders
+	// reloads.
+	acl   atomic.Pointer[aclState]
+	aclMu sync.Mutex
+	auth  authStats
+
+	adminReleases atomic.Uint64 // AdminRelease calls that released a grant
+
 	// Answers waiting for a commit (commit.go); committer is nil when the
 	// node answers at once.
-	committer      repl.Committer
-	heldMu         sync.Mutex
-	heldSet        map[*session]struct{} // sessions holding answers
-	committed      uint64                // guarded by heldMu
-	committedA     atomic.Uint64         // committed, for the fast path
-	lostLo, lostHi uint64                // guarded by heldMu: abandoned records (lostLo, lostHi]
+	committer  repl.Committer
+	heldMu     sync.Mutex
+	heldSet    map[*session]struct{} // sessions holding answers
+	committed  uint64                // guarded by heldMu
+	committedA atomic.Uint64         // committed, for the fast path
+	abandons   uint64                // guarded by heldMu: Abandon calls so far
+	abandonsA  atomic.Uint64         // abandons, for stamping answers without the lock
+	lost       [lostKept]uint64      // guarded by heldMu: lost[k % lostKept] is the seq of Abandon number k
 }
 
 // ErrStopped is Serve's error when the engine stopped while no Shutdown
@@ -104,12 +126,23 @@ func New(cfg Config) (*Server, error) {
 		heldSet:   make(map[*session]struct{}),
 	}
 	s.committer, _ = cfg.Node.(repl.Committer)
+	if cfg.TLS != nil {
+		s.tlsConf = serverTLS(cfg.TLS)
+		s.tlsSet = make(map[*tlsConn]struct{})
+		s.tlsStats = new(loopStats)
+		s.loops.Store(tlsStatsKey{}, s.tlsStats)
+	}
 	s.scratch.New = func() any { return new(scratch) }
 	table, err := s.node.Open(cfg.Table, s.now, s.log)
 	if err != nil {
 		return nil, err
 	}
 	s.table = table
+	newRateLog(&s.auth.log)
+	newRateLog(&s.auth.refusedLog)
+	if cfg.ACL != nil {
+		s.acl.Store(s.newACLState(cfg.ACL))
+	}
 	return s, nil
 }
 
@@ -119,6 +152,9 @@ func (s *Server) now() int64 { return int64(time.Since(s.epoch)) }
 // Now returns the table's clock (monotonic ns), for comparing with lease
 // deadlines from Table().Lookup.
 func (s *Server) Now() int64 { return s.now() }
+
+// Logger returns the server's logger (for the admin endpoint's lines).
+func (s *Server) Logger() *slog.Logger { return s.log }
 
 // Config returns the server's validated configuration.
 func (s *Server) Config() Config { return s.cfg }
@@ -245,6 +281,16 @@ func (s *Server) accept(ln net.Listener, h *handler) error {
 			}
 			continue
 		}
+		if s.tlsConf != nil {
+			// A TLS connection runs on goroutines of its own (tlsconn.go);
+			// it counts under --max-conns from here, handshake included.
+			s.conns.Add(1)
+			if !s.startTLS(c, h) {
+				s.conns.Add(-1)
+				c.Close()
+			}
+			continue
+		}
 		if _, err := s.cli.Enroll(c); err != nil {
 			c.Close()
 			if s.stopped.Load() {
@@ -270,6 +316,9 @@ func (s *Server) stopLoops() {
 	s.stopOnce.Do(func() {
 		s.stopListening()
 		close(s.stop)
+		if s.tlsConf != nil {
+			s.stopTLS()
+		}
 		if s.cli != nil {
 			if err := s.cli.Stop(); err != nil {
 				s.log.Warn("stopping the event loops", "err", err)
@@ -301,7 +350,7 @@ func (s *Server) boot(addr string) bool {
 		s.serveErr = err
 		return false
 	}
-	s.log.Info("ready", "addr", addr, "loops", s.cfg.Loops)
+	s.log.Info("ready", "addr", addr, "loops", s.cfg.Loops, "tls", s.tlsConf != nil)
 	close(s.ready)
 	return true
 }
@@ -471,6 +520,39 @@ func (s *Server) Close() error {
 	s.stopLoops()
 	<-s.done
 	return s.closeNode(repl.Discard)
+}
+
+// tlsStatsKey is the TLS connections' entry in Server.loops.
+type tlsStatsKey struct{}
+
+// serverTLS is the client port's configuration made from the caller's:
+// at least TLS 1.2, and dynamic record sizing off (each Write of at most
+// tlsRecord bytes then makes one record: the delivery tracking relies on
+// it), also in what GetConfigForClient returns (cloned per handshake
+// unless it is so already).
+func serverTLS(c *tls.Config) *tls.Config {
+	fix := func(c *tls.Config) *tls.Config {
+		if c.MinVersion >= tls.VersionTLS12 && c.DynamicRecordSizingDisabled {
+			return c
+		}
+		c = c.Clone()
+		c.MinVersion = max(c.MinVersion, tls.VersionTLS12)
+		c.DynamicRecordSizingDisabled = true
+		return c
+	}
+	out := c.Clone()
+	out.MinVersion = max(out.MinVersion, tls.VersionTLS12)
+	out.DynamicRecordSizingDisabled = true
+	if get := c.GetConfigForClient; get != nil {
+		out.GetConfigForClient = func(hi *tls.ClientHelloInfo) (*tls.Config, error) {
+			cc, err := get(hi)
+			if err != nil || cc == nil {
+				return cc, err
+			}
+			return fix(cc), nil
+		}
+	}
+	return out
 }
 
 // gnetLogger sends gnet's logs to slog.

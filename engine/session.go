@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"net"
 	"sync"
 	"sync/atomic"
 
@@ -19,9 +20,17 @@ type scratch struct {
 	req    proto.Request
 	local  []*session // sessions of this loop with mail to flush after the batch
 	cnt    counts     // this batch's request tally
+	// gen is the number of Abandon calls made before the state its answers
+	// come from (commit.go): taken when the scratch is, lowered by mail
+	// made earlier.
+	gen uint64
 }
 
-func (s *Server) getScratch() *scratch { return s.scratch.Get().(*scratch) }
+func (s *Server) getScratch() *scratch {
+	b := s.scratch.Get().(*scratch)
+	b.gen = s.abandonsA.Load()
+	return b
+}
 
 func (s *Server) putScratch(b *scratch) {
 	b.out = b.out[:0]
@@ -65,12 +74,43 @@ func appendGrant(dst []byte, grants *[]grantRef, owner, token uint64, key []byte
 	return dst
 }
 
-// session is one client connection.
+// wire is what a session needs of its connection. A gnet.Conn is one (a
+// plaintext connection, on an event loop); a *tlsConn is the other (a TLS
+// connection, on goroutines of its own: tlsconn.go). Peek, Discard and
+// Write are called by the session's batches only; OutboundBuffered by its
+// batches and its close; Wake, Close and RemoteAddr from any goroutine.
+type wire interface {
+	// Peek(-1) returns every unread inbound byte; Discard consumes n.
+	Peek(n int) ([]byte, error)
+	Discard(n int) (int, error)
+	// Write hands b to the socket without blocking: what the socket does
+	// not take now is buffered and counted by OutboundBuffered until it
+	// does (for TLS: until the records holding it reached the kernel).
+	Write(b []byte) (int, error)
+	OutboundBuffered() int
+	// Wake makes the session run a batch soon (its mailbox, held answers,
+	// unread requests); Close closes the connection (its batches' owner
+	// then runs the close).
+	Wake(cb gnet.AsyncCallback) error
+	Close() error
+	RemoteAddr() net.Addr
+}
+
+// session is one client connection, plaintext (gnet) or TLS: the request
+// handling (handler.traffic, write, the close) is the same for both.
 type session struct {
-	c     gnet.Conn
+	c     wire
 	tconn *shard.Conn    // the table's handle: this connection's queued acquires
-	loop  gnet.EventLoop // the loop that owns c
-	st    *loopStats     // that loop's counters
+	loop  gnet.EventLoop // the loop that owns c; nil for a TLS connection
+	st    *loopStats     // that loop's counters (the TLS connections' own)
+
+	// certCN is the Subject Common Name of the client certificate that the
+	// TLS handshake verified against --tls-client-ca: "" on a plaintext
+	// connection and without --tls-client-ca. Set before the session's
+	// first batch, never changed. The identity code authenticates the
+	// connection from it (PROTOCOL.md §8.3: "at once when its verified
+	// client certificate's Common Name is an identity of the file").
+	certCN string
 
 	// Owned by the connection's event loop.
 	written uint64   // bytes handed to c.Write so far
@@ -91,6 +131,13 @@ type session struct {
 	// (outbound bytes plus mail), read by Shutdown from another goroutine.
 	backlog atomic.Int64
 
+	// The connection's identity with an ACL (auth.go): auth is the loop's;
+	// ident is its table handle for SetACL's sweep, and removed says a
+	// reload removed it (counted once).
+	auth    sessAuth
+	ident   atomic.Uint32
+	removed atomic.Bool
+
 	// partialSince is when the partial frame that ends the inbound buffer
 	// was first seen (the table's clock, 0: none); listed says the session
 	// is in the handler's list of sessions with a partial frame. Written by
@@ -104,6 +151,7 @@ type session struct {
 	mgrants []grantRef // the A frames in mbox
 	woken   bool       // a Wake is on its way
 	closed  bool       // no more mail: grants posted now are undeliverable
+	mgen    uint64     // the lowest scratch.gen of the mail in mbox
 }
 
 // pgrant is a grant frame that may not have reached the socket.
@@ -121,6 +169,11 @@ const (
 	keepPKeys = 16 << 10
 )
 
+// CertCommonName returns the Subject Common Name of the connection's
+// verified client certificate (see certCN), "" if it has none. Safe from
+// any goroutine.
+func (ss *session) CertCommonName() string { return ss.certCN }
+
 func (ss *session) hasMail() bool {
 	ss.mu.Lock()
 	n := len(ss.mbox)
@@ -133,11 +186,14 @@ func (ss *session) hasMail() bool {
 // With local set (the caller runs on ss's own loop and will flush it after
 // its batch) no Wake is sent; flush reports whether the caller must flush
 // ss (it claimed the pending wake-up).
-func (ss *session) post(e *shard.Effect, local bool, moved string) (ok, flush bool) {
+func (ss *session) post(e *shard.Effect, local bool, moved string, gen uint64) (ok, flush bool) {
 	ss.mu.Lock()
 	if ss.closed {
 		ss.mu.Unlock()
 		return false, false
+	}
+	if len(ss.mbox) == 0 || gen < ss.mgen {
+		ss.mgen = gen
 	}
 	ss.mbox = appendEffect(ss.mbox, &ss.mgrants, e, moved)
 	claim := !ss.woken
@@ -155,6 +211,7 @@ func (ss *session) takeMail(b *scratch) (took bool) {
 	ss.woken = false
 	took = len(ss.mbox) > 0
 	if took {
+		b.gen = min(b.gen, ss.mgen)
 		b.out, b.grants = appendAnswers(b.out, b.grants, ss.mbox, ss.mgrants)
 		ss.mbox = ss.mbox[:0]
 		ss.mgrants = ss.mgrants[:0]

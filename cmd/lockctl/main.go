@@ -3,47 +3,35 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/lockd-dev/lockd/client"
+	"github.com/lockd-dev/lockd/internal/version"
 )
 
 // Exit codes. run exits with the command's own code when it ran to its end.
 const (
-	exitOK            = 0
-	exitError         = 1  // lockd unreachable (no connection), server error, bad answer
-	exitUsage         = 2  // bad command line
-	exitTimeout       = 10 // the wait ended with the lock still held elsewhere (T)
-	exitBusy          = 11 // the server's queue or capacity is full (B)
-	exitIndeterminate = 12 // the outcome is unknown: the lock may or may not have been granted
-	exitNotHeld       = 13 // release/renew: the token is not the key's current grant (N)
-	exitLockLost      = 14 // run: the lock was lost while the command ran; the command was killed
-	exitCannotExec    = 126
-	exitNotFound      = 127
+	exitOK               = 0
+	exitError            = 1  // lockd unreachable (no connection), server error, bad answer
+	exitUsage            = 2  // bad command line
+	exitTimeout          = 10 // the wait ended with the lock still held elsewhere (T)
+	exitBusy             = 11 // the server's queue or capacity is full (B)
+	exitIndeterminate    = 12 // the outcome is unknown: the lock may or may not have been granted
+	exitNotHeld          = 13 // release/renew: the token is not the key's current grant (N)
+	exitLockLost         = 14 // run: the lock was lost while the command ran; the command was killed
+	exitUnauthenticated  = 15 // the server refused the identity or requires one (E 5, admin 401)
+	exitPermissionDenied = 16 // the identity may not use this key (E 6) or the admin endpoint (403)
+	exitCannotExec       = 126
+	exitNotFound         = 127
 )
 
-const usageText = `Usage: lockctl COMMAND [flags] [args]
-
-Commands:
-  acquire KEY [--wait 10s] [--lease 30s]   take the lock and print its token
-  release KEY TOKEN                         release the lock held with TOKEN
-  renew KEY TOKEN [--lease 30s]             restart the lease of TOKEN
-  ping                                      measure the round trip to a server
-  status [KEY]                              server status, or one key's holder and waiters
-  run KEY [flags] -- CMD [ARGS...]          run CMD while holding the lock
-
-Common flags (also after the command):
-  --addr HOST:PORT   server address, repeatable (env LOCKD_ADDRS, comma-separated; default 127.0.0.1:7070)
-  --admin HOST:PORT  admin endpoint for status (env LOCKD_ADMIN; default: each --addr's port + 1)
-  --timeout D        network timeout for commands other than waiting for a lock (default 10s)
-
-Exit codes:
+const exitCodesText = `Exit codes:
   0    success (run: the command's own exit code)
   1    error: lockd unreachable (refused, closed at once, no connection), server error
   2    bad command line
@@ -52,92 +40,156 @@ Exit codes:
   12   indeterminate: the lock may or may not have been granted
   13   not held: the token is not the key's current grant
   14   run: the lock was lost while the command ran; the command was killed
+  15   unauthenticated: lockd refused the identity, or requires one (--identity, --secret-file)
+  16   permission denied: the identity may not lock this key, or read the admin endpoint
   126  run: the command could not be executed
-  127  run: the command was not found
+  127  run: the command was not found`
 
-Run "lockctl COMMAND --help" for a command's flags.
-`
+const rootLong = `lockctl is lockd's command-line client: take, renew and release locks, run a
+command while holding one, ping a server and show what it is doing.
+
+Every command that talks to lockd takes --addr (repeatable; env LOCKD_ADDRS,
+comma-separated; default 127.0.0.1:7070) and --timeout, the TLS flags (--tls,
+--tls-ca, --tls-cert, --tls-key, --tls-server-name) and the credentials
+(--identity or LOCKD_IDENTITY, --secret-file or LOCKD_SECRET_FILE: a secret is
+never taken from the command line). -o json prints results (and errors, on
+stderr) as JSON.
+
+` + exitCodesText
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// common are the flags every command takes.
-type common struct {
-	addrs   addrList
-	admin   string
-	timeout time.Duration
+// app is one invocation: its streams, and what report needs to know.
+type app struct {
+	stdout, stderr io.Writer
+	out            *output // the command's -o, once parsed (nil: text)
+	ran            bool    // a command's RunE started: its errors are mapped by report
 }
 
-type addrList []string
-
-func (a *addrList) String() string     { return strings.Join(*a, ",") }
-func (a *addrList) Set(v string) error { *a = append(*a, v); return nil }
-
-func (c *common) register(fs *flag.FlagSet) {
-	fs.Var(&c.addrs, "addr", "server address host:port, repeatable (env LOCKD_ADDRS)")
-	fs.StringVar(&c.admin, "admin", "", "admin endpoint host:port for status (env LOCKD_ADMIN; default: each --addr's host at its port + 1, as lockd's own default)")
-	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "network timeout for everything but the wait for a lock")
+func run(args []string, stdout, stderr io.Writer) int {
+	a := &app{stdout: stdout, stderr: stderr}
+	root := a.rootCmd()
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	if err == nil {
+		return exitOK
+	}
+	if !a.ran {
+		// Cobra's own errors: an unknown command or flag, a flag value
+		// that does not parse, an argument count.
+		var ue usageError
+		if !errors.As(err, &ue) {
+			ue = usageError(err.Error())
+		}
+		return a.report(ue, cmd)
+	}
+	return a.report(err, cmd)
 }
 
-func (c *common) finish() error {
-	if len(c.addrs) == 0 {
-		if env := os.Getenv("LOCKD_ADDRS"); env != "" {
-			for _, a := range strings.Split(env, ",") {
-				if a = strings.TrimSpace(a); a != "" {
-					c.addrs = append(c.addrs, a)
+// rootCmd builds the command tree. A group of subcommands (acl; member
+// later) is a command without RunE whose children do the work.
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "lockctl",
+		Short:         "lockd's command-line client",
+		Long:          rootLong,
+		Version:       version.Read("").String(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		// An unknown command reaches RunE (a root without Args would be
+		// judged by cobra's legacy rules, which let "lockctl" alone print
+		// help and exit 0).
+		Args: cobra.ArbitraryArgs,
+		RunE: a.wrap(func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				msg := fmt.Sprintf("unknown command %q", args[0])
+				if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+					msg += "; did you mean " + strings.Join(s, " or ") + "?"
 				}
+				return usageError(msg)
 			}
+			fmt.Fprint(a.stderr, cmd.UsageString())
+			return &exitErr{code: exitUsage}
+		}),
+	}
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetVersionTemplate("lockctl {{.Version}}\n")
+	root.SetUsageTemplate(usageTemplate)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		msg := err.Error()
+		if strings.Contains(msg, "--secret") && !strings.Contains(msg, "--secret-file") {
+			msg += " (lockctl reads a secret only from a file: --secret-file or LOCKD_SECRET_FILE)"
+		}
+		return usageError(msg)
+	})
+	root.AddGroup(
+		&cobra.Group{ID: "locks", Title: "Locks:"},
+		&cobra.Group{ID: "servers", Title: "Servers:"},
+		&cobra.Group{ID: "setup", Title: "Setting up:"},
+	)
+	root.SetHelpCommandGroupID("setup")
+	root.SetCompletionCommandGroupID("setup")
+	for _, c := range []*cobra.Command{a.acquireCmd(), a.releaseCmd(), a.renewCmd(), a.runCmd()} {
+		c.GroupID = "locks"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{a.pingCmd(), a.statusCmd()} {
+		c.GroupID = "servers"
+		root.AddCommand(c)
+	}
+	acl := a.aclCmd()
+	acl.GroupID = "setup"
+	root.AddCommand(acl)
+	// Cobra's completion command (bash, zsh, fish, powershell), made now
+	// so that it exits 2 without a shell or with an unknown one, like the
+	// other groups.
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			g := a.group(c.Use, c.Short, c.Long)
+			c.Args, c.RunE = g.Args, g.RunE
+			c.Example = `  source <(lockctl completion bash)      # this shell (needs the bash-completion package)
+  lockctl completion bash > /etc/bash_completion.d/lockctl
+  lockctl completion zsh > "${fpath[1]}/_lockctl"
+  lockctl completion fish > ~/.config/fish/completions/lockctl.fish`
 		}
 	}
-	if len(c.addrs) == 0 {
-		c.addrs = addrList{"127.0.0.1:7070"}
-	}
-	if c.admin == "" {
-		c.admin = os.Getenv("LOCKD_ADMIN")
-	}
-	if c.timeout <= 0 {
-		return usageErr("--timeout must be positive")
-	}
-	return nil
+	return root
 }
 
-// context bounds one command's network work: the client's own transport
-// deadline (--timeout) comes first and names what failed; the context is
-// only a backstop.
-func (c *common) context() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), c.timeout+time.Second)
-}
+// usageTemplate is cobra's, with the usage line on the first line (as
+// "Usage: lockctl acquire KEY [flags]") and no "Global Flags": every
+// command lists the flags it takes, and only those.
+const usageTemplate = `Usage: {{if .HasAvailableSubCommands}}{{.CommandPath}} COMMAND [flags]{{else}}{{.UseLine}}{{end}}{{if gt (len .Aliases) 0}}
 
-// client returns a client for one command and checks, with a ping, that
-// a server answers: a refused dial on every address fails at once with
-// the dial error (FailFast), and a server that accepts and closes at once
-// (lockd at --max-conns) is reported as that, before any request that
-// could be left indeterminate is sent.
-func (c *common) client(ctx context.Context) (*client.Client, error) {
-	cfg := client.DefaultConfig()
-	cfg.Addrs = c.addrs
-	cfg.DialTimeout = c.timeout
-	cfg.TransportTimeout = c.timeout
-	cfg.FailFast = true
-	cl, err := client.New(cfg)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := cl.Ping(ctx); err != nil {
-		cl.Close()
-		return nil, pingErr(err)
-	}
-	return cl, nil
-}
+Aliases:
+  {{.NameAndAliases}}{{end}}{{if .HasExample}}
 
-// pingErr words a failed ping: its ErrTimeout is a pong that did not come
-// back, not a lock held elsewhere (exit 10).
-func pingErr(err error) error {
-	if errors.Is(err, client.ErrTimeout) {
-		return &exitErr{code: exitError, msg: "no pong within --timeout (" + err.Error() + ")"}
+Examples:
+{{.Example}}{{end}}{{if .HasAvailableSubCommands}}{{$cmds := .Commands}}{{if eq (len .Groups) 0}}
+
+Commands:{{range $cmds}}{{if (or .IsAvailableCommand (eq .Name "help"))}}
+  {{rpad .Name .NamePadding }} {{.Short}}{{end}}{{end}}{{else}}{{range $group := .Groups}}
+
+{{.Title}}{{range $cmds}}{{if (and (eq .GroupID $group.ID) (or .IsAvailableCommand (eq .Name "help")))}}
+  {{rpad .Name .NamePadding }} {{.Short}}{{end}}{{end}}{{end}}{{end}}{{end}}{{if .HasAvailableLocalFlags}}
+
+Flags:
+{{.LocalFlags.FlagUsages | trimTrailingWhitespaces}}{{end}}{{if .HasAvailableSubCommands}}
+
+Run "{{.CommandPath}} COMMAND --help" for a command's flags and examples.{{end}}
+`
+
+// wrap marks that a command's own code runs: from then on its errors are
+// its outcome, mapped to exit codes by report.
+func (a *app) wrap(f func(*cobra.Command, []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		a.ran = true
+		return f(cmd, args)
 	}
-	return err
 }
 
 // usageError is a bad command line (exit 2).
@@ -147,94 +199,6 @@ func (e usageError) Error() string { return string(e) }
 
 func usageErr(format string, a ...any) error { return usageError(fmt.Sprintf(format, a...)) }
 
-// checkWaitLease validates --wait (0..255s; nil: the command has none) and
-// --lease (1s..255s) with messages that name the flag: lease 0 would
-// otherwise be the client's default lease, not the 1s..255s the help
-// promises.
-func checkWaitLease(wait, lease *time.Duration) error {
-	if wait != nil && (*wait < 0 || *wait > 255*time.Second) {
-		return usageErr("--wait %v: must be 0..255s", *wait)
-	}
-	if *lease < time.Second || *lease > 255*time.Second {
-		return usageErr("--lease %v: must be 1s..255s", *lease)
-	}
-	return nil
-}
-
-// parse parses fs's flags wherever they stand among args (flags may follow
-// positional arguments) and returns the positional arguments.
-func parse(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return pos, nil
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-}
-
-func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: lockctl %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usageText)
-		return exitUsage
-	}
-	// Common flags may come before the command: move them after it.
-	var lead []string
-	for len(args) > 0 && strings.HasPrefix(args[0], "-") && args[0] != "--" {
-		a := args[0]
-		if a == "-h" || a == "--help" || a == "-help" {
-			break
-		}
-		n := 2
-		if strings.Contains(a, "=") {
-			n = 1
-		}
-		n = min(n, len(args))
-		lead, args = append(lead, args[:n]...), args[n:]
-	}
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usageText)
-		return exitUsage
-	}
-	cmd, rest := args[0], append(lead, args[1:]...)
-	var err error
-	switch cmd {
-	case "-h", "--help", "-help", "help":
-		fmt.Fprint(stdout, usageText)
-		return exitOK
-	case "acquire":
-		err = cmdAcquire(rest, stdout, stderr)
-	case "release":
-		err = cmdRelease(rest, stdout, stderr)
-	case "renew":
-		err = cmdRenew(rest, stdout, stderr)
-	case "ping":
-		err = cmdPing(rest, stdout, stderr)
-	case "status":
-		err = cmdStatus(rest, stdout, stderr)
-	case "run":
-		err = cmdRun(rest, stdout, stderr)
-	default:
-		fmt.Fprintf(stderr, "lockctl: unknown command %q\n\n%s", cmd, usageText)
-		return exitUsage
-	}
-	return report(err, stderr)
-}
-
 // exitErr carries an exit code and a message (empty: print nothing).
 type exitErr struct {
 	code int
@@ -243,32 +207,47 @@ type exitErr struct {
 
 func (e *exitErr) Error() string { return e.msg }
 
-// report prints err in a sentence and maps it to an exit code.
-func report(err error, stderr io.Writer) int {
-	if err == nil {
-		return exitOK
+// report prints err in a sentence (a JSON object with -o json) and maps
+// it to an exit code.
+func (a *app) report(err error, cmd *cobra.Command) int {
+	if a.out == nil && cmd != nil {
+		// An error before the command checked its flags: follow its -o
+		// if it parsed.
+		if f := cmd.Flags().Lookup("output"); f != nil && f.Value.String() == "json" {
+			a.out = &output{format: "json"}
+		}
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
+	code, msg := classify(err)
+	if msg == "" {
+		return code
+	}
+	if code == exitUsage && cmd != nil {
+		msg += "\nRun \"" + cmd.CommandPath() + " --help\" for usage."
+	}
+	a.out.message(a.stderr, "error", msg, code)
+	return code
+}
+
+// classify maps err to an exit code and its sentence.
+func classify(err error) (int, string) {
+	if err == nil {
+		return exitOK, ""
 	}
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "lockctl: %s\n", ue)
-		return exitUsage
+		return exitUsage, string(ue)
 	}
 	var ee *exitErr
 	if errors.As(err, &ee) {
-		if ee.msg != "" {
-			fmt.Fprintf(stderr, "lockctl: %s\n", ee.msg)
-		}
-		return ee.code
-	}
-	if strings.Contains(err.Error(), "flag provided but not defined") || strings.Contains(err.Error(), "invalid value") {
-		return exitUsage // the flag package has printed it
+		return ee.code, ee.msg
 	}
 	code, msg := exitError, err.Error()
 	var se *client.ServerError
 	switch {
+	case errors.Is(err, client.ErrUnauthenticated):
+		code = exitUnauthenticated
+	case errors.Is(err, client.ErrPermissionDenied):
+		code = exitPermissionDenied
 	case errors.Is(err, client.ErrIndeterminate):
 		code, msg = exitIndeterminate, "outcome indeterminate: the lock may or may not have been granted; it will be freed at the latest when its lease ends ("+err.Error()+")"
 	case errors.Is(err, client.ErrNoConnection):
@@ -292,8 +271,7 @@ func report(err error, stderr io.Writer) int {
 	case errors.Is(err, client.ErrInvalidKey), errors.Is(err, client.ErrInvalidLease), errors.Is(err, client.ErrInvalidWait):
 		code = exitUsage
 	}
-	fmt.Fprintf(stderr, "lockctl: %s\n", msg)
-	return code
+	return code, msg
 }
 
 // notAcquireErr words an indeterminate release or renew for what it is
@@ -311,131 +289,4 @@ func parseToken(s string) (uint64, error) {
 		return 0, usageErr("TOKEN %q: want the decimal token printed by acquire", s)
 	}
 	return t, nil
-}
-
-// args parses fs's flags and exactly want positional arguments (usage
-// names them when they are wrong), then finishes the common flags.
-func (c *common) args(fs *flag.FlagSet, args []string, want int, usage string) ([]string, error) {
-	pos, err := parse(fs, args)
-	if err != nil {
-		return nil, err
-	}
-	if len(pos) != want {
-		return nil, usageErr("%s", usage)
-	}
-	return pos, c.finish()
-}
-
-// lockArgs parses the KEY TOKEN arguments of release and renew.
-func (c *common) lockArgs(fs *flag.FlagSet, args []string, cmd string) (client.Lock, error) {
-	pos, err := c.args(fs, args, 2, cmd+" takes KEY and TOKEN")
-	if err != nil {
-		return client.Lock{}, err
-	}
-	tok, err := parseToken(pos[1])
-	return client.Lock{Key: pos[0], Token: tok}, err
-}
-
-// dial returns a client whose server has answered a ping and the context
-// for one command's network work; done releases both.
-func (c *common) dial() (*client.Client, context.Context, func(), error) {
-	ctx, cancel := c.context()
-	cl, err := c.client(ctx)
-	if err != nil {
-		cancel()
-		return nil, nil, nil, err
-	}
-	return cl, ctx, func() { cancel(); cl.Close() }, nil
-}
-
-func cmdAcquire(args []string, stdout, stderr io.Writer) error {
-	var c common
-	fs := newFlagSet("acquire", "acquire KEY [--wait 10s] [--lease 30s]", stderr)
-	c.register(fs)
-	wait := fs.Duration("wait", 10*time.Second, "how long to wait for the lock, 0..255s (0: one attempt)")
-	lease := fs.Duration("lease", 30*time.Second, "lease, 1s..255s, rounded up to whole seconds")
-	pos, err := c.args(fs, args, 1, "acquire takes one KEY")
-	if err != nil {
-		return err
-	}
-	if err := checkWaitLease(wait, lease); err != nil {
-		return err
-	}
-	cl, _, done, err := c.dial()
-	if err != nil {
-		return err
-	}
-	defer done()
-	// The wait bounds the call (the client adds the answer's transit).
-	l, err := cl.Acquire(context.Background(), pos[0], client.AcquireOptions{Wait: *wait, Lease: *lease})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, l.Token)
-	return nil
-}
-
-func cmdRelease(args []string, stdout, stderr io.Writer) error {
-	var c common
-	fs := newFlagSet("release", "release KEY TOKEN", stderr)
-	c.register(fs)
-	l, err := c.lockArgs(fs, args, "release")
-	if err != nil {
-		return err
-	}
-	cl, ctx, done, err := c.dial()
-	if err != nil {
-		return err
-	}
-	defer done()
-	if err := cl.Release(ctx, l); err != nil {
-		return notAcquireErr("release", err)
-	}
-	fmt.Fprintln(stdout, "released")
-	return nil
-}
-
-func cmdRenew(args []string, stdout, stderr io.Writer) error {
-	var c common
-	fs := newFlagSet("renew", "renew KEY TOKEN [--lease 30s]", stderr)
-	c.register(fs)
-	lease := fs.Duration("lease", 30*time.Second, "new lease from now, 1s..255s")
-	l, err := c.lockArgs(fs, args, "renew")
-	if err != nil {
-		return err
-	}
-	if err := checkWaitLease(nil, lease); err != nil {
-		return err
-	}
-	cl, ctx, done, err := c.dial()
-	if err != nil {
-		return err
-	}
-	defer done()
-	l, err = cl.Renew(ctx, l, *lease)
-	if err != nil {
-		return notAcquireErr("renew", err)
-	}
-	fmt.Fprintf(stdout, "renewed until %s\n", l.Expires.Round(time.Millisecond).Format(time.RFC3339Nano))
-	return nil
-}
-
-func cmdPing(args []string, stdout, stderr io.Writer) error {
-	var c common
-	fs := newFlagSet("ping", "ping", stderr)
-	c.register(fs)
-	if _, err := c.args(fs, args, 0, "ping takes no arguments"); err != nil {
-		return err
-	}
-	cl, ctx, done, err := c.dial() // one ping to find a server
-	if err != nil {
-		return err
-	}
-	defer done()
-	rtt, err := cl.Ping(ctx) // one to measure
-	if err != nil {
-		return pingErr(err)
-	}
-	fmt.Fprintf(stdout, "pong from %s in %s\n", strings.Join(c.addrs, ","), rtt.Round(time.Microsecond))
-	return nil
 }

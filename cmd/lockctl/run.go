@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -13,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/lockd-dev/lockd/client"
 )
@@ -22,7 +22,13 @@ import (
 // --margin is promised for the group dead, not for the signal sent.
 const killLead = 100 * time.Millisecond
 
-const runSynopsis = "run KEY [--wait 10s] [--lease 30s] [--margin 2s] [--grace 5s] -- CMD [ARGS...]"
+// run's defaults, from which its help derives the lease arithmetic.
+const (
+	defaultRunWait   = 10 * time.Second
+	defaultRunLease  = 30 * time.Second
+	defaultRunMargin = 2 * time.Second
+	defaultRunGrace  = 5 * time.Second
+)
 
 // runOpts are run's settings.
 type runOpts struct {
@@ -35,70 +41,137 @@ type runOpts struct {
 	retryRenewIn time.Duration // pause before a failed renewal is retried
 }
 
-func cmdRun(args []string, stdout, stderr io.Writer) error {
-	var c common
-	fs := newFlagSet("run", runSynopsis, stderr)
-	c.register(fs)
-	var o runOpts
-	fs.DurationVar(&o.wait, "wait", 10*time.Second, "how long to wait for the lock, 0..255s")
-	fs.DurationVar(&o.lease, "lease", 30*time.Second, "lease, renewed in the background while the command runs, 1s..255s")
-	fs.DurationVar(&o.margin, "margin", 2*time.Second, "safety margin: when renewals fail, the command is dead this long before the lease can end")
-	fs.DurationVar(&o.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
-	fs.DurationVar(&o.renewEvery, "renew-every", 0, "renewal interval (default: a third of the lease)")
-	dash := -1
-	for i, a := range args {
-		if a == "--" {
-			dash = i
-			break
+// renewInterval is the renewal interval run uses: every, or a third of
+// the lease.
+func renewInterval(lease, every time.Duration) time.Duration {
+	if every == 0 {
+		return lease / 3
+	}
+	return every
+}
+
+// leaseFits is run's rule: when renewals fail, the command gets SIGTERM
+// margin + grace + killLead before the lease's conservative end; at least
+// one renewal interval must come before that.
+func leaseFits(lease, margin, grace, every time.Duration) bool {
+	every = renewInterval(lease, every)
+	return every > 0 && margin+grace+max(every, killLead) < lease
+}
+
+// minRunLease is the shortest whole-second lease leaseFits accepts, 0 if
+// none up to 255 s.
+func minRunLease(margin, grace, every time.Duration) time.Duration {
+	for l := time.Second; l <= 255*time.Second; l += time.Second {
+		if leaseFits(l, margin, grace, every) {
+			return l
 		}
 	}
-	if dash < 0 {
-		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+	return 0
+}
+
+// runLong is run's help, its numbers derived from the flags' defaults.
+func runLong() string {
+	m, g := defaultRunMargin, defaultRunGrace
+	every := renewInterval(defaultRunLease, 0)
+	return fmt.Sprintf(`run takes the lock on KEY (waiting up to --wait), starts CMD in its own
+process group with LOCKD_KEY and LOCKD_TOKEN (the fencing token) in its
+environment, and renews the lease while CMD runs. When CMD exits, anything it
+left in its process group is stopped, the lock is released, and lockctl exits
+with CMD's exit code. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to the
+group; sent while run still waits for the lock, they end the wait (exit
+128 + the signal) and CMD never starts.
+
+If the lock is lost — a renewal answered "not held", or refused for the
+identity, or renewals failing so long that the lease could end — run stops
+the whole group (grandchildren included): SIGTERM, then SIGKILL after --grace,
+timed so that the group is dead --margin before the lease can end on the
+server; then it exits 14.
+
+Lease arithmetic. The lease is renewed every --renew-every (default: a third
+of --lease). When renewals fail, SIGTERM goes out --margin + --grace + %v
+before the lease's conservative end, so at least one renewal interval must
+fit before that:
+
+    --lease > --margin + --grace + the renewal interval
+
+With the defaults (--margin %v, --grace %v, renewal every lease/3) that is
+lease > %v + lease/3, so lease > %v: the shortest --lease run accepts with
+the other defaults is %v (leases are whole seconds). With the default --lease
+%v, renewals run every %v and a command whose renewals keep failing gets
+SIGTERM %v before the lease could end. A shorter lease needs a smaller
+--margin, --grace or --renew-every.`,
+		killLead, m, g, m+g, (m+g)*3/2, minRunLease(m, g, 0), defaultRunLease, every, m+g+killLead)
+}
+
+func (a *app) runCmd() *cobra.Command {
+	var o runOpts
+	cmd := &cobra.Command{
+		Use:   "run KEY [flags] -- CMD [ARGS...]",
+		Short: "run a command while holding a lock",
+		Long:  runLong(),
+		Example: `  lockctl run nightly-report --wait 10s --lease 30s -- ./report.sh
+  lockctl run jobs/import --wait 0 -- sh -c 'import --fence-token "$LOCKD_TOKEN"'   # skip if held (exit 10)
+  lockctl run billing/close --lease 11s -- ./close-books                             # the shortest lease with the defaults`,
+		DisableFlagsInUseLine: true,
+	}
+	f := cmd.Flags()
+	f.DurationVar(&o.wait, "wait", defaultRunWait, "how long to wait for the lock, 0..255s")
+	f.DurationVar(&o.lease, "lease", defaultRunLease, "lease, renewed in the background while the command runs, 1s..255s (see Lease arithmetic)")
+	f.DurationVar(&o.margin, "margin", defaultRunMargin, "safety margin: when renewals fail, the command is dead this long before the lease can end")
+	f.DurationVar(&o.grace, "grace", defaultRunGrace, "time between SIGTERM and SIGKILL when the lock is lost")
+	f.DurationVar(&o.renewEvery, "renew-every", 0, "renewal interval (default: a third of the lease)")
+	out := a.outputFlag(cmd)
+	cmd.Flags().Lookup("output").Usage = "format of run's own messages on stderr: text or json (the command's output is its own)"
+	c := connFlags(cmd)
+	cmd.RunE = a.wrap(func(cmd *cobra.Command, args []string) error {
+		if err := a.checkOutput(out); err != nil {
 			return err
 		}
-		return usageErr("run needs -- before the command: lockctl %s", runSynopsis)
-	}
-	pos, err := parse(fs, args[:dash])
-	if err != nil {
-		return err
-	}
-	o.argv = args[dash+1:]
-	if len(pos) != 1 {
-		return usageErr("run takes one KEY before --")
-	}
-	if len(o.argv) == 0 {
-		return usageErr("run needs a command after --")
-	}
-	o.key = pos[0]
-	if err := c.finish(); err != nil {
-		return err
-	}
-	if err := checkWaitLease(&o.wait, &o.lease); err != nil {
-		return err
-	}
-	o.lease = (o.lease + time.Second - 1) / time.Second * time.Second // what the server will use
-	if o.margin < 0 || o.grace < 0 {
-		return usageErr("--margin and --grace must not be negative")
-	}
-	if o.renewEvery == 0 {
-		o.renewEvery = o.lease / 3
-	}
-	if o.renewEvery <= 0 || o.margin+o.grace+max(o.renewEvery, killLead) >= o.lease {
-		return usageErr("--lease %v must exceed --margin %v + --grace %v + the renewal interval %v", o.lease, o.margin, o.grace, o.renewEvery)
-	}
-	o.retryRenewIn = min(o.renewEvery/4, time.Second)
-	ctx, cancel := c.context()
-	cl, err := c.client(ctx)
-	cancel()
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	return runLocked(cl, &c, &o, stderr)
+		dash := cmd.ArgsLenAtDash()
+		if dash < 0 {
+			return usageErr("run needs -- before the command: lockctl %s", cmd.Use)
+		}
+		pos, argv := args[:dash], args[dash:]
+		if len(pos) != 1 {
+			return usageErr("run takes one KEY before --")
+		}
+		if len(argv) == 0 {
+			return usageErr("run needs a command after --")
+		}
+		o.key, o.argv = pos[0], argv
+		if err := c.finish(); err != nil {
+			return err
+		}
+		if err := checkWaitLease(&o.wait, &o.lease); err != nil {
+			return err
+		}
+		o.lease = (o.lease + time.Second - 1) / time.Second * time.Second // what the server will use
+		if o.margin < 0 || o.grace < 0 {
+			return usageErr("--margin and --grace must not be negative")
+		}
+		if !leaseFits(o.lease, o.margin, o.grace, o.renewEvery) {
+			msg := fmt.Sprintf("--lease %v must exceed --margin %v + --grace %v + the renewal interval %v", o.lease, o.margin, o.grace, renewInterval(o.lease, o.renewEvery))
+			if ml := minRunLease(o.margin, o.grace, o.renewEvery); ml > 0 {
+				msg += fmt.Sprintf("; with these, the shortest lease is %v", ml)
+			}
+			return usageError(msg + " (lockctl run --help: Lease arithmetic)")
+		}
+		o.renewEvery = renewInterval(o.lease, o.renewEvery)
+		o.retryRenewIn = min(o.renewEvery/4, time.Second)
+		ctx, cancel := c.context()
+		cl, err := c.client(ctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		return a.runLocked(cl, c, &o)
+	})
+	return cmd
 }
 
 // runLocked takes the lock, runs the command and guards it.
-func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error {
+func (a *app) runLocked(cl *client.Client, c *conn, o *runOpts) error {
 	// Forward these to the command's process group rather than dying.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
@@ -130,7 +203,7 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 		ctx, cancel := c.context()
 		defer cancel()
 		if err := cl.Release(ctx, l); err != nil && !errors.Is(err, client.ErrNotHeld) {
-			fmt.Fprintf(stderr, "lockctl: releasing %q failed (%v); the lease frees it within %v\n", o.key, err, o.lease)
+			a.warn("releasing %q failed (%v); the lease frees it within %v", o.key, err, o.lease)
 		}
 	}
 	if intr != nil {
@@ -155,7 +228,7 @@ func runLocked(cl *client.Client, c *common, o *runOpts, stderr io.Writer) error
 		Retry:  o.retryRenewIn,
 		Margin: o.margin + o.grace + killLead,
 		OnRenewError: func(err error) {
-			fmt.Fprintf(stderr, "lockctl: renewing %q failed: %v; retrying\n", o.key, err)
+			a.warn("renewing %q failed: %v; retrying", o.key, err)
 		},
 	})
 	cancel()
@@ -203,10 +276,13 @@ loop:
 		}
 	}
 	lost := fmt.Sprintf("renewals failed until %v before the lease could end", o.margin+o.grace)
-	if errors.Is(ka.Err(), client.ErrNotHeld) {
+	switch err := ka.Err(); {
+	case errors.Is(err, client.ErrNotHeld):
 		lost = "the server says the lock is no longer held (renew answered N)"
+	case errors.Is(err, client.ErrUnauthenticated), errors.Is(err, client.ErrPermissionDenied):
+		lost = "the server refused a renewal: " + err.Error()
 	}
-	fmt.Fprintf(stderr, "lockctl: lock %q lost: %s; stopping the command (SIGTERM, SIGKILL after %v)\n", o.key, lost, o.grace)
+	a.warn("lock %q lost: %s; stopping the command (SIGTERM, SIGKILL after %v)", o.key, lost, o.grace)
 	stopGroup(pgid, o.grace, done)
 	// No release: either the lock is someone else's now (N), or the server
 	// cannot be reached; its lease ends it.

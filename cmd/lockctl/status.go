@@ -7,79 +7,59 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/lockd-dev/lockd/api"
 )
 
-func cmdStatus(args []string, stdout, stderr io.Writer) error {
-	var c common
-	fs := newFlagSet("status", "status [KEY] [--admin HOST:PORT]", stderr)
-	c.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) > 1 {
-		return usageErr("status takes at most one KEY")
-	}
-	if err := c.finish(); err != nil {
-		return err
-	}
-	hc := &http.Client{Timeout: c.timeout}
-	admins := c.adminAddrs()
-	if len(pos) == 1 {
-		// A key's state is the active's (or leader's): ask the members in
-		// turn for the one that says it is.
-		base, err := activeAdmin(hc, admins)
-		if err != nil {
-			return err
-		}
-		var k api.Key
-		if err := getJSON(hc, base+api.PathKeys+api.KeyPath(pos[0]), &k); err != nil {
-			return err
-		}
-		if !k.Held {
-			fmt.Fprintf(stdout, "key:        %s\nstate:      free\n", k.Key)
-			return nil
-		}
-		fmt.Fprintf(stdout, "key:        %s\nstate:      held\ntoken:      %s\nlease left: %s\nwaiters:    %d\n",
-			k.Key, k.Token, (time.Duration(k.LeaseLeftMs) * time.Millisecond).String(), k.Waiters)
-		return nil
-	}
-	var firstErr error
-	shown := 0
-	for _, a := range admins {
-		var s api.Status
-		if err := getJSON(hc, "http://"+a+api.PathStatus, &s); err != nil {
-			if firstErr == nil {
-				firstErr = fmt.Errorf("%s: %w", a, err)
-			}
-			if len(admins) > 1 {
-				fmt.Fprintf(stdout, "server:      (admin %s unreachable: %v)\n\n", a, err)
-			}
-			continue
-		}
-		printStatus(stdout, &s)
-		if shown++; len(admins) > 1 {
-			fmt.Fprintln(stdout)
-		}
-	}
-	if shown == 0 {
-		return firstErr
-	}
-	return nil
+// admin is the --admin flag of the commands that use the admin endpoint,
+// and the HTTP client they reach it with: HTTPS with the connection
+// flags' TLS settings when TLS is on, basic authentication with the
+// identity and its secret when one is given (PROTOCOL.md §8.5).
+type admin struct {
+	addr string
+	c    *conn
+	hc   *http.Client
 }
 
-// adminAddrs are the admin endpoints to ask: --admin (or LOCKD_ADMIN) if
+func adminFlag(cmd *cobra.Command, c *conn) *admin {
+	ad := &admin{c: c}
+	cmd.Flags().StringVar(&ad.addr, "admin", "", "admin endpoint host:port (env "+envAdmin+"; default: each --addr's host at its port + 1, as lockd's own default)")
+	return ad
+}
+
+// finish applies the environment; after conn.finish.
+func (ad *admin) finish() {
+	if ad.addr == "" {
+		ad.addr = os.Getenv(envAdmin)
+	}
+	ad.hc = &http.Client{Timeout: ad.c.timeout}
+	if ad.c.tlsConfig != nil {
+		ad.hc.Transport = &http.Transport{TLSClientConfig: ad.c.tlsConfig.Clone(), Proxy: http.ProxyFromEnvironment}
+	}
+}
+
+// base is the URL of the admin endpoint at addr.
+func (ad *admin) base(addr string) string {
+	if ad.c.tlsConfig != nil {
+		return "https://" + addr
+	}
+	return "http://" + addr
+}
+
+// addrs are the admin endpoints to ask: --admin (or LOCKD_ADMIN) if
 // given, else every --addr's host at its port + 1 (lockd's default).
-func (c *common) adminAddrs() []string {
-	if c.admin != "" {
-		return []string{c.admin}
+func (ad *admin) addrs() []string {
+	if ad.addr != "" {
+		return []string{ad.addr}
 	}
 	var out []string
-	for _, a := range c.addrs {
+	for _, a := range ad.c.addrs {
 		host, port, err := net.SplitHostPort(a)
 		if err != nil {
 			continue
@@ -91,25 +71,129 @@ func (c *common) adminAddrs() []string {
 	return out
 }
 
-// activeAdmin returns the base URL of the admin endpoint of the member
-// that serves (a single node, the active, the leader), else the first
-// that answers.
-func activeAdmin(hc *http.Client, admins []string) (string, error) {
+// statusJSON is status's -o json document: one entry per admin endpoint
+// asked, with its /status or why it could not be read.
+type statusJSON struct {
+	Servers []serverJSON `json:"servers"`
+}
+
+type serverJSON struct {
+	Admin  string      `json:"admin"`
+	Status *api.Status `json:"status,omitempty"`
+	Error  string      `json:"error,omitempty"`
+}
+
+func (a *app) statusCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "status [KEY]",
+		Short: "show what a server is doing, or one key's holder and waiters",
+		Long: `status reads lockd's admin endpoint (HTTP, on lockd's port + 1 unless lockd
+was started with --admin): without KEY, each server's /status (role, cluster,
+keys held, waiters, connections, token marks, limits, members); with KEY, that
+key's state on the member that serves (single node, active or leader): free,
+or held with its token, lease left and waiters.
+
+With TLS flags the endpoint is reached over HTTPS with the same CA. With
+lockd's --acl it needs a monitor or admin identity: --identity and
+--secret-file are sent as HTTP basic authentication.`,
+		Example: `  lockctl status
+  lockctl status reports/nightly
+  lockctl --addr 127.0.0.1:7070 --addr 127.0.0.1:7080 --addr 127.0.0.1:7090 status
+  lockctl status -o json | jq '.servers[].status.role'`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usageError("status takes at most one KEY")
+			}
+			return nil
+		},
+	}
+	o := a.outputFlag(cmd)
+	c := connFlags(cmd)
+	ad := adminFlag(cmd, c)
+	cmd.RunE = a.wrap(func(_ *cobra.Command, pos []string) error {
+		if err := a.checkOutput(o); err != nil {
+			return err
+		}
+		if err := c.finish(); err != nil {
+			return err
+		}
+		ad.finish()
+		admins := ad.addrs()
+		if len(pos) == 1 {
+			// A key's state is the active's (or leader's): ask the members in
+			// turn for the one that says it is.
+			base, err := ad.active(admins)
+			if err != nil {
+				return err
+			}
+			var k api.Key
+			if err := ad.getJSON(base+api.PathKeys+api.KeyPath(pos[0]), &k); err != nil {
+				return err
+			}
+			return o.result(a.stdout, keyText(&k), &k)
+		}
+		var firstErr error
+		var doc statusJSON
+		var text strings.Builder
+		for _, addr := range admins {
+			var s api.Status
+			if err := ad.getJSON(ad.base(addr)+api.PathStatus, &s); err != nil {
+				if firstErr == nil {
+					firstErr = fmt.Errorf("%s: %w", addr, err)
+				}
+				doc.Servers = append(doc.Servers, serverJSON{Admin: addr, Error: err.Error()})
+				if len(admins) > 1 {
+					fmt.Fprintf(&text, "server:      (admin %s unreachable: %v)\n\n", addr, err)
+				}
+				continue
+			}
+			doc.Servers = append(doc.Servers, serverJSON{Admin: addr, Status: &s})
+			printStatus(&text, &s)
+			if len(admins) > 1 {
+				fmt.Fprintln(&text)
+			}
+		}
+		shown := 0
+		for _, sv := range doc.Servers {
+			if sv.Status != nil {
+				shown++
+			}
+		}
+		if shown == 0 {
+			return firstErr
+		}
+		return o.result(a.stdout, text.String(), &doc)
+	})
+	return cmd
+}
+
+func keyText(k *api.Key) string {
+	if !k.Held {
+		return fmt.Sprintf("key:        %s\nstate:      free\n", k.Key)
+	}
+	return fmt.Sprintf("key:        %s\nstate:      held\ntoken:      %s\nlease left: %s\nwaiters:    %d\n",
+		k.Key, k.Token, (time.Duration(k.LeaseLeftMs) * time.Millisecond).String(), k.Waiters)
+}
+
+// active returns the base URL of the admin endpoint of the member that
+// serves (a single node, the active, the leader), else the first that
+// answers.
+func (ad *admin) active(admins []string) (string, error) {
 	var first string
 	var firstErr error
 	for _, a := range admins {
 		var s api.Status
-		if err := getJSON(hc, "http://"+a+api.PathStatus, &s); err != nil {
+		if err := ad.getJSON(ad.base(a)+api.PathStatus, &s); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("%s: %w", a, err)
 			}
 			continue
 		}
 		if api.Serving(s.Role) {
-			return "http://" + a, nil
+			return ad.base(a), nil
 		}
 		if first == "" {
-			first = "http://" + a
+			first = ad.base(a)
 		}
 	}
 	if first != "" {
@@ -174,13 +258,32 @@ func seconds(s float64) string {
 	return (time.Duration(s * float64(time.Second))).Round(time.Microsecond).String()
 }
 
-func getJSON(hc *http.Client, u string, v any) error {
-	resp, err := hc.Get(u)
+// getJSON reads u's JSON into v, authenticating when an identity is
+// given. 401 and 403 map to exit 15 and 16.
+func (ad *admin) getJSON(u string, v any) error {
+	req, err := http.NewRequest(http.MethodGet, u, nil)
 	if err != nil {
-		return fmt.Errorf("admin endpoint: %v (lockd serves it on its port + 1 unless started with --admin; set --admin or LOCKD_ADMIN)", err)
+		return err
+	}
+	if ad.c.identity != "" {
+		req.SetBasicAuth(ad.c.identity, string(ad.c.secret))
+	}
+	resp, err := ad.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("admin endpoint: %v (lockd serves it on its port + 1 unless started with --admin; set --admin or %s)", err, envAdmin)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusUnauthorized:
+		why := "it needs a monitor or admin identity: --identity and --secret-file (or " + envIdentity + ", " + envSecretFile + ")"
+		if ad.c.identity != "" {
+			why = "it refused identity " + strconv.Quote(ad.c.identity) + ": unknown identity or wrong secret"
+		}
+		return &exitErr{code: exitUnauthenticated, msg: "admin endpoint " + u + ": " + resp.Status + ": " + why}
+	case http.StatusForbidden:
+		return &exitErr{code: exitPermissionDenied, msg: "admin endpoint " + u + ": " + resp.Status + ": identity " + strconv.Quote(ad.c.identity) + " is not a monitor or admin identity"}
+	default:
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fmt.Errorf("admin endpoint: %s: %s", resp.Status, b)
 	}

@@ -6,13 +6,19 @@
 //
 // SIGINT or SIGTERM shut it down gracefully (queued acquires are answered
 // with E 4, held locks are written to the data directory and reloaded by the
-// next start); it then exits 0.
+// next start); it then exits 0. SIGHUP re-reads the files that may change
+// under a running daemon (the TLS certificate, key and CA bundles and the
+// --acl file: a small registry of reload functions, reload.go); a file that
+// no longer loads is logged and the one in force stays. Without anything to
+// reload SIGHUP is logged and ignored.
 //
 // It owns the command line (flags validated at start with messages naming
-// the flag, exit 2; the libraries' repl.FieldErrors and engine.ConfigErrors
-// are worded here with the flag), the process's logging, signals and exit
-// codes, and the wiring: it picks the node (repl.NewLocal through the
-// engine's default, priority.New or raftnode.New) and hands it to engine
-// (the server) and admin (the HTTP endpoint). It must not import
-// lockd/client: the daemon never talks to another lockd as a client.
+// the flag, exit 2; the libraries' repl.FieldErrors, engine.ConfigErrors
+// and tlsconf.FieldErrors are worded here with the flag), the process's
+// logging, signals and exit codes, and the wiring: it picks the node
+// (repl.NewLocal through the engine's default, priority.New or
+// raftnode.New) and hands it to engine (the server) and admin (the HTTP
+// endpoint, HTTPS with --tls-cert), with tlsconf's TLS material. It must
+// not import lockd/client: the daemon never talks to another lockd as a
+// client.
 package main

@@ -18,12 +18,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockd-dev/lockd/acl"
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/priority"
 	"github.com/lockd-dev/lockd/repl/raftnode"
+	"github.com/lockd-dev/lockd/tlsconf"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -45,6 +47,12 @@ type options struct {
 	showVersion bool
 	cluster     string             // "", "priority" or "raft"
 	member      repl.ClusterConfig // the cluster flags, when cluster != ""
+	// tls is the TLS material of --tls-cert, --tls-key, --tls-client-ca and
+	// --tls-peer-ca (nil: plaintext): the client port's and the admin
+	// endpoint's configurations, and the member link's certificate and
+	// peer CAs (Certificate, PeerCAs), all following SIGHUP reloads.
+	tls *tlsconf.Store
+	acl string // --acl FILE, "" for none
 }
 
 func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error) {
@@ -52,7 +60,12 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	var opt options
 	fs := flag.NewFlagSet("lockd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&opt.admin, "admin", "", "admin HTTP address for /metrics, /healthz, /status, /keys/{key}, /debug/pprof/ (default: --listen's host, its port + 1; \"\" turns it off)")
+	var tlsFiles tlsconf.Files
+	fs.StringVar(&tlsFiles.Cert, "tls-cert", "", "PEM certificate chain: the client port speaks TLS (1.2 or later) only, the admin endpoint HTTPS; needs --tls-key")
+	fs.StringVar(&tlsFiles.Key, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&tlsFiles.ClientCA, "tls-client-ca", "", "PEM CA bundle: clients must present a certificate that verifies against it (mutual TLS); needs --tls-cert")
+	fs.StringVar(&tlsFiles.PeerCA, "tls-peer-ca", "", "PEM CA bundle for the member link's certificates (default: --tls-client-ca); needs --tls-cert")
+	fs.StringVar(&opt.admin, "admin", "", "admin HTTP address (HTTPS with --tls-cert) for /metrics, /healthz, /status, /keys/{key}, /debug/pprof/ (default: --listen's host, its port + 1; \"\" turns it off)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address to serve (host:port)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the token mark and the shutdown snapshot")
 	fs.IntVar(&cfg.MaxKey, "max-key", cfg.MaxKey, "longest key in bytes, 1..1024")
@@ -74,6 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.DurationVar(&opt.member.FailoverTimeout, "failover-timeout", repl.DefaultFailoverTimeout, "priority: how long the active may be silent before a standby takes over; raft: the election timeout scale (100ms..60s)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
+	fs.StringVar(&opt.acl, "acl", "", "identity file (PROTOCOL.md §8.2): turns authentication and authorization on; SIGHUP re-reads it")
 	fs.BoolVar(&opt.showVersion, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nlockd is a lock server with fencing tokens. Flags:\n")
@@ -90,6 +104,20 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	}
 	if err := clusterFlags(fs, &cfg, &opt, *peers, *self); err != nil {
 		return cfg, opt, err
+	}
+	var err error
+	if opt.tls, err = loadTLS(tlsFiles); err != nil {
+		return cfg, opt, err
+	}
+	if opt.tls != nil {
+		cfg.TLS = opt.tls.ServerConfig()
+	}
+	if opt.acl != "" {
+		a, err := acl.Load(opt.acl)
+		if err != nil {
+			return cfg, opt, usageError{aclError(opt.acl, err)}
+		}
+		cfg.ACL = a
 	}
 	adminSet := false
 	fs.Visit(func(f *flag.Flag) { adminSet = adminSet || f.Name == "admin" })
@@ -156,6 +184,16 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 		return usageError{flagError(err).Error()}
 	}
 	return nil
+}
+
+// aclError words a failure to load the ACL file with the flag's name (a
+// bad line already names the file and the line).
+func aclError(path string, err error) string {
+	var le *acl.LineError
+	if errors.As(err, &le) {
+		return "--acl: " + le.Error()
+	}
+	return fmt.Sprintf("--acl %s: %v", path, err)
 }
 
 // flags maps the fields of engine.Config and of the nodes' configuration
@@ -273,6 +311,9 @@ func run(args []string, stderr io.Writer) int {
 			return 1
 		}
 		adminLn = limitListen(adminLn, adminMaxConns)
+		if opt.tls != nil {
+			adminLn = adminTLS(adminLn, opt.tls)
+		}
 	}
 	switch opt.cluster {
 	case api.ModePriority:
@@ -293,11 +334,35 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if adminLn != nil {
 		adminSrv := &http.Server{Handler: admin.Handler(srv, versionString()),
-			ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second}
+			ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, ErrorLog: limitedLog(log)}
 		go func() { _ = adminSrv.Serve(adminLn) }()
 		log.Info("admin endpoint", "addr", adminLn.Addr().String())
 		defer adminSrv.Close()
 	}
+	var reload reloaders
+	if opt.tls != nil {
+		reload.add("TLS certificate, key and CA files", func() error {
+			if err := opt.tls.Reload(); err != nil {
+				return errors.New(tlsFlagError(err))
+			}
+			return nil
+		})
+	}
+	if opt.acl != "" {
+		if cfg.ACL.Len() == 0 {
+			log.Warn("--acl names a file without any identity: every lock request will be refused", "file", opt.acl)
+		}
+		path := opt.acl
+		reload.add("--acl "+path, func() error {
+			err := srv.ReloadACL(func() (*acl.ACL, error) { return acl.Load(path) })
+			if err != nil {
+				return errors.New(aclError(path, err))
+			}
+			return nil
+		})
+		log.Info("authentication on", "acl", path, "identities", cfg.ACL.Len())
+	}
+	defer reload.watch(log)()
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)

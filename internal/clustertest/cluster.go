@@ -93,6 +93,23 @@ type Options struct {
 	// Deferred lists members New does not start (a standby that joins a
 	// loaded active later, say): start them with Member.Start.
 	Deferred []int
+	// AdminUser and AdminPassword, when set, are the HTTP basic
+	// authentication of every request the harness makes to a member's
+	// admin endpoint (members run with --acl, PROTOCOL.md §8.5: a monitor
+	// identity of their file).
+	AdminUser, AdminPassword string
+}
+
+// basicAuth adds the harness's admin credentials to every request.
+type basicAuth struct {
+	user, password string
+	next           http.RoundTripper
+}
+
+func (b basicAuth) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.SetBasicAuth(b.user, b.password)
+	return b.next.RoundTrip(r)
 }
 
 func (o *Options) fill() error {
@@ -244,8 +261,12 @@ func start(opts Options, bin, dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	var rt http.RoundTripper = &http.Transport{DisableKeepAlives: true}
+	if opts.AdminUser != "" {
+		rt = basicAuth{opts.AdminUser, opts.AdminPassword, rt}
+	}
 	c := &Cluster{opts: opts, bin: bin, plan: pl, dir: dir,
-		http: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
+		http: &http.Client{Timeout: 2 * time.Second, Transport: rt}}
 	if err := c.openProxies(); err != nil {
 		c.Close()
 		return nil, err

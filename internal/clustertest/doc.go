@@ -15,7 +15,9 @@
 //     exactly the flags of PROTOCOL.md §6.1: --cluster, --peers (priority
 //     order), --self, --peer-offset, --failover-timeout; then
 //     Options.ExtraArgs. A member is ready when it logs msg=ready with its
-//     address. Options.Deferred members wait for Member.Start.
+//     address. Options.Deferred members wait for Member.Start. Members run
+//     with --acl (in ExtraArgs) need Options.AdminUser and AdminPassword:
+//     the harness's admin requests then carry them (basic authentication).
 //   - Proxied clusters: for every ordered pair of members (j, k) a
 //     faultproxy pair — one on k's entry in j's --peers forwarding to k's
 //     client port, one on that entry's port + offset forwarding to k's

@@ -49,6 +49,9 @@ var rules = map[string]rule{
 	"shard": {allow: []string{"github.com/cespare/xxhash/v2"}, noStd: []string{"net", "os", "syscall", "io"},
 		noDeps:  append([]string{gnet, "net", "os"}, lockd("proto", "engine", "repl")...),
 		noCalls: []string{"time.Now(", "time.Since(", "time.Sleep(", "time.After", "time.NewTimer", "time.Tick", "go func"}},
+	// The identity file: the standard library (crypto included) only.
+	"acl": {noStd: []string{"net", "syscall", "unsafe"},
+		noDeps: append([]string{gnet, "net"}, lockd("proto", "shard", "store", "engine", "repl", "admin", "client")...)},
 	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
 	// The seam, the single node and the kernel both cluster modes share.
 	"repl": {allow: lockd("api", "shard", "store"),
@@ -67,26 +70,36 @@ var rules = map[string]rule{
 	// files import it).
 	"repl/internal/repltest": {allow: lockd("shard", "repl/records"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "store")...)},
-	"engine": {allow: append(lockd("proto", "shard", "repl"), gnet+"gnet/v2", "golang.org/x/sys/"),
+	"engine": {allow: append(lockd("proto", "shard", "repl", "acl"), gnet+"gnet/v2", "golang.org/x/sys/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
-	"admin": {allow: append(lockd("api", "engine", "repl"), "github.com/prometheus/"),
+	"admin": {allow: append(lockd("api", "engine", "repl", "acl"), "github.com/prometheus/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"client": {allow: lockd("proto"), noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
 	"fence":  {noStd: []string{"net", "os"}, noDeps: []string{"net"}},
 	// The admin endpoint's JSON types and names: the standard library
 	// only, nothing of the module, so any consumer can import them.
 	"api": {noDeps: []string{mod + "/"}},
-	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl"), "golang.org/x/sys/"),
+	// TLS material: the standard library only, nothing of the module
+	// (the engine, admin, repl and cmd/lockd all use it).
+	"tlsconf": {noDeps: []string{mod + "/"}},
+	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "acl", "internal/version", "tlsconf"), "golang.org/x/sys/"),
 		noDeps: lockd("client", "bench")},
-	"cmd/lockctl": {allow: lockd("api", "client", "proto"),
-		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
-	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "internal/"),
+	// The CLI: the client, the admin endpoint's types, cobra for the
+	// command line; never a server package.
+	"cmd/lockctl": {allow: append(lockd("api", "client", "proto", "internal/version"), "github.com/spf13/cobra"),
+		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl", "admin")...)},
+	// The binaries' version line: the standard library only, so every
+	// command may import it.
+	"internal/version": {noStd: []string{"net", "os", "syscall"}, noDeps: []string{mod + "/"}},
+	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "acl", "tlsconf", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"internal/layers": {},
-	"internal/e2e":    {noDeps: []string{cmds}},
+	// Throwaway certificates for tests and bench: the standard library only.
+	"internal/testcerts": {noDeps: []string{mod + "/"}},
+	"internal/e2e":       {noDeps: []string{cmds}},
 	// Test tools: the standard library only, and nothing of the module
 	// for the proxy; the cluster harness drives the lockd binary from
 	// outside, so it imports no server package (nor client: the tests

@@ -44,6 +44,7 @@ func TestCheckTracked(t *testing.T) {
 				t.Helper()
 				cmd := exec.Command("git", args...)
 				cmd.Dir = dir
+				cmd.Env = isolatedGit(dir)
 				if out, err := cmd.CombinedOutput(); err != nil {
 					t.Fatalf("git %v: %v\n%s", args, err, out)
 				}
@@ -61,6 +62,7 @@ func TestCheckTracked(t *testing.T) {
 			git("add", "-A")
 			cmd := exec.Command(script)
 			cmd.Dir = dir
+			cmd.Env = isolatedGit(dir)
 			out, err := cmd.CombinedOutput()
 			switch {
 			case tc.fail == "" && err != nil:
@@ -72,4 +74,20 @@ func TestCheckTracked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// isolatedGit is the environment for a git command on the scratch
+// repository dir: without the GIT_* variables that point git elsewhere (a
+// test run from a hook or `git rebase --exec` inherits GIT_DIR and
+// GIT_INDEX_FILE, and git init/add would then act on the real repository),
+// and without the user's or system's git config.
+func isolatedGit(dir string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GIT_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CEILING_DIRECTORIES="+filepath.Dir(dir),
+		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
 }

@@ -29,7 +29,7 @@ func say(r *roles) peerState {
 
 func TestRolesHandoverTaken(t *testing.T) {
 	a, s, now := pair(t)
-	e := a.offer(1, now)
+	e, _ := a.offer(1, now)
 	if a.role != roleHandover || a.serving() || e != 2 {
 		t.Fatalf("after the offer: %v serving=%v epoch %d", a.role, a.serving(), e)
 	}
@@ -55,7 +55,7 @@ func TestRolesHandoverTaken(t *testing.T) {
 // heartbeat saying it is the active at the offered epoch is the verdict.
 func TestRolesHandoverAckLost(t *testing.T) {
 	a, s, now := pair(t)
-	e := a.offer(1, now)
+	e, _ := a.offer(1, now)
 	s.takeHandoff(0, e, true)
 	now += 100 * ms
 	a.heard(now, 1, say(s))
@@ -70,7 +70,7 @@ func TestRolesHandoverAckLost(t *testing.T) {
 // and neither a late Handoff nor any later promotion uses that epoch.
 func TestRolesHandoverAbortFirst(t *testing.T) {
 	a, s, now := pair(t)
-	e := a.offer(1, now)
+	e, _ := a.offer(1, now)
 	if a.askDue(now + 500*ms) {
 		t.Fatal("asked to decide before a failover timeout")
 	}
@@ -90,7 +90,7 @@ func TestRolesHandoverAbortFirst(t *testing.T) {
 	if o, _ := a.handover(); o != handRefused || !a.serving() || a.epoch != 1 {
 		t.Fatalf("after the refusal: %v, serving=%v at %d", o, a.serving(), a.epoch)
 	}
-	if e2 := a.offer(1, now); e2 <= e {
+	if e2, _ := a.offer(1, now); e2 <= e {
 		t.Fatalf("the next offer's epoch %d is not above the refused %d", e2, e)
 	}
 	s.promote()
@@ -113,7 +113,7 @@ func TestRolesHandoverRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a, s, now := pair(t)
 			tc.edit(s)
-			e := a.offer(1, now)
+			e, _ := a.offer(1, now)
 			if taken, _ := s.takeHandoff(0, e, tc.will); taken || s.role == roleActive {
 				t.Fatalf("taken: %v", s.role)
 			}
@@ -129,7 +129,7 @@ func TestRolesHandoverRefused(t *testing.T) {
 // answers a HandoffAbort with taken: the old active must not serve.
 func TestRolesHandoverRestartedSuccessor(t *testing.T) {
 	a, _, now := pair(t)
-	e := a.offer(1, now)
+	e, _ := a.offer(1, now)
 	restarted := newRoles(1, 2, 1000*ms, e, now)
 	if !restarted.abortHandoff(0, e) {
 		t.Fatal("a restarted successor with the epoch on disk refused it")
@@ -141,7 +141,7 @@ func TestRolesHandoverRestartedSuccessor(t *testing.T) {
 // active, and promotes (at a new epoch) only after watching a full timeout.
 func TestRolesHandoverSuccessorSilent(t *testing.T) {
 	a, _, now := pair(t)
-	e := a.offer(1, now)
+	e, _ := a.offer(1, now)
 	for range 9 {
 		now += 100 * ms
 		a.tick(now)
@@ -173,7 +173,7 @@ func TestRolesHandoverSuperseded(t *testing.T) {
 	a := newRoles(0, 3, 1000*ms, 0, now)
 	a.promote()
 	a.heard(now, 1, peerState{epoch: 1, role: roleStandby, follows: 0, inSync: true})
-	e := a.offer(1, now)
+	e, _ := a.offer(1, now)
 	a.heard(now+10*ms, 2, peerState{epoch: e + 3, role: roleActive, follows: 2})
 	if o, to := a.handover(); o != handSuperseded || to != 2 || a.active != 2 || a.role != roleStandby {
 		t.Fatalf("%v/%d, %v following %d", o, to, a.role, a.active)
@@ -273,7 +273,7 @@ func handoverUnderLoss(t *testing.T, name string, as, sa *lossyLink) {
 		}
 		l.outages = abs
 	}
-	e := a.offer(1, now)
+	e, _ := a.offer(1, now)
 	as.send(now, frameAt{msg: "handoff", e: e})
 	took := false                        // the successor took the Handoff
 	sActive := false                     // the successor was active at the offered epoch or later (taken, or its own failover)

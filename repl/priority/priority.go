@@ -56,6 +56,9 @@ type node struct {
 	// ready: this member, the active, has made its first reservation and
 	// may open its gate (a promotion happens in the role machine first).
 	ready bool
+	// epochLogged: when the role machine's refusal to promote without an
+	// epoch left was last logged (0: never).
+	epochLogged int64
 
 	// reserving: a reservation past a jump of the counter is queued for
 	// the actor (reserveSoon).
@@ -317,6 +320,11 @@ func (p *node) ticker() {
 		p.busyHeard(now)
 		wasChecking, lastTick := p.roles.checking(), p.roles.lastTick
 		c := p.roles.tick(now)
+		if p.roles.epochSpent && (p.epochLogged == 0 || now-p.epochLogged >= int64(10*time.Second)) {
+			p.epochLogged = now
+			p.log.Error("no epoch left above the highest seen (2^64-1: a corrupt data dir or a forged message): this member does not promote or hand over",
+				"max_epoch", p.roles.maxEpoch)
+		}
 		if !wasChecking && p.roles.checking() {
 			// Serve again only through resumeServing (the check's end).
 			p.ready = false
@@ -396,15 +404,16 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 	c := p.roles.heard(now, from, ps)
 	if r := p.roles.role; r == roleActive || r == roleHandover {
 		// Whatever the member is now, its data dir's mark is above every
-		// token it ever issued. A mark above this active's own reservation
-		// is one the member made on its own — it served on the other side
-		// of a split, say, and restarted before the two met as actives —
-		// and its tokens must not be undercut: the counter jumps above it
-		// (acquires get B until the reserver has made that safe). A
-		// standby's mark is a reservation of this active's (or of an
-		// earlier active's, below this one's): nothing moves.
-		if tokens := p.table.Tokens(); hb.Mark > tokens.Limit() {
-			tokens.Observe(hb.Mark)
+		// token it ever issued. A mark above this active's own (written
+		// before any standby is sent the reservation) is one the member
+		// made on its own — it served on the other side of a split, say,
+		// and restarted before the two met as actives — and its tokens
+		// must not be undercut: the counter jumps above it (acquires get B
+		// until a reservation has made that safe). A standby's mark is a
+		// reservation of this active's (or of an earlier active's, below
+		// this one's): nothing moves.
+		if hb.Mark > p.diskMark.Load() {
+			p.table.Tokens().Observe(hb.Mark)
 		}
 	}
 	if p.roles.role == roleActive && hb.Role == roleActive {
@@ -794,7 +803,11 @@ func (p *node) handover(ctx context.Context, s int, shutdown bool) (handState, i
 		p.mu.Unlock()
 		return handNone, -1
 	}
-	epoch := p.roles.offer(s, p.clock())
+	epoch, ok := p.roles.offer(s, p.clock())
+	if !ok {
+		p.mu.Unlock()
+		return handNone, -1 // no epoch left to offer (nextEpoch): this member stays the active
+	}
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
 	p.publish(g) // Hold: waits for running batches; nothing executes from here

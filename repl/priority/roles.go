@@ -1,5 +1,7 @@
 package priority
 
+import "math"
+
 // peerState is what a member said in its last heartbeat, and when.
 type peerState struct {
 	known       bool  // heard from since this member started (or resumed)
@@ -96,6 +98,10 @@ type roles struct {
 
 	resumeProbe uint64 // freeze check in progress when > 0: the first probe sent after resuming
 	resumeAt    int64
+
+	// epochSpent: this member refused to promote or hand over because no
+	// epoch is left above the highest it has seen (nextEpoch).
+	epochSpent bool
 }
 
 func newRoles(self, n int, timeout int64, storedEpoch uint64, now int64) *roles {
@@ -257,8 +263,7 @@ func (r *roles) decide(now int64, c change) change {
 		if r.active >= 0 && r.active != r.self && r.live(r.active, now) && r.peers[r.active].role == roleHandover {
 			return c // the active is handing over: wait for it
 		}
-		if r.candidate(now) == r.self {
-			r.promote()
+		if r.candidate(now) == r.self && r.promote() {
 			c.promote = true
 		}
 	}
@@ -313,9 +318,26 @@ func (r *roles) candidate(now int64) int {
 func (r *roles) maxEpochStored() uint64 { return r.peers[r.self].storedEpoch }
 
 // promote makes this member the active with a new epoch above every epoch
-// seen.
-func (r *roles) promote() {
-	r.promoteAt(r.maxEpoch + 1)
+// seen. It refuses when there is none (nextEpoch).
+func (r *roles) promote() bool {
+	e, ok := r.nextEpoch()
+	if ok {
+		r.promoteAt(e)
+	}
+	return ok
+}
+
+// nextEpoch is the epoch above every epoch seen. There is none when the
+// highest seen is 2^64-1: each promotion adds one, so only a corrupt data
+// dir or a forged message brings it there, and one more would wrap to 0,
+// the earliest of all (issue 18). The member then refuses to promote and
+// to hand over (epochSpent), and the node logs it.
+func (r *roles) nextEpoch() (uint64, bool) {
+	if r.maxEpoch == math.MaxUint64 {
+		r.epochSpent = true
+		return 0, false
+	}
+	return r.maxEpoch + 1, true
 }
 
 // promoteAt makes this member the active with epoch e (a planned
@@ -348,12 +370,17 @@ func (h handState) String() string { return nameOf(handNames[:], uint8(h), "hand
 
 // offer starts a planned handover of this active to member i and returns
 // the epoch it offers: above every epoch seen, so that a refused or lost
-// offer's epoch is never offered again.
-func (r *roles) offer(i int, now int64) uint64 {
-	r.maxEpoch++
-	r.role, r.handTo, r.handEpoch, r.handSince, r.handAsked = roleHandover, i, r.maxEpoch, now, 0
+// offer's epoch is never offered again; false (and no change) when there
+// is none (nextEpoch).
+func (r *roles) offer(i int, now int64) (uint64, bool) {
+	e, ok := r.nextEpoch()
+	if !ok {
+		return 0, false
+	}
+	r.maxEpoch = e
+	r.role, r.handTo, r.handEpoch, r.handSince, r.handAsked = roleHandover, i, e, now, 0
 	r.handOutcome, r.handResult = handOffered, -1
-	return r.handEpoch
+	return e, true
 }
 
 // handoffAnswer applies the successor's verdict on the offer of epoch e

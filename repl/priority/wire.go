@@ -26,10 +26,13 @@ const (
 	// longer frame is a protocol error. A compressed batch or snapshot
 	// frame may not claim a raw size above it either (MaxRaw, the same).
 	maxFrame = 16 << 20
-	// protocolVersion is the member-link version this code speaks (Hello).
-	// Version 2 (issue 18) added the snapshot's id, window acks and
-	// reservation mark, and the handover's abort and refusal.
-	protocolVersion = 2
+	// protocolVersion is the member-link version this code speaks (Hello):
+	// 2 since grants carry their identity (records of kind 0x81,
+	// SnapShard entries in the format version 2); 3 since issue 18 (the
+	// snapshot's id, epoch, window acks and reservation mark, the
+	// heartbeat's mark, the handover's abort and refusal). A member of an
+	// older version would misread them, so the hello refuses it.
+	protocolVersion = 3
 
 	frameHead    = 5 // length u32 + type u8
 	frameTail    = 4 // crc u32
@@ -618,7 +621,7 @@ func (s *snapBegin) Decode(p []byte) error {
 	return nil
 }
 
-// snapShard carries snapshot entries (AppendSnapEntry) of one shard, cut
+// snapShard carries snapshot entries (AppendSnapEntryIdent) of one shard, cut
 // at Seq; a shard's entries may span several frames, the last with Last.
 type snapShard struct {
 	Shard  uint32

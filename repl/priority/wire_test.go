@@ -32,10 +32,10 @@ type wireCase struct {
 
 func wireCases() []wireCase {
 	return []wireCase{
-		{"hello", msgHello, &hello{Version: 2, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000},
-			"0002 01 03 02 00002710 00000040 000003e8"},
-		{"hello-raft-max", msgHello, &hello{Version: 2, Mode: modeRaft, Members: 255, Self: 254, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000},
-			"0002 02 ff fe ffffffff 00010000 0000ea60"},
+		{"hello", msgHello, &hello{Version: 3, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000},
+			"0003 01 03 02 00002710 00000040 000003e8"},
+		{"hello-raft-max", msgHello, &hello{Version: 3, Mode: modeRaft, Members: 255, Self: 254, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000},
+			"0003 02 ff fe ffffffff 00010000 0000ea60"},
 		{"heartbeat-active", msgHeartbeat, &heartbeat{Epoch: 7, Role: roleActive, Active: 0, InSync: true, Probe: 1, Echo: 2,
 			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0, Mark: 0x11223344556677aa},
 			"0000000000000007 02 00 01 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000 11223344556677aa"},
@@ -181,10 +181,11 @@ func TestMessageBadFields(t *testing.T) {
 		{"snap-ack-long", &snapAck{}, "0000000000000003 0000000000000011 00", errLongPayload},
 		{"handoff-abort-short", &handoffAbort{}, "00000000", errShortPayload},
 		{"reserve-short", &reserve{}, "00", errShortPayload},
-		{"hello-short", &hello{}, "0002 01", errShortPayload},
-		{"hello-long", &hello{}, "0002 01 03 02 00002710 00000040 000003e8 00", errLongPayload},
-		{"hello-version-1", &hello{}, "0001", errMismatch},
-		{"hello-version-1-long", &hello{}, "0001 01 03 02 00002710 00000040 000003e8", errMismatch},
+		{"hello-short", &hello{}, "0003 01", errShortPayload},
+		{"hello-long", &hello{}, "0003 01 03 02 00002710 00000040 000003e8 00", errLongPayload},
+		{"hello-version-1", &hello{}, "0001 01 03 02 00002710 00000040 000003e8", errMismatch},
+		{"hello-version-2", &hello{}, "0002", errMismatch},
+		{"hello-version-4", &hello{}, "0004", errMismatch},
 		{"hello-version-0-long", &hello{}, "0000 01 03 02 00002710 00000040 000003e8 00", errMismatch},
 	}
 	for _, c := range cases {
@@ -195,9 +196,9 @@ func TestMessageBadFields(t *testing.T) {
 		})
 	}
 	var h hello
-	err := h.Decode(repltest.Hex(t, "0003 ffff"))
-	if h.Version != 3 || err == nil || !strings.Contains(err.Error(), "protocol version 3, here 2") {
-		t.Fatalf("version 3: %+v, %v", h, err)
+	err := h.Decode(repltest.Hex(t, "0004 ffff"))
+	if h.Version != 4 || err == nil || !strings.Contains(err.Error(), "protocol version 4, here 3") {
+		t.Fatalf("version 4: %+v, %v", h, err)
 	}
 }
 
@@ -212,7 +213,7 @@ func TestHelloCheck(t *testing.T) {
 	}{
 		{"same", func(*hello) {}, nil},
 		{"last-member", func(h *hello) { h.Self = 2 }, nil},
-		{"version", func(h *hello) { h.Version = 1 }, []string{"protocol version 1 (here 2)"}},
+		{"version", func(h *hello) { h.Version = 2 }, []string{"protocol version 2 (here 3)"}},
 		{"mode", func(h *hello) { h.Mode = modeRaft }, []string{"mode raft (here priority)"}},
 		{"mode-unknown", func(h *hello) { h.Mode = 9 }, []string{"mode ClusterMode(9) (here priority)"}},
 		{"members", func(h *hello) { h.Members = 5 }, []string{"5 members (here 3)"}},

@@ -1,0 +1,568 @@
+package engine
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+)
+
+// The TLS port (PROTOCOL.md §8.1; docs/DESIGN.md "TLS").
+//
+// gnet has no TLS, so a TLS connection is not enrolled in the event loops:
+// it runs on a goroutine of its own, the reader, which does the handshake
+// and then, for as long as the connection lives, reads with crypto/tls
+// into a plaintext buffer and runs the very batches of the gnet path
+// (handler.traffic: the mailbox, parse → table → answer, the delivery
+// tracking, held commits, the gate, draining, --max-outbound,
+// --max-pending-grants, --frame-timeout) on a session whose wire is the
+// *tlsConn. The reader owns the session's loop-owned fields as an event
+// loop owns its connections', and runs the close. A batch takes every
+// record that came with the socket read (gather), as a gnet batch takes
+// everything one read brought.
+//
+// Writes never block: tls.Conn writes its records into the sink below it
+// (tlsConn.sink), which hands each record to the socket with one
+// non-blocking write — as gnet's Write does — and keeps what the kernel
+// did not take for a flusher goroutine, started only then, that waits for
+// the socket to drain. So a batch holds the barrier and shard locks only
+// for CPU work, whatever the client reads. Dynamic record sizing is off
+// and Write cuts the answers into pieces of at most one record, so each
+// record holds a known range of the plaintext stream, and
+// OutboundBuffered counts the plaintext whose records have not wholly
+// reached the kernel: a frame counts as handed to the socket once every
+// record holding it has (PROTOCOL.md §4), exactly as the plaintext path
+// counts bytes.
+//
+// A Wake (mail, a commit, a gate change) sets a read deadline in the past:
+// the reader's Read returns at once with a timeout, which crypto/tls
+// treats as temporary (the record being read stays buffered), and the
+// reader runs a batch. Close closes the socket: the reader's Read fails,
+// the flusher's write fails, and the reader runs the close once the
+// flusher has counted its last bytes.
+
+const (
+	// tlsInbound is the reader's plaintext buffer: a few largest frames.
+	tlsInbound = 4 << 10
+	// tlsRecord is the most plaintext one TLS record carries, and so the
+	// most one tls.Conn.Write is given (one record each).
+	tlsRecord = 16 << 10
+	// tlsKeepOut is the capacity the outbound buffers keep once empty.
+	tlsKeepOut = 64 << 10
+)
+
+// tlsConn is one connection of the TLS port: the wire of its session.
+type tlsConn struct {
+	s   *Server
+	h   *handler
+	raw *net.TCPConn
+	rc  syscall.RawConn
+	tc  *tls.Conn
+	ss  *session // once the handshake is done (the reader's)
+
+	// The reader's: the plaintext read and not yet consumed, in[r:w].
+	in   []byte
+	r, w int
+	// The reader's: where the raw stream stands in its TLS records
+	// (sinkConn.Read), so that a record that stays incomplete counts as a
+	// partial frame for --frame-timeout.
+	hdr      [5]byte
+	hdrN     int   // header bytes of the current record seen (5: in its body)
+	recLeft  int   // body bytes of the current record still to come
+	recSince int64 // table clock when its first byte was read
+	nonblock bool  // gather: sinkConn.Read does not read the socket
+
+	woken    atomic.Bool   // a wake's read deadline is set or about to be
+	wakeCh   chan struct{} // a wake, for a reader not reading (buffer full)
+	closed   chan struct{} // closed by Close
+	shutOnce sync.Once
+
+	// The reader's, for the sink's non-blocking write.
+	pending int // plaintext bytes of the record tls.Conn.Write is making
+	tryBuf  []byte
+	tryN    int
+	tryErr  error
+	tryFn   func(uintptr) bool
+
+	// The sink's state, shared by the reader and the flusher.
+	mu         sync.Mutex
+	cbuf, wbuf []byte   // ciphertext the kernel has not taken; wbuf is the flusher's
+	recs       []tlsRec // the records in wbuf and cbuf, in stream order
+	plainIn    uint64   // plaintext handed to tls.Conn.Write
+	plainOut   uint64   // plaintext whose records all reached the kernel
+	cipherIn   uint64   // ciphertext the sink was given
+	cipherOut  uint64   // ciphertext the kernel took
+	flushing   bool     // the flusher runs (cbuf or wbuf holds bytes)
+	flushDone  chan struct{}
+	werr       error // the socket failed: nothing more reaches it
+}
+
+// tlsRec is a record that had not wholly reached the kernel when it was
+// written: the plaintext and ciphertext stream offsets just past it.
+type tlsRec struct{ plainEnd, cipherEnd uint64 }
+
+// sinkConn is the net.Conn under tls.Conn: reads come from the socket
+// (noting record boundaries), writes go to the sink.
+type sinkConn struct {
+	*net.TCPConn
+	t *tlsConn
+}
+
+func (c sinkConn) Read(b []byte) (int, error) {
+	if c.t.nonblock {
+		return 0, errWouldBlock // gather: only what crypto/tls holds already
+	}
+	n, err := c.TCPConn.Read(b)
+	if n > 0 {
+		c.t.track(b[:n])
+	}
+	return n, err
+}
+
+func (c sinkConn) Write(b []byte) (int, error) { return c.t.sink(b) }
+
+// startTLS takes a new connection of the TLS port (counted in s.conns by
+// the accept loop) and starts its reader; false means the engine is
+// stopping and the caller closes it.
+func (s *Server) startTLS(c net.Conn, h *handler) bool {
+	raw, ok := c.(*net.TCPConn)
+	if !ok {
+		return false
+	}
+	rc, err := raw.SyscallConn()
+	if err != nil {
+		return false
+	}
+	t := &tlsConn{s: s, h: h, raw: raw, rc: rc, wakeCh: make(chan struct{}, 1), closed: make(chan struct{})}
+	t.tryFn = t.tryOnce
+	t.tc = tls.Server(sinkConn{raw, t}, s.tlsConf)
+	s.tlsMu.Lock()
+	if s.tlsStop {
+		s.tlsMu.Unlock()
+		return false
+	}
+	s.tlsSet[t] = struct{}{}
+	s.tlsWG.Add(1)
+	s.tlsMu.Unlock()
+	go t.serve()
+	return true
+}
+
+// stopTLS closes every TLS connection, refuses new ones, and waits until
+// each has run its close (releasing the grants that never reached it).
+func (s *Server) stopTLS() {
+	s.tlsMu.Lock()
+	s.tlsStop = true
+	for t := range s.tlsSet {
+		_ = t.Close()
+	}
+	s.tlsMu.Unlock()
+	s.tlsWG.Wait()
+}
+
+// serve is the reader: the handshake, the batches, the close.
+func (t *tlsConn) serve() {
+	s, h := t.s, t.h
+	defer func() {
+		s.tlsMu.Lock()
+		delete(s.tlsSet, t)
+		s.tlsMu.Unlock()
+		s.tlsWG.Done()
+	}()
+	// A handshake must finish within --frame-timeout, like a frame; until
+	// then the connection holds its place under --max-conns, a goroutine
+	// and crypto/tls's buffers (about one record).
+	_ = t.raw.SetDeadline(time.Now().Add(s.cfg.FrameTimeout))
+	err := t.tc.Handshake()
+	if err == nil && s.draining.Load() {
+		err = errDrainingHandshake
+	}
+	if err != nil {
+		closing := t.isClosed() // the engine stopping, not the client failing
+		t.shut()
+		s.conns.Add(-1)
+		if err != errDrainingHandshake && !closing {
+			h.handshakeFailed(err, t.raw.RemoteAddr())
+		}
+		return
+	}
+	_ = t.raw.SetDeadline(time.Time{})
+	s.tlsHandshakes.Add(1)
+	cn := ""
+	if st := t.tc.ConnectionState(); len(st.VerifiedChains) > 0 {
+		cn = st.PeerCertificates[0].Subject.CommonName
+	}
+	t.in = make([]byte, tlsInbound)
+	ss := h.open(t, nil, s.tlsStats, cn)
+	t.ss = ss
+	t.run(ss)
+	t.shut()
+	mbox, mgrants := h.closeBegin(ss)
+	h.closeEnd(ss, mbox, mgrants)
+}
+
+var errDrainingHandshake = errors.New("engine: shutting down")
+
+// run reads and runs batches until the connection ends.
+func (t *tlsConn) run(ss *session) {
+	h := t.h
+	if t.hdrN > 0 {
+		// The handshake's last read brought the start of a record.
+		h.partialFrame(ss, t.recSince, false)
+	}
+	for {
+		var (
+			err error
+			got int // plaintext bytes read this round
+		)
+		if t.w < len(t.in) {
+			got, err = t.tc.Read(t.in[t.w:])
+			t.w += got
+			if err == nil {
+				// What came with the same socket read: one batch, one write.
+				var more int
+				more, err = t.gather()
+				got += more
+			}
+		} else {
+			// The buffer is full of requests the gate holds (Hold): read
+			// no more until the wake of the gate's next change.
+			select {
+			case <-t.wakeCh:
+			case <-t.closed:
+				return
+			}
+		}
+		timedOut := err != nil && errors.Is(err, os.ErrDeadlineExceeded)
+		fatal := err != nil && !timedOut // EOF, a reset, a bad record
+		if (fatal && got == 0) || t.isClosed() {
+			return
+		}
+		if timedOut || t.woken.Load() {
+			// Clear the deadline first, then the flag: a Wake that finds the
+			// flag still set relies on this batch, which follows, to read its
+			// mail; one that finds it clear sets a new deadline.
+			_ = t.raw.SetReadDeadline(time.Time{})
+			t.woken.Store(false)
+		}
+		if h.traffic(ss) == gnet.Close || t.failed() || fatal {
+			return // requests read before an EOF were answered first
+		}
+		if t.hdrN > 0 {
+			// A record still incomplete is a partial frame too.
+			h.partialFrame(ss, t.recSince, false)
+		}
+		if t.r == t.w {
+			t.r, t.w = 0, 0
+		} else if t.r > 0 {
+			t.w = copy(t.in, t.in[t.r:t.w])
+			t.r = 0
+		}
+	}
+}
+
+// gather reads, without blocking, the plaintext of the records crypto/tls
+// already holds (they came with the socket read that brought the first):
+// in non-blocking mode sinkConn.Read answers errWouldBlock at once instead
+// of reading the socket, so crypto/tls stops at the first record it does
+// not hold whole. It returns the bytes added and an error other than that.
+func (t *tlsConn) gather() (int, error) {
+	t.nonblock = true
+	defer func() { t.nonblock = false }()
+	total := 0
+	for t.w < len(t.in) {
+		n, err := t.tc.Read(t.in[t.w:])
+		t.w += n
+		total += n
+		if err == errWouldBlock {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// errWouldBlock is sinkConn.Read's answer in non-blocking mode: a
+// temporary net.Error, which crypto/tls does not make sticky.
+var errWouldBlock error = wouldBlock{}
+
+type wouldBlock struct{}
+
+func (wouldBlock) Error() string   { return "engine: no more buffered TLS records" }
+func (wouldBlock) Timeout() bool   { return false }
+func (wouldBlock) Temporary() bool { return true }
+
+// track follows the raw inbound stream through its records' headers (the
+// reader, inside tls.Conn.Read). While a record is incomplete its first
+// byte's time is kept, and a session reading it is listed for the
+// --frame-timeout sweep (tls.Conn.Read does not return until the record is
+// whole).
+func (t *tlsConn) track(b []byte) {
+	for len(b) > 0 {
+		if t.hdrN == 0 {
+			t.recSince = t.s.now()
+		}
+		if t.hdrN < len(t.hdr) {
+			k := copy(t.hdr[t.hdrN:], b)
+			t.hdrN += k
+			b = b[k:]
+			if t.hdrN == len(t.hdr) {
+				t.recLeft = int(t.hdr[3])<<8 | int(t.hdr[4])
+				if t.recLeft == 0 {
+					t.hdrN = 0
+				}
+			}
+			continue
+		}
+		k := min(len(b), t.recLeft)
+		t.recLeft -= k
+		b = b[k:]
+		if t.recLeft == 0 {
+			t.hdrN = 0
+		}
+	}
+	if t.hdrN > 0 && t.ss != nil {
+		t.h.partialFrame(t.ss, t.recSince, false)
+	}
+}
+
+// Peek returns the plaintext not yet consumed (the reader only).
+func (t *tlsConn) Peek(int) ([]byte, error) { return t.in[t.r:t.w], nil }
+
+// Discard consumes n bytes of it.
+func (t *tlsConn) Discard(n int) (int, error) {
+	t.r += n
+	return n, nil
+}
+
+// Write hands b to tls.Conn in pieces of at most one record each (the
+// reader only); it never blocks (see sink).
+func (t *tlsConn) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		m := min(len(b), tlsRecord)
+		t.pending = m
+		if _, err := t.tc.Write(b[:m]); err != nil {
+			t.pending = 0
+			t.fail(err)
+			return n - len(b), err
+		}
+		b = b[m:]
+	}
+	return n, nil
+}
+
+// sink takes one record from tls.Conn (the reader only: its Write, the
+// handshake, an alert or key update a Read sends). With nothing queued it
+// tries one non-blocking write; what the kernel does not take is queued
+// for the flusher.
+func (t *tlsConn) sink(p []byte) (int, error) {
+	plain := uint64(t.pending)
+	t.pending = 0
+	all := len(p)
+	t.mu.Lock()
+	t.plainIn += plain
+	t.cipherIn += uint64(all)
+	if t.werr != nil {
+		t.mu.Unlock()
+		return all, nil // the socket failed: nothing more reaches it
+	}
+	if !t.flushing {
+		// Nothing queued, and only this goroutine starts the flusher.
+		t.mu.Unlock()
+		n, err := t.try(p)
+		t.mu.Lock()
+		t.cipherOut += uint64(n)
+		if err != nil {
+			t.werr = err
+			t.mu.Unlock()
+			return all, nil
+		}
+		if n == all {
+			t.plainOut += plain
+			t.mu.Unlock()
+			return all, nil
+		}
+		p = p[n:]
+	}
+	t.cbuf = append(t.cbuf, p...)
+	t.recs = append(t.recs, tlsRec{plainEnd: t.plainIn, cipherEnd: t.cipherIn})
+	if !t.flushing {
+		t.flushing = true
+		t.flushDone = make(chan struct{})
+		go t.flush(t.flushDone)
+	}
+	t.mu.Unlock()
+	return all, nil
+}
+
+// try writes p with one non-blocking write: what the kernel took, and an
+// error if the socket failed (a full socket is not one).
+func (t *tlsConn) try(p []byte) (int, error) {
+	t.tryBuf = p
+	err := t.rc.Write(t.tryFn)
+	n, werr := t.tryN, t.tryErr
+	t.tryBuf, t.tryErr = nil, nil
+	if err != nil {
+		return 0, err
+	}
+	if werr == unix.EAGAIN || werr == unix.EINTR {
+		return max(n, 0), nil
+	}
+	return max(n, 0), werr
+}
+
+func (t *tlsConn) tryOnce(fd uintptr) bool {
+	t.tryN, t.tryErr = unix.Write(int(fd), t.tryBuf)
+	return true // never wait: the flusher does
+}
+
+// flush writes the queued ciphertext until none is left, blocking on the
+// socket (its own goroutine, started by sink). A failed write closes the
+// connection.
+func (t *tlsConn) flush(done chan struct{}) {
+	defer close(done)
+	for {
+		t.mu.Lock()
+		if len(t.cbuf) == 0 || t.werr != nil {
+			t.flushing = false
+			if cap(t.cbuf) > tlsKeepOut {
+				t.cbuf = nil
+			}
+			if cap(t.wbuf) > tlsKeepOut {
+				t.wbuf = nil
+			}
+			t.mu.Unlock()
+			return
+		}
+		t.cbuf, t.wbuf = t.wbuf[:0], t.cbuf
+		buf := t.wbuf
+		t.mu.Unlock()
+		n, err := t.raw.Write(buf)
+		t.mu.Lock()
+		t.cipherOut += uint64(n)
+		i := 0
+		for i < len(t.recs) && t.recs[i].cipherEnd <= t.cipherOut {
+			t.plainOut = t.recs[i].plainEnd
+			i++
+		}
+		t.recs = t.recs[:copy(t.recs, t.recs[i:])]
+		if err != nil {
+			t.werr = err
+		}
+		t.mu.Unlock()
+		if err != nil {
+			_ = t.Close()
+		}
+	}
+}
+
+// fail records a write error: the reader closes after its batch.
+func (t *tlsConn) fail(err error) {
+	t.mu.Lock()
+	if t.werr == nil {
+		t.werr = err
+	}
+	t.mu.Unlock()
+}
+
+// failed reports whether the socket failed.
+func (t *tlsConn) failed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.werr != nil
+}
+
+// OutboundBuffered is the plaintext written whose records have not all
+// reached the kernel.
+func (t *tlsConn) OutboundBuffered() int {
+	t.mu.Lock()
+	n := t.plainIn - t.plainOut
+	t.mu.Unlock()
+	return int(n)
+}
+
+// aLongTimeAgo is a deadline that has passed.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// Wake makes the reader run a batch soon: safe from any goroutine.
+func (t *tlsConn) Wake(gnet.AsyncCallback) error {
+	if t.woken.Swap(true) {
+		return nil // a wake is on its way and its batch has not begun
+	}
+	err := t.raw.SetReadDeadline(aLongTimeAgo)
+	select {
+	case t.wakeCh <- struct{}{}:
+	default:
+	}
+	return err
+}
+
+// Close closes the socket: safe from any goroutine, more than once. The
+// reader then runs the close.
+func (t *tlsConn) Close() error {
+	t.shutOnce.Do(func() {
+		close(t.closed)
+		_ = t.raw.Close()
+	})
+	return nil
+}
+
+// isClosed reports whether Close was called.
+func (t *tlsConn) isClosed() bool {
+	select {
+	case <-t.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// shut closes the socket and waits for the flusher (the reader only):
+// OutboundBuffered is final once it returns.
+func (t *tlsConn) shut() {
+	_ = t.Close()
+	t.mu.Lock()
+	done, running := t.flushDone, t.flushing
+	t.mu.Unlock()
+	if running {
+		<-done
+	}
+}
+
+// RemoteAddr is the client's address.
+func (t *tlsConn) RemoteAddr() net.Addr { return t.raw.RemoteAddr() }
+
+// handshakeFailed counts a failed handshake and logs it, rate-limited.
+func (h *handler) handshakeFailed(err error, remote net.Addr) {
+	h.s.tlsFailures.Add(1)
+	h.hsFailed.Add(1)
+	msg := err.Error() + " (from " + remote.String() + ")"
+	h.hsLast.Store(&msg)
+	h.logHandshakes(h.s.now())
+}
+
+// logHandshakes logs the failed handshakes since its last line, at most
+// once a second (the sweep logs the remainder).
+func (h *handler) logHandshakes(now int64) {
+	last := h.hsLog.Load()
+	if now-last < int64(time.Second) || h.hsFailed.Load() == 0 || !h.hsLog.CompareAndSwap(last, now) {
+		return
+	}
+	if n := h.hsFailed.Swap(0); n > 0 {
+		why := ""
+		if p := h.hsLast.Load(); p != nil {
+			why = *p
+		}
+		h.s.log.Warn("TLS handshakes failed; connections closed", "failed", n, "last", why)
+	}
+}
