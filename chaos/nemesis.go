@@ -260,12 +260,26 @@ func (n *nemesis) kill(p plan, stop <-chan struct{}) {
 	n.end(f, n.restart(m))
 }
 
-// stop freezes a member with a raw connection kept to it: requests queue
-// up in its socket while it is stopped, and every answer it sends after
-// SIGCONT is checked (rawChecks, frozen-answers).
+// stop freezes a member with raw connections kept to it: requests queue
+// up in their sockets while it is stopped, and every answer it sends after
+// SIGCONT is checked (rawChecks, frozen-answers). In half of the freezes
+// the member's network goes quiet while it is stopped and for a third of
+// the failover timeout after it resumes: its member links are cut and the
+// workload's connections to it paused (held, delivered in order after),
+// as a frozen process's peers see it on a real network — their writes fill
+// its socket buffers and stop — and unlike the fault proxies, which go on
+// reading for it and hand it the new term or epoch the instant it resumes.
+// So the resumed member cannot learn at once that it was superseded, and
+// the raw probes' requests are the first it finds: what it answers before
+// it learns shows whether it serves from its stale state.
 func (n *nemesis) stop(p plan, stop <-chan struct{}) {
 	m, why := n.target(p, 0.5)
 	target := fmt.Sprintf("member %d", m)
+	quiet := p.choice < 0.5 && n.c.Proxied() && n.claimNet()
+	if quiet {
+		defer n.releaseNet()
+		why = strings.TrimSpace(why + " quiet links")
+	}
 	busyA, a := n.netMark()
 	probe := n.raw.beforeFreeze(m)
 	f := n.begin(FaultStop, target, why)
@@ -278,6 +292,12 @@ func (n *nemesis) stop(p plan, stop <-chan struct{}) {
 		return
 	}
 	stopped := time.Now()
+	if quiet {
+		if err := n.c.Partition([]int{m}); err != nil {
+			n.logf("quiet links of member %d: %v", m, err)
+		}
+		n.pauseClients(m, true)
+	}
 	probe.whileFrozen(stop, stopped.Add(p.hold-100*time.Millisecond))
 	hold(stop, time.Until(stopped.Add(p.hold)))
 	note := "resumed"
@@ -286,8 +306,13 @@ func (n *nemesis) stop(p plan, stop <-chan struct{}) {
 		n.ms.problem("member %d: SIGCONT: %v", m, err)
 	}
 	n.ms.setFrozen(m, false)
+	if quiet {
+		time.Sleep(n.cfg.FailoverTimeout / 3)
+		_ = n.c.Partition() // every member link healed
+		n.pauseClients(m, false)
+	}
 	busyB, b := n.netMark()
-	probe.afterResume(netOverlap(busyA, a, busyB, b))
+	probe.afterResume(!quiet && netOverlap(busyA, a, busyB, b))
 	n.end(f, note)
 }
 
@@ -328,6 +353,27 @@ func (n *nemesis) handover(p plan, stop <-chan struct{}) {
 	}
 	hold(stop, p.hold)
 	n.end(f, note+"; "+n.restart(m))
+}
+
+// pauseClients pauses (or resumes) every client path to member m: the
+// workload's proxies and the ones its M answers lead to.
+func (n *nemesis) pauseClients(m int, on bool) {
+	var ps []*faultproxy.Proxy
+	for _, row := range n.clients {
+		ps = append(ps, row[m])
+	}
+	for j := range n.c.Members() {
+		if l := n.c.Link(j, m).Client; l != nil {
+			ps = append(ps, l)
+		}
+	}
+	for _, px := range ps {
+		if on {
+			px.Pause(faultproxy.Both)
+		} else {
+			px.Resume(faultproxy.Both)
+		}
+	}
 }
 
 // slowLinks delays every member link to d each way. A delay is raised in

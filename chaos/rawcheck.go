@@ -12,22 +12,26 @@ import (
 	"github.com/lockd-dev/lockd/proto"
 )
 
-// Raw clients around freezes and handovers (issue 18, holes 2 and 3). The
+// Raw clients around freezes and handovers (issue 18, holes 1-3). The
 // workload's clients follow M and retry E 4 on another member, so they
 // cannot tell what one member answered. These keep a raw connection to
 // one member across a fault and check every answer it sends:
 //
-//   - frozen-answers: a connection to a member kept while it is frozen
-//     (SIGSTOP). While it is stopped, requests queue up in its socket: a
-//     ping, acquires (wait 0) of a free key and of a held one, a renew of
-//     the held key's current token, a release of its former token, an
-//     acquire that would queue. Once another member serves at a later
-//     epoch (term), every answer the resumed member sends to them must be
-//     M: a member frozen longer than the failover timeout executes nothing
-//     from its stale state (PROTOCOL.md §6.2, last bullet). A closed
-//     connection is allowed (raft closes the connections of proposals that
-//     cannot commit: Indeterminate). A freeze during a network fault is
-//     not checked (its side may serve once it watched the others silent).
+//   - frozen-answers: connections to a member, each served once (warm),
+//     kept while it is frozen (SIGSTOP). While it is stopped, requests
+//     queue up in their sockets: a ping, acquires (wait 0) of a free key
+//     and of a held one, a renew of the held key's current token, a
+//     release of its former token, an acquire that would queue. Once
+//     another member serves at a later epoch (term), every answer the
+//     resumed member sends to them must be M — or one the new state
+//     allows (a renew of the current token renewed, a grant above the new
+//     active's token, the former token's release refused), had it led
+//     again by then: a member frozen longer than the failover timeout
+//     executes nothing from its stale state (PROTOCOL.md §6.2, last
+//     bullet). A closed connection is allowed (raft closes the connections
+//     of proposals that cannot commit: Indeterminate). A freeze during a
+//     network fault is not checked (its side may serve once it watched
+//     the others silent).
 //   - handover-answers: a connection to the active/leader kept across its
 //     SIGTERM — an acquire queued on a held key, and a client sending every
 //     5 ms; in half of the handovers every member link is first slowed to
@@ -35,7 +39,8 @@ import (
 //     round trip late). While a live member in sync with it exists at the
 //     signal, nothing may be answered E 4 (§6.2, planned handoff).
 const (
-	rawTimeout    = 5 * time.Second // a raw connection's dial, write and read
+	rawFrozenConns = 3               // connections kept to a frozen member
+	rawTimeout     = 5 * time.Second // a raw connection's dial, write and read
 	rawLease      = 2               // seconds: the probes' keys end soon on their own
 	rawHeldLease  = 15              // seconds: a key held across a handover (a queued acquire must not get it first)
 	rawTickEvery  = 5 * time.Millisecond
@@ -161,17 +166,15 @@ func (rc *rawChecks) give(m int, key string, token uint64) {
 type freezeProbe struct {
 	rc       *rawChecks
 	m        int
-	conn     *clustertest.Conn
-	before   clustertest.Status // m's /status before the freeze
+	conns    []*clustertest.Conn // served before the freeze (a ping each): warm sessions
+	before   clustertest.Status  // m's /status before the freeze
 	held     string             // a key held across the freeze
 	free     string             // a key nobody takes
 	t1       uint64             // held's token before the freeze
 	t2       uint64             // … and after the new active took it again
 	newLead  int
-	sent     int
-	excused  bool // a network fault overlapped the freeze: not asserted
+	sent     []int // requests sent on each connection
 	frames   []rawFrame
-	answered int
 }
 
 // rawFrame is a request sent to a frozen member, for the report.
@@ -183,17 +186,27 @@ type rawFrame struct {
 }
 
 // beforeFreeze opens the probe of member m, which is about to be frozen:
-// a raw connection to it, and a key held (on the active) across the
-// freeze.
+// raw connections to it, each served once (a ping: the member's event
+// loop has the connection, as a client's that was in use), and a key held
+// (on the active) across the freeze.
 func (rc *rawChecks) beforeFreeze(m int) *freezeProbe {
 	k := rc.seq.Add(1)
 	fp := &freezeProbe{rc: rc, m: m, newLead: -1,
 		held: fmt.Sprintf("raw/frozen/%d/held", k), free: fmt.Sprintf("raw/frozen/%d/free", k)}
-	conn, err := rc.dial(m)
-	if err != nil {
+	for i := range rawFrozenConns {
+		conn, err := rc.dial(m)
+		if err != nil {
+			break
+		}
+		if _, err := conn.Ping(k<<8 | uint64(10+i)); err != nil {
+			conn.Close()
+			break
+		}
+		fp.conns = append(fp.conns, conn)
+	}
+	if len(fp.conns) == 0 {
 		return fp // nothing to check
 	}
-	fp.conn = conn
 	fp.before, _ = rc.c.Member(m).Status()
 	if l, _ := rc.leader(-1); l >= 0 {
 		fp.t1 = rc.take(l, fp.held, k<<8)
@@ -203,10 +216,10 @@ func (rc *rawChecks) beforeFreeze(m int) *freezeProbe {
 
 // whileFrozen waits, until deadline, for another member to serve at a
 // later epoch (term) than the frozen one knew; there it takes the held key
-// again (its current token moves on); then it sends the probe's requests,
-// which queue up in the frozen member's socket.
+// again (its current token moves on); at deadline it sends the probe's
+// requests, which queue up in the frozen member's sockets.
 func (fp *freezeProbe) whileFrozen(stop <-chan struct{}, deadline time.Time) {
-	if fp.conn == nil {
+	if len(fp.conns) == 0 {
 		return
 	}
 	for time.Now().Before(deadline) {
@@ -229,31 +242,73 @@ func (fp *freezeProbe) whileFrozen(stop <-chan struct{}, deadline time.Time) {
 	if current == 0 {
 		current = fp.t1
 	}
-	fp.frames = []rawFrame{
-		{"ping", proto.OpPing, k<<8 | 2, proto.AppendPing(nil, k<<8|2)},
-		{"acquire (wait 0) of a free key", proto.OpAcquire, k<<8 | 3, proto.AppendAcquire(nil, 0, rawLease, k<<8|3, fp.free)},
-		{"acquire (wait 0) of the held key", proto.OpAcquire, k<<8 | 4, proto.AppendAcquire(nil, 0, rawLease, k<<8|4, fp.held)},
-		{"renew of the held key's current token", proto.OpRenew, current, proto.AppendRenew(nil, rawLease, current, fp.held)},
-		{"release of the held key's former token", proto.OpRelease, fp.t1, proto.AppendRelease(nil, fp.t1, fp.held)},
-		{"acquire (wait 1) of the held key", proto.OpAcquire, k<<8 | 5, proto.AppendAcquire(nil, 1, rawLease, k<<8|5, fp.held)},
+	// Two sets: requests that change nothing in the member's stale state
+	// (it would answer them at once: P, T, N), and requests it would
+	// propose or queue (raft closes such a connection, holding every answer
+	// behind the proposal: so they go on a connection of their own).
+	quiet := []rawFrame{
+		{"a ping", proto.OpPing, k<<8 | 2, proto.AppendPing(nil, k<<8|2)},
+		{"an acquire (wait 0) of the held key", proto.OpAcquire, k<<8 | 4, proto.AppendAcquire(nil, 0, rawLease, k<<8|4, fp.held)},
+		{"a renew of the held key's current token", proto.OpRenew, current, proto.AppendRenew(nil, rawLease, current, fp.held)},
 	}
-	var out [][]byte
-	for _, f := range fp.frames {
-		out = append(out, f.frame)
+	acting := []rawFrame{
+		{"an acquire (wait 0) of a free key", proto.OpAcquire, k<<8 | 3, proto.AppendAcquire(nil, 0, rawLease, k<<8|3, fp.free)},
+		{"a release of the held key's former token", proto.OpRelease, fp.t1, proto.AppendRelease(nil, fp.t1, fp.held)},
+		{"an acquire (wait 1) of the held key", proto.OpAcquire, k<<8 | 5, proto.AppendAcquire(nil, 1, rawLease, k<<8|5, fp.held)},
 	}
-	if err := fp.conn.Send(out...); err == nil {
-		fp.sent = len(out)
+	fp.frames = append(append([]rawFrame(nil), quiet...), acting...)
+	// The requests go shortly before SIGCONT: what the resumed member
+	// finds first.
+	select {
+	case <-stop:
+	case <-time.After(time.Until(deadline)):
 	}
+	fp.sent = make([]int, len(fp.conns))
+	for i, conn := range fp.conns {
+		set := quiet
+		if i == len(fp.conns)-1 {
+			set = acting
+		}
+		var out [][]byte
+		for _, f := range set {
+			out = append(out, f.frame)
+		}
+		if err := conn.Send(out...); err == nil {
+			fp.sent[i] = len(out)
+		}
+	}
+}
+
+// allowed reports whether answer r to f could come from the state after
+// the freeze (the new active's), had the resumed member led again by then:
+// a renew of the held key's current token renewed, a grant above the new
+// active's token, a release of the former token refused.
+func (fp *freezeProbe) allowed(f rawFrame, r proto.Response) bool {
+	switch {
+	case fp.t2 == 0:
+		return false
+	case r.Op == proto.OpRenew:
+		return r.ID == fp.t2 && f.op == proto.OpRenew
+	case r.Op == proto.OpAcquire:
+		return r.Token > fp.t2
+	case r.Op == proto.OpNotHeld:
+		return r.ID == fp.t1 && f.op == proto.OpRelease && fp.t1 != fp.t2
+	}
+	return false
 }
 
 // afterResume reads and checks what the resumed member answers. excused
 // says a network fault overlapped the freeze.
 func (fp *freezeProbe) afterResume(excused bool) {
 	rc := fp.rc
-	if fp.conn == nil {
+	if len(fp.conns) == 0 {
 		return
 	}
-	defer fp.conn.Close()
+	defer func() {
+		for _, c := range fp.conns {
+			c.Close()
+		}
+	}()
 	defer rc.give(fp.newLead, fp.held, fp.t2)
 	r := &rc.frozen
 	rc.add(r, "freezes", 1)
@@ -267,30 +322,35 @@ func (fp *freezeProbe) afterResume(excused bool) {
 	case wasLeader:
 		rc.add(r, "not_superseded", 1)
 	}
-	fp.conn.SetTimeout(rawAnswerWait)
-	for range fp.sent {
-		resp, err := fp.conn.Read()
-		if err != nil {
-			rc.add(r, "closed", 1)
-			return
-		}
-		rc.add(r, "answers", 1)
-		if resp.Op == proto.OpMoved {
-			rc.add(r, "answers_m", 1)
-			continue
-		}
-		what := "request"
-		for _, f := range fp.frames {
-			if resp.ID == f.id {
-				what = f.what
+	for i, conn := range fp.conns {
+		conn.SetTimeout(rawAnswerWait)
+		for range fp.sent[i] {
+			resp, err := conn.Read()
+			if err != nil {
+				rc.add(r, "closed", 1)
+				break
+			}
+			rc.add(r, "answers", 1)
+			if resp.Op == proto.OpMoved {
+				rc.add(r, "answers_m", 1)
+				continue
+			}
+			f := rawFrame{what: "a request"}
+			for _, g := range fp.frames {
+				if resp.ID == g.id && (resp.ReqOp == 0 || resp.ReqOp == g.op) {
+					f = g
+				}
+			}
+			switch {
+			case !asserted:
+				rc.noteOn(r, "member %d (%s at epoch %d before its freeze, not superseded or during a network fault) answered %c to %s", fp.m, fp.before.Role, fp.before.Epoch, resp.Op, f.what)
+			case fp.allowed(f, resp):
+				rc.add(r, "answers_new_state", 1)
+			default:
+				rc.bad(r, "member %d, %s at epoch %d before its freeze%s, answered %c (id %d, token %d) to %s queued during the freeze: from its stale state",
+					fp.m, fp.before.Role, fp.before.Epoch, supersededBy(fp.newLead), resp.Op, resp.ID, resp.Token, f.what)
 			}
 		}
-		if !asserted {
-			rc.noteOn(r, "member %d (%s at epoch %d before its freeze, not superseded or during a network fault) answered %c to a %s", fp.m, fp.before.Role, fp.before.Epoch, resp.Op, what)
-			continue
-		}
-		rc.bad(r, "member %d, %s at epoch %d before its freeze%s, answered %c (token %d) to a %s queued during the freeze: not M",
-			fp.m, fp.before.Role, fp.before.Epoch, supersededBy(fp.newLead), resp.Op, resp.Token, what)
 	}
 }
 

@@ -337,3 +337,20 @@ func handoverUnderLoss(t *testing.T, name string, as, sa *lossyLink) {
 		t.Fatalf("%s: the handover did not end: %v (old active %v)", name, o, a.role)
 	}
 }
+
+// TestRolesSnapshotAckMakesASuccessor: a standby's Ack(snapshot) makes it
+// in sync in its active's view at once: a SIGTERM right after hands over
+// to it instead of shutting down as a single node (E 4).
+func TestRolesSnapshotAckMakesASuccessor(t *testing.T) {
+	now := 1000 * ms
+	a := newRoles(0, 2, 1000*ms, 0, now)
+	a.promote()
+	a.heard(now, 1, peerState{epoch: a.epoch, role: roleStandby, follows: 0, inSync: false})
+	if a.successor(now, 0) != -1 {
+		t.Fatal("a successor before the standby applied the snapshot")
+	}
+	a.snapshotApplied(1)
+	if a.successor(now, 0) != 1 {
+		t.Fatal("no successor after the standby's Ack(snapshot)")
+	}
+}

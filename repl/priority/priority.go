@@ -1101,8 +1101,12 @@ func (p *node) receive(in *replica, from int, t msgType, payload []byte) error {
 		case ackReserve:
 			p.out.reserveAcked(from, a.Value)
 		case ackSnapshot:
-			// The standby applied the snapshot: it says so in its
-			// heartbeats too (in sync), which is what counts.
+			// The standby applied the snapshot: in sync from now, before
+			// its next heartbeat says so (a SIGTERM meanwhile hands over
+			// to it rather than shutting down as a single node).
+			p.mu.Lock()
+			p.roles.snapshotApplied(from)
+			p.mu.Unlock()
 		case ackHandoff, ackRefused:
 			p.mu.Lock()
 			p.roles.handoffAnswer(from, a.Value, a.Kind == ackHandoff)

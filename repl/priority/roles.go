@@ -500,6 +500,18 @@ func (r *roles) handedOver(i int, e uint64) {
 	r.role, r.active, r.epoch, r.inSync, r.handTo = roleStandby, i, e, false, -1
 }
 
+// snapshotApplied records that member from applied this active's snapshot
+// (its Ack(snapshot)): it is in sync now, as its next heartbeat will say.
+// An active about to hand over must not wait for that heartbeat to know.
+func (r *roles) snapshotApplied(from int) {
+	if from == r.self || from < 0 || from >= r.n || (r.role != roleActive && r.role != roleHandover) {
+		return
+	}
+	if p := &r.peers[from]; p.known && p.role == roleStandby && p.follows == r.self {
+		p.inSync, p.epoch = true, r.epoch
+	}
+}
+
 // heardFrom records that member from said something (any frame, not only
 // a heartbeat): it is live, whatever else the link carries (a snapshot of
 // any size). What it said last in a heartbeat stands.
