@@ -41,10 +41,10 @@ import (
 const (
 	rawFrozenConns = 3               // connections kept to a frozen member
 	rawTimeout     = 5 * time.Second // a raw connection's dial, write and read
-	rawLease      = 2               // seconds: the probes' keys end soon on their own
-	rawHeldLease  = 15              // seconds: a key held across a handover (a queued acquire must not get it first)
-	rawTickEvery  = 5 * time.Millisecond
-	rawAnswerWait = 3 * time.Second // for the answers of a resumed member
+	rawLease       = 2               // seconds: the probes' keys end soon on their own
+	rawHeldLease   = 15              // seconds: a key held across a handover (a queued acquire must not get it first)
+	rawTickEvery   = 5 * time.Millisecond
+	rawAnswerWait  = 3 * time.Second // for the answers of a resumed member
 )
 
 // rawChecks collects both checkers' findings.
@@ -164,17 +164,17 @@ func (rc *rawChecks) give(m int, key string, token uint64) {
 
 // freezeProbe is one frozen-answers probe.
 type freezeProbe struct {
-	rc       *rawChecks
-	m        int
-	conns    []*clustertest.Conn // served before the freeze (a ping each): warm sessions
-	before   clustertest.Status  // m's /status before the freeze
-	held     string             // a key held across the freeze
-	free     string             // a key nobody takes
-	t1       uint64             // held's token before the freeze
-	t2       uint64             // … and after the new active took it again
-	newLead  int
-	sent     []int // requests sent on each connection
-	frames   []rawFrame
+	rc      *rawChecks
+	m       int
+	conns   []*clustertest.Conn // served before the freeze (a ping each): warm sessions
+	before  clustertest.Status  // m's /status before the freeze
+	held    string              // a key held across the freeze
+	free    string              // a key nobody takes
+	t1      uint64              // held's token before the freeze
+	t2      uint64              // … and after the new active took it again
+	newLead int
+	sent    []int // requests sent on each connection
+	frames  []rawFrame
 }
 
 // rawFrame is a request sent to a frozen member, for the report.

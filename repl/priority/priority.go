@@ -401,7 +401,13 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		p.stats.lagNs.Store(int64(hb.LagNS))
 	}
 	p.busyHeard(now)
+	wasChecking, lastTick := p.roles.checking(), p.roles.lastTick
 	c := p.roles.heard(now, from, ps)
+	if !wasChecking && p.roles.checking() {
+		// The stall was noticed here, before the ticker ran.
+		p.ready = false
+		p.log.Warn("this member was frozen or stalled: executing nothing until the others answer", "gap", time.Duration(now-lastTick))
+	}
 	if r := p.roles.role; r == roleActive || r == roleHandover {
 		// Whatever the member is now, its data dir's mark is above every
 		// token it ever issued. A mark above this active's own (written

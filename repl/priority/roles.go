@@ -144,6 +144,9 @@ func (r *roles) heard(now int64, from int, hb peerState) change {
 	if from == r.self || from < 0 || from >= r.n {
 		return c
 	}
+	// A heartbeat read first after a stall (before the ticker ran) must
+	// not decide with the stall counted as the others' silence.
+	r.noticeFreeze(now)
 	p := &r.peers[from]
 	echo, lastKnown := max(p.echo, hb.echo), p.lastKnown
 	*p = hb
@@ -154,24 +157,32 @@ func (r *roles) heard(now int64, from int, hb peerState) change {
 
 // tick advances the clock: freeze detection, liveness, promotion.
 func (r *roles) tick(now int64) change {
-	if now-r.lastTick > r.timeout/2 && !r.checking() {
-		// Frozen or stalled: what this member believed about the others
-		// is stale. Start the freeze check with the next probe, and count
-		// no silence it did not watch: a standby listens a full timeout
-		// again, as at start, before it may promote.
-		r.resumeProbe = r.probe + 1
-		r.resumeAt = now
-		r.started = max(r.started, now)
-		for i := range r.peers {
-			p := &r.peers[i]
-			p.lastKnown = i != r.self && p.known && p.role != roleLeaving && r.lastTick-p.heard < r.timeout
-			if p.lastKnown {
-				p.heard = now
-			}
-		}
-	}
+	r.noticeFreeze(now)
 	r.lastTick = now
 	return r.decide(now, noChange())
+}
+
+// noticeFreeze starts the freeze check when the ticks stopped for more
+// than half the timeout (frozen or stalled), whichever call comes first
+// after it — the ticker's, or a heartbeat read before the ticker ran.
+// What this member believed about the others is stale: the check begins
+// with the next probe, and no silence it did not watch counts (a standby
+// listens a full timeout again, as at start, before it may promote). It
+// leaves lastTick to the ticker: only the ticker extends the gate.
+func (r *roles) noticeFreeze(now int64) {
+	if now-r.lastTick <= r.timeout/2 || r.checking() {
+		return
+	}
+	r.resumeProbe = r.probe + 1
+	r.resumeAt = now
+	r.started = max(r.started, now)
+	for i := range r.peers {
+		p := &r.peers[i]
+		p.lastKnown = i != r.self && p.known && p.role != roleLeaving && r.lastTick-p.heard < r.timeout
+		if p.lastKnown {
+			p.heard = now
+		}
+	}
 }
 
 // checkResumed ends the freeze check once every member live before it has

@@ -495,3 +495,29 @@ func TestRolesEpochDoesNotWrap(t *testing.T) {
 		})
 	}
 }
+
+// TestRolesStallNoticedByAHeartbeat (issue 18, found by the chaos run's
+// large-state phase): after a stall of the whole machine, the first thing
+// a standby does may be to read another member's heartbeat, before its
+// ticker runs. That heartbeat must not make it promote on the active's
+// "silence", which was its own stall: it starts the freeze check as a tick
+// would.
+func TestRolesStallNoticedByAHeartbeat(t *testing.T) {
+	s := newSim(t, 3)
+	s.step(1500 * time.Millisecond)
+	s.wantActive(0)
+	r := s.m[1]
+	if !r.inSync {
+		t.Fatal("setup: member 1 not in sync")
+	}
+	// Member 1 stalls 1.2 × the timeout; the first it does after is to
+	// read a heartbeat of member 2.
+	s.now += 1200 * ms
+	c := r.heard(s.now, 2, s.heartbeat(2))
+	if c.promote || r.role != roleStandby {
+		t.Fatalf("promoted on a heartbeat read first after its own stall: %+v, %v", c, r.role)
+	}
+	if !r.checking() {
+		t.Fatal("the stall did not start the freeze check")
+	}
+}
