@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -220,6 +221,52 @@ func (b *bigPhase) run() {
 	}
 }
 
+// stalled reports whether member m's log says that it was frozen or
+// stalled, around at (an event seen then), for at least half a failover
+// timeout (its ticker's gap: it sent no heartbeat meanwhile) — a stall of
+// the machine (the run shares two cores with whatever else runs) after
+// which the others may rightly have found it silent. The member logs a
+// stall when it resumes, which may come after the event: the log is read
+// again for up to five failover timeouts.
+func (b *bigPhase) stalled(m int, at time.Time) (string, bool) {
+	for deadline := at.Add(5 * b.cfg.BigFailover); ; {
+		if why, ok := b.stallIn(m, at); ok || time.Now().After(deadline) {
+			return why, ok
+		}
+		time.Sleep(b.cfg.BigFailover / 2)
+	}
+}
+
+// stallIn is stalled on member m's log as it is now.
+func (b *bigPhase) stallIn(m int, at time.Time) (string, bool) {
+	for _, line := range strings.Split(b.c.Member(m).Logs(), "\n") {
+		if !strings.Contains(line, "frozen or stalled") {
+			continue
+		}
+		var rec struct {
+			Time time.Time `json:"time"`
+			Gap  int64     `json:"gap"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		gap := time.Duration(rec.Gap)
+		began := rec.Time.Add(-gap) // the stall's start
+		if gap >= b.cfg.BigFailover/2 && began.Before(at) && began.After(at.Add(-3*b.cfg.BigFailover)) {
+			return fmt.Sprintf("a %v gap in its ticks at %s", gap.Round(time.Millisecond), rec.Time.Format("15:04:05.000")), true
+		}
+	}
+	return "", false
+}
+
+// expectLeader expects, after a failover the rules allowed, the member
+// every running one agrees on (left as it is while they do not agree).
+func (b *bigPhase) expectLeader() {
+	if l, err := b.c.WaitLeader(bigStepWithin, clustertest.Running()); err == nil {
+		b.expect(l)
+	}
+}
+
 // others lists the members but m.
 func (b *bigPhase) others(m int) []int {
 	var out []int
@@ -278,6 +325,7 @@ func (b *bigPhase) fill(m int) ([]uint64, error) {
 			return nil, fmt.Errorf("%w: %d of %d locks not taken in %v", clustertest.ErrTimeout, len(todo), n, bigWithin)
 		}
 		if pass > 0 {
+			prev := m
 			lead, err := b.c.WaitLeader(bigStepWithin, clustertest.Every)
 			if err != nil {
 				return nil, err
@@ -286,7 +334,9 @@ func (b *bigPhase) fill(m int) ([]uint64, error) {
 			b.mu.Lock()
 			b.res.Figures["fill_passes"] = float64(pass + 1)
 			b.mu.Unlock()
-			if b.cfg.Mode == api.ModePriority {
+			if why, ok := b.stalled(prev, time.Now()); ok {
+				b.note("taking the locks was interrupted after a stall of member %d (%s): %d of %d to send again, to member %d", prev, why, len(todo), n, m)
+			} else if b.cfg.Mode == api.ModePriority {
 				b.bad("taking the locks was interrupted: %d of %d to send again, to member %d", len(todo), n, m)
 			}
 		}
@@ -488,6 +538,16 @@ func (b *bigPhase) watch(stop <-chan struct{}) {
 			if repeat {
 				continue
 			}
+			if why, ok := b.stalled(lead, time.Now()); ok && b.cfg.Mode == api.ModePriority {
+				// Not heard for a failover timeout is not live (PROTOCOL.md
+				// §6.1): the failover was the rules', not a snapshot's doing.
+				b.mu.Lock()
+				b.res.Figures["failovers_after_a_stall"]++
+				b.mu.Unlock()
+				b.note("after a stall of the active (%s): %s", why, what)
+				b.expectLeader()
+				continue
+			}
 			if b.cfg.Mode == api.ModeRaft {
 				elections++
 				b.note("while no step asked for it: %s", what)
@@ -556,7 +616,8 @@ func (b *bigPhase) probe(stop <-chan struct{}) {
 		}
 		b.mu.Unlock()
 		if err != nil && !moved {
-			if b.cfg.Mode == api.ModeRaft {
+			_, stalled := b.stalled(lead, time.Now())
+			if b.cfg.Mode == api.ModeRaft || stalled {
 				// raft may elect under load (counted by watch): the
 				// probe goes on with the member that serves then.
 				b.mu.Lock()

@@ -540,6 +540,12 @@ func (p *node) carryOut(a action) {
 		p.log.Info("following the active", "active", p.cfg.Peers[c.follow])
 		p.follow(c.follow)
 	case c.handover >= 0:
+		p.mu.Lock()
+		active := p.roles.role == roleActive
+		p.mu.Unlock()
+		if !active {
+			return // a repeat of a handover already carried out (decide asks at every step until it is)
+		}
 		p.log.Info("handing over to a member of higher priority", "successor", p.cfg.Peers[c.handover])
 		p.handover(context.Background(), c.handover, false)
 	}
@@ -588,6 +594,14 @@ func (p *node) becomeActive(handoffToken uint64, why string) {
 // (clocks agreeing within the timeout; docs/DESIGN.md "Tokens across a
 // failover").
 func (p *node) resumeServing() {
+	// The gate holds while the counter jumps: a freeze check that ended
+	// after an earlier one's resumeServing opened the gate (two stalls in
+	// a row) must not leave it serving with no token reserved (B).
+	p.mu.Lock()
+	p.ready = false
+	g := p.gateFor(p.clock())
+	p.mu.Unlock()
+	p.publish(g)
 	tokens := p.table.Tokens()
 	if !p.noWallFloor {
 		tokens.Observe(repl.WallFloor() + uint64(p.timeout()))
@@ -595,7 +609,7 @@ func (p *node) resumeServing() {
 	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check")
 	p.mu.Lock()
 	p.ready = p.roles.serving()
-	g := p.gateFor(p.clock())
+	g = p.gateFor(p.clock())
 	p.mu.Unlock()
 	p.log.Info("serving again after the freeze check", "next_token", tokens.Last()+1)
 	p.publish(g)

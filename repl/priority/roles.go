@@ -232,14 +232,42 @@ func (r *roles) bestActive(now int64) int {
 	return best
 }
 
+// laterActive returns the active that became active last as the live
+// members tell it — one that says it is active, or one a live standby says
+// it follows (its heartbeat carries that active's epoch) — and its epoch,
+// or -1. A member may learn that it was superseded second-hand: after a
+// freeze, say, from a standby that follows the new active before the new
+// active itself is heard (its links reconnecting).
+func (r *roles) laterActive(now int64) (int, uint64) {
+	best, epoch := -1, uint64(0)
+	consider := func(a int, e uint64) {
+		if a >= 0 && a < r.n && a != r.self && (best < 0 || beats(e, a, epoch, best)) {
+			best, epoch = a, e
+		}
+	}
+	for i := range r.peers {
+		p := &r.peers[i]
+		if i == r.self || !r.live(i, now) {
+			continue
+		}
+		switch p.role {
+		case roleActive:
+			consider(i, p.epoch)
+		case roleStandby:
+			consider(p.follows, p.epoch)
+		}
+	}
+	return best, epoch
+}
+
 // decide applies the rules after the view changed.
 func (r *roles) decide(now int64, c change) change {
 	ended := r.checkResumed(now)
 	switch r.role {
 	case roleActive:
-		if a := r.bestActive(now); a >= 0 && beats(r.peers[a].epoch, a, r.epoch, r.self) {
+		if a, e := r.laterActive(now); a >= 0 && beats(e, a, r.epoch, r.self) {
 			// Two actives: this one became active earlier. Step down.
-			r.role, r.active, r.epoch, r.inSync = roleStandby, a, r.peers[a].epoch, false
+			r.role, r.active, r.epoch, r.inSync = roleStandby, a, e, false
 			c.demote, c.follow = true, a
 			return c
 		}
@@ -420,6 +448,7 @@ func (r *roles) decideHandover(now int64) {
 		r.endHandover(handTaken, s, r.peers[s].epoch)
 	case a >= 0 && beats(r.peers[a].epoch, a, r.epoch, r.self):
 		r.endHandover(handSuperseded, a, r.peers[a].epoch)
+	case r.supersededSecondHand(now):
 	case !r.live(s, now):
 		// Silent (or leaving) before a verdict: it may have taken the
 		// handover or not, and this member cannot ask. It serves nothing
@@ -430,6 +459,22 @@ func (r *roles) decideHandover(now int64) {
 		r.handOutcome, r.handResult = handLost, s
 		r.started = max(r.started, now)
 	}
+}
+
+// supersededSecondHand ends a handover on what a live standby says: it
+// follows the successor at the offered epoch or later (the successor took
+// it), or another active that became active later than this member.
+func (r *roles) supersededSecondHand(now int64) bool {
+	a, e := r.laterActive(now)
+	switch {
+	case a == r.handTo && e >= r.handEpoch:
+		r.endHandover(handTaken, a, e)
+	case a >= 0 && a != r.handTo && beats(e, a, r.epoch, r.self):
+		r.endHandover(handSuperseded, a, e)
+	default:
+		return false
+	}
+	return true
 }
 
 // endHandover makes this member a standby of member i, the active at

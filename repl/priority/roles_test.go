@@ -521,3 +521,34 @@ func TestRolesStallNoticedByAHeartbeat(t *testing.T) {
 		t.Fatal("the stall did not start the freeze check")
 	}
 }
+
+// TestRolesSupersededSecondHand (issue 18, found by the chaos run's quiet
+// freezes): an active resumes from a freeze with its links to the member
+// promoted meanwhile still reconnecting; the standby it knew answers its
+// probe (the freeze check ends) and says it follows the new active at a
+// later epoch. The resumed member must step down then, not serve from its
+// stale state until it hears the new active itself.
+func TestRolesSupersededSecondHand(t *testing.T) {
+	s := newSim(t, 3)
+	s.step(1500 * time.Millisecond)
+	s.wantActive(0)
+	a := s.m[0]
+	// Member 0 has not heard member 1 lately (a link down): before its
+	// freeze it knows only member 2 as live, so member 2's echo alone
+	// ends its freeze check.
+	s.cut[1][0] = true
+	s.step(1500 * time.Millisecond)
+	if a.live(1, s.now) || !a.live(2, s.now) {
+		t.Fatal("setup: member 0 should know only member 2 as live")
+	}
+	now := s.now + 3000*ms // frozen 3 s; members 1 and 2 moved on
+	a.tick(now)            // the freeze check begins
+	if !a.checking() {
+		t.Fatal("setup: no freeze check")
+	}
+	// Member 2 echoes the probe, and follows member 1 at epoch 2.
+	c := a.heard(now+10*ms, 2, peerState{epoch: a.epoch + 1, role: roleStandby, follows: 1, inSync: true, echo: a.probe + 1})
+	if a.role == roleActive || c.resume || !c.demote || a.active != 1 {
+		t.Fatalf("resumed member: %v following %d, change %+v: it served on", a.role, a.active, c)
+	}
+}
