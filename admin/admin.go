@@ -18,17 +18,24 @@ import (
 	"github.com/lockd-dev/lockd/repl"
 )
 
-// Handler returns the admin endpoint's handler for srv. version is reported
-// by /status and as the lockd_build_info metric.
+// Build is what the binary knows of its own build (lockd --version, from
+// internal/version): reported by /status and as lockd_build_info.
+type Build struct {
+	Line     string // the version line, as --version prints it: /status's "version"
+	Version  string // the module version ("v0.1.0", "(devel)"): lockd_build_info's version label
+	Revision string // the VCS revision, "" when the build stamped none: its revision label
+}
+
+// Handler returns the admin endpoint's handler for srv, reporting build.
 //
 // With an ACL (engine.Config.ACL) every path but OpenPaths needs the basic
 // authentication of a monitor or admin identity, and a change (DELETE
 // /keys/{key}: an admin's release of a key's grant) an admin
 // (PROTOCOL.md §8.5).
-func Handler(srv *engine.Server, version string) http.Handler {
+func Handler(srv *engine.Server, build Build) http.Handler {
 	var st authStats
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(srv, version, &st))
+	reg.MustRegister(newCollector(srv, build, &st))
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	mux := http.NewServeMux()
@@ -45,7 +52,7 @@ func Handler(srv *engine.Server, version string) http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET "+api.PathStatus, func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, status(srv, version))
+		writeJSON(w, http.StatusOK, status(srv, build.Line))
 	})
 	mux.HandleFunc("GET "+api.PathKeys+"{key...}", func(w http.ResponseWriter, r *http.Request) {
 		key := r.PathValue("key")

@@ -48,7 +48,7 @@ func setup(t *testing.T) *fixture { return setupWith(t, nil) }
 // setupWith is setup with the server's configuration changed by mod.
 func setupWith(t *testing.T, mod func(*engine.Config)) *fixture {
 	srv := lockdtest.Start(t, mod) // closed after the cleanups below
-	hs := httptest.NewServer(admin.Handler(srv, "v-test"))
+	hs := httptest.NewServer(admin.Handler(srv, admin.Build{Line: "v-test", Version: "v0.0.0-test", Revision: "0123abc"}))
 	c, err := net.Dial("tcp", srv.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -327,13 +327,17 @@ func TestHealthzTakesNoShardLock(t *testing.T) {
 }
 
 // TestBuildInfoOnASingleNode: lockd_build_info (README, /metrics) is
-// exported by every node, a single node included.
+// exported by every node, a single node included, with the build's
+// version and revision as labels.
 func TestBuildInfoOnASingleNode(t *testing.T) {
 	f := setup(t)
 	fams := f.scrape()
 	fam, ok := fams["lockd_build_info"]
 	if !ok || len(fam.Metric) != 1 || fam.Metric[0].GetGauge().GetValue() != 1 {
 		t.Fatalf("lockd_build_info on a single node: %v", fam)
+	}
+	if v := value(t, fams, "lockd_build_info", "version", "v0.0.0-test", "revision", "0123abc"); v != 1 {
+		t.Fatalf("lockd_build_info{version, revision} = %v", v)
 	}
 }
 

@@ -11,15 +11,15 @@ import (
 // collector turns one engine.Metrics snapshot per scrape into Prometheus
 // metrics, so the hot path keeps plain per-loop counters.
 type collector struct {
-	srv     *engine.Server
-	version string
-	auth    *authStats
+	srv   *engine.Server
+	build Build
+	auth  *authStats
 
-	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
-	keys, waiters, conns, tokenLast, tokenReserved, wait, role, build, up    *prometheus.Desc
-	noToken, reserveErrs, reserveFailing, moved, otherIdent                  *prometheus.Desc
-	authFailures, aclClosed, aclReloads, adminReleases, adminAuth            *prometheus.Desc
-	tlsHandshakes, tlsFailures                                               *prometheus.Desc
+	requests, errors, grants, handoffs, expiries, timeouts, releases, renews  *prometheus.Desc
+	keys, waiters, conns, tokenLast, tokenReserved, wait, role, buildInfo, up *prometheus.Desc
+	noToken, reserveErrs, reserveFailing, moved, otherIdent                   *prometheus.Desc
+	authFailures, aclClosed, aclReloads, adminReleases, adminAuth             *prometheus.Desc
+	tlsHandshakes, tlsFailures                                                *prometheus.Desc
 
 	// cluster
 	epoch, failovers, handovers, demotions, snapshots, batches, records, rawBytes, wireBytes *prometheus.Desc
@@ -31,12 +31,12 @@ type collector struct {
 	raftSnapshots, raftSnapshotBytes, raftElections, raftRebuilds                       *prometheus.Desc
 }
 
-func newCollector(srv *engine.Server, version string, auth *authStats) *collector {
+func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("lockd_"+name, help, labels, nil)
 	}
 	return &collector{
-		srv: srv, version: version, auth: auth,
+		srv: srv, build: build, auth: auth,
 		requests:          d("requests_total", "Requests by op and result.", "op", "result"),
 		errors:            d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down, 5 unauthenticated, 6 permission denied).", "code"),
 		grants:            d("grants_total", "Grants, immediate or handoff."),
@@ -52,7 +52,7 @@ func newCollector(srv *engine.Server, version string, auth *authStats) *collecto
 		tokenReserved:     d("token_reserved", "Durably reserved token mark."),
 		wait:              d("acquire_wait_seconds", "Time from acquire to grant (0 for immediate grants)."),
 		role:              d("role", "1 for the node's role.", "role"),
-		build:             d("build_info", "Build information.", "version"),
+		buildInfo:         d("build_info", "1, with the build's module version and VCS revision (\"\" when the build stamped none).", "version", "revision"),
 		up:                d("uptime_seconds", "Seconds since the server started."),
 		noToken:           d("busy_no_token_total", "Acquires and handoffs answered B because no token was reserved (the data dir failing)."),
 		reserveErrs:       d("token_reserve_failures_total", "Failed token reservation attempts."),
@@ -95,7 +95,7 @@ func newCollector(srv *engine.Server, version string, auth *authStats) *collecto
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
-		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
+		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.buildInfo, c.up,
 		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.otherIdent, c.tlsHandshakes, c.tlsFailures,
 		c.authFailures, c.aclClosed, c.aclReloads, c.adminReleases, c.adminAuth,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
@@ -162,7 +162,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	cum += m.WaitCounts[len(engine.WaitBuckets)]
 	ch <- prometheus.MustNewConstHistogram(c.wait, cum, m.WaitSum, buckets)
-	gauge(c.build, 1, c.version)
+	gauge(c.buildInfo, 1, c.build.Version, c.build.Revision)
 	if node.Mode != api.ModeSingle {
 		c.collectCluster(ch, node)
 	}
