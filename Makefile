@@ -10,9 +10,14 @@ PYTHON      ?= /usr/bin/python3
 
 all: build
 
+## build: bin/lockd and bin/lockctl, stamped with the VCS revision when
+## built in a git clone (-buildvcs=auto overrides a GOFLAGS=-buildvcs=false
+## in the environment, as on this repository's machines; --version and
+## lockd_build_info show the revision).
+BUILDVCS ?= -buildvcs=auto
 build:
-	$(GO) build -o bin/lockd ./cmd/lockd
-	$(GO) build -o bin/lockctl ./cmd/lockctl
+	$(GO) build $(BUILDVCS) -o bin/lockd ./cmd/lockd
+	$(GO) build $(BUILDVCS) -o bin/lockctl ./cmd/lockctl
 
 ## test: what CI runs — lint, every test with the race detector, then
 ## chaos/ on its own (TestChaosShort: the short chaos form, both modes,
