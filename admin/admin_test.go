@@ -187,8 +187,22 @@ func TestMetricsMoveWithRequests(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
-	if v := value(t, m, "lockd_token_high_water"); v < float64(a.Token) {
-		t.Errorf("token high water %v below %d", v, a.Token)
+	// The tokens themselves are in /status (exact decimal strings; a
+	// float64 gauge near 1.8e18 would lose the low 8 bits); the metric is
+	// the headroom below the reservation mark, exact.
+	var st api.Status
+	f.get("/status", &st)
+	last, _ := strconv.ParseUint(st.TokenLast, 10, 64)
+	reserved, _ := strconv.ParseUint(st.TokenReserved, 10, 64)
+	if last < a.Token || reserved <= last {
+		t.Fatalf("/status tokens: last %s reserved %s, granted %d", st.TokenLast, st.TokenReserved, a.Token)
+	}
+	if v := value(t, m, "lockd_token_headroom"); v != float64(reserved-last) || v == 0 {
+		t.Errorf("lockd_token_headroom %v, want %d (reserved %d - last %d)", v, reserved-last, reserved, last)
+	}
+	// lockd_role: one series per role of the mode, 1 for the current one.
+	if n := len(m["lockd_role"].GetMetric()); n != len(api.Roles(api.ModeSingle)) {
+		t.Errorf("lockd_role has %d series on a single node", n)
 	}
 }
 
@@ -286,6 +300,55 @@ func TestHealthzFailsWhileDraining(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	f.conn.Close() // the last client leaves: the drain ends
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestProbes: /livez and /readyz beside /healthz on a single node —
+// all 200 while serving; once shutdown has begun /readyz and /healthz are
+// 503 "shutting down" while /livez stays 200 (the process is ending on
+// its own: nothing to restart).
+func TestProbes(t *testing.T) {
+	f := setup(t)
+	body := func(path string) (int, string) {
+		resp, err := http.Get(f.http.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, p := range []string{"/healthz", "/livez", "/readyz"} {
+		if code, b := body(p); code != http.StatusOK || b != "ok\n" {
+			t.Fatalf("%s while serving: %d %q", p, code, b)
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- f.srv.Shutdown(ctx)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, b := body("/readyz")
+		if code == http.StatusServiceUnavailable {
+			if b != "shutting down\n" {
+				t.Fatalf("/readyz while draining: %q", b)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz still 200 while shutting down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if code, b := body("/livez"); code != http.StatusOK {
+		t.Fatalf("/livez while draining: %d %q", code, b)
+	}
+	f.conn.Close()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
