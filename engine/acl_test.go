@@ -604,3 +604,36 @@ func TestAdminReleaseWaitsForCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAdminReleaseAbandoned: an admin release whose record the node
+// abandons (leadership lost before it committed) is ErrOutcomeUnknown,
+// never a success, even though the committed number then passes it.
+func TestAdminReleaseAbandoned(t *testing.T) {
+	ts, node := startCommitting(t, nil)
+	w := dial(t, ts.Addr())
+	w.acquire("k", 0, 30, 1)
+	for deadline := time.Now().Add(5 * time.Second); node.Barrier() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the acquire made no record")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	committed := node.Barrier()
+	ts.Committed(committed)
+	tok := w.expect(proto.OpAcquire, 1).Token
+	done := make(chan error, 1)
+	go func() {
+		_, err := ts.AdminRelease(context.Background(), []byte("k"), tok, "")
+		done <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); node.Barrier() == committed; {
+		if time.Now().After(deadline) {
+			t.Fatal("the release made no record")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ts.Abandon(committed)
+	if err := <-done; !errors.Is(err, engine.ErrOutcomeUnknown) {
+		t.Fatalf("an abandoned admin release returned %v, want ErrOutcomeUnknown", err)
+	}
+}

@@ -236,7 +236,8 @@ func (h *handler) traffic(ss *session) gnet.Action {
 	// gate is still on its way to a socket (Abandon relies on it).
 	s.barrier.RLock()
 	defer s.barrier.RUnlock()
-	spec := ss.takeMail(b) // answers made from the table's state
+	b.gen = s.abandonsA.Load() // what this batch executes comes after these Abandon calls
+	spec := ss.takeMail(b)     // answers made from the table's state
 	now := s.now()
 	action := gnet.None
 
@@ -577,7 +578,7 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 		}
 		// A TLS session (loop nil) has no loop-mates: it is woken.
 		local := cur != nil && cur.loop != nil && ss.loop == cur.loop
-		ok, flush := ss.post(&e, local, s.node.Gate().Addr)
+		ok, flush := ss.post(&e, local, s.node.Gate().Addr, b.gen)
 		if !ok && e.Kind == shard.EffectGrant {
 			s.table.Release(now, e.Key, e.Token, &b.fx)
 		}

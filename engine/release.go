@@ -74,6 +74,7 @@ func (s *Server) AdminRelease(ctx context.Context, key []byte, token uint64, by 
 		s.barrier.RUnlock()
 		return Released{}, &NotServingError{Active: g.Addr}
 	}
+	gen := s.abandonsA.Load() // Abandon calls before the state this release acts on
 	b := s.getScratch()
 	res, holder, tok := shard.ResultNotHeld, shard.NoIdent, token
 	for range 3 { // token 0: the grant may change between the lookup and the release
@@ -105,22 +106,24 @@ func (s *Server) AdminRelease(ctx context.Context, key []byte, token uint64, by 
 	if s.committer != nil {
 		ctx, cancel := context.WithTimeout(ctx, commitWait)
 		defer cancel()
-		if err := s.waitCommitted(ctx, bar); err != nil {
+		if err := s.waitCommitted(ctx, bar, gen); err != nil {
 			return rel, err
 		}
 	}
 	return rel, nil
 }
 
-// waitCommitted waits until record bar is committed, or ctx ends; a
-// record that the node abandoned is ErrOutcomeUnknown.
-func (s *Server) waitCommitted(ctx context.Context, bar uint64) error {
+// waitCommitted waits until record bar, made from state of generation gen
+// (Abandon calls before it), is committed, or ctx ends; a record that an
+// Abandon after gen gave up is ErrOutcomeUnknown (the rule of a held
+// chunk, commit.go).
+func (s *Server) waitCommitted(ctx context.Context, bar, gen uint64) error {
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for {
 		if s.committedA.Load() >= bar {
 			s.heldMu.Lock()
-			lost := bar > s.lostLo && bar <= s.lostHi
+			lost := gen < s.abandons && bar > s.lostAfter(gen)
 			s.heldMu.Unlock()
 			if lost {
 				return ErrOutcomeUnknown

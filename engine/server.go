@@ -89,12 +89,14 @@ type Server struct {
 
 	// Answers waiting for a commit (commit.go); committer is nil when the
 	// node answers at once.
-	committer      repl.Committer
-	heldMu         sync.Mutex
-	heldSet        map[*session]struct{} // sessions holding answers
-	committed      uint64                // guarded by heldMu
-	committedA     atomic.Uint64         // committed, for the fast path
-	lostLo, lostHi uint64                // guarded by heldMu: abandoned records (lostLo, lostHi]
+	committer  repl.Committer
+	heldMu     sync.Mutex
+	heldSet    map[*session]struct{} // sessions holding answers
+	committed  uint64                // guarded by heldMu
+	committedA atomic.Uint64         // committed, for the fast path
+	abandons   uint64                // guarded by heldMu: Abandon calls so far
+	abandonsA  atomic.Uint64         // abandons, for stamping answers without the lock
+	lost       [lostKept]uint64      // guarded by heldMu: lost[k % lostKept] is the seq of Abandon number k
 }
 
 // ErrStopped is Serve's error when the engine stopped while no Shutdown

@@ -19,20 +19,36 @@ var errLinkCut = errors.New("raftnode: member link cut")
 type raftStream struct {
 	ln        net.Listener
 	advertise net.Addr
+	until     time.Time     // accept nothing before (hold)
+	done      chan struct{} // closed by Close
 
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
+	mu     sync.Mutex
+	cut    bool
+	closed bool
+	conns  map[net.Conn]struct{}
 }
 
-// newRaftStream serves raft on ln, advertising advertise.
-func newRaftStream(ln net.Listener, advertise net.Addr) *raftStream {
-	return &raftStream{ln: ln, advertise: advertise, conns: map[net.Conn]struct{}{}}
+// newRaftStream serves raft on ln, advertising advertise; it accepts no
+// connection for hold after it is made (lease.go: a member that restarts
+// must not vote while a lease it granted before may still run).
+func newRaftStream(ln net.Listener, advertise net.Addr, hold time.Duration) *raftStream {
+	return &raftStream{ln: ln, advertise: advertise, until: time.Now().Add(hold),
+		done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 }
 
 // Accept returns the next member connection (one that arrives while the
-// link is cut is closed at once).
+// link is cut is closed at once). Until the hold is over, connections wait
+// in the listener's backlog.
 func (s *raftStream) Accept() (net.Conn, error) {
+	if d := time.Until(s.until); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-s.done:
+			t.Stop()
+			return nil, net.ErrClosed
+		}
+	}
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
@@ -96,6 +112,12 @@ func (s *raftStream) setCut(cut bool) {
 // Close closes the listener and every member connection (the transport
 // leaves the inbound ones to their peers, whose reads would outlive it).
 func (s *raftStream) Close() error {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+	}
+	s.mu.Unlock()
 	err := s.ln.Close()
 	s.setCut(true)
 	return err
