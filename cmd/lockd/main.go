@@ -82,7 +82,7 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	fs.StringVar(&tlsFiles.Key, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&tlsFiles.ClientCA, "tls-client-ca", "", "PEM CA bundle: clients must present a certificate that verifies against it (mutual TLS); needs --tls-cert")
 	fs.StringVar(&tlsFiles.PeerCA, "tls-peer-ca", "", "PEM CA bundle for the member link's certificates (default: --tls-client-ca); needs --tls-cert")
-	fs.StringVar(&opt.admin, "admin", "", "admin HTTP address (HTTPS with --tls-cert) for /metrics, /healthz, /status, /keys/{key}, /debug/pprof/ (default: --listen's host, its port + 1; \"\" turns it off)")
+	fs.StringVar(&opt.admin, "admin", "", "admin HTTP address (HTTPS with --tls-cert) for /metrics, /livez, /readyz, /healthz, /status, /keys/{key}, /debug/pprof/ (default: --listen's host, its port + 1; \"\" turns it off)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address to serve (host:port)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the token mark and the shutdown snapshot")
 	fs.IntVar(&cfg.MaxKey, "max-key", cfg.MaxKey, "longest key in bytes, 1..1024")
