@@ -97,6 +97,9 @@ var rules = map[string]rule{
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"internal/layers": {},
+	// The operator's assets (unit, rules, dashboard): no code; its tests
+	// drive the binary from outside.
+	"ops": {noDeps: []string{mod + "/"}},
 	// Throwaway certificates for tests and bench: the standard library only.
 	"internal/testcerts": {noDeps: []string{mod + "/"}},
 	"internal/e2e":       {noDeps: []string{cmds}},
@@ -112,9 +115,11 @@ var rules = map[string]rule{
 	"internal/history": {allow: []string{"github.com/anishathalye/porcupine"},
 		noDeps: append([]string{gnet, cmds}, lockd("proto", "engine", "shard", "store", "repl", "admin", "client", "bench", "internal/")...)},
 	// The chaos command drives real lockd processes from outside, as a
-	// user would: the client library, the fence, the harness and the
-	// checkers; never a server package.
-	"chaos": {allow: lockd("api", "client", "fence", "internal/clustertest", "internal/faultproxy", "internal/history"),
+	// user would: the client library, raw frames of the wire protocol
+	// (proto: what the members answer, byte for byte, around a freeze or a
+	// handover), the fence, the harness and the checkers; never a server
+	// package.
+	"chaos": {allow: lockd("api", "client", "fence", "proto", "internal/clustertest", "internal/faultproxy", "internal/history"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "bench")...)},
 }
 
