@@ -643,6 +643,9 @@ func (p *node) Status() repl.Status {
 		st.Active = p.cfg.Peers[r.active]
 	}
 	st.Failovers = p.stats.failovers.Load()
+	if p.link != nil {
+		st.MemberRefused = p.link.auth.Refusals()
+	}
 	st.Handovers = p.stats.handovers.Load()
 	st.Demotions = p.stats.demotions.Load()
 	out, in := &p.out.stats, &p.standby.stats
