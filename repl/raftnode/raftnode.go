@@ -219,7 +219,7 @@ func (n *node) openRaft() error {
 	if err != nil {
 		return err
 	}
-	n.stream = newRaftStream(ln, adv)
+	n.stream = newRaftStream(ln, adv, newMemberAuth(n.cfg, n.log))
 	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing}
 	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second, netLog)
 	n.closers = append(n.closers, n.trans)
@@ -616,6 +616,7 @@ func (n *node) Status() repl.Status {
 	st.Snapshots = n.stats.snapshots.Load()
 	st.Elections = n.stats.elections.Load()
 	st.Rebuilds = n.stats.rebuilds.Load()
+	st.MemberRefused = n.stream.auth.Refusals()
 	st.InSync = l >= 0
 	lastContact := n.r.LastContact()
 	leading := st.Role == api.RoleLeader

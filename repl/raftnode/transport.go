@@ -13,21 +13,22 @@ import (
 var errLinkCut = errors.New("raftnode: member link cut")
 
 // raftStream is raft's TCP stream layer on the member port: a listener
-// that advertises this member's address as the others dial it, and plain
-// TCP dials. It keeps its connections so that cut can sever them all and
+// that advertises this member's address as the others dial it, and TCP
+// dials, both through the exchange of §8.4 when it is on (auth.go). It keeps its connections so that cut can sever them all and
 // refuse new ones (an isolated member, for tests), and heal undo it.
 type raftStream struct {
 	ln        net.Listener
 	advertise net.Addr
+	auth      *memberAuth
 
 	mu    sync.Mutex
 	cut   bool
 	conns map[net.Conn]struct{}
 }
 
-// newRaftStream serves raft on ln, advertising advertise.
-func newRaftStream(ln net.Listener, advertise net.Addr) *raftStream {
-	return &raftStream{ln: ln, advertise: advertise, conns: map[net.Conn]struct{}{}}
+// newRaftStream serves raft on ln through auth, advertising advertise.
+func newRaftStream(ln net.Listener, advertise net.Addr, auth *memberAuth) *raftStream {
+	return &raftStream{ln: auth.listen(ln), advertise: advertise, auth: auth, conns: map[net.Conn]struct{}{}}
 }
 
 // Accept returns the next member connection (one that arrives while the
@@ -52,7 +53,7 @@ func (s *raftStream) Dial(address raft.ServerAddress, timeout time.Duration) (ne
 	if cut {
 		return nil, errLinkCut
 	}
-	c, err := net.DialTimeout("tcp", string(address), timeout)
+	c, err := s.auth.dial(string(address), timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -96,6 +97,7 @@ func (s *raftStream) setCut(cut bool) {
 // Close closes the listener and every member connection (the transport
 // leaves the inbound ones to their peers, whose reads would outlive it).
 func (s *raftStream) Close() error {
+	s.auth.cancel()
 	err := s.ln.Close()
 	s.setCut(true)
 	return err
