@@ -107,7 +107,7 @@ var rules = map[string]rule{
 	// outside, so it imports no server package (nor client: the tests
 	// that use it bring their own).
 	"internal/faultproxy": {noDeps: []string{mod + "/"}},
-	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy"),
+	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy", "internal/testcerts"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
 	// The history checkers know nothing of the wire or the server: the
 	// standard library and porcupine only.
