@@ -294,6 +294,14 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		floor := max(hb.TokenLast, hb.Reserved) + 2*p.cfg.TokenBlock
 		p.table.Tokens().Observe(floor)
 		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
+	} else if p.roles.role == roleActive && hb.StoredEpoch > p.roles.epoch {
+		// A member whose data dir holds an epoch above this active's: it
+		// promoted on the other side of a partition and stopped before the
+		// heal, so the two never saw each other as actives. It restarted
+		// above its reservation mark, which every token it issued stayed
+		// below: tokens go on above it.
+		p.table.Tokens().Observe(max(hb.TokenLast, hb.Reserved))
+		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
 	}
 	// A standby that follows this active but is not in the stream (its
 	// request for a snapshot was lost), or that has said it is out of sync

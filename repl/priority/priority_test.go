@@ -3,6 +3,7 @@ package priority
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -206,4 +207,46 @@ func TestPriorityFailoverInProcess(t *testing.T) {
 		}
 	}
 	t.Logf("%d of the last burst's grants were lost with the active; first token after: +%d", lost, tok-last)
+}
+
+// TestSplitActiveBackAsStandby: a member that comes back as a standby
+// with a stored epoch above the active's — it promoted on the other side
+// of a partition, granted above the active's counter and died before the
+// heal, so the two never saw each other as actives — makes the active's
+// tokens go on above its mark (DESIGN.md, "Tokens across a failover",
+// 6). Member 2 of three is that member: it is stopped, and its first
+// heartbeat after a restart is played on a raw connection.
+func TestSplitActiveBackAsStandby(t *testing.T) {
+	ms := startMembers(t, 3)
+	waitServing(t, ms, 0)
+	a := ms[0]
+	ms[2].p.Close(context.Background(), repl.Discard)
+	ms[2] = nil
+	epoch := a.p.Status().Epoch
+	mark := a.table.Tokens().Last() + 1e12 // what it reserved on its side
+	c, err := net.Dial("tcp", a.p.cfg.MemberAddr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := a.p.hello()
+	h.Self = 2
+	hb := heartbeat{Epoch: 0, Role: roleStandby, Active: noActive, Probe: 1, TokenLast: mark, Reserved: mark, StoredEpoch: epoch + 1}
+	if _, err := c.Write(hb.Append(h.Append(nil))); err != nil {
+		t.Fatal(err)
+	}
+	repltest.WaitFor(t, "the active's counter to pass the returning member's mark", func() bool {
+		return a.table.Tokens().Last() >= mark
+	})
+	var out shard.Out
+	repltest.WaitFor(t, "a grant above the mark", func() bool {
+		st, tok := a.table.Acquire(a.clock(), []byte("after"), 0, 30, 0, nil, &out)
+		if st == shard.Granted && tok <= mark {
+			t.Fatalf("token %d after the member came back, want above %d", tok, mark)
+		}
+		return st == shard.Granted
+	})
+	if st := a.p.Status(); st.Role != "active" || st.Demotions != 0 {
+		t.Fatalf("the active changed: %+v", st)
+	}
 }
