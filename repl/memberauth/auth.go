@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lockd-dev/lockd/repl"
@@ -59,7 +60,8 @@ const (
 	ReasonLimit Reason = iota
 	// ReasonHandshake: the exchange did not complete: bytes that are not
 	// the exchange (another protocol, a TLS client on a plaintext port),
-	// a truncated message, the deadline passed.
+	// a truncated message, the deadline passed (a silent peer, a cut
+	// link), a dialer that went away before its claim.
 	ReasonHandshake
 	// ReasonConfig: the peer's cluster parameters differ (mode, member
 	// count, offset, failover timeout), it claims an index outside the
@@ -76,8 +78,9 @@ const (
 	// ReasonSecret: the peer's MAC is wrong: it does not know the cluster
 	// secret (or uses another one), or the exchange was relayed.
 	ReasonSecret
-	// ReasonPeer: the peer closed this member's connection during the
-	// exchange (its log and metric say why).
+	// ReasonPeer: the peer closed or reset this member's connection
+	// during the exchange, TLS handshake included (it refused this member:
+	// its log and metric say why).
 	ReasonPeer
 	numReasons
 )
@@ -261,7 +264,7 @@ func (a *Auth) dialExchange(ctx context.Context, raw net.Conn, to int) (net.Conn
 	if m := a.cfg.MemberTLS; m != nil {
 		tc := tls.Client(raw, a.clientTLS(to))
 		if err := tc.HandshakeContext(ctx); err != nil {
-			return nil, tlsRefusal(err)
+			return nil, tlsRefusal(err, true)
 		}
 		if err := bind(tc, &t); err != nil {
 			return nil, err
@@ -324,7 +327,7 @@ func (a *Auth) acceptExchange(raw net.Conn) (net.Conn, int, error) {
 	if a.cfg.MemberTLS != nil {
 		tc := tls.Server(raw, a.serverTLS())
 		if err := tc.Handshake(); err != nil {
-			return nil, -1, tlsRefusal(err)
+			return nil, -1, tlsRefusal(err, false)
 		}
 		cs := tc.ConnectionState()
 		if len(cs.PeerCertificates) == 0 {
@@ -460,12 +463,25 @@ func peerRefusal(what string, err error) error {
 	return refuse(ReasonPeer, fmt.Errorf("the peer closed the connection %s (it refused this member: see its log): %w", what, err))
 }
 
-// tlsRefusal classifies a failed TLS handshake: a certificate that does
-// not name the host is ReasonName, the rest ReasonTLS.
-func tlsRefusal(err error) error {
+// tlsRefusal classifies a failed TLS handshake: a deadline that passed
+// (a silent peer, a cut link) is ReasonHandshake, a connection the peer
+// closed or reset is ReasonPeer for the dialer (the acceptor refused it)
+// and ReasonHandshake for the acceptor, a certificate that does not name
+// the host ReasonName, the rest (no certificate, another CA, a plaintext
+// peer, an alert) ReasonTLS.
+func tlsRefusal(err error, dialer bool) error {
 	var he x509.HostnameError
-	if errors.As(err, &he) {
+	var ne net.Error
+	switch {
+	case errors.As(err, &he):
 		return refuse(ReasonName, fmt.Errorf("TLS: %w", err))
+	case errors.As(err, &ne) && ne.Timeout():
+		return refuse(ReasonHandshake, fmt.Errorf("TLS: %w", err))
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
+		if dialer {
+			return refuse(ReasonPeer, fmt.Errorf("TLS: the peer closed the connection (it refused this member: see its log): %w", err))
+		}
+		return refuse(ReasonHandshake, fmt.Errorf("TLS: %w", err))
 	}
 	return refuse(ReasonTLS, fmt.Errorf("TLS: %w", err))
 }

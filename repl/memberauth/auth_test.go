@@ -182,7 +182,7 @@ func TestRefused(t *testing.T) {
 		{name: "right CA, claims to be another member", acc: side{tls: mats[0], secret: sec}, dia: side{self: 2, tls: mats[1], secret: sec}, accWhy: ReasonName, diaWhy: ReasonPeer},
 		{name: "acceptor's certificate names another host", acc: side{tls: strayMat}, dia: side{self: 1, tls: mats[1]}, accWhy: ReasonTLS, diaWhy: ReasonName},
 		{name: "plaintext peer on a TLS port", acc: side{tls: mats[0], secret: sec}, dia: side{self: 1, secret: sec}, accWhy: ReasonTLS, diaWhy: ReasonPeer},
-		{name: "TLS peer on a plaintext port", acc: side{secret: sec}, dia: side{self: 1, tls: mats[1], secret: sec}, accWhy: ReasonHandshake, diaWhy: ReasonTLS},
+		{name: "TLS peer on a plaintext port", acc: side{secret: sec}, dia: side{self: 1, tls: mats[1], secret: sec}, accWhy: ReasonHandshake, diaWhy: ReasonPeer},
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkRefused(t, tc) })
 	}
