@@ -48,6 +48,10 @@ type node struct {
 	// confirmation arrives here.
 	handoverDone chan uint64
 	reservedSeen uint64 // the highest reservation seen from an active (standby)
+	// jump: a token this active's counter must pass before it serves
+	// again: the counter of a member back from a later epoch (a split
+	// active that stopped before the heal).
+	jump uint64
 	stopping     bool
 	// ready: this member, the active, has made its first reservation and
 	// may open its gate (a promotion happens in the role machine first).
@@ -294,14 +298,21 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		floor := max(hb.TokenLast, hb.Reserved) + 2*p.cfg.TokenBlock
 		p.table.Tokens().Observe(floor)
 		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
-	} else if p.roles.role == roleActive && hb.StoredEpoch > p.roles.epoch {
+	}
+	jump := false
+	if p.roles.role == roleActive && hb.Role != roleActive && hb.StoredEpoch > p.roles.epoch && hb.TokenLast > max(p.table.Tokens().Last(), p.jump) {
 		// A member whose data dir holds an epoch above this active's: it
 		// promoted on the other side of a partition and stopped before the
 		// heal, so the two never saw each other as actives. It restarted
-		// above its reservation mark, which every token it issued stayed
-		// below: tokens go on above it.
-		p.table.Tokens().Observe(max(hb.TokenLast, hb.Reserved))
-		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
+		// with its counter above its reservation mark, which every token
+		// it issued stayed below: tokens go on above it. The gate holds
+		// requests (rather than answering B) until the jump is reserved.
+		// (Not its Reserved: as a standby of this active it echoes this
+		// active's own reservations.)
+		// A promotion or freeze check in progress ends before the
+		// actor gets to it (resumeServing serves only a serving role).
+		p.jump = hb.TokenLast
+		jump, p.ready = true, false
 	}
 	// A standby that follows this active but is not in the stream (its
 	// request for a snapshot was lost), or that has said it is out of sync
@@ -313,6 +324,11 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		p.out.resyncIfStale(from, hb.InSync, 2*p.cfg.FailoverTimeout)
 	}
 	p.act(c, "heartbeat")
+	if jump {
+		rc := noChange()
+		rc.resume = true
+		p.act(rc, "a member back from a later epoch")
+	}
 	p.publish(g)
 }
 
@@ -352,7 +368,7 @@ func (p *node) actor() {
 func (p *node) carryOut(c change, why string) {
 	switch {
 	case c.resume:
-		p.resumeServing()
+		p.resumeServing(why)
 	case c.promote:
 		p.stats.failovers.Add(1)
 		p.becomeActive(0, why)
@@ -414,17 +430,23 @@ func (p *node) becomeActive(handoffToken uint64, why string) {
 // may have been promoted meanwhile; its tokens are below that floor
 // (clocks agreeing within the timeout; docs/DESIGN.md "Tokens across a
 // failover").
-func (p *node) resumeServing() {
+//
+// A member back from a later epoch (heardHeartbeat) resumes it the same
+// way: its tokens jump above that member's too (p.jump).
+func (p *node) resumeServing(why string) {
 	tokens := p.table.Tokens()
 	if !p.noWallFloor {
 		tokens.Observe(repl.WallFloor() + uint64(p.timeout()))
 	}
-	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check")
+	p.mu.Lock()
+	tokens.Observe(p.jump)
+	p.mu.Unlock()
+	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check or a token jump")
 	p.mu.Lock()
 	p.ready = p.roles.serving()
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
-	p.log.Info("serving again after the freeze check", "next_token", tokens.Last()+1)
+	p.log.Info("serving again", "why", why, "next_token", tokens.Last()+1)
 	p.publish(g)
 }
 
