@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,6 +44,9 @@ type Config struct {
 	CheckTimeout    time.Duration // -check-timeout: porcupine's bound per key
 	Verbose         bool          // -v: log every fault and phase on stderr
 	Recheck         string        // -recheck: check this saved history.json again, run nothing
+	Secure          bool          // -secure: PROTOCOL.md §8 on (TLS everywhere, mutual TLS between members, a cluster secret)
+
+	clientTLS *tls.Config // Secure: what the workload's clients need (set once the cluster runs)
 }
 
 // DefaultConfig returns the defaults of every flag (Mode has none).
@@ -126,6 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&cfg.Binary, "lockd", "", "the lockd binary (default: built from this module, with -race where possible)")
 	fs.DurationVar(&cfg.CheckTimeout, "check-timeout", cfg.CheckTimeout, "bound of the linearizability search per key")
 	fs.BoolVar(&cfg.Verbose, "v", false, "log every fault and phase on stderr")
+	fs.BoolVar(&cfg.Secure, "secure", false, "run the members with TLS on every link, mutual TLS between members and a cluster secret (PROTOCOL.md §8); the clients use TLS")
 	fs.StringVar(&cfg.Recheck, "recheck", "", "run the history checkers again on a saved history.json (with -mode and -failover-timeout as in its run); start nothing")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -169,5 +174,8 @@ func (c Config) Command() string {
 	add(c.MaxActive != d.MaxActive, "max-active", strconv.Itoa(c.MaxActive))
 	add(c.CheckTimeout != d.CheckTimeout, "check-timeout", c.CheckTimeout.String())
 	add(c.Binary != "", "lockd", c.Binary)
+	if c.Secure {
+		args = append(args, "-secure")
+	}
 	return strings.Join(args, " ")
 }
