@@ -169,7 +169,8 @@ func TestForgedMember(t *testing.T) {
 				c := forge(to)
 				go func() { done <- forgeHeartbeats(c, h, d) }()
 			}
-			closed := <-done && <-done
+			first, second := <-done, <-done
+			closed := first && second
 			if tc.name != "off" {
 				time.Sleep(d) // what a forged heartbeat did would show by now
 			}

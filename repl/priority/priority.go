@@ -51,8 +51,8 @@ type node struct {
 	// jump: a token this active's counter must pass before it serves
 	// again: the counter of a member back from a later epoch (a split
 	// active that stopped before the heal).
-	jump uint64
-	stopping     bool
+	jump     uint64
+	stopping bool
 	// ready: this member, the active, has made its first reservation and
 	// may open its gate (a promotion happens in the role machine first).
 	ready bool

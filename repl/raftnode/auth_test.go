@@ -126,7 +126,7 @@ func TestForeignAppendEntries(t *testing.T) {
 			req := &raft.AppendEntriesRequest{
 				RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax,
 					ID: []byte(fmt.Sprint(forger)), Addr: []byte(lm.n.cfg.MemberAddr(forger))},
-				Term: forged, Leader: []byte(lm.n.cfg.MemberAddr(forger)),
+				Term: forged,
 			}
 			var resp raft.AppendEntriesResponse
 			rpcErr := trans.AppendEntries(raft.ServerID(fmt.Sprint(l)), raft.ServerAddress(lm.n.cfg.MemberAddr(l)), req, &resp)
