@@ -20,9 +20,15 @@ import (
 
 // Handler returns the admin endpoint's handler for srv. version is reported
 // by /status and as the lockd_build_info metric.
+//
+// With an ACL (engine.Config.ACL) every path but OpenPaths needs the basic
+// authentication of a monitor or admin identity, and a change (DELETE
+// /keys/{key}: an admin's release of a key's grant) an admin
+// (PROTOCOL.md §8.5).
 func Handler(srv *engine.Server, version string) http.Handler {
+	var st authStats
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(srv, version))
+	reg.MustRegister(newCollector(srv, version, &st))
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	mux := http.NewServeMux()
@@ -49,6 +55,7 @@ func Handler(srv *engine.Server, version string) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, keyState(srv, key))
 	})
+	mux.HandleFunc("DELETE /keys/{key...}", release(srv))
 	mux.HandleFunc("GET /debug/locks", func(w http.ResponseWriter, _ *http.Request) {
 		// One line per held key: its token, the lease left in ms and the
 		// key (escaped as a Go string), for comparing members' tables.
@@ -71,7 +78,7 @@ func Handler(srv *engine.Server, version string) http.Handler {
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	return mux
+	return authorize(srv, &st, mux)
 }
 
 // status maps the engine's figures and the node's repl.Status onto the
@@ -131,6 +138,7 @@ func keyState(srv *engine.Server, key string) api.Key {
 	if st.Held {
 		k.Token = strconv.FormatUint(st.Token, 10)
 		k.LeaseLeftMs = st.LeaseLeft.Milliseconds()
+		k.Identity = st.Ident
 	}
 	return k
 }

@@ -13,10 +13,12 @@ import (
 type collector struct {
 	srv     *engine.Server
 	version string
+	auth    *authStats
 
 	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
 	keys, waiters, conns, tokenLast, tokenReserved, wait, role, build, up    *prometheus.Desc
-	noToken, reserveErrs, reserveFailing, moved, foreign                     *prometheus.Desc
+	noToken, reserveErrs, reserveFailing, moved, otherIdent                  *prometheus.Desc
+	authFailures, aclClosed, aclReloads, adminReleases, adminAuth            *prometheus.Desc
 	tlsHandshakes, tlsFailures                                               *prometheus.Desc
 
 	// cluster
@@ -30,14 +32,14 @@ type collector struct {
 	raftSnapshots, raftSnapshotBytes, raftElections, raftRebuilds                       *prometheus.Desc
 }
 
-func newCollector(srv *engine.Server, version string) *collector {
+func newCollector(srv *engine.Server, version string, auth *authStats) *collector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("lockd_"+name, help, labels, nil)
 	}
 	return &collector{
-		srv: srv, version: version,
+		srv: srv, version: version, auth: auth,
 		requests:          d("requests_total", "Requests by op and result.", "op", "result"),
-		errors:            d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down).", "code"),
+		errors:            d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down, 5 unauthenticated, 6 permission denied).", "code"),
 		grants:            d("grants_total", "Grants, immediate or handoff."),
 		handoffs:          d("handoffs_total", "Grants to a queued acquire, on release or lease expiry."),
 		expiries:          d("expiries_total", "Leases that ended without a release."),
@@ -84,14 +86,20 @@ func newCollector(srv *engine.Server, version string) *collector {
 		raftRebuilds:      d("raft_rebuilds_total", "Times the table was rebuilt from the log (leadership lost, a change outside the log)."),
 		tlsHandshakes:     d("tls_handshakes_total", "TLS handshakes completed on the client port (with --tls-cert)."),
 		tlsFailures:       d("tls_handshake_failures_total", "TLS handshakes on the client port that failed (a plaintext client, a missing or untrusted client certificate, a timeout): the connection was closed."),
-		foreign:           d("foreign_token_ops_total", "Successful releases and renews from a connection other than the one the grant was made for (a client's other connection, a reconnect, or a client using a token it did not get).", "op"),
+		authFailures:      d("auth_failures_total", "Refusals of --acl on the client port: failed hellos and lock requests before authentication (E 5, reason hello and unauthenticated), requests outside an identity's keys or from a monitor (E 6, permission_denied).", "reason"),
+		aclClosed:         d("acl_closed_connections_total", "Connections closed because an ACL reload removed their identity."),
+		aclReloads:        d("acl_reloads_total", "ACL reloads (SIGHUP): ok put a new file in force, failed kept the old one.", "result"),
+		adminReleases:     d("admin_releases_total", "Grants released through the admin endpoint (DELETE /keys/{key})."),
+		adminAuth:         d("admin_auth_failures_total", "Admin endpoint requests refused by --acl: 401 without valid credentials, 403 for a client identity or a change without admin.", "code"),
+		otherIdent:        d("other_identity_ops_total", "Releases and renews carrying the current token of a grant made to another identity (--acl): forced (by an admin, done) or refused (answered N).", "op", "result"),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
 		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
-		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.foreign, c.tlsHandshakes, c.tlsFailures,
+		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.otherIdent, c.tlsHandshakes, c.tlsFailures,
+		c.authFailures, c.aclClosed, c.aclReloads, c.adminReleases, c.adminAuth,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
 		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive, c.memberRefused,
 		c.raftTerm, c.raftCommit, c.raftApplied, c.raftEntries, c.raftEntryRecords, c.raftCommitLatency,
@@ -131,8 +139,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.reserveFailing, failing)
 	counter(c.moved, m.Moved)
-	counter(c.foreign, m.Table.ForeignReleases, "release")
-	counter(c.foreign, m.Table.ForeignRenews, "renew")
+	counter(c.otherIdent, m.Table.ForcedReleases, "release", "forced")
+	counter(c.otherIdent, m.Table.ForcedRenews, "renew", "forced")
+	counter(c.otherIdent, m.Table.RefusedReleases, "release", "refused")
+	counter(c.otherIdent, m.Table.RefusedRenews, "renew", "refused")
+	counter(c.authFailures, m.Auth.Hello, "hello")
+	counter(c.authFailures, m.Auth.Unauthenticated, "unauthenticated")
+	counter(c.authFailures, m.Auth.Denied, "permission_denied")
+	counter(c.aclClosed, m.Auth.Removed)
+	counter(c.aclReloads, m.ACLReloads, "ok")
+	counter(c.aclReloads, m.ACLReloadErrs, "failed")
+	counter(c.adminReleases, m.AdminReleases)
+	counter(c.adminAuth, c.auth.unauthorized.Load(), "401")
+	counter(c.adminAuth, c.auth.forbidden.Load(), "403")
 	if c.srv.Config().TLS != nil {
 		counter(c.tlsHandshakes, m.TLSHandshakes)
 		counter(c.tlsFailures, m.TLSHandshakeFailures)

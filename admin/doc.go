@@ -1,7 +1,14 @@
 // Package admin is lockd's operator endpoint: an HTTP handler serving
 // /metrics (Prometheus text format), /healthz, /status (JSON), /keys/{key}
-// (JSON), /debug/locks and /debug/pprof/. docs/ADMIN.md lists every path
-// and metric.
+// (JSON; DELETE releases the key's grant), /debug/locks and /debug/pprof/.
+// docs/ADMIN.md lists every path and metric.
+//
+// With an ACL (PROTOCOL.md §8.5, auth.go) every path but OpenPaths (the
+// health probes) needs HTTP basic authentication of a monitor or admin
+// identity, checked against the ACL in force at each request (a reload
+// applies to the next one): 401 with a Basic challenge without valid
+// credentials, 403 for a client identity, and 403 for a change (any method
+// but GET, HEAD, OPTIONS) by anyone but an admin.
 //
 // It reads the engine only through engine.Server's snapshot methods
 // (Metrics, NodeStatus, Key, Locks, Config): a scrape never touches a
@@ -12,7 +19,7 @@
 // decode one definition.
 //
 // admin may import lockd/api, lockd/engine, lockd/repl (the node's
-// Status), net/http and prometheus/client_golang. It must not import
-// lockd/client or gnet, and nothing in lockd except cmd/ imports it
-// (internal/layers).
+// Status), lockd/acl (the basic authentication), net/http and
+// prometheus/client_golang. It must not import lockd/client or gnet, and
+// nothing in lockd except cmd/ imports it (internal/layers).
 package admin

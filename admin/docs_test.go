@@ -16,7 +16,7 @@ import (
 // lockd_ metric (or a family, lockd_raft_*) the collector does not export.
 func TestEveryMetricDocumented(t *testing.T) {
 	ch := make(chan *prometheus.Desc, 128)
-	newCollector(nil, "").Describe(ch)
+	newCollector(nil, "", nil).Describe(ch)
 	close(ch)
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	var exported []string

@@ -47,6 +47,10 @@ func TestWireNames(t *testing.T) {
 			func() any { return new(api.Status) }},
 		{"key-held.json", api.Key{Key: "a/b", Held: true, Token: "99", LeaseLeftMs: 1234, Waiters: 2}, func() any { return new(api.Key) }},
 		{"key-free.json", api.Key{Key: "free"}, func() any { return new(api.Key) }},
+		{"key-identity.json", api.Key{Key: "orders/1", Held: true, Token: "99", LeaseLeftMs: 1234, Identity: "orders"},
+			func() any { return new(api.Key) }},
+		{"release.json", api.Release{Key: "orders/1", Released: true, Token: "99", Identity: "orders"},
+			func() any { return new(api.Release) }},
 		{"error.json", api.Error{Error: "missing key: GET /keys/{key}"}, func() any { return new(api.Error) }},
 	}
 	for _, tc := range cases {

@@ -9,8 +9,8 @@
 // # What it owns
 //
 //   - Status (GET /status) with Limits, Member and RaftStatus; Key (GET
-//     /keys/{key}) and KeyPath, which escapes a key for that path; Error
-//     (the body of a 4xx answer).
+//     /keys/{key}) and KeyPath, which escapes a key for that path; Release
+//     (DELETE /keys/{key}); Error (the body of a 4xx answer).
 //   - The names a document carries: the modes (ModeSingle, ModePriority,
 //     ModeRaft) and roles (RoleActive, RoleStandby, RoleLeader, …), and
 //     Serving, which tells the roles that execute requests.

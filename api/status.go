@@ -89,6 +89,18 @@ type Key struct {
 	Token       string `json:"token,omitempty"` // the grant's fencing token, decimal; absent when free
 	LeaseLeftMs int64  `json:"lease_left_ms"`   // the lease left, ms; 0 when free
 	Waiters     int    `json:"waiters"`         // acquires queued for it
+	// Identity is the identity the grant was made to (PROTOCOL.md §8.3);
+	// absent when free or granted without an ACL.
+	Identity string `json:"identity,omitempty"`
+}
+
+// Release is the answer of DELETE /keys/{key}[?token=T] (PROTOCOL.md
+// §8.5): an admin's release of the key's grant.
+type Release struct {
+	Key      string `json:"key"`
+	Released bool   `json:"released"`
+	Token    string `json:"token"`              // the released grant's token, decimal
+	Identity string `json:"identity,omitempty"` // the identity it was made to
 }
 
 // Error is the body of an answer 4xx of a JSON path (GET /keys/ without a

@@ -58,6 +58,17 @@ func TestLockdDriver(t *testing.T) {
 	checkFanin(t, run1(t, tg, wlFanin, cfg), cfg)
 }
 
+// TestLockdACLDriver: the lockd-acl target says hello on every connection
+// (a refused hello would fail the run, and an unauthenticated request would
+// be E 5 and counted as an error) and runs every workload cleanly.
+func TestLockdACLDriver(t *testing.T) {
+	tg := openTest(t, "lockd-acl")
+	cfg := smallConfig()
+	checkClean(t, run1(t, tg, wlUncontended, cfg))
+	checkContended(t, run1(t, tg, wlContended, cfg), 0.9)
+	checkFanin(t, run1(t, tg, wlFanin, cfg), cfg)
+}
+
 func TestEchoDriver(t *testing.T) {
 	tg := openTest(t, "echo")
 	cfg := smallConfig()

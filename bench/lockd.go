@@ -1,8 +1,65 @@
 package main
 
 import (
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/lockd-dev/lockd/acl"
 	"github.com/lockd-dev/lockd/proto"
 )
+
+// The lockd-acl target's identity (PROTOCOL.md §8.2): a client whose keys
+// are three prefixes, the benchmark's last, so that every request pays for
+// a prefix walk that does not stop at the first.
+const (
+	benchIdentity = "bench"
+	benchSecret   = "bench-secret-0123456789abcdef"
+	benchKeys     = "orders/,jobs/,bench/"
+)
+
+// benchACL is the lockd-acl server's identity file.
+func benchACL() (*acl.ACL, error) {
+	return acl.Parse("bench-acl", []byte(benchIdentity+" "+acl.Digest([]byte(benchSecret))+" "+benchKeys+" client\n"))
+}
+
+// benchHello is the hello the load generator sends first on every
+// connection to lockd-acl.
+func benchHello() []byte { return proto.AppendHello(nil, 1, benchIdentity, benchSecret) }
+
+// sayHello writes hello on a new connection and reads its answer, which
+// must be a welcome: before the load starts, so the codec never sees it.
+func sayHello(nc net.Conn, hello []byte) error {
+	if _, err := nc.Write(hello); err != nil {
+		return err
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	defer nc.SetReadDeadline(time.Time{})
+	var (
+		buf [256]byte
+		n   int
+		r   proto.Response
+	)
+	for {
+		m, err := nc.Read(buf[n:])
+		n += m
+		if _, perr := proto.ParseResponse(buf[:n], &r); perr == nil {
+			if r.Op != proto.OpHello {
+				return errors.New("hello refused: " + string(r.Tail))
+			}
+			return nil
+		} else if perr != proto.ErrIncomplete || n == len(buf) {
+			return perr
+		}
+		if err != nil {
+			if err == io.EOF {
+				return errors.New("connection closed after the hello")
+			}
+			return err
+		}
+	}
+}
 
 // lockdCodec speaks the lockd protocol (also to the echo server). An
 // acquire's owner carries the slot index in its low 24 bits; release and

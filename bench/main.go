@@ -74,7 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.addr, "addr", "", "benchmark a running lockd at host:port instead of starting one")
 	fs.StringVar(&o.redisAddr, "redis", "", "use a running Redis at host:port instead of starting redis-server")
 	fs.StringVar(&o.etcdURL, "etcd", "", "use a running etcd at http://host:port instead of starting etcd")
-	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin)")
+	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin and lockd-acl)")
 	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds; each runs every workload on every target in turn (A B A B …)")
 	fs.IntVar(&o.loops, "loops", runtime.NumCPU(), "event loops of the lockd and echo servers")
@@ -192,6 +192,7 @@ var targetKinds = []struct {
 	{"lockd-priority", openPriority, false},
 	{"lockd-raft", openRaft, false},
 	{"lockd-bin", openLockdBin, true},
+	{"lockd-acl", openLockdACL, true},
 	{"echo", openEcho, false},
 	{"redis", openRedis, false},
 	{"lockd-tls", openLockdTLS, false},
@@ -258,6 +259,16 @@ func openLockd(t *target, o *options) error {
 		return nil
 	}
 	return t.startChild("lockd", o.loops)
+}
+
+// openLockdACL starts lockd with an ACL (PROTOCOL.md §8.2) in a child
+// process: every connection says hello first, and every request is
+// authorized against the identity's key prefixes and bound to it.
+func openLockdACL(t *target, o *options) error {
+	t.newCodec = func(int) codec { return newLockdCodec() }
+	t.queues = true
+	t.hello = benchHello()
+	return t.startChild("lockd-acl", o.loops)
 }
 
 // openEcho starts the echo ceiling in a child process.

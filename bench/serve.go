@@ -27,7 +27,7 @@ import (
 )
 
 // serveEnv names the environment variable that turns the harness binary
-// (or the test binary) into a server child: "lockd" or "echo".
+// (or the test binary) into a server child: "lockd", "lockd-acl" or "echo".
 const serveEnv = "LOCKD_BENCH_SERVE"
 
 // memStat is a server's memory as the harness sees it.
@@ -57,7 +57,7 @@ func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
 		stop func()
 	)
 	switch kind {
-	case "lockd", "lockd-tls":
+	case "lockd", "lockd-tls", "lockd-acl":
 		dir, err := os.MkdirTemp("", "lockd-bench-")
 		if err != nil {
 			return err
@@ -68,13 +68,18 @@ func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
 		cfg.DataDir = dir
 		cfg.Loops = loops
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-		if kind == "lockd-tls" {
+		switch kind {
+		case "lockd-tls":
 			// The daemon's path: tlsconf reading the files, reloadable.
 			st, err := tlsconf.Load(tlsFiles(os.Getenv(tlsDirEnv)))
 			if err != nil {
 				return err
 			}
 			cfg.TLS = st.ServerConfig()
+		case "lockd-acl":
+			if cfg.ACL, err = benchACL(); err != nil {
+				return err
+			}
 		}
 		srv, err := engine.New(cfg)
 		if err != nil {

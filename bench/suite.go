@@ -56,6 +56,7 @@ type target struct {
 	name     string
 	addr     string
 	newCodec func(conn int) codec // pipelined targets
+	hello    []byte               // sent first on every connection, its welcome read before the load (lockd-acl)
 	etcd     *etcdDriver          // the synchronous target
 	queues   bool                 // the server has a wait queue (else: retry)
 	mem      func() (memStat, error)
@@ -377,6 +378,15 @@ func drive(t *target, cfg *config, clk *clock, warm time.Duration, w workload, g
 					if nc, err = handshake(nc, t.tls); err != nil {
 						mu.Lock()
 						first = errors.Join(first, fmt.Errorf("TLS handshake with %s: %w", t.addr, err))
+						mu.Unlock()
+						continue
+					}
+				}
+				if t.hello != nil {
+					if err := sayHello(nc, t.hello); err != nil {
+						nc.Close()
+						mu.Lock()
+						first = errors.Join(first, fmt.Errorf("hello to %s: %w", t.addr, err))
 						mu.Unlock()
 						continue
 					}

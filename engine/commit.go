@@ -24,14 +24,29 @@ import "github.com/lockd-dev/lockd/repl"
 // abandoned state. Non-speculative chunks (M, E, pongs after the gate
 // closed) are released at once: the committed number jumps to the barrier.
 //
+// A loop may not run between two Abandon calls (two leadership losses in
+// quick succession), so every chunk carries gen, the number of Abandon
+// calls made before the state its answers come from (a scratch's gen, the
+// lowest of the batch's and of the mail it took), and the engine keeps the
+// seq of the last lostKept calls. A speculative chunk of gen g is poisoned
+// once a later Abandon exists and its upto is above the seq of the first
+// of them, call g+1: what it depends on was committed by then, or never
+// will be. The seqs only grow (the node's committed number), so the first
+// later call is the one that matters. A chunk older than every call kept is
+// poisoned: a closed connection is always safe.
+//
 // Bounds: a connection's held answers count against --max-outbound like
 // its unread ones; past it the connection is closed.
+
+// lostKept is how many Abandon calls the engine remembers.
+const lostKept = 64
 
 // heldChunk is one batch's answers waiting for a commit.
 type heldChunk struct {
 	end  int    // offset in session.held just past the chunk
 	upto uint64 // the node's barrier when the batch ended
 	spec bool   // made from the table's (possibly uncommitted) state
+	gen  uint64 // Abandon calls made before that state (scratch.gen)
 }
 
 // hold routes b's answers through ss's held chunks when the node commits
@@ -44,17 +59,17 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	bar := s.committer.Barrier()
 	if len(b.out) > 0 && (len(ss.hchunks) > 0 || bar > s.committedA.Load()) {
 		ss.held, ss.hgrants = appendAnswers(ss.held, ss.hgrants, b.out, b.grants)
-		ss.hchunks = append(ss.hchunks, heldChunk{end: len(ss.held), upto: bar, spec: spec})
+		ss.hchunks = append(ss.hchunks, heldChunk{end: len(ss.held), upto: bar, spec: spec, gen: b.gen})
 		b.out, b.grants = b.out[:0], b.grants[:0]
 	}
 	if len(ss.hchunks) == 0 {
 		return false
 	}
 	s.heldMu.Lock()
-	committed, lo, hi := s.committed, s.lostLo, s.lostHi
+	committed := s.committed
 	n, poisoned := 0, false
 	for i, ch := range ss.hchunks {
-		if ch.spec && ch.upto > lo && ch.upto <= hi {
+		if ch.spec && ch.gen < s.abandons && ch.upto > s.lostAfter(ch.gen) {
 			poisoned = true
 		}
 		if ch.upto <= committed && n == i {
@@ -114,7 +129,9 @@ func (s *Server) Abandon(seq uint64) {
 	}
 	s.heldMu.Lock()
 	hi := s.committer.Barrier()
-	s.lostLo, s.lostHi = seq, hi
+	s.abandons++
+	s.lost[s.abandons%lostKept] = seq
+	s.abandonsA.Store(s.abandons)
 	if hi > s.committed {
 		s.committed = hi
 		s.committedA.Store(hi)
@@ -123,6 +140,16 @@ func (s *Server) Abandon(seq uint64) {
 	s.heldMu.Unlock()
 	s.log.Warn("changes abandoned: closing the connections whose answers waited for them", "committed", seq, "abandoned_up_to", hi, "connections", len(list))
 	wakeAll(list)
+}
+
+// lostAfter is the seq of the first Abandon call after gen (< s.abandons)
+// ones: the records above it that a chunk of that gen waits for will never
+// commit. 0 when that call is no longer kept (s.heldMu held).
+func (s *Server) lostAfter(gen uint64) uint64 {
+	if s.abandons-gen > lostKept {
+		return 0
+	}
+	return s.lost[(gen+1)%lostKept]
 }
 
 // heldList copies the sessions holding answers (s.heldMu held).

@@ -19,9 +19,19 @@ type committing struct {
 	*repl.Local
 	records atomic.Uint64
 	gate    atomic.Pointer[repl.Gate] // when set, replaces Local's (always serving) gate
+	// When stall is set, the next Barrier call blocks: it closes stalled
+	// and waits until resume closes (a batch stuck on its loop).
+	stall           atomic.Bool
+	stalled, resume chan struct{}
 }
 
-func (c *committing) Barrier() uint64 { return c.records.Load() }
+func (c *committing) Barrier() uint64 {
+	if c.stall.CompareAndSwap(true, false) {
+		close(c.stalled)
+		<-c.resume
+	}
+	return c.records.Load()
+}
 
 func (c *committing) Gate() *repl.Gate {
 	if g := c.gate.Load(); g != nil {
@@ -30,22 +40,24 @@ func (c *committing) Gate() *repl.Gate {
 	return c.Local.Gate()
 }
 
-func startCommitting(t *testing.T) (*testServer, *committing) {
-	t.Helper()
-	return startCommittingWith(t, nil)
-}
-
 // startCommittingWith is startCommitting with the configuration changed by
 // mod too.
 func startCommittingWith(t *testing.T, mod func(*engine.Config)) (*testServer, *committing) {
+	t.Helper()
+	return startCommitting(t, mod)
+}
+
+func startCommitting(t *testing.T, mods ...func(*engine.Config)) (*testServer, *committing) {
 	t.Helper()
 	node := &committing{}
 	ts := startServer(t, func(cfg *engine.Config) {
 		node.Local = repl.NewLocal(repl.LocalConfig{DataDir: cfg.DataDir})
 		cfg.Node = node
 		cfg.Table.Sink = func(shard.Record) { node.records.Add(1) }
-		if mod != nil {
-			mod(cfg)
+		for _, mod := range mods {
+			if mod != nil {
+				mod(cfg)
+			}
 		}
 	})
 	return ts, node
@@ -131,4 +143,40 @@ func TestAbandonClosesWaitingConnections(t *testing.T) {
 	if r := other.expect(proto.OpMoved, 7); r.Tail != "127.0.0.1:1" {
 		t.Fatalf("M after the abandon names %q", r.Tail)
 	}
+}
+
+// TestAbandonRemembersEveryRange (issue 18, hole 4b): the node loses its
+// leadership twice before a connection's loop runs again. The first loss
+// abandons the grant that connection's held answer waits for; between the
+// two, a new leadership commits records of its own and the second loss
+// abandons later ones. The held grant must never reach its client: the
+// connection is closed.
+func TestAbandonRemembersEveryRange(t *testing.T) {
+	ts, node := startCommittingWith(t, func(cfg *engine.Config) { cfg.Loops = 1 })
+	w, other := dial(t, ts.Addr()), dial(t, ts.Addr())
+	w.send(proto.AppendAcquire(nil, 0, 30, 1, "lost"))
+	lockdtest.WaitFor(t, "the grant's record", func() bool { return node.Barrier() == 1 })
+	// Leadership lost: the gate closes (no batch executes from here on).
+	node.gate.Store(&repl.Gate{State: repl.Redirect})
+	ts.GateChanged()
+	// The only loop gets stuck in another connection's batch, so that w's
+	// loop cannot run while the node goes through two losses.
+	node.stalled, node.resume = make(chan struct{}), make(chan struct{})
+	node.stall.Store(true)
+	other.send(proto.AppendPing(nil, 2))
+	<-node.stalled
+	ts.Abandon(0) // records (0, 1] will never commit
+	// A new leadership: record 2 commits, record 3 is in flight when it
+	// ends too.
+	node.records.Add(1)
+	ts.Committed(2)
+	node.records.Add(1)
+	ts.Abandon(2) // records (2, 3] will never commit
+	close(node.resume)
+	_ = w.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var buf [64]byte
+	if n, err := w.c.Read(buf[:]); err == nil {
+		t.Fatalf("a grant abandoned by the first of two leadership losses reached its client: %q", buf[:n])
+	}
+	other.expect(proto.OpMoved, 2)
 }

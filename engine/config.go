@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/lockd-dev/lockd/acl"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
@@ -69,6 +70,13 @@ type Config struct {
 	// reservations, membership (package repl). nil means a single node on
 	// DataDir (repl.NewLocal).
 	Node repl.Node
+	// ACL, if not nil, turns authentication and authorization on
+	// (PROTOCOL.md §8.2, §8.3): every connection needs an identity of it
+	// for lock requests, reaches only its identity's keys, and a grant can
+	// be released or renewed only by the identity it was made to (or an
+	// admin). Server.SetACL replaces it while serving. nil: no identities,
+	// the token alone decides (§1–§7).
+	ACL *acl.ACL
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
 }

@@ -19,6 +19,12 @@
 // Persistence, token reservations and membership are the node's
 // (repl.Node, docs/DESIGN.md "The seam"); the engine knows no cluster mode.
 //
+// With an ACL (Config.ACL, package acl) it also owns each connection's
+// identity and the checks of PROTOCOL.md §8.3 (auth.go): the hello, E 5
+// and E 6 in the validation order, grants made to the identity and
+// released or renewed only by it or an admin, the reload of the file
+// (SetACL), and the admin endpoint's release (AdminRelease).
+//
 // Concurrency: gnet calls OnTraffic, OnOpen and OnClose of one connection on
 // that connection's event-loop goroutine; OnTick on its own goroutine; the
 // accept goroutine only enrolls, starts (TLS) or closes new connections. A
@@ -36,7 +42,7 @@
 // than its own connection's write, and nothing on the request path waits:
 // when no token is reserved an acquire is answered B.
 //
-// engine may import lockd/proto, lockd/shard, lockd/repl, gnet,
+// engine may import lockd/proto, lockd/shard, lockd/repl, lockd/acl, gnet,
 // golang.org/x/sys and the standard library (crypto/tls included). It must
 // not import lockd/store (the node owns the data directory), lockd/client,
 // lockd/admin, lockd/tlsconf (it takes a *tls.Config) or anything under

@@ -236,11 +236,17 @@ func (h *handler) traffic(ss *session) gnet.Action {
 	// gate is still on its way to a socket (Abandon relies on it).
 	s.barrier.RLock()
 	defer s.barrier.RUnlock()
-	spec := ss.takeMail(b) // answers made from the table's state
+	b.gen = s.abandonsA.Load() // what this batch executes comes after these Abandon calls
+	spec := ss.takeMail(b)     // answers made from the table's state
 	now := s.now()
 	action := gnet.None
 
+	auth := s.acl.Load() != nil
 	buf, _ := c.Peek(-1)
+	if auth && !s.refreshAuth(ss) {
+		// A reload removed this connection's identity: close, unread.
+		buf, action = nil, gnet.Close
+	}
 	if len(buf) > 0 {
 		draining := s.draining.Load()
 		gate := s.node.Gate()
@@ -251,22 +257,11 @@ func (h *handler) traffic(ss *session) gnet.Action {
 			// until GateChanged wakes it under the next gate.
 			buf = nil
 		}
+		// Validation order (PROTOCOL.md §3, §6.2, §8.3): E 1, E 5, E 2,
+		// E 3, E 6, then E 4 or M, then the table's answers.
 		n := 0
 		for n < len(buf) {
 			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &b.req)
-			if err == nil {
-				n += m
-				if state == repl.Redirect && b.req.Op != proto.OpHello {
-					// Every member answers a hello itself: it changes no
-					// lock state (PROTOCOL.md §8.3).
-					r := &b.req
-					b.out = proto.AppendMoved(b.out, r.Op, r.ID, gate.Addr)
-					b.cnt.request(r.Op, resMoved)
-					continue
-				}
-				h.apply(ss, b, now, draining)
-				continue
-			}
 			if err == proto.ErrIncomplete {
 				break
 			}
@@ -280,13 +275,44 @@ func (h *handler) traffic(ss *session) gnet.Action {
 				break
 			}
 			n += m
+			if auth && !h.admit(ss, b) {
+				// E 5: nothing after it is read; the connection closes.
+				n = len(buf)
+				action = gnet.Close
+				break
+			}
 			if err == proto.ErrBadKey {
 				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadKey, h.msgBadKey)
 				b.cnt.error(r.Op, proto.CodeBadKey)
-			} else {
+				continue
+			}
+			if err == proto.ErrBadLease {
 				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadLease, msgBadLease)
 				b.cnt.error(r.Op, proto.CodeBadLease)
+				continue
 			}
+			if auth && !h.permit(ss, b) {
+				continue
+			}
+			if state == repl.Redirect && r.Op != proto.OpHello {
+				// Every member answers a hello itself: it changes no
+				// lock state (PROTOCOL.md §8.3). A member that drains
+				// after naming a successor answers M, not E 4 (§6.2).
+				b.out = proto.AppendMoved(b.out, r.Op, r.ID, gate.Addr)
+				b.cnt.request(r.Op, resMoved)
+				continue
+			}
+			if h.apply(ss, b, now, draining) == gnet.Close {
+				// A hello that failed (E 5): nothing after it is read.
+				n = len(buf)
+				action = gnet.Close
+				break
+			}
+		}
+		if auth && ss.auth.id != nil && ss.auth.gen != s.acl.Load() && !s.refreshAuth(ss) {
+			// A reload during this batch removed the identity it
+			// authenticated as (SetACL's sweep may not have seen it).
+			action = gnet.Close
 		}
 		if n > 0 {
 			_, _ = c.Discard(n)
@@ -353,23 +379,26 @@ func (h *handler) write(ss *session, b *scratch, action gnet.Action, spec bool) 
 // acquireResult maps a shard status to its counter.
 var acquireResult = [...]int{shard.Granted: resGranted, shard.TimedOut: resTimeout, shard.Busy: resBusy, shard.Queued: resQueued}
 
-// apply executes one well-formed request and appends its immediate answer.
-func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
+// apply executes one well-formed request that passed the ACL's checks and
+// appends its immediate answer. It returns gnet.Close after a failed hello
+// (E 5).
+func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) gnet.Action {
 	s, r := h.s, &b.req
 	if draining && r.Op != proto.OpPing && r.Op != proto.OpHello {
 		b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeShutdown, msgShutdown)
 		b.cnt.error(r.Op, proto.CodeShutdown)
-		return
+		return gnet.None
 	}
+	who := ss.auth.who // the zero Who without an ACL: the token alone decides
 	switch r.Op {
 	case proto.OpAcquire:
 		if len(ss.pend)+len(b.grants) >= s.cfg.MaxPendingGrants && h.pendingFull(ss, b) {
 			// Grants this client has not taken pin as many keys already.
 			b.out = proto.AppendBusy(b.out, r.ID, r.Key)
 			b.cnt.request(proto.OpAcquire, resBusy)
-			return
+			return gnet.None
 		}
-		st, token := s.table.Acquire(now, r.Key, r.Wait, r.Lease, r.ID, ss.tconn, &b.fx)
+		st, token := s.table.AcquireAs(now, r.Key, r.Wait, r.Lease, r.ID, who.Ident, ss.tconn, &b.fx)
 		switch st {
 		case shard.Granted:
 			b.out = appendGrant(b.out, &b.grants, r.ID, token, r.Key)
@@ -380,30 +409,44 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) {
 		}
 		b.cnt.request(proto.OpAcquire, acquireResult[st])
 	case proto.OpRelease:
-		if s.table.ReleaseFrom(now, r.Key, r.ID, ss.tconn, &b.fx) {
+		// Another identity's grant is N, as a stale token, unless who is
+		// an admin (PROTOCOL.md §8.3).
+		res, holder := s.table.ReleaseAs(now, r.Key, r.ID, who, &b.fx)
+		if res.Done() {
 			b.out = proto.AppendReleased(b.out, r.ID, r.Key)
 			b.cnt.request(proto.OpRelease, resReleased)
 		} else {
 			b.out = proto.AppendNotHeld(b.out, proto.OpRelease, r.ID, r.Key)
 			b.cnt.request(proto.OpRelease, resNotHeld)
 		}
+		if res == shard.ResultForced || res == shard.ResultRefused {
+			s.logOther(res, r.Op, r.Key, r.ID, ss.auth.id.Name, holder)
+		}
 	case proto.OpRenew:
-		if s.table.RenewFrom(now, r.Key, r.Lease, r.ID, ss.tconn, &b.fx) {
+		res, holder := s.table.RenewAs(now, r.Key, r.Lease, r.ID, who, &b.fx)
+		if res.Done() {
 			b.out = proto.AppendRenewed(b.out, r.ID, r.Key)
 			b.cnt.request(proto.OpRenew, resRenewed)
 		} else {
 			b.out = proto.AppendNotHeld(b.out, proto.OpRenew, r.ID, r.Key)
 			b.cnt.request(proto.OpRenew, resNotHeld)
 		}
+		if res == shard.ResultForced || res == shard.ResultRefused {
+			s.logOther(res, r.Op, r.Key, r.ID, ss.auth.id.Name, holder)
+		}
 	case proto.OpPing:
 		b.out = proto.AppendPong(b.out, r.ID)
 		b.cnt.request(proto.OpPing, resPong)
 	case proto.OpHello:
+		if s.acl.Load() != nil {
+			return h.hello(ss, b)
+		}
 		// Without an ACL a hello is accepted and changes nothing: the
 		// answer names the identity it gave, unchecked (PROTOCOL.md §8.3).
 		b.out = proto.AppendWelcome(b.out, r.ID, proto.HelloIdentity(r.Key))
 		b.cnt.request(proto.OpHello, resWelcome)
 	}
+	return gnet.None
 }
 
 // pendingFull reports whether ss has --max-pending-grants grants that did
@@ -534,7 +577,7 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 		}
 		// A TLS session (loop nil) has no loop-mates: it is woken.
 		local := cur != nil && cur.loop != nil && ss.loop == cur.loop
-		ok, flush := ss.post(&e, local, s.node.Gate().Addr)
+		ok, flush := ss.post(&e, local, s.node.Gate().Addr, b.gen)
 		if !ok && e.Kind == shard.EffectGrant {
 			s.table.Release(now, e.Key, e.Token, &b.fx)
 		}

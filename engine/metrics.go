@@ -33,6 +33,7 @@ var resultNames = [nResults]string{"granted", "timeout", "busy", "queued", "rele
 type counts struct {
 	req  [len(proto.RequestOps)][nResults]uint32
 	errs [proto.MaxCode + 1]uint32 // by E code (index 0 unused)
+	auth [nAuth]uint32             // ACL refusals by kind (auth.go)
 	any  bool
 }
 
@@ -53,6 +54,7 @@ func (c *counts) error(op proto.Op, code uint8) {
 type loopStats struct {
 	req  [len(proto.RequestOps)][nResults]atomic.Uint64
 	errs [proto.MaxCode + 1]atomic.Uint64
+	auth [nAuth]atomic.Uint64
 	_    [64]byte
 }
 
@@ -70,6 +72,11 @@ func (l *loopStats) add(c *counts) {
 	for code, n := range c.errs {
 		if n != 0 {
 			l.errs[code].Add(uint64(n))
+		}
+	}
+	for k, n := range c.auth {
+		if n != 0 {
+			l.auth[k].Add(uint64(n))
 		}
 	}
 	*c = counts{}
@@ -137,6 +144,13 @@ type Metrics struct {
 	// TLS port: handshakes that succeeded and that failed (a plaintext
 	// client, a bad or missing client certificate, a timeout).
 	TLSHandshakes, TLSHandshakeFailures uint64
+	// With an ACL (Config.ACL): what it refused, the reloads that put a
+	// new file in force and those that failed (the old one stayed), and
+	// the grants released through AdminRelease.
+	Auth          AuthFailures
+	ACLReloads    uint64
+	ACLReloadErrs uint64
+	AdminReleases uint64
 }
 
 // Metrics aggregates the loops' counters and reads the table's.
@@ -153,8 +167,14 @@ func (s *Server) Metrics() Metrics {
 		for code := range l.errs {
 			m.Errors[code] += l.errs[code].Load()
 		}
+		m.Auth.Hello += l.auth[authHello].Load()
+		m.Auth.Unauthenticated += l.auth[authUnauthenticated].Load()
+		m.Auth.Denied += l.auth[authDenied].Load()
 		return true
 	})
+	m.Auth.Removed = s.auth.removed.Load()
+	m.ACLReloads, m.ACLReloadErrs = s.auth.reloads.Load(), s.auth.reloadsFailed.Load()
+	m.AdminReleases = s.adminReleases.Load()
 	m.Errors[proto.CodeShutdown] += s.cancelled.Load()
 	for i := range req {
 		for j, n := range req[i] {

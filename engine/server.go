@@ -73,14 +73,24 @@ type Server struct {
 	cancelled atomic.Uint64 // queued acquires answered E 4 at shutdown
 	moved     atomic.Uint64 // queued acquires answered M when the gate closed
 
+	// The ACL in force (auth.go): nil without Config.ACL. aclMu orders
+	// reloads.
+	acl   atomic.Pointer[aclState]
+	aclMu sync.Mutex
+	auth  authStats
+
+	adminReleases atomic.Uint64 // AdminRelease calls that released a grant
+
 	// Answers waiting for a commit (commit.go); committer is nil when the
 	// node answers at once.
-	committer      repl.Committer
-	heldMu         sync.Mutex
-	heldSet        map[*session]struct{} // sessions holding answers
-	committed      uint64                // guarded by heldMu
-	committedA     atomic.Uint64         // committed, for the fast path
-	lostLo, lostHi uint64                // guarded by heldMu: abandoned records (lostLo, lostHi]
+	committer  repl.Committer
+	heldMu     sync.Mutex
+	heldSet    map[*session]struct{} // sessions holding answers
+	committed  uint64                // guarded by heldMu
+	committedA atomic.Uint64         // committed, for the fast path
+	abandons   uint64                // guarded by heldMu: Abandon calls so far
+	abandonsA  atomic.Uint64         // abandons, for stamping answers without the lock
+	lost       [lostKept]uint64      // guarded by heldMu: lost[k % lostKept] is the seq of Abandon number k
 }
 
 // ErrStopped is Serve's error when the engine stopped while no Shutdown
@@ -128,6 +138,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.table = table
+	newRateLog(&s.auth.log)
+	newRateLog(&s.auth.refusedLog)
+	if cfg.ACL != nil {
+		s.acl.Store(s.newACLState(cfg.ACL))
+	}
 	return s, nil
 }
 
@@ -137,6 +152,9 @@ func (s *Server) now() int64 { return int64(time.Since(s.epoch)) }
 // Now returns the table's clock (monotonic ns), for comparing with lease
 // deadlines from Table().Lookup.
 func (s *Server) Now() int64 { return s.now() }
+
+// Logger returns the server's logger (for the admin endpoint's lines).
+func (s *Server) Logger() *slog.Logger { return s.log }
 
 // Config returns the server's validated configuration.
 func (s *Server) Config() Config { return s.cfg }

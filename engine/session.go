@@ -20,9 +20,17 @@ type scratch struct {
 	req    proto.Request
 	local  []*session // sessions of this loop with mail to flush after the batch
 	cnt    counts     // this batch's request tally
+	// gen is the number of Abandon calls made before the state its answers
+	// come from (commit.go): taken when the scratch is, lowered by mail
+	// made earlier.
+	gen uint64
 }
 
-func (s *Server) getScratch() *scratch { return s.scratch.Get().(*scratch) }
+func (s *Server) getScratch() *scratch {
+	b := s.scratch.Get().(*scratch)
+	b.gen = s.abandonsA.Load()
+	return b
+}
 
 func (s *Server) putScratch(b *scratch) {
 	b.out = b.out[:0]
@@ -123,6 +131,13 @@ type session struct {
 	// (outbound bytes plus mail), read by Shutdown from another goroutine.
 	backlog atomic.Int64
 
+	// The connection's identity with an ACL (auth.go): auth is the loop's;
+	// ident is its table handle for SetACL's sweep, and removed says a
+	// reload removed it (counted once).
+	auth    sessAuth
+	ident   atomic.Uint32
+	removed atomic.Bool
+
 	// partialSince is when the partial frame that ends the inbound buffer
 	// was first seen (the table's clock, 0: none); listed says the session
 	// is in the handler's list of sessions with a partial frame. Written by
@@ -136,6 +151,7 @@ type session struct {
 	mgrants []grantRef // the A frames in mbox
 	woken   bool       // a Wake is on its way
 	closed  bool       // no more mail: grants posted now are undeliverable
+	mgen    uint64     // the lowest scratch.gen of the mail in mbox
 }
 
 // pgrant is a grant frame that may not have reached the socket.
@@ -170,11 +186,14 @@ func (ss *session) hasMail() bool {
 // With local set (the caller runs on ss's own loop and will flush it after
 // its batch) no Wake is sent; flush reports whether the caller must flush
 // ss (it claimed the pending wake-up).
-func (ss *session) post(e *shard.Effect, local bool, moved string) (ok, flush bool) {
+func (ss *session) post(e *shard.Effect, local bool, moved string, gen uint64) (ok, flush bool) {
 	ss.mu.Lock()
 	if ss.closed {
 		ss.mu.Unlock()
 		return false, false
+	}
+	if len(ss.mbox) == 0 || gen < ss.mgen {
+		ss.mgen = gen
 	}
 	ss.mbox = appendEffect(ss.mbox, &ss.mgrants, e, moved)
 	claim := !ss.woken
@@ -192,6 +211,7 @@ func (ss *session) takeMail(b *scratch) (took bool) {
 	ss.woken = false
 	took = len(ss.mbox) > 0
 	if took {
+		b.gen = min(b.gen, ss.mgen)
 		b.out, b.grants = appendAnswers(b.out, b.grants, ss.mbox, ss.mgrants)
 		ss.mbox = ss.mbox[:0]
 		ss.mgrants = ss.mgrants[:0]

@@ -13,6 +13,7 @@ type KeyState struct {
 	Token     uint64        // the current grant's token, when held
 	LeaseLeft time.Duration // until the lease ends, when held
 	Waiters   int           // queued acquires
+	Ident     string        // the identity the grant was made to ("": none, PROTOCOL.md §8.3)
 }
 
 // Key returns key's state. A lease that has ended but that no timer has
@@ -26,7 +27,7 @@ func (s *Server) Key(key []byte) KeyState {
 	if left <= 0 {
 		return KeyState{}
 	}
-	return KeyState{Held: true, Token: info.Token, LeaseLeft: left, Waiters: info.Waiters}
+	return KeyState{Held: true, Token: info.Token, LeaseLeft: left, Waiters: info.Waiters, Ident: info.Ident}
 }
 
 // Locks calls fn for every held key whose lease has not ended, with its

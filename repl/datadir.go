@@ -133,27 +133,31 @@ func RunWithin(ctx context.Context, f func() error) error {
 func WallFloor() uint64 { return uint64(time.Now().UnixNano()) }
 
 // tableSnapshot copies t's held locks whose lease has not ended at now (t's
-// clock) into a snapshot with wall-clock deadlines, and the last token as
-// its mark.
+// clock) into a snapshot with wall-clock deadlines and each grant's
+// identity (PROTOCOL.md §8.3), and the last token as its mark.
 func tableSnapshot(t *shard.Table, now int64) store.Snapshot {
 	wallNow := time.Now()
 	var snap store.Snapshot
-	t.Held(func(key []byte, token uint64, deadline int64) {
-		if deadline <= now {
-			return
-		}
-		snap.Locks = append(snap.Locks, store.Lock{
-			Key:      append([]byte(nil), key...),
-			Token:    token,
-			Deadline: wallNow.Add(time.Duration(deadline - now)),
+	for i := range t.Shards() {
+		t.Dump(i, func(h *shard.HeldLock) {
+			if h.Deadline <= now {
+				return
+			}
+			snap.Locks = append(snap.Locks, store.Lock{
+				Key:      append([]byte(nil), h.Key...),
+				Token:    h.Token,
+				Deadline: wallNow.Add(time.Duration(h.Deadline - now)),
+				Ident:    string(h.Ident),
+			})
 		})
-	})
+	}
 	snap.Mark = t.Tokens().Last()
 	return snap
 }
 
 // restoreLocks installs the locks whose wall-clock deadline has not passed
-// into t, their deadlines moved onto t's clock (now), and returns how many.
+// into t, their deadlines moved onto t's clock (now), each granted to its
+// identity, and returns how many.
 func restoreLocks(t *shard.Table, locks []store.Lock, now int64) (int, error) {
 	wallNow := time.Now()
 	n := 0
@@ -162,7 +166,7 @@ func restoreLocks(t *shard.Table, locks []store.Lock, now int64) (int, error) {
 		if left <= 0 {
 			continue
 		}
-		if err := t.Restore(l.Key, l.Token, now+int64(left)); err != nil {
+		if err := t.RestoreAs(l.Key, l.Token, now+int64(left), []byte(l.Ident)); err != nil {
 			return n, err
 		}
 		t.Tokens().Observe(l.Token)

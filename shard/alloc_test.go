@@ -18,6 +18,7 @@ func TestZeroAllocs(t *testing.T) {
 	// Hold a second key for the queue cases.
 	hkey := []byte("held-key-0123456")
 	_, htok := tab.Acquire(now, hkey, 0, 255, 0, nil, &out)
+	orders, billing, ops := tab.Ident([]byte("orders")), tab.Ident([]byte("billing")), tab.Ident([]byte("ops"))
 
 	tests := []struct {
 		name string
@@ -48,6 +49,27 @@ func TestZeroAllocs(t *testing.T) {
 			tab.Lookup(hkey)
 			tab.Stats()
 		}},
+		// With identities (PROTOCOL.md §8.3): the grant records a handle.
+		{"acquireAs+releaseAs own", func() {
+			_, tok := tab.AcquireAs(now, key, 0, 10, 1, orders, c, &out)
+			tab.ReleaseAs(now, key, tok, Who{Ident: orders}, &out)
+		}},
+		{"releaseAs refused, renewAs forced", func() {
+			_, tok := tab.AcquireAs(now, key, 0, 10, 1, orders, c, &out)
+			tab.ReleaseAs(now, key, tok, Who{Ident: billing}, &out)
+			tab.RenewAs(now, key, 10, tok, Who{Ident: ops, Admin: true}, &out)
+			tab.ReleaseAs(now, key, tok, Who{Ident: ops, Admin: true}, &out)
+		}},
+		{"queueAs+handoff", func() {
+			tab.AcquireAs(now, hkey, 5, 255, 2, billing, c, &out)
+			tab.Release(now, hkey, htok, &out)
+			htok = out.Effects[0].Token
+			out.Reset()
+		}},
+		{"ident lookups", func() {
+			tab.Ident([]byte("orders"))
+			tab.IdentName(orders)
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -56,5 +78,42 @@ func TestZeroAllocs(t *testing.T) {
 				t.Fatalf("%v allocs per run", n)
 			}
 		})
+	}
+}
+
+// TestApplyIdentAllocs: a replica applying grants that name an identity
+// interns nothing new after the first (a map lookup under the registry's
+// mutex) and allocates nothing, and the source's sink gets the name
+// without an allocation.
+func TestApplyIdentAllocs(t *testing.T) {
+	var last Record
+	src, err := New(Config{Sink: func(r Record) { last = r }}, NewTokens(0, 1<<62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := New(Config{}, NewTokens(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, id := []byte("0123456789abcdef"), src.Ident([]byte("orders"))
+	var out Out
+	fn := func() {
+		_, tok := src.AcquireAs(0, key, 0, 10, 1, id, nil, &out)
+		grant := last
+		src.Release(0, key, tok, &out)
+		rel := last
+		if _, err := dst.Apply(0, &grant, &out); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dst.Apply(0, &rel, &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fn()
+	if string(last.Ident) != "" || dst.Lookup(key).Held {
+		t.Fatalf("release record %+v", last)
+	}
+	if n := testing.AllocsPerRun(1000, fn); n != 0 {
+		t.Fatalf("%v allocs per grant and release applied", n)
 	}
 }

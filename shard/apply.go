@@ -32,7 +32,8 @@ var (
 // allocator observes every token applied, so a table that takes over from
 // the one it followed starts above every token it has seen.
 //
-// A Grant makes Key held by Token (replacing any holder); Release and Expire
+// A Grant makes Key held by Token (replacing any holder), granted to the
+// identity named by Ident (none if empty); Release and Expire
 // free Key if Token is its current token; Renew restarts the lease if Token
 // is current. A Skip carries no key: it names its shard and stands for the
 // records From..Seq, which cancelled out; a shard whose Seq is at least
@@ -72,6 +73,7 @@ func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) 
 			s.wheel.delLease(e)
 		}
 		e.token, e.lease = r.Token, r.Lease
+		e.ident = t.idents.intern(r.Ident)
 		e.deadline = now + int64(r.Lease)*second
 		s.wheel.addLease(e)
 		t.tokens.Observe(r.Token)
@@ -157,12 +159,32 @@ func (t *Table) SetSeq(i int, seq uint64) {
 // whole history. key is valid only during the call; fn must not call back
 // into the Table.
 func (t *Table) DumpShard(i int, fn func(key []byte, token uint64, deadline int64, lease uint8)) (seq uint64) {
+	return t.Dump(i, func(h *HeldLock) { fn(h.Key, h.Token, h.Deadline, h.Lease) })
+}
+
+// HeldLock is one held key as Dump reports it.
+type HeldLock struct {
+	Key      []byte // valid only during the call
+	Token    uint64
+	Deadline int64 // lease deadline on the table's clock
+	Lease    uint8 // lease seconds (0 for a restored lock)
+	// Ident names the identity the grant was made to (nil: none); the
+	// bytes are the table's and stay valid, but must not be modified.
+	Ident []byte
+}
+
+// Dump is DumpShard with the grant's identity: it calls fn for every held
+// key of shard i under the shard's lock and returns the shard's Seq at that
+// point. h is reused between calls; fn must not call back into the Table.
+func (t *Table) Dump(i int, fn func(h *HeldLock)) (seq uint64) {
 	s := &t.shards[i]
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var h HeldLock
 	for _, sl := range s.idx.slots {
 		if e := sl.e; e != nil {
-			fn(e.key, e.token, e.deadline, e.lease)
+			h = HeldLock{Key: e.key, Token: e.token, Deadline: e.deadline, Lease: e.lease, Ident: t.idents.name(e.ident)}
+			fn(&h)
 		}
 	}
 	return s.seq

@@ -18,6 +18,7 @@ type held struct {
 	token    uint64
 	deadline int64
 	lease    uint8
+	ident    string // the grant's identity
 }
 
 // dumpAll returns every held key of tab and each shard's Seq.
@@ -25,12 +26,15 @@ func dumpAll(tab *Table) (map[string]held, []uint64) {
 	keys := map[string]held{}
 	seqs := make([]uint64, tab.Shards())
 	for i := range tab.Shards() {
-		seqs[i] = tab.DumpShard(i, func(key []byte, token uint64, deadline int64, lease uint8) {
-			keys[string(key)] = held{token, deadline, lease}
+		seqs[i] = tab.Dump(i, func(h *HeldLock) {
+			keys[string(h.Key)] = held{h.Token, h.Deadline, h.Lease, string(h.Ident)}
 		})
 	}
 	return keys, seqs
 }
+
+// driveIdents are the identities drive acquires as ("": none).
+var driveIdents = []string{"", "orders", "billing", "ops"}
 
 // recorder keeps a table's records per shard, in Seq order (the Sink runs
 // under the shard's lock, so each shard's slice needs no lock of its own).
@@ -79,12 +83,17 @@ func replay(t *testing.T, dst *Table, rec *recorder, rng *rand.Rand) {
 func drive(tab *Table, rng *rand.Rand, n int, now *int64, mid func(op int)) {
 	conns := []*Conn{NewConn(nil), NewConn(nil), NewConn(nil)}
 	tokens := map[string][]uint64{}
+	var ids []Ident
+	for _, name := range driveIdents {
+		ids = append(ids, tab.Ident([]byte(name)))
+	}
 	var out Out
 	for op := range n {
 		key := fmt.Sprintf("k%d", rng.IntN(40))
 		switch x := rng.IntN(10); {
 		case x < 4:
-			st, tok := tab.Acquire(*now, []byte(key), uint8(rng.IntN(3)), uint8(1+rng.IntN(4)), uint64(op), conns[rng.IntN(3)], &out)
+			id := ids[rng.IntN(len(ids))]
+			st, tok := tab.AcquireAs(*now, []byte(key), uint8(rng.IntN(3)), uint8(1+rng.IntN(4)), uint64(op), id, conns[rng.IntN(3)], &out)
 			if st == Granted {
 				tokens[key] = append(tokens[key], tok)
 			}
@@ -114,7 +123,7 @@ func drive(tab *Table, rng *rand.Rand, n int, now *int64, mid func(op int)) {
 
 // TestApplyRoundTrip: a table fed the records of another table, shard by
 // shard in order but shards interleaved at random, ends equal to it key by
-// key (token, deadline, lease), with the same Seq per shard, and its token
+// key (token, deadline, lease, identity), with the same Seq per shard, and its token
 // allocator above every token the source issued.
 func TestApplyRoundTrip(t *testing.T) {
 	for seed := range uint64(20) {
@@ -181,11 +190,11 @@ func TestApplyAfterDump(t *testing.T) {
 					if c != op {
 						continue
 					}
-					seq := src.DumpShard(i, func(key []byte, token uint64, deadline int64, _ uint8) {
-						if err := dst.Restore(key, token, deadline); err != nil {
+					seq := src.Dump(i, func(h *HeldLock) {
+						if err := dst.RestoreAs(h.Key, h.Token, h.Deadline, h.Ident); err != nil {
 							t.Fatal(err)
 						}
-						dst.Tokens().Observe(token)
+						dst.Tokens().Observe(h.Token)
 					})
 					dst.SetSeq(i, seq)
 				}
@@ -367,47 +376,100 @@ func TestApplySkip(t *testing.T) {
 	}
 }
 
-// TestForeignReleasesCounted: a release or renew from a connection other
-// than the grant's is counted; from the grant's own connection, from an
-// unknown one (nil) or of a restored lock (no grant connection) it is not.
-// A handoff grant belongs to the waiter's connection.
-func TestForeignReleasesCounted(t *testing.T) {
+// TestIdentityCounters: forced and refused operations on another
+// identity's grant are counted (and forced ones are releases and renews
+// too); an identity's own operations, those of no identity, and those on a
+// grant of no identity are not.
+func TestIdentityCounters(t *testing.T) {
 	tab, err := New(Config{Shards: 2}, NewTokens(0, 1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := NewConn("a"), NewConn("b")
+	orders, billing, ops := tab.Ident([]byte("orders")), tab.Ident([]byte("billing")), tab.Ident([]byte("ops"))
 	var out Out
-	_, tok := tab.Acquire(0, []byte("k"), 0, 10, 1, a, &out)
-	want := func(rel, ren uint64) {
+	k := []byte("k")
+	_, tok := tab.AcquireAs(0, k, 0, 10, 1, orders, nil, &out)
+	want := func(fRel, fRen, rRel, rRen, rel, ren uint64) {
 		t.Helper()
 		c := tab.Counters()
-		if c.ForeignReleases != rel || c.ForeignRenews != ren {
-			t.Fatalf("foreign releases %d renews %d, want %d %d", c.ForeignReleases, c.ForeignRenews, rel, ren)
+		got := [6]uint64{c.ForcedReleases, c.ForcedRenews, c.RefusedReleases, c.RefusedRenews, c.Releases, c.Renews}
+		if got != [6]uint64{fRel, fRen, rRel, rRen, rel, ren} {
+			t.Fatalf("forced rel/ren, refused rel/ren, releases, renews = %v, want %v", got, [6]uint64{fRel, fRen, rRel, rRen, rel, ren})
 		}
 	}
-	tab.RenewFrom(0, []byte("k"), 10, tok, a, &out)
-	tab.RenewFrom(0, []byte("k"), 10, tok, nil, &out)
-	want(0, 0)
-	tab.RenewFrom(0, []byte("k"), 10, tok, b, &out)
-	want(0, 1)
-	if st, _ := tab.Acquire(0, []byte("k"), 5, 10, 2, b, &out); st != Queued {
-		t.Fatal(st)
+	for _, c := range []struct {
+		who  Who
+		want Result
+	}{
+		{Who{Ident: orders}, ResultOK},
+		{Who{}, ResultOK},
+		{Who{Ident: billing}, ResultRefused},
+		{Who{Ident: ops, Admin: true}, ResultForced},
+		{Who{Ident: orders, Admin: true}, ResultOK},
+	} {
+		if r, holder := tab.RenewAs(0, k, 10, tok, c.who, &out); r != c.want || holder != orders {
+			t.Fatalf("renew as %+v: %v (holder %d), want %v", c.who, r, holder, c.want)
+		}
 	}
-	tab.ReleaseFrom(0, []byte("k"), tok, b, &out) // b releases a's grant: foreign
-	want(1, 1)
-	if len(out.Effects) != 1 || out.Effects[0].Kind != EffectGrant {
-		t.Fatalf("effects %v", out.Effects)
+	want(0, 1, 0, 1, 0, 4)
+	if r, holder := tab.RenewAs(0, k, 10, tok+1, Who{Ident: billing}, &out); r != ResultNotHeld || holder != NoIdent {
+		t.Fatalf("stale renew: %v, holder %d", r, holder)
 	}
-	tok2 := out.Effects[0].Token
-	out.Reset()
-	tab.ReleaseFrom(0, []byte("k"), tok2, b, &out) // the handoff was b's
-	want(1, 1)
-	if err := tab.Restore([]byte("r"), tok2+1, 1e12); err != nil {
+	if r, _ := tab.ReleaseAs(0, k, tok, Who{Ident: billing}, &out); r != ResultRefused || !tab.Lookup(k).Held {
+		t.Fatalf("refused release: %v, held %v", r, tab.Lookup(k).Held)
+	}
+	want(0, 1, 1, 1, 0, 4)
+	if r, _ := tab.ReleaseAs(0, k, tok, Who{Ident: ops, Admin: true}, &out); r != ResultForced || tab.Lookup(k).Held {
+		t.Fatalf("forced release: %v", r)
+	}
+	want(1, 1, 1, 1, 1, 4)
+	// A grant of no identity: anyone with the token, nothing counted.
+	_, tok = tab.Acquire(0, k, 0, 10, 1, nil, &out)
+	if r, holder := tab.ReleaseAs(0, k, tok, Who{Ident: billing}, &out); r != ResultOK || holder != NoIdent {
+		t.Fatalf("release of a grant of no identity: %v", r)
+	}
+	want(1, 1, 1, 1, 2, 4)
+	for r, s := range map[Result]string{ResultNotHeld: "not-held", ResultOK: "ok", ResultForced: "forced", ResultRefused: "refused", 9: "Result(?)"} {
+		if r.String() != s {
+			t.Errorf("%d.String() = %q", r, r.String())
+		}
+	}
+}
+
+// TestIdentRegistry: names intern to stable handles, distinct names to
+// distinct ones, the empty name to NoIdent; past the registry's bound every
+// new name is the overflow identity, which no ACL name can be, so its
+// grants are an admin's to release, never the token alone's.
+func TestIdentRegistry(t *testing.T) {
+	tab, err := New(Config{Shards: 1}, NewTokens(0, 1<<20))
+	if err != nil {
 		t.Fatal(err)
 	}
-	tab.ReleaseFrom(0, []byte("r"), tok2+1, a, &out)
-	want(1, 1)
+	if tab.Ident(nil) != NoIdent || tab.Ident([]byte{}) != NoIdent || tab.IdentName(NoIdent) != nil {
+		t.Fatal("the empty name is not NoIdent")
+	}
+	a := tab.Ident([]byte("a"))
+	name := []byte("b")
+	b := tab.Ident(name)
+	name[0] = 'x' // the registry copied it
+	if a == b || a == NoIdent || tab.Ident([]byte("a")) != a || string(tab.IdentName(b)) != "b" {
+		t.Fatalf("a=%d b=%d name(b)=%q", a, b, tab.IdentName(b))
+	}
+	if tab.IdentName(b+100) != nil {
+		t.Fatal("a handle never given has a name")
+	}
+	for i := 0; tab.idents.n+1 < identOverflow; i++ {
+		tab.Ident([]byte(fmt.Sprint("n", i)))
+	}
+	if tab.Ident([]byte("one-more")) != identOverflow || tab.Ident([]byte("another")) != identOverflow ||
+		string(tab.IdentName(identOverflow)) != "(overflow)" || tab.Ident([]byte("a")) != a {
+		t.Fatal("the registry's bound")
+	}
+	var out Out
+	_, tok := tab.AcquireAs(0, []byte("k"), 0, 10, 1, tab.Ident([]byte("late")), nil, &out)
+	if r, _ := tab.ReleaseAs(0, []byte("k"), tok, Who{Ident: a}, &out); r != ResultRefused {
+		t.Fatalf("release of an overflow grant by another identity: %v", r)
+	}
 }
 
 // TestExtendLeases: the new leader's lease rule moves every deadline

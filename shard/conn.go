@@ -1,9 +1,6 @@
 package shard
 
-import (
-	"sync"
-	"sync/atomic"
-)
+import "sync"
 
 // Conn is the table's per-connection state. The caller allocates one per
 // connection (NewConn) and passes it with every acquire that may queue;
@@ -16,8 +13,6 @@ type Conn struct {
 	// Tag is opaque to the table (the engine stores its session here).
 	Tag any
 
-	id uint64 // unique per process, never 0 (grants remember it)
-
 	// mu guards head, n, dropped, and the cnext/cprev/gen fields of every
 	// waiter linked into this Conn. Lock order: shard.mu → Conn.mu; it is
 	// never held while taking a shard lock.
@@ -27,19 +22,8 @@ type Conn struct {
 	dropped bool    // DropConn was called: refuse new waiters
 }
 
-// connIDs numbers Conns.
-var connIDs atomic.Uint64
-
 // NewConn returns a Conn carrying tag.
-func NewConn(tag any) *Conn { return &Conn{Tag: tag, id: connIDs.Add(1)} }
-
-// ID returns c's unique id (0 for a nil Conn).
-func (c *Conn) ID() uint64 {
-	if c == nil {
-		return 0
-	}
-	return c.id
-}
+func NewConn(tag any) *Conn { return &Conn{Tag: tag} }
 
 // Waiters returns the number of acquires of c that are queued right now.
 func (c *Conn) Waiters() int {

@@ -16,6 +16,15 @@
 //   - The state-change records (Record) streamed to Config.Sink for
 //     replication and persistence, and the effects (Effect) owed to queued
 //     acquires.
+//   - The identity of every grant (PROTOCOL.md §8.3): a 4-byte handle
+//     (Ident) per entry into the table's registry of names, so a held lock
+//     costs no string. AcquireAs grants to an identity; ReleaseAs and
+//     RenewAs refuse a current token from another identity (answered N, as
+//     a stale token) unless the requester is an admin (forced), and count
+//     both. A grant or a requester of no identity (NoIdent: no ACL) is
+//     judged by the token alone. Records, dumps (Dump) and restores
+//     (RestoreAs) carry the identity's name, which means the same on
+//     another process.
 //
 // # Concurrency contract
 //

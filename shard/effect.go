@@ -134,8 +134,8 @@ func (k RecordKind) String() string {
 }
 
 // Record is one state change, small enough to stream to a replica. What it
-// means off this process is Kind, Key, Token and Lease (a duration: the
-// lease runs Lease seconds from the change), numbered by Seq within Shard;
+// means off this process is Kind, Key, Token, Lease (a duration: the
+// lease runs Lease seconds from the change) and Ident, numbered by Seq within Shard;
 // Deadline is the same lease end on this table's own clock, meaningful only
 // here. Apply replays records on another table.
 type Record struct {
@@ -152,4 +152,10 @@ type Record struct {
 	Lease    uint8  // Grant, Renew: lease seconds
 	Deadline int64  // Grant, Renew: lease deadline on the table's clock (ns)
 	From     uint64 // Skip: the first Seq it stands for (Seq is the last)
+	// Ident is, on a Grant, the name of the identity the grant was made to
+	// (PROTOCOL.md §8.3; empty: none, the token alone decides); a name,
+	// not the table's handle, so that it means the same on another
+	// process. Made by a table, it is valid beyond the Sink call (the
+	// registry's bytes never change) but must not be modified.
+	Ident []byte
 }

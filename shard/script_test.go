@@ -24,14 +24,20 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //
 //	new [shards=N] [maxkeys=N] [perkey=N] [maxwaiters=N] [perconn=N] [start=N] [limit=N]
 //	at DUR | advance DUR
-//	acquire KEY [wait=N] lease=N owner=N [conn=NAME]
-//	release KEY token=N
-//	renew KEY lease=N token=N
+//	acquire KEY [wait=N] lease=N owner=N [conn=NAME] [as=IDENT]
+//	release KEY token=N [as=IDENT [admin=1]]
+//	renew KEY lease=N token=N [as=IDENT [admin=1]]
 //	tick | cancel | stats | held | dropconn NAME
 //	dropwaiters NAME max=N (prints "done" or "more left")
 //	waiters NAME (the conn's queued acquires)
-//	restore KEY token=N deadline=DUR
+//	restore KEY token=N deadline=DUR [as=IDENT]
 //	lookup KEY
+//
+// as= names the identity of an acquire (its grant's) or of a release or
+// renew (PROTOCOL.md §8.3); without it there is none. A release or renew
+// with as= prints "forced" or "refused" and the grant's identity when it
+// was another's; identities show as ident=NAME in lookups, held keys and
+// grant records.
 func TestScripts(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
@@ -119,6 +125,9 @@ func (env *scriptEnv) sink(r Record) {
 	if r.Kind == RecordGrant || r.Kind == RecordRenew {
 		s += fmt.Sprintf(" lease=%d deadline=%s", r.Lease, time.Duration(r.Deadline))
 	}
+	if len(r.Ident) > 0 {
+		s += " ident=" + string(r.Ident)
+	}
 	env.records = append(env.records, s)
 }
 
@@ -179,6 +188,9 @@ func (env *scriptEnv) run(line string) []string {
 		return []byte(pos[0])
 	}
 	u64 := func(name string) uint64 { return uint64(env.intArg(args, name, 0)) }
+	who := func() Who {
+		return Who{Ident: env.tab.Ident([]byte(args["as"])), Admin: args["admin"] == "1"}
+	}
 	u8 := func(name string) uint8 { return uint8(env.intArg(args, name, 0)) }
 	env.out.Reset()
 	env.records = env.records[:0]
@@ -192,16 +204,26 @@ func (env *scriptEnv) run(line string) []string {
 	case "advance":
 		env.now += env.durArg(pos[0])
 	case "acquire":
-		st, tok := tab.Acquire(env.now, key(), u8("wait"), u8("lease"), u64("owner"), env.conn(args["conn"]), &env.out)
+		st, tok := tab.AcquireAs(env.now, key(), u8("wait"), u8("lease"), u64("owner"), who().Ident, env.conn(args["conn"]), &env.out)
 		if st == Granted {
 			res = append(res, fmt.Sprintf("%s token=%d", st, tok))
 		} else {
 			res = append(res, st.String())
 		}
 	case "release":
-		res = append(res, answer(tab.Release(env.now, key(), u64("token"), &env.out), "released"))
+		if _, ok := args["as"]; !ok {
+			res = append(res, answer(tab.Release(env.now, key(), u64("token"), &env.out), "released"))
+			break
+		}
+		r, holder := tab.ReleaseAs(env.now, key(), u64("token"), who(), &env.out)
+		res = append(res, judged(tab, r, holder, "released"))
 	case "renew":
-		res = append(res, answer(tab.Renew(env.now, key(), u8("lease"), u64("token"), &env.out), "renewed"))
+		if _, ok := args["as"]; !ok {
+			res = append(res, answer(tab.Renew(env.now, key(), u8("lease"), u64("token"), &env.out), "renewed"))
+			break
+		}
+		r, holder := tab.RenewAs(env.now, key(), u8("lease"), u64("token"), who(), &env.out)
+		res = append(res, judged(tab, r, holder, "renewed"))
 	case "tick":
 		tab.Tick(env.now, &env.out)
 	case "cancel":
@@ -221,7 +243,7 @@ func (env *scriptEnv) run(line string) []string {
 	case "waiters":
 		res = append(res, fmt.Sprintf("waiters=%d", env.conn(pos[0]).Waiters()))
 	case "restore":
-		if err := tab.Restore(key(), u64("token"), env.durArg(args["deadline"])); err != nil {
+		if err := tab.RestoreAs(key(), u64("token"), env.durArg(args["deadline"]), []byte(args["as"])); err != nil {
 			res = append(res, "error: "+err.Error())
 		} else {
 			res = append(res, "ok")
@@ -231,16 +253,18 @@ func (env *scriptEnv) run(line string) []string {
 		if !ki.Held {
 			res = append(res, "free")
 		} else {
-			res = append(res, fmt.Sprintf("held token=%d deadline=%s waiters=%d", ki.Token, time.Duration(ki.Deadline), ki.Waiters))
+			res = append(res, fmt.Sprintf("held token=%d deadline=%s waiters=%d", ki.Token, time.Duration(ki.Deadline), ki.Waiters)+identArg([]byte(ki.Ident)))
 		}
 	case "stats":
 		st := tab.Stats()
 		res = append(res, fmt.Sprintf("keys=%d waiters=%d", st.Keys, st.Waiters))
 	case "held":
 		var held []string
-		tab.Held(func(k []byte, tok uint64, dl int64) {
-			held = append(held, fmt.Sprintf("held %s token=%d deadline=%s", k, tok, time.Duration(dl)))
-		})
+		for i := range tab.Shards() {
+			tab.Dump(i, func(h *HeldLock) {
+				held = append(held, fmt.Sprintf("held %s token=%d deadline=%s", h.Key, h.Token, time.Duration(h.Deadline))+identArg(h.Ident))
+			})
+		}
 		slices.Sort(held) // shard order is an implementation detail
 		res = append(res, held...)
 	default:
@@ -254,6 +278,27 @@ func (env *scriptEnv) run(line string) []string {
 		res = append(res, s)
 	}
 	return append(res, env.records...)
+}
+
+// identArg shows an identity, if any.
+func identArg(name []byte) string {
+	if len(name) == 0 {
+		return ""
+	}
+	return " ident=" + string(name)
+}
+
+// judged shows an identity-bound release's or renew's result.
+func judged(tab *Table, r Result, holder Ident, yes string) string {
+	switch r {
+	case ResultOK:
+		return yes
+	case ResultForced:
+		return yes + " forced holder=" + string(tab.IdentName(holder))
+	case ResultRefused:
+		return "not held refused holder=" + string(tab.IdentName(holder))
+	}
+	return "not held"
 }
 
 func answer(ok bool, yes string) string {

@@ -10,15 +10,16 @@ import (
 // leaves the index and goes to its shard's bounded free list with its key
 // buffer, so a steady stream of acquires and releases allocates nothing.
 // The struct is kept at 80 bytes (a Go size class) because a million held
-// locks means a million entries.
+// locks means a million entries: the grant's identity is a 4-byte handle
+// into the table's registry (ident.go), not a string per entry.
 type entry struct {
 	key      []byte // the key; the buffer is reused by the next key
-	holder   uint64 // id of the Conn the current grant was made for (0: none known)
 	token    uint64 // current fencing token
 	deadline int64  // lease deadline (ns on the caller's clock)
 	tnext    *entry // wheel slot list; free list link while free
 	tprev    *entry
 	wq       *waiter // head of the circular FIFO of waiters; nil if uncontended
+	ident    Ident   // the identity the current grant was made to (NoIdent: none)
 	nwait    uint32  // len(wq)
 	slot     uint16  // wheel slot
 	lease    uint8   // lease seconds of the current grant or renew
@@ -38,6 +39,7 @@ type waiter struct {
 	queued       int64  // when it was queued (table clock)
 	gen          uint64 // written under the shard lock and, while linked, conn.mu
 	shard        uint32 // index of the owning shard, fixed at allocation
+	ident        Ident  // the identity the acquire came from; its grant is made to it
 	slot         uint16 // wheel slot
 	lease        uint8  // requested lease seconds
 }
@@ -94,7 +96,7 @@ func (s *shard) newEntry(h uint64, key []byte) *entry {
 func (s *shard) freeEntry(e *entry, h uint64) {
 	s.idx.remove(h, e)
 	s.t.keys.Add(-1)
-	e.token, e.deadline, e.lease, e.holder = 0, 0, 0, 0
+	e.token, e.deadline, e.lease, e.ident = 0, 0, 0, NoIdent
 	if s.nfreeE >= maxFreeEntries {
 		return
 	}
@@ -109,10 +111,10 @@ func (s *shard) freeEntry(e *entry, h uint64) {
 }
 
 // grant gives e the token tok and a lease of lease seconds from now, for
-// the connection c (nil: none).
-func (s *shard) grant(e *entry, now int64, lease uint8, tok uint64, c *Conn) {
+// the identity id.
+func (s *shard) grant(e *entry, now int64, lease uint8, tok uint64, id Ident) {
 	e.token = tok
-	e.holder = c.ID()
+	e.ident = id
 	e.lease = lease
 	e.deadline = now + int64(lease)*second
 	s.wheel.addLease(e)
@@ -127,6 +129,9 @@ func (s *shard) emit(kind RecordKind, e *entry, lease uint8) {
 		r := Record{Kind: kind, Shard: s.id, Seq: s.seq, Key: e.key, Token: e.token}
 		if kind == RecordGrant || kind == RecordRenew {
 			r.Lease, r.Deadline = lease, e.deadline
+		}
+		if kind == RecordGrant {
+			r.Ident = s.t.idents.name(e.ident)
 		}
 		sink(r)
 	}
@@ -167,7 +172,7 @@ func (s *shard) handoff(e *entry, h uint64, now, freed int64, out *Out) bool {
 			s.freeWaiter(w)
 			continue
 		}
-		s.grant(e, now, w.lease, tok, w.conn)
+		s.grant(e, now, w.lease, tok, w.ident)
 		s.ctr.Handoffs++
 		out.add(EffectGrant, w, e.token, e.key)
 		s.freeWaiter(w)
@@ -201,7 +206,7 @@ func (s *shard) newWaiter() *waiter {
 }
 
 func (s *shard) freeWaiter(w *waiter) {
-	w.e, w.conn = nil, nil
+	w.e, w.conn, w.ident = nil, nil, NoIdent
 	if s.nfreeW >= maxFreeWaiters {
 		return
 	}
@@ -212,9 +217,9 @@ func (s *shard) freeWaiter(w *waiter) {
 
 // enqueue queues an acquire at the tail of e's FIFO. It reports false (and
 // queues nothing) if c was dropped or has its Config.MaxWaitersPerConn.
-func (s *shard) enqueue(e *entry, now int64, wait, lease uint8, owner uint64, c *Conn) bool {
+func (s *shard) enqueue(e *entry, now int64, wait, lease uint8, owner uint64, id Ident, c *Conn) bool {
 	w := s.newWaiter()
-	w.e, w.conn, w.owner, w.lease = e, c, owner, lease
+	w.e, w.conn, w.owner, w.lease, w.ident = e, c, owner, lease, id
 	w.deadline = now + int64(wait)*second
 	w.queued = now
 	if c != nil && !c.link(w, s.t.maxPerConn) {
@@ -261,7 +266,7 @@ func (s *shard) unqueue(w *waiter) {
 
 // --- operations (s.mu held) ----------------------------------------------
 
-func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owner uint64, c *Conn, out *Out) (Status, uint64) {
+func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owner uint64, id Ident, c *Conn, out *Out) (Status, uint64) {
 	e := s.lookup(now, h, key, out)
 	if e == nil {
 		if !s.t.reserve(&s.t.keys, s.t.maxKeys) {
@@ -274,7 +279,7 @@ func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owne
 			return Busy, 0
 		}
 		e = s.newEntry(h, key)
-		s.grant(e, now, lease, tok, c)
+		s.grant(e, now, lease, tok, id)
 		return Granted, e.token
 	}
 	if wait == 0 {
@@ -283,35 +288,51 @@ func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owne
 	if int64(e.nwait) >= s.t.maxPerKey || !s.t.reserve(&s.t.waiters, s.t.maxWaiters) {
 		return Busy, 0
 	}
-	if !s.enqueue(e, now, wait, lease, owner, c) {
+	if !s.enqueue(e, now, wait, lease, owner, id, c) {
 		s.t.waiters.Add(-1)
 		return Busy, 0
 	}
 	return Queued, 0
 }
 
-func (s *shard) release(now int64, h uint64, key []byte, token uint64, c *Conn, out *Out) bool {
+// release ends key's grant if token is current and who may (judge). The
+// grant's identity is returned with the result.
+func (s *shard) release(now int64, h uint64, key []byte, token uint64, who Who, out *Out) (Result, Ident) {
 	e := s.lookup(now, h, key, out)
 	if e == nil || e.token != token {
-		return false
+		return ResultNotHeld, NoIdent
+	}
+	holder := e.ident
+	res := judge(holder, who)
+	switch res {
+	case ResultRefused:
+		s.ctr.RefusedReleases++
+		return res, holder
+	case ResultForced:
+		s.ctr.ForcedReleases++
 	}
 	s.wheel.delLease(e)
 	s.ctr.Releases++
-	if c != nil && e.holder != 0 && e.holder != c.id {
-		s.ctr.ForeignReleases++
-	}
 	s.emit(RecordRelease, e, 0)
 	s.handoff(e, h, now, now, out)
-	return true
+	return res, holder
 }
 
-func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64, c *Conn, out *Out) bool {
+// renew restarts key's lease if token is current and who may (judge); the
+// grant keeps its identity. The grant's identity is returned with the
+// result.
+func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64, who Who, out *Out) (Result, Ident) {
 	e := s.lookup(now, h, key, out)
 	if e == nil || e.token != token {
-		return false
+		return ResultNotHeld, NoIdent
 	}
-	if c != nil && e.holder != 0 && e.holder != c.id {
-		s.ctr.ForeignRenews++
+	res := judge(e.ident, who)
+	switch res {
+	case ResultRefused:
+		s.ctr.RefusedRenews++
+		return res, e.ident
+	case ResultForced:
+		s.ctr.ForcedRenews++
 	}
 	s.wheel.delLease(e)
 	e.lease = lease
@@ -319,7 +340,7 @@ func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64
 	s.wheel.addLease(e)
 	s.ctr.Renews++
 	s.emit(RecordRenew, e, lease)
-	return true
+	return res, e.ident
 }
 
 // tick fires every lease and wait deadline ≤ now.
@@ -381,8 +402,8 @@ func (s *shard) dequeueAll(e *entry, kind EffectKind, out *Out) {
 	}
 }
 
-// restore installs key held by token until deadline.
-func (s *shard) restore(h uint64, key []byte, token uint64, deadline int64) error {
+// restore installs key held by token until deadline, granted to id.
+func (s *shard) restore(h uint64, key []byte, token uint64, deadline int64, id Ident) error {
 	e := s.idx.find(h, key)
 	if e == nil {
 		if !s.t.reserve(&s.t.keys, s.t.maxKeys) {
@@ -395,7 +416,7 @@ func (s *shard) restore(h uint64, key []byte, token uint64, deadline int64) erro
 		}
 		s.wheel.delLease(e)
 	}
-	e.token, e.deadline, e.lease = token, deadline, 0
+	e.token, e.deadline, e.lease, e.ident = token, deadline, 0, id
 	s.wheel.addLease(e)
 	return nil
 }

@@ -18,6 +18,7 @@ type Table struct {
 	shift  uint // shard of hash h: h >> shift (the top bits; the index uses the low ones)
 	tokens *Tokens
 	sink   func(Record)
+	idents idents // the names of the grants' identities (ident.go)
 
 	maxKeys, maxPerKey, maxWaiters int64
 	maxPerConn                     int
@@ -111,49 +112,65 @@ func (t *Table) reserve(n *atomic.Int64, max int64) bool {
 // DropConn or DropWaiters(c) is a caller bug; the table answers Busy instead
 // of queueing such a request.
 func (t *Table) Acquire(now int64, key []byte, wait, lease uint8, owner uint64, c *Conn, out *Out) (Status, uint64) {
+	return t.AcquireAs(now, key, wait, lease, owner, NoIdent, c, out)
+}
+
+// AcquireAs is Acquire by the identity id (PROTOCOL.md §8.3): the grant,
+// immediate or handed off later to this acquire, is made to id, and only
+// id (or an admin) may release or renew it (ReleaseAs, RenewAs). NoIdent
+// is Acquire.
+func (t *Table) AcquireAs(now int64, key []byte, wait, lease uint8, owner uint64, id Ident, c *Conn, out *Out) (Status, uint64) {
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
 	s.mu.Lock()
-	st, tok := s.acquire(now, h, key, wait, lease, owner, c, out)
+	st, tok := s.acquire(now, h, key, wait, lease, owner, id, c, out)
 	s.mu.Unlock()
 	return st, tok
 }
 
 // Release applies a release: true (answer R) if token is key's current
 // token; then the key goes to the head waiter with a new token (an
-// EffectGrant in out) or becomes free. false answers N.
+// EffectGrant in out) or becomes free. false answers N. The token alone
+// decides, whatever identity the grant was made to (the server's own
+// releases: undelivered grants; and a node without an ACL).
 func (t *Table) Release(now int64, key []byte, token uint64, out *Out) bool {
-	return t.ReleaseFrom(now, key, token, nil, out)
+	res, _ := t.ReleaseAs(now, key, token, Who{}, out)
+	return res.Done()
 }
 
-// ReleaseFrom is Release by a request that arrived on c: a release of a
-// grant made for another connection is counted (Counters.ForeignReleases:
-// any client that knows a token may release it, PROTOCOL.md §2).
-func (t *Table) ReleaseFrom(now int64, key []byte, token uint64, c *Conn, out *Out) bool {
+// ReleaseAs is Release by who (PROTOCOL.md §8.3): a current token of a
+// grant made to another identity releases nothing (ResultRefused, answer N
+// as for a stale token) unless who is an admin (ResultForced). A grant of
+// no identity, or a who of no identity, is judged by the token alone. The
+// grant's identity is returned (NoIdent when not held), so that the
+// caller can log a forced or refused release with both identities.
+func (t *Table) ReleaseAs(now int64, key []byte, token uint64, who Who, out *Out) (Result, Ident) {
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
 	s.mu.Lock()
-	ok := s.release(now, h, key, token, c, out)
+	res, holder := s.release(now, h, key, token, who, out)
 	s.mu.Unlock()
-	return ok
+	return res, holder
 }
 
 // Renew restarts the lease of key at lease seconds from now if token is its
 // current token (true: answer K); false answers N. A lease that has passed at
-// now is expired first (so the renew answers N).
+// now is expired first (so the renew answers N). The token alone decides,
+// as for Release.
 func (t *Table) Renew(now int64, key []byte, lease uint8, token uint64, out *Out) bool {
-	return t.RenewFrom(now, key, lease, token, nil, out)
+	res, _ := t.RenewAs(now, key, lease, token, Who{}, out)
+	return res.Done()
 }
 
-// RenewFrom is Renew by a request that arrived on c, counting a renew of a
-// grant made for another connection (Counters.ForeignRenews).
-func (t *Table) RenewFrom(now int64, key []byte, lease uint8, token uint64, c *Conn, out *Out) bool {
+// RenewAs is Renew by who, judged as ReleaseAs judges a release. A forced
+// renew keeps the grant's identity.
+func (t *Table) RenewAs(now int64, key []byte, lease uint8, token uint64, who Who, out *Out) (Result, Ident) {
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
 	s.mu.Lock()
-	ok := s.renew(now, h, key, lease, token, c, out)
+	res, holder := s.renew(now, h, key, lease, token, who, out)
 	s.mu.Unlock()
-	return ok
+	return res, holder
 }
 
 // Tick processes every lease and wait deadline that is ≤ now across all
@@ -239,10 +256,17 @@ func (t *Table) Held(fn func(key []byte, token uint64, deadline int64)) {
 // deadline. It emits no Record. A key already present is overwritten only
 // if token is larger.
 func (t *Table) Restore(key []byte, token uint64, deadline int64) error {
+	return t.RestoreAs(key, token, deadline, nil)
+}
+
+// RestoreAs is Restore of a grant made to the identity called ident (nil
+// or empty: none), as a snapshot or a dump names it.
+func (t *Table) RestoreAs(key []byte, token uint64, deadline int64, ident []byte) error {
+	id := t.idents.intern(ident)
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
 	s.mu.Lock()
-	err := s.restore(h, key, token, deadline)
+	err := s.restore(h, key, token, deadline, id)
 	s.mu.Unlock()
 	return err
 }
@@ -268,13 +292,14 @@ type Counters struct {
 	Renews   uint64 // successful renews
 	NoToken  uint64 // acquires and handoffs answered Busy because no token was reserved
 
-	// ForeignReleases and ForeignRenews count successful releases and
-	// renews that came from a connection other than the one the grant was
-	// made for (ReleaseFrom, RenewFrom): legitimate for a client that
-	// reconnected or keeps several connections, and also what a client
-	// that guessed another's token does.
-	ForeignReleases uint64
-	ForeignRenews   uint64
+	// Operations on another identity's grant (ReleaseAs, RenewAs,
+	// PROTOCOL.md §8.3): Forced ones were an admin's and happened (they
+	// are also in Releases and Renews); Refused ones carried the current
+	// token from another identity and were answered N.
+	ForcedReleases  uint64
+	ForcedRenews    uint64
+	RefusedReleases uint64
+	RefusedRenews   uint64
 }
 
 // Counters sums the shards' counters, locking each shard in turn (for a
@@ -293,8 +318,10 @@ func (t *Table) Counters() Counters {
 		c.Releases += x.Releases
 		c.Renews += x.Renews
 		c.NoToken += x.NoToken
-		c.ForeignReleases += x.ForeignReleases
-		c.ForeignRenews += x.ForeignRenews
+		c.ForcedReleases += x.ForcedReleases
+		c.ForcedRenews += x.ForcedRenews
+		c.RefusedReleases += x.RefusedReleases
+		c.RefusedRenews += x.RefusedRenews
 	}
 	return c
 }
@@ -305,6 +332,8 @@ type KeyInfo struct {
 	Token    uint64
 	Deadline int64
 	Waiters  int
+	// Ident is the name of the identity the grant was made to ("": none).
+	Ident string
 }
 
 // Lookup returns key's state. It processes nothing: a lease whose deadline
@@ -319,5 +348,5 @@ func (t *Table) Lookup(key []byte) KeyInfo {
 	if e == nil {
 		return KeyInfo{}
 	}
-	return KeyInfo{Held: true, Token: e.token, Deadline: e.deadline, Waiters: int(e.nwait)}
+	return KeyInfo{Held: true, Token: e.token, Deadline: e.deadline, Waiters: int(e.nwait), Ident: t.idents.lookup(e.ident).s}
 }

@@ -1,7 +1,9 @@
 // Package store owns lockd's data directory: the token reservation mark that
 // keeps fencing tokens increasing across crashes (PROTOCOL.md §5), the
-// shutdown snapshot of held locks that a planned restart reloads (§4
-// "Shutdown"), and the lock file that keeps two daemons off one directory.
+// shutdown snapshot of held locks, with the identity each was granted to
+// (§8.3), that a planned restart reloads (§4 "Shutdown"; a snapshot of the
+// format before identities still loads), and the lock file that keeps two
+// daemons off one directory.
 //
 // Every write is atomic and durable: a temporary file is written and synced,
 // renamed over the old one, and the directory is synced. A reader never sees
@@ -12,5 +14,6 @@
 // use.
 //
 // store imports only the standard library. It must not import net, gnet,
-// lockd/proto or lockd/shard: it speaks keys, tokens and wall-clock times.
+// lockd/proto or lockd/shard: it speaks keys, tokens, identity names and
+// wall-clock times.
 package store

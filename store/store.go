@@ -107,7 +107,13 @@ type Lock struct {
 	Key      []byte
 	Token    uint64
 	Deadline time.Time // wall-clock end of the lease
+	// Ident is the name of the identity the grant was made to
+	// (PROTOCOL.md §8.3; "" for none), at most MaxIdent bytes.
+	Ident string
 }
+
+// MaxIdent is the longest identity name a snapshot stores.
+const MaxIdent = 255
 
 // Snapshot is what a graceful shutdown leaves for the next start.
 type Snapshot struct {
@@ -115,13 +121,21 @@ type Snapshot struct {
 	Locks []Lock
 }
 
-var snapMagic = []byte("LOCKDSNAP1\n")
+// Snapshot formats: version 1 (before identities) is still read; version 2
+// is written.
+var (
+	snapMagicV1 = []byte("LOCKDSNAP1\n")
+	snapMagic   = []byte("LOCKDSNAP2\n")
+)
 
 // WriteSnapshot durably writes s, replacing any earlier snapshot.
 //
-// Layout: magic, u64 mark, u32 count, then per lock u16 key length, key,
-// u64 token, i64 deadline (Unix ns); then a CRC-32C of everything before it.
-// Integers are big-endian.
+// Layout (version 2): magic "LOCKDSNAP2\n", u64 mark, u32 count, then per
+// lock u16 key length, key, u64 token, i64 deadline (Unix ns), u8 identity
+// length, identity; then a CRC-32C of everything before it. Integers are
+// big-endian. Version 1 ("LOCKDSNAP1\n", written before identities) is the
+// same without the identity fields; ReadSnapshot reads both (a version 1
+// lock has no identity).
 func (d *Dir) WriteSnapshot(s Snapshot) error {
 	b, err := encodeSnapshot(s)
 	if err != nil {
@@ -144,6 +158,11 @@ func encodeSnapshot(s Snapshot) ([]byte, error) {
 		b = append(b, l.Key...)
 		b = binary.BigEndian.AppendUint64(b, l.Token)
 		b = binary.BigEndian.AppendUint64(b, uint64(l.Deadline.UnixNano()))
+		if len(l.Ident) > MaxIdent {
+			return nil, fmt.Errorf("store: identity of %d bytes cannot be snapshotted", len(l.Ident))
+		}
+		b = append(b, byte(len(l.Ident)))
+		b = append(b, l.Ident...)
 	}
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
 }
@@ -187,7 +206,15 @@ func (d *Dir) RemoveSnapshot() error {
 
 func parseSnapshot(b []byte) (Snapshot, error) {
 	var s Snapshot
-	if len(b) < len(snapMagic)+8+4+4 || !bytes.Equal(b[:len(snapMagic)], snapMagic) {
+	if len(b) < len(snapMagic)+8+4+4 {
+		return s, ErrCorrupt
+	}
+	var idents bool
+	switch {
+	case bytes.Equal(b[:len(snapMagic)], snapMagic):
+		idents = true
+	case bytes.Equal(b[:len(snapMagicV1)], snapMagicV1):
+	default:
 		return s, ErrCorrupt
 	}
 	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
@@ -214,11 +241,23 @@ func parseSnapshot(b []byte) (Snapshot, error) {
 		if _, err := io.ReadFull(r, rest[:]); err != nil {
 			return s, ErrCorrupt
 		}
-		s.Locks = append(s.Locks, Lock{
+		l := Lock{
 			Key:      key,
 			Token:    binary.BigEndian.Uint64(rest[:8]),
 			Deadline: time.Unix(0, int64(binary.BigEndian.Uint64(rest[8:]))),
-		})
+		}
+		if idents {
+			il, err := r.ReadByte()
+			if err != nil {
+				return s, ErrCorrupt
+			}
+			id := make([]byte, il)
+			if _, err := io.ReadFull(r, id); err != nil {
+				return s, ErrCorrupt
+			}
+			l.Ident = string(id)
+		}
+		s.Locks = append(s.Locks, l)
 	}
 	if _, err := r.ReadByte(); err != io.EOF {
 		return s, ErrCorrupt

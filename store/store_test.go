@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -155,5 +156,79 @@ func TestEpoch(t *testing.T) {
 	}
 	if e, err := d.Epoch(); err != nil || e != 7 {
 		t.Fatalf("epoch %d, %v after SetEpoch(7)", e, err)
+	}
+}
+
+// TestSnapshotIdentities: every lock keeps the identity its grant was made
+// to (PROTOCOL.md §8.3), none included; an identity too long to store is
+// an error, not a truncation.
+func TestSnapshotIdentities(t *testing.T) {
+	d, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	dl := time.Unix(1700000000, 5)
+	in := Snapshot{Mark: 9, Locks: []Lock{
+		{Key: []byte("a"), Token: 7, Deadline: dl, Ident: "orders"},
+		{Key: []byte("b"), Token: 8, Deadline: dl},
+		{Key: []byte("c"), Token: 9, Deadline: dl, Ident: strings.Repeat("x", MaxIdent)},
+	}}
+	if err := d.WriteSnapshot(in); err != nil {
+		t.Fatal(err)
+	}
+	out, ok, err := d.ReadSnapshot()
+	if !ok || err != nil || len(out.Locks) != len(in.Locks) {
+		t.Fatalf("ReadSnapshot: %+v ok=%v err=%v", out, ok, err)
+	}
+	for i, a := range in.Locks {
+		b := out.Locks[i]
+		if !bytes.Equal(a.Key, b.Key) || a.Token != b.Token || !a.Deadline.Equal(b.Deadline) || a.Ident != b.Ident {
+			t.Fatalf("lock %d: got %+v want %+v", i, b, a)
+		}
+	}
+	long := Snapshot{Locks: []Lock{{Key: []byte("k"), Ident: strings.Repeat("x", MaxIdent+1)}}}
+	if err := d.WriteSnapshot(long); err == nil {
+		t.Fatal("an identity over MaxIdent was written")
+	}
+}
+
+// TestSnapshotVersion1Loads: a snapshot written before identities existed
+// (testdata/locks-v1.snap, made by the code of that time) still loads; its
+// locks have no identity.
+func TestSnapshotVersion1Loads(t *testing.T) {
+	dir := t.TempDir()
+	b, err := os.ReadFile("testdata/locks-v1.snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, snapFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	s, ok, err := d.ReadSnapshot()
+	if !ok || err != nil {
+		t.Fatalf("ReadSnapshot: ok=%v err=%v", ok, err)
+	}
+	dl := time.Unix(4102444800, 123456789)
+	want := []Lock{
+		{Key: []byte("orders/1"), Token: 4241, Deadline: dl},
+		{Key: []byte("\x00ключ"), Token: 4242, Deadline: dl.Add(time.Second)},
+	}
+	if s.Mark != 4242 || len(s.Locks) != len(want) {
+		t.Fatalf("got %+v", s)
+	}
+	for i, w := range want {
+		g := s.Locks[i]
+		if !bytes.Equal(g.Key, w.Key) || g.Token != w.Token || !g.Deadline.Equal(w.Deadline) || g.Ident != "" {
+			t.Fatalf("lock %d: got %+v want %+v", i, g, w)
+		}
+	}
+	if !bytes.HasPrefix(b, snapMagicV1) {
+		t.Fatal("the golden file is not version 1")
 	}
 }

@@ -7,9 +7,10 @@
 // SIGINT or SIGTERM shut it down gracefully (queued acquires are answered
 // with E 4, held locks are written to the data directory and reloaded by the
 // next start); it then exits 0. SIGHUP re-reads the files that may change
-// under a running daemon (the TLS certificate, key and CA bundles: a small
-// registry of reload functions, reload.go, that other parts add to); a file
-// that no longer loads is logged and the old contents kept.
+// under a running daemon (the TLS certificate, key and CA bundles and the
+// --acl file: a small registry of reload functions, reload.go); a file that
+// no longer loads is logged and the one in force stays. Without anything to
+// reload SIGHUP is logged and ignored.
 //
 // It owns the command line (flags validated at start with messages naming
 // the flag, exit 2; the libraries' repl.FieldErrors, engine.ConfigErrors

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockd-dev/lockd/acl"
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
@@ -51,6 +52,7 @@ type options struct {
 	// endpoint's configurations, and the member link's certificate and
 	// peer CAs (Certificate, PeerCAs), all following SIGHUP reloads.
 	tls *tlsconf.Store
+	acl string // --acl FILE, "" for none
 }
 
 func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error) {
@@ -86,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	secretFile := fs.String("cluster-secret", "", "file holding the cluster secret, the same on every member: every member connection proves it both ways (PROTOCOL.md §8.4)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
+	fs.StringVar(&opt.acl, "acl", "", "identity file (PROTOCOL.md §8.2): turns authentication and authorization on; SIGHUP re-reads it")
 	fs.BoolVar(&opt.showVersion, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nlockd is a lock server with fencing tokens. Flags:\n")
@@ -112,6 +115,13 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	}
 	if err := memberSecurity(&opt, tlsFiles, *secretFile); err != nil {
 		return cfg, opt, err
+	}
+	if opt.acl != "" {
+		a, err := acl.Load(opt.acl)
+		if err != nil {
+			return cfg, opt, usageError{aclError(opt.acl, err)}
+		}
+		cfg.ACL = a
 	}
 	adminSet := false
 	fs.Visit(func(f *flag.Flag) { adminSet = adminSet || f.Name == "admin" })
@@ -178,6 +188,16 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 		return usageError{flagError(err).Error()}
 	}
 	return nil
+}
+
+// aclError words a failure to load the ACL file with the flag's name (a
+// bad line already names the file and the line).
+func aclError(path string, err error) string {
+	var le *acl.LineError
+	if errors.As(err, &le) {
+		return "--acl: " + le.Error()
+	}
+	return fmt.Sprintf("--acl %s: %v", path, err)
 }
 
 // flags maps the fields of engine.Config and of the nodes' configuration
@@ -333,6 +353,20 @@ func run(args []string, stderr io.Writer) int {
 			}
 			return nil
 		})
+	}
+	if opt.acl != "" {
+		if cfg.ACL.Len() == 0 {
+			log.Warn("--acl names a file without any identity: every lock request will be refused", "file", opt.acl)
+		}
+		path := opt.acl
+		reload.add("--acl "+path, func() error {
+			err := srv.ReloadACL(func() (*acl.ACL, error) { return acl.Load(path) })
+			if err != nil {
+				return errors.New(aclError(path, err))
+			}
+			return nil
+		})
+		log.Info("authentication on", "acl", path, "identities", cfg.ACL.Len())
 	}
 	defer reload.watch(log)()
 	sigs := make(chan os.Signal, 2)

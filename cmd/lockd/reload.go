@@ -41,7 +41,7 @@ func (r *reloaders) run(log *slog.Logger) {
 	}
 	for _, l := range list {
 		if err := l.fn(); err != nil {
-			log.Error("SIGHUP: reload failed; the old one is kept", "what", l.name, "err", err)
+			log.Error("SIGHUP: reload failed: the one in force stays", "what", l.name, "err", err)
 		} else {
 			log.Info("SIGHUP: reloaded", "what", l.name)
 		}

@@ -101,6 +101,23 @@ type Options struct {
 	// --cluster-secret. The harness's HTTP client and Cluster.Dial speak
 	// TLS then; ClientTLS is what other clients need.
 	Secure bool
+	// AdminUser and AdminPassword, when set, are the HTTP basic
+	// authentication of every request the harness makes to a member's
+	// admin endpoint (members run with --acl, PROTOCOL.md §8.5: a monitor
+	// identity of their file).
+	AdminUser, AdminPassword string
+}
+
+// basicAuth adds the harness's admin credentials to every request.
+type basicAuth struct {
+	user, password string
+	next           http.RoundTripper
+}
+
+func (b basicAuth) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.SetBasicAuth(b.user, b.password)
+	return b.next.RoundTrip(r)
 }
 
 func (o *Options) fill() error {
@@ -256,14 +273,19 @@ func start(opts Options, bin, dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	tr := &http.Transport{DisableKeepAlives: true}
+	var rt http.RoundTripper = tr
+	if opts.AdminUser != "" {
+		rt = basicAuth{opts.AdminUser, opts.AdminPassword, rt}
+	}
 	c := &Cluster{opts: opts, bin: bin, plan: pl, dir: dir,
-		http: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
+		http: &http.Client{Timeout: 2 * time.Second, Transport: rt}}
 	extra := opts.ExtraArgs
 	if opts.Secure {
 		if c.sec, err = newSecurity(dir, opts.Members); err != nil {
 			return nil, err
 		}
-		c.http.Transport.(*http.Transport).TLSClientConfig = c.sec.clientTLS()
+		tr.TLSClientConfig = c.sec.clientTLS()
 	}
 	if err := c.openProxies(); err != nil {
 		c.Close()

@@ -18,7 +18,9 @@
 //     --cluster-secret (a CA, a certificate per member naming 127.0.0.1
 //     and a secret made for the cluster); then Options.ExtraArgs. A
 //     member is ready when it logs msg=ready with its address.
-//     Options.Deferred members wait for Member.Start.
+//     Options.Deferred members wait for Member.Start. Members run with
+//     --acl (in ExtraArgs) need Options.AdminUser and AdminPassword: the
+//     harness's admin requests then carry them (basic authentication).
 //   - Secure clusters: the harness reads /status over HTTPS;
 //     Cluster.Dial, Cluster.HTTPClient and Cluster.ClientTLS give tests
 //     and chaos connections that trust the cluster's CA (plain ones for

@@ -109,11 +109,16 @@ func (c *Cluster) memberArgs(i int, extra []string) []string {
 }
 
 // HTTPClient is an HTTP client for the members' admin endpoints (it
-// trusts a Secure cluster's CA), with the given timeout.
+// trusts a Secure cluster's CA and carries Options.AdminUser's basic
+// authentication), with the given timeout.
 func (c *Cluster) HTTPClient(timeout time.Duration) *http.Client {
 	tr := &http.Transport{DisableKeepAlives: true}
 	if c.sec != nil {
 		tr.TLSClientConfig = c.sec.clientTLS()
 	}
-	return &http.Client{Timeout: timeout, Transport: tr}
+	var rt http.RoundTripper = tr
+	if c.opts.AdminUser != "" {
+		rt = basicAuth{c.opts.AdminUser, c.opts.AdminPassword, rt}
+	}
+	return &http.Client{Timeout: timeout, Transport: rt}
 }

@@ -428,3 +428,180 @@ func TestRaftPhantomRelease(t *testing.T) {
 	t.Logf("%d of 20 keys were handed to the closed connection first", handedOver)
 	settleKeys(t, c, want)
 }
+
+// TestRaftFrozenLeaderAnswersNothingStale (issue 18, hole 2; PROTOCOL.md
+// §6.2): the leader is frozen (SIGSTOP) with client connections open, a
+// new leader is elected and changes the state, requests are sent to the
+// frozen leader meanwhile, and it resumes (SIGCONT). Its answers to them
+// must not come from its stale state: a renew of the key's current token
+// must not get N, a wait=0 acquire of a key now free must not get T, a
+// ping must not get a pong from a member that no longer leads. Only M, or
+// an answer the new state allows (K for the renew), passes. The race is
+// between the resumed member's event loops and raft noticing the newer
+// term, so the trial repeats (LOCKD_FROZEN_TRIALS, default 10, within
+// 150 s) on one cluster, freezing whichever member leads.
+func TestRaftFrozenLeaderAnswersNothingStale(t *testing.T) {
+	c, l := startRaft(t, false)
+	noRaces(t, c)
+	trials := env("LOCKD_FROZEN_TRIALS", 10)
+	deadline := time.Now().Add(150 * time.Second)
+	done := 0
+	for trial := 0; trial < trials && time.Now().Before(deadline); trial++ {
+		l = frozenLeaderTrial(t, c, l, trial)
+		done++
+	}
+	if done < 3 {
+		t.Fatalf("only %d trials within the time bound", done)
+	}
+	t.Logf("%d trials: the resumed leader answered nothing from its stale state", done)
+}
+
+// frozenLeaderTrial runs one freeze of leader l and returns the member
+// that leads afterwards.
+func frozenLeaderTrial(t *testing.T, c *clustertest.Cluster, l, trial int) int {
+	t.Helper()
+	renewKey, freeKey := fmt.Sprintf("frozen/%d/renew", trial), fmt.Sprintf("frozen/%d/free", trial)
+	lc := dial(t, c, l)
+	oldRenew := grant(t, lc, renewKey, 60, 1)
+	oldFree := grant(t, lc, freeKey, 60, 2)
+	// Connections to the leader, open and served before the freeze.
+	const conns = 4
+	olds := make([]*clustertest.Conn, conns)
+	for i := range olds {
+		olds[i] = dial(t, c, l)
+		if r := do(t, olds[i], proto.AppendPing(nil, 1)); r.Op != proto.OpPing {
+			t.Fatalf("trial %d: ping on the leader: %c", trial, r.Op)
+		}
+	}
+	if err := c.Member(l).Stop(); err != nil {
+		t.Fatal(err)
+	}
+	frozen := true
+	defer func() {
+		if frozen {
+			_ = c.Member(l).Cont()
+		}
+	}()
+	nl, _ := waitServing(t, c, 10*time.Second, l)
+	// The new leader changes both keys: renewKey gets a new token,
+	// freeKey becomes free.
+	nc := dial(t, c, nl)
+	if r := do(t, nc, proto.AppendRelease(nil, oldRenew, renewKey)); r.Op != proto.OpRelease {
+		t.Fatalf("trial %d: release on the new leader: %c", trial, r.Op)
+	}
+	cur := grant(t, nc, renewKey, 60, 3)
+	if r := do(t, nc, proto.AppendRelease(nil, oldFree, freeKey)); r.Op != proto.OpRelease {
+		t.Fatalf("trial %d: release on the new leader: %c", trial, r.Op)
+	}
+	// Requests queue up on the frozen leader.
+	for i, o := range olds {
+		if err := o.Send(proto.AppendRenew(nil, 60, cur, renewKey),
+			proto.AppendAcquire(nil, 0, 60, uint64(100+i), freeKey),
+			proto.AppendPing(nil, uint64(200+i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := c.Member(l).Cont(); err != nil {
+		t.Fatal(err)
+	}
+	frozen = false
+	resumed := time.Now()
+	var stale []string
+	var first time.Duration
+	answers := map[proto.Op]int{}
+	for i, o := range olds {
+		for range 3 {
+			r, err := o.Read()
+			if err != nil {
+				t.Fatalf("trial %d: connection %d to the resumed member: %v", trial, i, err)
+			}
+			if first == 0 {
+				first = time.Since(resumed)
+			}
+			answers[r.Op]++
+			bad := ""
+			switch r.Op {
+			case proto.OpMoved:
+			case proto.OpRenew:
+				if r.ID != cur {
+					bad = "K for another token"
+				}
+			case proto.OpNotHeld:
+				bad = "N to a renew of the key's current token"
+			case proto.OpTimeout:
+				bad = "T to a wait=0 acquire of a free key"
+			case proto.OpPing:
+				bad = "a pong from a member that no longer leads"
+			case proto.OpAcquire:
+				if r.Token <= cur {
+					bad = "a grant below the new leader's tokens"
+				}
+			default:
+				bad = "an unexpected answer"
+			}
+			if bad != "" {
+				stale = append(stale, fmt.Sprintf("%s (%c id=%d, %v after SIGCONT)", bad, r.Op, r.ID, time.Since(resumed)))
+			}
+		}
+		o.Close()
+	}
+	if len(stale) > 0 {
+		t.Fatalf("trial %d: member %d resumed and answered from its stale state: %s", trial, l, strings.Join(stale, "; "))
+	}
+	t.Logf("trial %d: member %d frozen, member %d led meanwhile; answers after SIGCONT: %v, the first %v after it", trial, l, nl, answers, first)
+	nl, _ = waitServing(t, c, 10*time.Second)
+	return nl
+}
+
+// TestRaftShortFreezeServesAgain: a leader frozen for longer than its
+// lease but shorter than the followers' election timeout (failover timeout
+// 4 s: lease 1.5 s, elections after 2 s of silence) holds what queued up
+// meanwhile, and once a majority has answered it after resuming it is
+// still the leader and serves it: a grant, without a new request to wake
+// the connection.
+func TestRaftShortFreezeServesAgain(t *testing.T) {
+	short(t)
+	c := clustertest.Start(t, clustertest.Options{Mode: clustertest.ModeRaft, Members: 3, FailoverTimeout: 4 * time.Second})
+	noRaces(t, c)
+	l, _ := waitServing(t, c, 30*time.Second)
+	for attempt := range 3 {
+		conn := dial(t, c, l)
+		grant(t, conn, fmt.Sprintf("short/%d/warm", attempt), 10, 1)
+		term := func() uint64 {
+			st, err := c.Member(l).Status()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st.Epoch
+		}
+		before := term()
+		if err := c.Member(l).Stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.Send(proto.AppendAcquire(nil, 0, 10, 2, fmt.Sprintf("short/%d/queued", attempt))); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1750 * time.Millisecond)
+		if err := c.Member(l).Cont(); err != nil {
+			t.Fatal(err)
+		}
+		resumed := time.Now()
+		r, err := conn.Read()
+		if err != nil {
+			t.Fatalf("the request queued during the freeze: %v", err)
+		}
+		took := time.Since(resumed)
+		if after := term(); after != before {
+			t.Logf("attempt %d: an election happened anyway (term %d to %d, answer %c): the machine is slow; again", attempt, before, after, r.Op)
+			l, _ = waitServing(t, c, 30*time.Second)
+			continue
+		}
+		if r.Op != proto.OpAcquire || r.ID != 2 {
+			t.Fatalf("the leader, still leading after a short freeze, answered %c (id %d)", r.Op, r.ID)
+		}
+		t.Logf("attempt %d: frozen 1.75 s (lease 1.5 s), still the leader: granted %v after SIGCONT", attempt, took)
+		return
+	}
+	t.Fatal("no attempt without an election")
+}

@@ -49,6 +49,9 @@ var rules = map[string]rule{
 	"shard": {allow: []string{"github.com/cespare/xxhash/v2"}, noStd: []string{"net", "os", "syscall", "io"},
 		noDeps:  append([]string{gnet, "net", "os"}, lockd("proto", "engine", "repl")...),
 		noCalls: []string{"time.Now(", "time.Since(", "time.Sleep(", "time.After", "time.NewTimer", "time.Tick", "go func"}},
+	// The identity file: the standard library (crypto included) only.
+	"acl": {noStd: []string{"net", "syscall", "unsafe"},
+		noDeps: append([]string{gnet, "net"}, lockd("proto", "shard", "store", "engine", "repl", "admin", "client")...)},
 	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
 	// The seam, the single node and the kernel both cluster modes share.
 	"repl": {allow: lockd("api", "shard", "store"),
@@ -72,9 +75,9 @@ var rules = map[string]rule{
 	// files import it).
 	"repl/internal/repltest": {allow: lockd("shard", "repl/records", "internal/testcerts"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "store")...)},
-	"engine": {allow: append(lockd("proto", "shard", "repl"), gnet+"gnet/v2", "golang.org/x/sys/"),
+	"engine": {allow: append(lockd("proto", "shard", "repl", "acl"), gnet+"gnet/v2", "golang.org/x/sys/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
-	"admin": {allow: append(lockd("api", "engine", "repl"), "github.com/prometheus/"),
+	"admin": {allow: append(lockd("api", "engine", "repl", "acl"), "github.com/prometheus/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"client": {allow: lockd("proto"), noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
 	"fence":  {noStd: []string{"net", "os"}, noDeps: []string{"net"}},
@@ -84,7 +87,7 @@ var rules = map[string]rule{
 	// TLS material: the standard library only, nothing of the module
 	// (the engine, admin, repl and cmd/lockd all use it).
 	"tlsconf": {noDeps: []string{mod + "/"}},
-	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "internal/version", "tlsconf"), "golang.org/x/sys/"),
+	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "acl", "internal/version", "tlsconf"), "golang.org/x/sys/"),
 		noDeps: lockd("client", "bench")},
 	// The CLI: the client, the admin endpoint's types, cobra for the
 	// command line; never a server package.
@@ -93,7 +96,7 @@ var rules = map[string]rule{
 	// The binaries' version line: the standard library only, so every
 	// command may import it.
 	"internal/version": {noStd: []string{"net", "os", "syscall"}, noDeps: []string{mod + "/"}},
-	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "tlsconf", "internal/"),
+	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "acl", "tlsconf", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),

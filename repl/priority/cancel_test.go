@@ -48,8 +48,8 @@ func (r *cancelRig) flush() {
 func (r *cancelRig) snapshot(between func(i int)) []SnapEntryAt {
 	var snap []SnapEntryAt
 	for i := range r.table.Shards() {
-		seq := r.o.dumpShard(i, func(key []byte, token uint64, _ int64, _ uint8) {
-			snap = append(snap, SnapEntryAt{Shard: i, Key: string(key), Token: token})
+		seq := r.o.dumpShard(i, func(h *shard.HeldLock) {
+			snap = append(snap, SnapEntryAt{Shard: i, Key: string(h.Key), Token: h.Token})
 		})
 		snap = append(snap, SnapEntryAt{Shard: i, Seq: seq})
 		between(i)
@@ -223,11 +223,11 @@ func TestCancelNotAcrossADump(t *testing.T) {
 			var snap []SnapEntryAt
 			dump := rig.o.dumpShard
 			if !bracketed {
-				dump = tab.DumpShard
+				dump = tab.Dump
 			}
 			for i := range tab.Shards() {
-				seq := dump(i, func(k []byte, token uint64, _ int64, _ uint8) {
-					snap = append(snap, SnapEntryAt{Shard: i, Key: string(k), Token: token})
+				seq := dump(i, func(h *shard.HeldLock) {
+					snap = append(snap, SnapEntryAt{Shard: i, Key: string(h.Key), Token: h.Token})
 				})
 				snap = append(snap, SnapEntryAt{Shard: i, Seq: seq})
 			}

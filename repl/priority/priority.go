@@ -56,6 +56,9 @@ type node struct {
 	// ready: this member, the active, has made its first reservation and
 	// may open its gate (a promotion happens in the role machine first).
 	ready bool
+	// epochLogged: when the role machine's refusal to promote without an
+	// epoch left was last logged (0: never).
+	epochLogged int64
 
 	link    *link
 	out     *outStream // what this member sends as the active
@@ -222,6 +225,11 @@ func (p *node) ticker() {
 		p.mu.Lock()
 		wasChecking, lastTick := p.roles.checking(), p.roles.lastTick
 		c := p.roles.tick(now)
+		if p.roles.epochSpent && (p.epochLogged == 0 || now-p.epochLogged >= int64(10*time.Second)) {
+			p.epochLogged = now
+			p.log.Error("no epoch left above the highest seen (2^64-1: a corrupt data dir or a forged message): this member does not promote or hand over",
+				"max_epoch", p.roles.maxEpoch)
+		}
 		if !wasChecking && p.roles.checking() {
 			// Serve again only through resumeServing (the check's end).
 			p.ready = false
@@ -557,7 +565,11 @@ func (p *node) handover(ctx context.Context, s int, shutdown bool) bool {
 		p.mu.Unlock()
 		return false
 	}
-	epoch := p.roles.startHandover(s)
+	epoch, ok := p.roles.startHandover(s)
+	if !ok {
+		p.mu.Unlock()
+		return false
+	}
 	done := make(chan uint64, 1)
 	p.handoverDone = done
 	p.mu.Unlock()

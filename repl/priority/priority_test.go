@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,13 +28,26 @@ func (h *fakeHost) Abandon(uint64) {}
 
 // member is one in-process priority node with its own table and clock.
 type member struct {
-	p     *node
-	table *shard.Table
-	host  *fakeHost
-	clock func() int64
+	p      *node
+	table  *shard.Table
+	host   *fakeHost
+	clock  func() int64
+	stalls atomic.Int64 // "frozen or stalled" log lines: a loaded test machine's ticker stalls
 }
 
 func startMembers(t *testing.T, n int, mod ...func(*node)) []*member {
+	t.Helper()
+	ms := openMembers(t, n, mod...)
+	for _, m := range ms {
+		m.start(t)
+	}
+	return ms
+}
+
+// openMembers opens n members of one cluster without starting them (a
+// member not started is down for the others); the test starts each with
+// start.
+func openMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 	t.Helper()
 	const offset = 1000
 	peers := repltest.FreeAddrs(t, n, offset)
@@ -48,11 +62,9 @@ func startMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 			f(p)
 		}
 		m := &member{p: p, host: &fakeHost{}, clock: repltest.Clock()}
-		m.table, err = p.Open(shard.Config{Shards: 8}, m.clock, testLogger())
+		log := slog.New(countingHandler{Handler: testLogger().Handler(), match: "frozen or stalled", n: &m.stalls})
+		m.table, err = p.Open(shard.Config{Shards: 8}, m.clock, log)
 		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Start(peers[i], m.host); err != nil {
 			t.Fatal(err)
 		}
 		ms = append(ms, m)
@@ -65,6 +77,14 @@ func startMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 		}
 	})
 	return ms
+}
+
+// start starts an opened member.
+func (m *member) start(t *testing.T) {
+	t.Helper()
+	if err := m.p.Start(m.p.self, m.host); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (m *member) serving() bool { return m.p.Gate().Effective(m.clock()) == repl.Serve }
@@ -252,9 +272,103 @@ func TestSplitActiveBackAsStandby(t *testing.T) {
 	}
 }
 
+// countingHandler counts the records whose message contains match.
+type countingHandler struct {
+	slog.Handler
+	match string
+	n     *atomic.Int64
+}
+
+func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		h.n.Add(1)
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h countingHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return countingHandler{h.Handler.WithAttrs(as), h.match, h.n}
+}
+
+func (h countingHandler) WithGroup(g string) slog.Handler {
+	return countingHandler{h.Handler.WithGroup(g), h.match, h.n}
+}
+
 func testLogger() *slog.Logger {
 	if os.Getenv("LOCKD_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	return repltest.Quiet()
+}
+
+// TestPriorityTakeoverKeepsIdentities: every grant's identity
+// (PROTOCOL.md §8.3) reaches the standbys — one in the stream from the
+// start (records), one that joins later (a snapshot, then the stream) —
+// and the member that takes over after the others die holds every grant
+// with its identity, so a release from another identity is still refused
+// there and the owner's works.
+func TestPriorityTakeoverKeepsIdentities(t *testing.T) {
+	ms := openMembers(t, 3)
+	ms[0].start(t)
+	ms[1].start(t)
+	repltest.WaitFor(t, "member 0 serving with member 1 in sync", func() bool {
+		st := ms[1].p.Status()
+		return ms[0].serving() && st.Role == "standby" && st.InSync
+	})
+	a := ms[0]
+	var out shard.Out
+	names := []string{"orders", "", "billing@example.com"}
+	type grant struct {
+		token uint64
+		ident string
+	}
+	want := map[string]grant{}
+	acquire := func(i int) {
+		key := fmt.Sprint("id/", i)
+		name := names[i%len(names)]
+		st, tok := a.table.AcquireAs(a.clock(), []byte(key), 0, 60, 0, a.table.Ident([]byte(name)), nil, &out)
+		if st != shard.Granted {
+			t.Fatalf("acquire %s: %v", key, st)
+		}
+		want[key] = grant{tok, name}
+	}
+	for i := range 150 { // before member 2 joins: it gets them in its snapshot
+		acquire(i)
+	}
+	ms[2].start(t)
+	waitServing(t, ms, 0)
+	for i := 150; i < 300; i++ { // in the stream, to both standbys
+		acquire(i)
+	}
+	has := func(m *member) bool {
+		for key, g := range want {
+			if info := m.table.Lookup([]byte(key)); !info.Held || info.Token != g.token || info.Ident != g.ident {
+				return false
+			}
+		}
+		return true
+	}
+	for i := 1; i < 3; i++ {
+		repltest.WaitFor(t, fmt.Sprintf("standby %d to hold every grant with its identity", i), func() bool { return has(ms[i]) })
+	}
+	// Members 0 and 1 die; member 2 (the one that joined by snapshot)
+	// takes over.
+	for i := 0; i < 2; i++ {
+		ms[i].p.Close(context.Background(), repl.Discard)
+		ms[i] = nil
+	}
+	s := ms[2]
+	repltest.WaitFor(t, "member 2 to take over", s.serving)
+	if !has(s) {
+		t.Fatal("the member that took over lost grants or their identities")
+	}
+	g := want["id/0"] // orders'
+	other := shard.Who{Ident: s.table.Ident([]byte("billing@example.com"))}
+	if r, holder := s.table.ReleaseAs(s.clock(), []byte("id/0"), g.token, other, &out); r != shard.ResultRefused ||
+		string(s.table.IdentName(holder)) != "orders" {
+		t.Fatalf("another identity's release after the takeover: %v (holder %q)", r, s.table.IdentName(holder))
+	}
+	if r, _ := s.table.ReleaseAs(s.clock(), []byte("id/0"), g.token, shard.Who{Ident: s.table.Ident([]byte("orders"))}, &out); r != shard.ResultOK {
+		t.Fatalf("the owner's release after the takeover: %v", r)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,9 +74,10 @@ func TestBatchFrames(t *testing.T) {
 }
 
 // TestReplicaFollows: a table applying the records another table streams
-// through Batch frames ends with the same held keys, tokens and sequences;
-// and a third table loaded from SnapShard frames of the first, then fed
-// the records after the dump, ends the same.
+// through Batch frames ends with the same held keys, tokens, identities
+// and sequences; and a third table loaded from SnapShard frames of the
+// first, then fed the records after the dump, ends the same. The active's
+// grants are made to identities in turn (and to none), as with --acl.
 func TestReplicaFollows(t *testing.T) {
 	var w records.BatchWriter
 	var stream []byte
@@ -106,6 +108,7 @@ func TestReplicaFollows(t *testing.T) {
 		keys[i] = fmt.Appendf(nil, "bench/key/%06d", i)
 	}
 	tokens := make([]uint64, len(keys))
+	idents := []shard.Ident{shard.NoIdent, active.Ident([]byte("orders")), active.Ident([]byte("billing@x"))}
 	now := int64(0)
 	play := func(steps int) {
 		for range steps {
@@ -114,7 +117,7 @@ func TestReplicaFollows(t *testing.T) {
 			i := rng.IntN(len(keys))
 			switch {
 			case tokens[i] == 0:
-				if st, tok := active.Acquire(now, keys[i], 0, uint8(1+rng.IntN(3)), 1, nil, &out); st == shard.Granted {
+				if st, tok := active.AcquireAs(now, keys[i], 0, uint8(1+rng.IntN(3)), 1, idents[i%len(idents)], nil, &out); st == shard.Granted {
 					tokens[i] = tok
 				}
 			case rng.IntN(3) == 0:
@@ -136,8 +139,9 @@ func TestReplicaFollows(t *testing.T) {
 	var raw []byte
 	for i := range active.Shards() {
 		var dumpErr error
-		cut := active.DumpShard(i, func(key []byte, token uint64, deadline int64, lease uint8) {
-			raw, dumpErr = records.AppendSnapEntry(raw, &records.SnapEntry{Key: key, Token: token, Left: time.Duration(deadline - now), Lease: lease})
+		cut := active.Dump(i, func(h *shard.HeldLock) {
+			raw, dumpErr = records.AppendSnapEntryIdent(raw, &records.SnapEntry{Key: h.Key, Token: h.Token,
+				Left: time.Duration(h.Deadline - now), Lease: h.Lease, Ident: h.Ident})
 			if len(raw) >= 4<<10 && dumpErr == nil {
 				snap = appendSnapShard(snap, uint32(i), 0, false, raw)
 				raw = raw[:0]
@@ -179,13 +183,23 @@ func TestReplicaFollows(t *testing.T) {
 			}
 		}
 	}
+	held := func(tab *shard.Table) map[string]string {
+		m := map[string]string{}
+		for i := range tab.Shards() {
+			tab.Dump(i, func(h *shard.HeldLock) { m[string(h.Key)] = fmt.Sprint(h.Token, " ", string(h.Ident)) })
+		}
+		return m
+	}
 	same := func(t *testing.T, tab *shard.Table) {
-		want := map[string]uint64{}
-		active.Held(func(k []byte, tok uint64, _ int64) { want[string(k)] = tok })
-		got := map[string]uint64{}
-		tab.Held(func(k []byte, tok uint64, _ int64) { got[string(k)] = tok })
-		if len(want) == 0 || !reflect.DeepEqual(got, want) {
-			t.Fatalf("replica holds %d keys, active %d (equal %v)", len(got), len(want), reflect.DeepEqual(got, want))
+		want, got := held(active), held(tab)
+		named := 0
+		for _, v := range want {
+			if !strings.HasSuffix(v, " ") {
+				named++
+			}
+		}
+		if len(want) == 0 || named == 0 || !reflect.DeepEqual(got, want) {
+			t.Fatalf("replica holds %d keys, active %d (%d with an identity; equal %v)", len(got), len(want), named, reflect.DeepEqual(got, want))
 		}
 		for i := range active.Shards() {
 			if active.Seq(i) != tab.Seq(i) {
@@ -222,8 +236,8 @@ func TestReplicaFollows(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for sr.Reset(data); sr.Next(&e); {
-				if err := replica.Restore(e.Key, e.Token, now+int64(e.Left)); err != nil {
+			for sr.ResetIdent(data); sr.Next(&e); {
+				if err := replica.RestoreAs(e.Key, e.Token, now+int64(e.Left), e.Ident); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -1,5 +1,7 @@
 package priority
 
+import "math"
+
 // peerState is what a member said in its last heartbeat, and when.
 type peerState struct {
 	known       bool  // heard from since this member started (or resumed)
@@ -72,6 +74,10 @@ type roles struct {
 
 	resumeProbe uint64 // freeze check in progress when > 0: the first probe sent after resuming
 	resumeAt    int64
+
+	// epochSpent: this member refused to promote or hand over because no
+	// epoch is left above the highest it has seen (nextEpoch).
+	epochSpent bool
 }
 
 func newRoles(self, n int, timeout int64, storedEpoch uint64, now int64) *roles {
@@ -231,8 +237,7 @@ func (r *roles) decide(now int64, c change) change {
 		if r.active >= 0 && r.active != r.self && r.live(r.active, now) && r.peers[r.active].role == roleHandover {
 			return c // the active is handing over: wait for it
 		}
-		if r.candidate(now) == r.self {
-			r.promote()
+		if r.candidate(now) == r.self && r.promote() {
 			c.promote = true
 		}
 	}
@@ -287,9 +292,26 @@ func (r *roles) candidate(now int64) int {
 func (r *roles) maxEpochStored() uint64 { return r.peers[r.self].storedEpoch }
 
 // promote makes this member the active with a new epoch above every epoch
-// seen.
-func (r *roles) promote() {
-	r.promoteAt(r.maxEpoch + 1)
+// seen. It refuses when there is none (nextEpoch).
+func (r *roles) promote() bool {
+	e, ok := r.nextEpoch()
+	if ok {
+		r.promoteAt(e)
+	}
+	return ok
+}
+
+// nextEpoch is the epoch above every epoch seen. There is none when the
+// highest seen is 2^64-1: each promotion adds one, so only a corrupt data
+// dir or a forged message brings it there, and one more would wrap to 0,
+// the earliest of all (issue 18). The member then refuses to promote and
+// to hand over (epochSpent), and the node logs it.
+func (r *roles) nextEpoch() (uint64, bool) {
+	if r.maxEpoch == math.MaxUint64 {
+		r.epochSpent = true
+		return 0, false
+	}
+	return r.maxEpoch + 1, true
 }
 
 // promoteAt makes this member the active with epoch e (a planned
@@ -301,10 +323,14 @@ func (r *roles) promoteAt(e uint64) {
 }
 
 // startHandover moves an active to RoleHandover towards successor i and
-// returns the epoch the successor must take.
-func (r *roles) startHandover(i int) uint64 {
-	r.role, r.handTo = roleHandover, i
-	return r.maxEpoch + 1
+// returns the epoch the successor must take; false (and no change) when
+// there is none (nextEpoch).
+func (r *roles) startHandover(i int) (uint64, bool) {
+	e, ok := r.nextEpoch()
+	if ok {
+		r.role, r.handTo = roleHandover, i
+	}
+	return e, ok
 }
 
 // abortHandover returns a handing-over member to active (the successor did

@@ -1,6 +1,7 @@
 package priority
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -75,7 +76,7 @@ func (s *sim) record(i int, c change) {
 		s.m[i].inSync = true // the snapshot arrives at once in this model
 	}
 	if c.handover >= 0 {
-		e := s.m[i].startHandover(c.handover)
+		e, _ := s.m[i].startHandover(c.handover)
 		s.m[c.handover].promoteAt(e)
 		s.m[i].handedOver(c.handover, e)
 		s.m[i].inSync = true
@@ -458,4 +459,39 @@ func (s *sim) wantActiveAmong(ids ...int) {
 		}
 	}
 	s.t.Fatalf("at %v active %d, want one of %v", time.Duration(s.now), a[0], ids)
+}
+
+// TestRolesEpochDoesNotWrap (issue 18): a member that has seen the last
+// epoch, 2^64-1 (in a heartbeat, or in its data dir), never promotes at
+// epoch 0 — the earliest of all, which every other active would beat — nor
+// hands over at it: it refuses and says so (epochSpent).
+func TestRolesEpochDoesNotWrap(t *testing.T) {
+	tests := []struct {
+		name   string
+		stored []uint64
+		heard  bool // member 1 hears a heartbeat with the last epoch
+	}{
+		{"in a heartbeat", nil, true},
+		{"in the data dir", []uint64{0, math.MaxUint64, 0}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, 3, tc.stored...)
+			s.step(1500 * time.Millisecond)
+			if tc.heard {
+				s.wantActive(0)
+				hb := s.heartbeat(2)
+				hb.epoch = math.MaxUint64
+				s.record(1, s.m[1].heard(s.now, 2, hb))
+			}
+			s.down[0] = true // member 1 is the one to take over
+			s.step(3 * time.Second)
+			if r := s.m[1]; r.role == roleActive || !r.epochSpent {
+				t.Fatalf("member 1 (last epoch seen): role %v epoch %d, refused %v", r.role, r.epoch, r.epochSpent)
+			}
+			if _, ok := s.m[1].startHandover(2); ok {
+				t.Fatal("a handover named an epoch above the last")
+			}
+		})
+	}
 }

@@ -180,10 +180,10 @@ func (in *replica) snapShard(payload []byte) error {
 	}
 	now := s.clock()
 	var it records.SnapReader
-	it.Reset(raw)
+	it.ResetIdent(raw)
 	var e records.SnapEntry
 	for it.Next(&e) {
-		if err := s.table.Restore(e.Key, e.Token, now+int64(e.Left)); err != nil {
+		if err := s.table.RestoreAs(e.Key, e.Token, now+int64(e.Left), e.Ident); err != nil {
 			return err
 		}
 		s.table.Tokens().Observe(e.Token)

@@ -153,13 +153,14 @@ func (o *outStream) swap(i int) {
 	}
 }
 
-// dumpShard dumps shard i for a snapshot (Table.DumpShard), bracketed by
-// hold and unhold (under the shard's lock): the records buffered across
-// the dump are sent as they are, none cancelled.
-func (o *outStream) dumpShard(i int, fn func(key []byte, token uint64, deadline int64, lease uint8)) uint64 {
+// dumpShard dumps shard i for a snapshot (Table.Dump: every held key with
+// its grant's identity), bracketed by hold and unhold (under the shard's
+// lock): the records buffered across the dump are sent as they are, none
+// cancelled.
+func (o *outStream) dumpShard(i int, fn func(h *shard.HeldLock)) uint64 {
 	o.table.Locked(i, o.holdFn)
 	defer o.table.Locked(i, o.unholdFn)
-	return o.table.DumpShard(i, fn)
+	return o.table.Dump(i, fn)
 }
 
 func (o *outStream) hold(i int) { o.bufs[i].holds++ }
@@ -471,9 +472,10 @@ func (o *outStream) writeSnapshot(w *bufio.Writer, i int, deadline func()) error
 		now := o.clock()
 		buf = buf[:0]
 		var chunks [][]byte
-		seq := o.dumpShard(s, func(key []byte, token uint64, dl int64, lease uint8) {
+		seq := o.dumpShard(s, func(h *shard.HeldLock) {
 			var err error
-			buf, err = records.AppendSnapEntry(buf, &records.SnapEntry{Key: key, Token: token, Left: time.Duration(max(dl-now, 0)), Lease: lease})
+			buf, err = records.AppendSnapEntryIdent(buf, &records.SnapEntry{Key: h.Key, Token: h.Token,
+				Left: time.Duration(max(h.Deadline-now, 0)), Lease: h.Lease, Ident: h.Ident})
 			if err != nil && bad == nil {
 				bad = err
 			}

@@ -26,8 +26,11 @@ const (
 	// longer frame is a protocol error. A compressed batch or snapshot
 	// frame may not claim a raw size above it either (MaxRaw, the same).
 	maxFrame = 16 << 20
-	// protocolVersion is the member-link version this code speaks (Hello).
-	protocolVersion = 1
+	// protocolVersion is the member-link version this code speaks (Hello):
+	// 2 since grants carry their identity (records of kind 0x81,
+	// SnapShard entries in the format version 2); a member of version 1
+	// would misread both, so the hello refuses it.
+	protocolVersion = 2
 
 	frameHead    = 5 // length u32 + type u8
 	frameTail    = 4 // crc u32
@@ -597,7 +600,7 @@ func (s *snapBegin) Decode(p []byte) error {
 	return nil
 }
 
-// snapShard carries snapshot entries (AppendSnapEntry) of one shard, cut
+// snapShard carries snapshot entries (AppendSnapEntryIdent) of one shard, cut
 // at Seq; a shard's entries may span several frames, the last with Last.
 type snapShard struct {
 	Shard  uint32

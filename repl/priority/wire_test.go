@@ -38,10 +38,10 @@ type wireCase struct {
 
 func wireCases() []wireCase {
 	return []wireCase{
-		{"hello", msgHello, &hello{Version: 1, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000},
-			"0001 01 03 02 00002710 00000040 000003e8"},
-		{"hello-raft-max", msgHello, &hello{Version: 1, Mode: modeRaft, Members: 255, Self: 254, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000},
-			"0001 02 ff fe ffffffff 00010000 0000ea60"},
+		{"hello", msgHello, &hello{Version: 2, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000},
+			"0002 01 03 02 00002710 00000040 000003e8"},
+		{"hello-raft-max", msgHello, &hello{Version: 2, Mode: modeRaft, Members: 255, Self: 254, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000},
+			"0002 02 ff fe ffffffff 00010000 0000ea60"},
 		{"heartbeat-active", msgHeartbeat, &heartbeat{Epoch: 7, Role: roleActive, Active: 0, InSync: true, Probe: 1, Echo: 2,
 			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0},
 			"0000000000000007 02 00 01 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000"},
@@ -184,9 +184,10 @@ func TestMessageBadFields(t *testing.T) {
 		{"snap-shard-raw-len", &snapShard{}, "00000000 0000000000000000 01 00 00000001", errBadField},
 		{"snap-end-payload", wireSnapEnd{}, "00", errLongPayload},
 		{"reserve-short", &reserve{}, "00", errShortPayload},
-		{"hello-short", &hello{}, "0001 01", errShortPayload},
-		{"hello-long", &hello{}, "0001 01 03 02 00002710 00000040 000003e8 00", errLongPayload},
-		{"hello-version-2", &hello{}, "0002", errMismatch},
+		{"hello-short", &hello{}, "0002 01", errShortPayload},
+		{"hello-long", &hello{}, "0002 01 03 02 00002710 00000040 000003e8 00", errLongPayload},
+		{"hello-version-1", &hello{}, "0001 01 03 02 00002710 00000040 000003e8", errMismatch},
+		{"hello-version-3", &hello{}, "0003", errMismatch},
 		{"hello-version-0-long", &hello{}, "0000 01 03 02 00002710 00000040 000003e8 00", errMismatch},
 	}
 	for _, c := range cases {
@@ -197,9 +198,9 @@ func TestMessageBadFields(t *testing.T) {
 		})
 	}
 	var h hello
-	err := h.Decode(repltest.Hex(t, "0002 ffff"))
-	if h.Version != 2 || err == nil || !strings.Contains(err.Error(), "protocol version 2, here 1") {
-		t.Fatalf("version 2: %+v, %v", h, err)
+	err := h.Decode(repltest.Hex(t, "0003 ffff"))
+	if h.Version != 3 || err == nil || !strings.Contains(err.Error(), "protocol version 3, here 2") {
+		t.Fatalf("version 3: %+v, %v", h, err)
 	}
 }
 

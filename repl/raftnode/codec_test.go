@@ -2,9 +2,11 @@ package raftnode
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/records"
@@ -93,7 +95,8 @@ func TestRaftSnapshotRoundTrip(t *testing.T) {
 	src, _ := shard.New(shard.Config{Shards: 8}, shard.NewTokens(1000, 1<<30))
 	var out shard.Out
 	for i := range 3000 {
-		src.Acquire(int64(i)*1e6, []byte(fmt.Sprintf("s/%d", i)), 0, uint8(1+i%200), 0, nil, &out)
+		id := src.Ident([]byte(testIdents[i%len(testIdents)]))
+		src.AcquireAs(int64(i)*1e6, []byte(fmt.Sprintf("s/%d", i)), 0, uint8(1+i%200), 0, id, nil, &out)
 	}
 	for i := 0; i < 3000; i += 3 {
 		src.Release(5e9, []byte(fmt.Sprintf("s/%d", i)), 1001+uint64(i), &out)
@@ -115,17 +118,19 @@ func TestRaftSnapshotRoundTrip(t *testing.T) {
 		t.Fatalf("header %+v, tokens last %d", h, dst.Tokens().Last())
 	}
 	want := map[string]shard.KeyInfo{}
-	src.Held(func(key []byte, token uint64, deadline int64) {
-		want[string(key)] = shard.KeyInfo{Held: true, Token: token, Deadline: deadline}
-	})
+	for i := range src.Shards() {
+		src.Dump(i, func(h *shard.HeldLock) {
+			want[string(h.Key)] = shard.KeyInfo{Held: true, Token: h.Token, Deadline: h.Deadline, Ident: string(h.Ident)}
+		})
+	}
 	if dst.Stats().Keys != len(want) {
 		t.Fatalf("restored %d keys, want %d", dst.Stats().Keys, len(want))
 	}
 	for key, w := range want {
 		got := dst.Lookup([]byte(key))
 		wantDeadline := max(w.Deadline, now) - 2e9 // on dst's clock; an ended lease counts as ended at the cut
-		if !got.Held || got.Token != w.Token || got.Deadline != wantDeadline {
-			t.Fatalf("%s: %+v, want token %d deadline %d", key, got, w.Token, wantDeadline)
+		if !got.Held || got.Token != w.Token || got.Deadline != wantDeadline || got.Ident != w.Ident {
+			t.Fatalf("%s: %+v, want token %d deadline %d identity %q", key, got, w.Token, wantDeadline, w.Ident)
 		}
 	}
 	for i := range 8 {
@@ -176,5 +181,55 @@ func TestRaftSinkCutsEntries(t *testing.T) {
 	}
 	if len(n.full) < 3 || n.first != next || uint64(n.buf.Count()) != total-next+1 {
 		t.Fatalf("%d sealed entries, then %d records from %d (next %d)", len(n.full), n.buf.Count(), n.first, next)
+	}
+}
+
+// writeSnapshotV1 writes t as the code before identities did (magic
+// "LKRAFT1\n", entries in the format version 1, raw): the reference for
+// TestRaftSnapshotVersion1Loads.
+func writeSnapshotV1(t *shard.Table, reserved, index uint64, now, wallAtZero int64) []byte {
+	b := append([]byte(nil), snapMagicV1...)
+	b = binary.BigEndian.AppendUint64(b, index)
+	b = binary.BigEndian.AppendUint64(b, uint64(now+wallAtZero))
+	b = binary.BigEndian.AppendUint64(b, t.Tokens().Last())
+	b = binary.BigEndian.AppendUint64(b, reserved)
+	b = binary.BigEndian.AppendUint32(b, uint32(t.Shards()))
+	for i := range t.Shards() {
+		var raw []byte
+		count := 0
+		seq := t.DumpShard(i, func(key []byte, token uint64, deadline int64, lease uint8) {
+			raw, _ = records.AppendSnapEntry(raw, &records.SnapEntry{Key: key, Token: token, Left: time.Duration(deadline - now), Lease: lease})
+			count++
+		})
+		b = binary.AppendUvarint(b, seq)
+		b = binary.AppendUvarint(b, uint64(count))
+		b = append(b, byte(records.CodecRaw))
+		b = binary.AppendUvarint(b, uint64(len(raw)))
+		b = binary.AppendUvarint(b, uint64(len(raw)))
+		b = append(b, raw...)
+	}
+	return b
+}
+
+// TestRaftSnapshotVersion1Loads: a snapshot written before identities
+// (raft's snapshot store keeps them across an upgrade) still loads, every
+// lock with its token and no identity.
+func TestRaftSnapshotVersion1Loads(t *testing.T) {
+	src, _ := shard.New(shard.Config{Shards: 4}, shard.NewTokens(1000, 1<<30))
+	var out shard.Out
+	for i := range 200 {
+		src.Acquire(0, []byte(fmt.Sprintf("v/%d", i)), 0, 30, 0, nil, &out)
+	}
+	b := writeSnapshotV1(src, 1<<20, 7, 1e9, 1.7e18)
+	dst, _ := shard.New(shard.Config{Shards: 4}, shard.NewTokens(0, 0))
+	h, err := readSnapshot(bytes.NewReader(b), dst, 1.7e18)
+	if err != nil || h.index != 7 || dst.Stats().Keys != 200 {
+		t.Fatalf("version 1: %+v, %d keys, %v", h, dst.Stats().Keys, err)
+	}
+	for i := range 200 {
+		key := []byte(fmt.Sprintf("v/%d", i))
+		if got, want := dst.Lookup(key), src.Lookup(key); !got.Held || got.Token != want.Token || got.Ident != "" {
+			t.Fatalf("%s: %+v, want token %d and no identity", key, got, want.Token)
+		}
 	}
 }

@@ -8,11 +8,19 @@
 // its leadership abandons what did not commit and rebuilds its table from
 // the newest snapshot and the log.
 //
+// A leader serves only while it holds a lease (lease.go): its gate ends a
+// little before the followers that acknowledged it may vote for another,
+// counted from when the acknowledged requests were sent, so a leader that
+// was frozen executes nothing from its stale state until a majority has
+// answered it after resuming (PROTOCOL.md §6.2).
+//
 // Files: raftnode.go (lifecycle and leadership: gain, lose, rebuild,
-// handover), propose.go (the Sink, the proposer and the committer, token
-// reservations), fsm.go (raft's state machine: Apply, Snapshot, Restore,
-// and the replay that rebuilds a table), entry.go and snapshot.go (the
-// log entry and snapshot formats, records in repl/records' format),
+// handover, the gate), lease.go (the leader lease, and raft's transport
+// with lockd's checks: acknowledgements renew the lease, no term above
+// 2^63 enters raft), propose.go (the Sink, the proposer and the committer,
+// token reservations), fsm.go (raft's state machine: Apply, Snapshot,
+// Restore, and the replay that rebuilds a table), entry.go and snapshot.go
+// (the log entry and snapshot formats, records in repl/records' format),
 // transport.go (raft's TCP stream layer on the member port), logstore.go
 // (raft-wal, or raft-boltdb for comparison), hclog.go (raft's logger onto
 // slog).
@@ -20,10 +28,14 @@
 // # Concurrency contract
 //
 // The seam's contract (repl.Node) holds. Goroutines: raft's own; the
-// actor (leadership changes, gates, rebuilds); the proposer; the
-// committer; the token reserver. The Sink takes the node's own mutex
-// (mu) under the caller's shard lock; FSM.Apply, snapshots and rebuilds
-// take fsmMu. All goroutines end by Close.
+// actor (leadership changes, gates, rebuilds, a gate whose lapsed lease
+// was renewed); the proposer; the committer; the token reserver; the
+// transport's forwarder (requests that pass the term check, to raft). The
+// Sink takes the node's own mutex (mu) under the caller's shard lock;
+// FSM.Apply, snapshots and rebuilds take fsmMu, a rebuild then snapMu;
+// every gate is published under gateMu (the actor, and the transport's
+// and the committer's goroutines renewing the lease). All goroutines end
+// by Close.
 //
 // # What it must not import
 //

@@ -3,6 +3,7 @@ package raftnode
 import (
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/hashicorp/raft"
 	"github.com/lockd-dev/lockd/repl/records"
@@ -91,7 +92,7 @@ func (s *raftSnapshot) Persist(sink raft.SnapshotSink) error {
 		sink.Cancel()
 		return err
 	}
-	st, _, err := replayInto(t, n.snaps, n.logs, s.upTo, n.wallAtZero)
+	st, _, err := replayInto(t, n.snaps, n.logs, s.upTo, n.wallAtZero, nil)
 	if err != nil {
 		sink.Cancel()
 		return err
@@ -101,7 +102,16 @@ func (s *raftSnapshot) Persist(sink raft.SnapshotSink) error {
 		sink.Cancel()
 		return err
 	}
-	if err := sink.Close(); err != nil {
+	if n.persistHook != nil {
+		n.persistHook()
+	}
+	// The snapshot becomes visible here, and raft compacts the log past it
+	// once Persist returns: not while a rebuild replays the log from an
+	// older one (rebuild holds snapMu throughout).
+	n.snapMu.Lock()
+	err = sink.Close()
+	n.snapMu.Unlock()
+	if err != nil {
 		return err
 	}
 	n.stats.snapshots.Add(1)
@@ -159,15 +169,18 @@ func (s *applyState) applyEntry(e *logEntry, wallAtZero int64, skipRecords bool)
 }
 
 // replayInto builds in t (empty) the state of the log up to index upTo:
-// the newest snapshot in the store, then the log's commands after it. It
-// returns the highest reservation, the records it could not apply and
-// the index the snapshot it started from was cut at.
-func replayInto(t *shard.Table, snaps raft.SnapshotStore, logs raft.LogStore, upTo uint64, wallAtZero int64) (st *applyState, from uint64, err error) {
+// the newest snapshot in the store cut at or before upTo (one installed
+// from the leader and not restored yet is newer), then the log's commands
+// after it. It returns the highest reservation, the records it could not
+// apply and the index the snapshot it started from was cut at. between,
+// when set, runs after the snapshot is read and before the log is (tests).
+func replayInto(t *shard.Table, snaps raft.SnapshotStore, logs raft.LogStore, upTo uint64, wallAtZero int64, between func()) (st *applyState, from uint64, err error) {
 	st = &applyState{table: t}
 	metas, err := snaps.List()
 	if err != nil {
 		return st, 0, err
 	}
+	metas = slices.DeleteFunc(metas, func(m *raft.SnapshotMeta) bool { return m.Index > upTo })
 	next := uint64(1)
 	if len(metas) > 0 {
 		meta, rc, err := snaps.Open(metas[0].ID)
@@ -182,6 +195,9 @@ func replayInto(t *shard.Table, snaps raft.SnapshotStore, logs raft.LogStore, up
 		st.reserved = h.reserved
 		from = meta.Index
 		next = meta.Index + 1
+	}
+	if between != nil {
+		between()
 	}
 	if next > upTo {
 		return st, from, nil

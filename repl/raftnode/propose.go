@@ -76,6 +76,8 @@ type proposal struct {
 	last     uint64 // the number of its last record (0: a reservation)
 	records  int
 	proposed time.Time
+	term     uint64 // the leadership it was proposed in
+	sent     int64  // when, on the table's clock (the lease, lease.go)
 }
 
 // sink receives every change of the table, under its shard lock.
@@ -165,7 +167,7 @@ func (n *node) proposer() {
 			data := appendRecordsEntry(make([]byte, 0, entryHeader+32+len(raw)), n.cfg.Self, term,
 				time.Now().UnixNano(), first, last, count, raw)
 			spare.Reset()
-			p := &proposal{last: last, records: count, proposed: time.Now()}
+			p := &proposal{last: last, records: count, proposed: time.Now(), term: term, sent: n.clock()}
 			p.f = n.r.Apply(data, 0)
 			n.inflight <- p
 		}
@@ -186,6 +188,7 @@ func (n *node) committer() {
 		}
 		err := p.f.Error()
 		if err == nil {
+			n.committedIn(p.term, p.sent)
 			n.stats.addLatency(time.Since(p.proposed))
 			n.stats.entries.Add(1)
 			n.stats.records.Add(uint64(p.records))
@@ -232,5 +235,22 @@ func (n *node) reserve(limit uint64) error {
 
 // applyReserve commits a reservation of tokens up to limit for term.
 func (n *node) applyReserve(term, limit uint64) error {
-	return n.r.Apply(appendReserveEntry(nil, n.cfg.Self, term, limit), n.cfg.FailoverTimeout).Error()
+	sent := n.clock()
+	err := n.r.Apply(appendReserveEntry(nil, n.cfg.Self, term, limit), n.cfg.FailoverTimeout).Error()
+	if err == nil {
+		n.committedIn(term, sent)
+	}
+	return err
+}
+
+// committedIn renews the lease of term with an entry proposed at sent
+// that committed (lease.go). Only while raft is still in term: the term
+// never goes back, so the entry was then proposed and committed in that
+// leadership, not in a later one of this member.
+func (n *node) committedIn(term uint64, sent int64) {
+	if n.r.CurrentTerm() != term {
+		return
+	}
+	n.lease.committed(term, sent)
+	n.renew(term)
 }

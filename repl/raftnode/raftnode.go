@@ -53,10 +53,21 @@ type node struct {
 	self       string // this member's client address
 	dir        *repl.DataDir
 
-	gate atomic.Pointer[repl.Gate]
+	// The gate, and the lease that keeps a leader's open (lease.go):
+	// every gate is published under gateMu; serveTerm is the term whose
+	// Serve gate is published (0: the gate does not serve).
+	gate      atomic.Pointer[repl.Gate]
+	gateMu    sync.Mutex
+	serveTerm uint64
+	lease     *lease
+	leaseStep int64        // a renewal publishes a new gate once it moves the end this far
+	reopen    atomic.Int64 // a lapsed lease was renewed (how long it had lapsed): the actor wakes the engine
+	termLog   atomic.Int64 // when a term above termLimit was last logged (unix ns)
+	termSeen  atomic.Uint64
 
 	r        *raft.Raft
 	trans    *raft.NetworkTransport
+	mt       *memberTransport
 	stream   *raftStream
 	logs     raft.LogStore
 	stable   raft.StableStore
@@ -84,7 +95,11 @@ type node struct {
 	inflight  chan *proposal
 
 	// FSM side, under fsmMu: held by every apply, snapshot cut and rebuild.
+	// snapMu is held by a rebuild throughout and by Persist while it makes
+	// a snapshot visible, after which raft compacts the log: no compaction
+	// runs during a rebuild. Order: fsmMu, then snapMu.
 	fsmMu    sync.Mutex
+	snapMu   sync.Mutex
 	leading  uint64 // the term whose own entries FSM.Apply skips (0: none)
 	applied  uint64 // raft index of the last command applied (or restored)
 	fsmState applyState
@@ -92,13 +107,21 @@ type node struct {
 
 	leadTerm atomic.Uint64 // = leading, for lock-free reads
 	actMu    sync.Mutex    // serialises step (actor, Stop)
-	actKick  chan struct{}
-	stopping atomic.Bool
-	closing  atomic.Bool // mutes the transport's log while it closes
-	quit     chan struct{}
-	wg       sync.WaitGroup
-	closeMu  sync.Mutex
-	closed   bool
+	// stale: the last rebuild failed; the table is not the committed state
+	// and this member does not serve (it retries, with retryAt and
+	// retryWait under actMu).
+	stale       atomic.Bool
+	retryAt     time.Time
+	retryWait   time.Duration
+	replayHook  func() // tests: runs inside a rebuild between the snapshot and the log
+	persistHook func() // tests: runs in Persist before the snapshot becomes visible
+	actKick     chan struct{}
+	stopping    atomic.Bool
+	closing     atomic.Bool // mutes the transport's log while it closes
+	quit        chan struct{}
+	wg          sync.WaitGroup
+	closeMu     sync.Mutex
+	closed      bool
 
 	failing []atomic.Bool      // leader: heartbeats to member i failing
 	tune    func(*raft.Config) // tests: adjusts raft's configuration
@@ -219,11 +242,15 @@ func (n *node) openRaft() error {
 	if err != nil {
 		return err
 	}
-	n.stream = newRaftStream(ln, adv, newMemberAuth(n.cfg, n.log))
+	conf := n.raftConfig()
+	dur := int64(float64(conf.HeartbeatTimeout) * leaseFraction)
+	n.lease = newLease(len(n.cfg.Peers), n.cfg.Self, dur)
+	n.leaseStep = max(dur/8, 1)
+	n.stream = newRaftStream(ln, adv, conf.HeartbeatTimeout, newMemberAuth(n.cfg, n.log))
 	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing}
 	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second, netLog)
 	n.closers = append(n.closers, n.trans)
-	conf := n.raftConfig()
+	n.mt = newMemberTransport(n, n.trans)
 	existing, err := raft.HasExistingState(n.logs, n.stable, n.snaps)
 	if err != nil {
 		return err
@@ -234,7 +261,7 @@ func (n *node) openRaft() error {
 			servers = append(servers, raft.Server{Suffrage: raft.Voter,
 				ID: raft.ServerID(strconv.Itoa(i)), Address: raft.ServerAddress(n.cfg.MemberAddr(i))})
 		}
-		if err := raft.BootstrapCluster(conf, n.logs, n.stable, n.snaps, n.trans,
+		if err := raft.BootstrapCluster(conf, n.logs, n.stable, n.snaps, n.mt,
 			raft.Configuration{Servers: servers}); err != nil {
 			return fmt.Errorf("bootstrapping the raft cluster: %w", err)
 		}
@@ -244,10 +271,16 @@ func (n *node) openRaft() error {
 	if err != nil {
 		return err
 	}
-	n.r, err = raft.NewRaft(conf, (*raftFSM)(n), cache, n.stable, n.snaps, n.trans)
+	n.r, err = raft.NewRaft(conf, (*raftFSM)(n), cache, n.stable, n.snaps, n.mt)
 	if err != nil {
 		return fmt.Errorf("starting raft: %w", err)
 	}
+	if t := n.r.CurrentTerm(); t > termLimit {
+		_ = n.r.Shutdown().Error()
+		return fmt.Errorf("raftnode: the raft term stored in %s is %d, above 2^63: the data directory is corrupt (each election adds one)", base, t)
+	}
+	n.wg.Add(1)
+	go n.mt.forward()
 	n.observer = raft.NewObserver(n.events, false, func(o *raft.Observation) bool {
 		switch o.Data.(type) {
 		case raft.LeaderObservation, raft.RaftState, raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation:
@@ -287,12 +320,72 @@ func (n *node) Gate() *repl.Gate { return n.gate.Load() }
 // Barrier is the number of the last record the Sink received (Committer).
 func (n *node) Barrier() uint64 { return n.barrier.Load() }
 
-// publish installs g and tells the engine when it differs.
+// publish installs g, a gate that does not serve, and tells the engine
+// when it differs.
 func (n *node) publish(g *repl.Gate) {
+	n.gateMu.Lock()
+	n.serveTerm = 0
 	old := n.gate.Swap(g)
-	if n.host != nil && (old.State != g.State || old.Addr != g.Addr) {
+	n.gateMu.Unlock()
+	n.changed(old, g)
+}
+
+// serve opens the gate for the leadership of term, until its lease ends
+// (lease.go); renew keeps it open.
+func (n *node) serve(term uint64) {
+	n.gateMu.Lock()
+	n.serveTerm = term
+	g := &repl.Gate{State: repl.Serve, Until: n.lease.until(term)}
+	old := n.gate.Swap(g)
+	n.gateMu.Unlock()
+	n.changed(old, g)
+}
+
+// changed tells the engine about a new gate when what it applies differs.
+func (n *node) changed(old, g *repl.Gate) {
+	now := n.clock()
+	if n.host != nil && (old.State != g.State || old.Addr != g.Addr || old.Effective(now) != g.Effective(now)) {
 		n.host.GateChanged()
 	}
+}
+
+// renew moves the end of the Serve gate of term to where the lease now
+// ends, when that is at least leaseStep later (or the gate had lapsed).
+// Called by the transport's and the committer's goroutines: it never
+// waits for the engine; a lapsed gate that opens again is left to the
+// actor to announce (the engine reads nothing while it is lapsed).
+func (n *node) renew(term uint64) {
+	n.gateMu.Lock()
+	if n.serveTerm != term || term == 0 {
+		n.gateMu.Unlock()
+		return
+	}
+	old := n.gate.Load()
+	until := n.lease.until(term)
+	now := n.clock()
+	lapsed := old.Until != 0 && now > old.Until
+	if until <= old.Until || (!lapsed && until < old.Until+n.leaseStep) {
+		n.gateMu.Unlock()
+		return
+	}
+	n.gate.Store(&repl.Gate{State: repl.Serve, Until: until})
+	n.gateMu.Unlock()
+	if lapsed && now <= until {
+		n.reopen.Store(max(now-old.Until, 1))
+		n.poke()
+	}
+}
+
+// refusedTerm logs (at most every 10 s) that a member sent a term above
+// termLimit.
+func (n *node) refusedTerm(term uint64) {
+	n.termSeen.Store(term)
+	now := time.Now().UnixNano()
+	last := n.termLog.Load()
+	if now-last < int64(10*time.Second) || !n.termLog.CompareAndSwap(last, now) {
+		return
+	}
+	n.log.Error("a member sent a raft term above 2^63: refused (each election adds one, so it is corrupt or forged)", "term", term)
 }
 
 // actor follows raft's leadership: every observation, every kick and a
@@ -354,6 +447,10 @@ func (n *node) stepLocked() {
 		return
 	default:
 	}
+	if gap := n.reopen.Swap(0); gap != 0 && n.host != nil {
+		n.log.Info("leader lease renewed after a lapse: requests were held meanwhile", "lapsed_for", time.Duration(gap))
+		n.host.GateChanged()
+	}
 	state, term := n.r.State(), n.r.CurrentTerm()
 	if lt := n.leadTerm.Load(); lt != 0 && (state != raft.Leader || term != lt) {
 		n.lose(lt)
@@ -372,8 +469,8 @@ func (n *node) stepLocked() {
 	n.mu.Lock()
 	dirty := n.dirty
 	n.mu.Unlock()
-	if dirty {
-		n.rebuild("the table changed outside the log")
+	if dirty && !time.Now().Before(n.retryAt) {
+		_ = n.rebuild("the table changed outside the log")
 	}
 	if l := n.leader(); l >= 0 && l != n.cfg.Self {
 		n.publish(&repl.Gate{State: repl.Redirect, Addr: n.cfg.Peers[l]})
@@ -400,7 +497,13 @@ func (n *node) gain(term uint64) {
 		if !dirty {
 			break
 		}
-		n.rebuild("the table changed outside the log")
+		if err := n.rebuild("the table changed outside the log"); err != nil {
+			// A table that is not the committed state must not serve: let
+			// another member lead (this one retries the rebuild).
+			n.log.Error("elected, but the table is not the committed state; not serving: handing the leadership over", "term", term, "err", err)
+			n.r.LeadershipTransfer()
+			return
+		}
 	}
 	if n.r.State() != raft.Leader || n.r.CurrentTerm() != term {
 		return
@@ -433,7 +536,7 @@ func (n *node) gain(term uint64) {
 	n.stats.elections.Add(1)
 	n.log.Info("leader", "term", term, "token_start", start, "leases_extended", moved,
 		"locks", n.table.Stats().Keys, "took", time.Since(began))
-	n.publish(&repl.Gate{State: repl.Serve})
+	n.serve(term)
 }
 
 // lose gives up the leadership of term: stop executing, let the changes
@@ -467,15 +570,22 @@ func (n *node) lose(term uint64) {
 	}
 	n.log.Warn("no longer the leader", "term", term, "leader", addr,
 		"records_abandoned", last-committed, "state", n.r.State().String())
-	n.rebuild("leadership lost")
+	_ = n.rebuild("leadership lost")
 }
 
 // rebuild replaces the table with the committed state: the newest
-// snapshot and the log's commands after it, up to the last one applied.
-func (n *node) rebuild(why string) {
+// snapshot and the log's commands after it, up to the last one applied
+// (actMu held). It holds snapMu throughout, so raft cannot compact the
+// log past the snapshot it replays from (Persist). If it fails anyway (a
+// log it cannot read), the table is not the committed state: the member
+// is stale (Health says so, gain does not serve) and the next step tries
+// again, backing off from a tenth of the failover timeout to 10 s.
+func (n *node) rebuild(why string) error {
 	began := time.Now()
 	n.fsmMu.Lock()
 	defer n.fsmMu.Unlock()
+	n.snapMu.Lock()
+	defer n.snapMu.Unlock()
 	n.mu.Lock()
 	n.dirty = false
 	n.mu.Unlock()
@@ -487,18 +597,29 @@ func (n *node) rebuild(why string) {
 	}()
 	var fx shard.Out
 	n.table.Reset(&fx)
-	st, from, err := replayInto(n.table, n.snaps, n.logs, n.applied, n.wallAtZero)
-	if err != nil {
-		n.log.Error("rebuilding the table from the raft log failed: it may miss committed locks until a snapshot is installed", "err", err)
-	}
+	st, from, err := replayInto(n.table, n.snaps, n.logs, n.applied, n.wallAtZero, n.replayHook)
 	n.reserved.Store(max(n.reserved.Load(), st.reserved))
 	n.fsmState.reserved = max(n.fsmState.reserved, st.reserved)
-	if st.errs > 0 {
-		n.log.Error("rebuilding: records the table refused", "count", st.errs, "last_err", st.lastErr)
+	if err == nil && st.errs > 0 {
+		err = fmt.Errorf("%d records the table refused, the last: %w", st.errs, st.lastErr)
 	}
 	n.stats.rebuilds.Add(1)
+	if err != nil {
+		n.mu.Lock()
+		n.dirty = true
+		n.mu.Unlock()
+		n.stale.Store(true)
+		n.retryWait = min(max(2*n.retryWait, n.cfg.FailoverTimeout/10), 10*time.Second)
+		n.retryAt = time.Now().Add(n.retryWait)
+		n.log.Error("rebuilding the table from the raft log failed: this member does not serve until a rebuild succeeds",
+			"why", why, "snapshot_index", from, "applied_index", n.applied, "err", err, "retry_in", n.retryWait)
+		return err
+	}
+	n.stale.Store(false)
+	n.retryWait, n.retryAt = 0, time.Time{}
 	n.log.Info("table rebuilt from the raft log", "why", why, "snapshot_index", from, "applied_index", n.applied,
 		"locks", n.table.Stats().Keys, "took", time.Since(began))
+	return nil
 }
 
 // Stop hands the leadership over when this member leads (PROTOCOL.md §6.2
@@ -524,8 +645,8 @@ func (n *node) Stop(ctx context.Context) string {
 	}
 	err := n.r.LeadershipTransfer().Error()
 	if err != nil {
-		if n.leadTerm.Load() != 0 && n.r.State() == raft.Leader {
-			n.publish(&repl.Gate{State: repl.Serve})
+		if t := n.leadTerm.Load(); t != 0 && n.r.State() == raft.Leader {
+			n.serve(t)
 		}
 		n.actMu.Unlock()
 		n.log.Warn("leadership transfer failed: shutting down as a single node", "err", err)
@@ -642,6 +763,9 @@ func (n *node) Status() repl.Status {
 func (n *node) Health() error {
 	if err := n.res.Health(); err != nil {
 		return err
+	}
+	if n.stale.Load() {
+		return errors.New("raftnode: the table could not be rebuilt from the raft log")
 	}
 	if n.leadTerm.Load() != 0 && n.Gate().State == repl.Serve {
 		return nil

@@ -199,13 +199,27 @@ func (c *raftCluster) settle(l int) {
 	}
 }
 
-type lockState struct{ token uint64 }
+// lockState is what members must agree on of a held key: its token and
+// the identity its grant was made to (PROTOCOL.md §8.3).
+type lockState struct {
+	token uint64
+	ident string
+}
 
 func dumpTable(t *shard.Table) map[string]lockState {
 	out := map[string]lockState{}
-	t.Held(func(key []byte, token uint64, _ int64) { out[string(key)] = lockState{token} })
+	for i := range t.Shards() {
+		t.Dump(i, func(h *shard.HeldLock) { out[string(h.Key)] = lockState{h.Token, string(h.Ident)} })
+	}
 	return out
 }
+
+// testIdents are the identities grant makes its grants to, by the key's
+// length ("": none), so every test's grants replicate with identities.
+var testIdents = []string{"orders", "", "billing@example.com"}
+
+// identFor is the identity grant gives key.
+func identFor(key string) string { return testIdents[len(key)%len(testIdents)] }
 
 func maps2Equal(a, b map[string]lockState) bool {
 	if len(a) != len(b) {
@@ -219,11 +233,12 @@ func maps2Equal(a, b map[string]lockState) bool {
 	return true
 }
 
-// grant acquires key on the leader's table and returns the token.
+// grant acquires key on the leader's table, made to identFor(key), and
+// returns the token.
 func (m *raftMember) grant(t *testing.T, key string, lease uint8) uint64 {
 	t.Helper()
 	var out shard.Out
-	st, tok := m.table.Acquire(m.clock(), []byte(key), 0, lease, 0, nil, &out)
+	st, tok := m.table.AcquireAs(m.clock(), []byte(key), 0, lease, 0, m.table.Ident([]byte(identFor(key))), nil, &out)
 	if st != shard.Granted {
 		t.Fatalf("acquire %s on the leader: %v", key, st)
 	}
@@ -501,8 +516,8 @@ func TestRaftRestartAll(t *testing.T) {
 	nl := c.leader()
 	nm := c.ms[nl]
 	for key, tok := range tokens {
-		if info := nm.table.Lookup([]byte(key)); !info.Held || info.Token != tok {
-			t.Fatalf("%s after the restart: %+v, want token %d", key, info, tok)
+		if info := nm.table.Lookup([]byte(key)); !info.Held || info.Token != tok || info.Ident != identFor(key) {
+			t.Fatalf("%s after the restart: %+v, want token %d, identity %q", key, info, tok, identFor(key))
 		}
 	}
 	if nm.table.Stats().Keys != len(tokens) {
@@ -615,4 +630,43 @@ func testLog() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	return repltest.Quiet()
+}
+
+// TestRaftTakeoverKeepsIdentities: the grants of a leader reach every
+// follower with their identities (log entries), and the member elected
+// after the leader dies holds every one with its identity: a release from
+// another identity is refused there and the owner's works.
+func TestRaftTakeoverKeepsIdentities(t *testing.T) {
+	c := newRaftCluster(t, 3)
+	l := c.leader()
+	lm := c.ms[l]
+	for i := range 200 {
+		lm.grant(t, fmt.Sprintf("id%d", i), 60)
+	}
+	c.settle(l)
+	want := dumpTable(lm.table)
+	named := 0
+	for _, v := range want {
+		if v.ident != "" {
+			named++
+		}
+	}
+	if named == 0 {
+		t.Fatal("no grant has an identity: the test checks nothing")
+	}
+	c.kill(l)
+	nl := c.leader()
+	nm := c.ms[nl]
+	if got := dumpTable(nm.table); !maps2Equal(got, want) {
+		t.Fatalf("the new leader holds %d keys (identities included, equal: false), the old one %d", len(got), len(want))
+	}
+	var out shard.Out
+	key := "id0" // identFor: "orders"
+	owner, other := nm.table.Ident([]byte(identFor(key))), nm.table.Ident([]byte("billing@example.com"))
+	if r, _ := nm.table.ReleaseAs(nm.clock(), []byte(key), want[key].token, shard.Who{Ident: other}, &out); r != shard.ResultRefused {
+		t.Fatalf("another identity's release on the new leader: %v", r)
+	}
+	if r, _ := nm.table.ReleaseAs(nm.clock(), []byte(key), want[key].token, shard.Who{Ident: owner}, &out); r != shard.ResultOK {
+		t.Fatalf("the owner's release on the new leader: %v", r)
+	}
 }

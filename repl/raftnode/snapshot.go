@@ -15,14 +15,20 @@ import (
 
 // The snapshot format (written by lockd into raft's snapshot store):
 //
-//	magic "LKRAFT1\n" | index u64 | cut i64 | last u64 | reserved u64 | shards u32 |
+//	magic "LKRAFT2\n" | index u64 | cut i64 | last u64 | reserved u64 | shards u32 |
 //	per shard: seq uvarint | count uvarint | codec u8 | rawlen uvarint | datalen uvarint | data
 //
 // index is the raft index of the last command in it; cut is the wall clock
 // (ns) the entries' time left counts from; last is the highest token;
-// reserved the highest reservation; each shard's entries (AppendSnapEntry)
-// are raw or one s2 block. The file snapshot store adds its own checksum.
-var snapMagic = []byte("LKRAFT1\n")
+// reserved the highest reservation; each shard's entries
+// (AppendSnapEntryIdent: with each grant's identity, PROTOCOL.md §8.3) are
+// raw or one s2 block. The file snapshot store adds its own checksum.
+// Snapshots written before identities ("LKRAFT1\n", entries in the
+// format version 1) still load, their grants without one.
+var (
+	snapMagic   = []byte("LKRAFT2\n")
+	snapMagicV1 = []byte("LKRAFT1\n")
+)
 
 // snapHeader is a snapshot's header.
 type snapHeader struct {
@@ -51,9 +57,10 @@ func writeSnapshot(w io.Writer, t *shard.Table, reserved, index uint64, now, wal
 		raw = raw[:0]
 		count := 0
 		var bad error
-		seq := t.DumpShard(i, func(key []byte, token uint64, deadline int64, lease uint8) {
+		seq := t.Dump(i, func(h *shard.HeldLock) {
 			var err error
-			raw, err = records.AppendSnapEntry(raw, &records.SnapEntry{Key: key, Token: token, Left: time.Duration(deadline - now), Lease: lease})
+			raw, err = records.AppendSnapEntryIdent(raw, &records.SnapEntry{Key: h.Key, Token: h.Token,
+				Left: time.Duration(h.Deadline - now), Lease: h.Lease, Ident: h.Ident})
 			if err != nil {
 				bad = err
 				return
@@ -93,7 +100,12 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 	if _, err := io.ReadFull(br, fixed); err != nil {
 		return h, fmt.Errorf("%w: header: %v", errBadLogEntry, err)
 	}
-	if string(fixed[:len(snapMagic)]) != string(snapMagic) {
+	idents := true
+	switch string(fixed[:len(snapMagic)]) {
+	case string(snapMagic):
+	case string(snapMagicV1):
+		idents = false
+	default:
 		return h, fmt.Errorf("%w: not a lockd snapshot", errBadLogEntry)
 	}
 	p := fixed[len(snapMagic):]
@@ -130,9 +142,13 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 		}
 		var sr records.SnapReader
 		var e records.SnapEntry
-		sr.Reset(entries)
+		if idents {
+			sr.ResetIdent(entries)
+		} else {
+			sr.Reset(entries)
+		}
 		for sr.Next(&e) {
-			if err := t.Restore(e.Key, e.Token, cutNow+int64(e.Left)); err != nil {
+			if err := t.RestoreAs(e.Key, e.Token, cutNow+int64(e.Left), e.Ident); err != nil {
 				return h, err
 			}
 		}

@@ -19,23 +19,61 @@ var errLinkCut = errors.New("raftnode: member link cut")
 type raftStream struct {
 	ln        net.Listener
 	advertise net.Addr
+	until     time.Time     // accept nothing before (hold)
+	done      chan struct{} // closed by Close
 	auth      *memberAuth
 
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
+	mu     sync.Mutex
+	cut    bool
+	closed bool
+	conns  map[net.Conn]struct{}
+	// authLn serves ln through the exchange; the first Accept after the
+	// hold makes it, so that until then connections wait unread in the
+	// backlog, exchange included.
+	authLn net.Listener
 }
 
-// newRaftStream serves raft on ln through auth, advertising advertise.
-func newRaftStream(ln net.Listener, advertise net.Addr, auth *memberAuth) *raftStream {
-	return &raftStream{ln: auth.listen(ln), advertise: advertise, auth: auth, conns: map[net.Conn]struct{}{}}
+// newRaftStream serves raft on ln through auth, advertising advertise; it
+// accepts no connection for hold after it is made (lease.go: a member
+// that restarts must not vote while a lease it granted before may still
+// run).
+func newRaftStream(ln net.Listener, advertise net.Addr, hold time.Duration, auth *memberAuth) *raftStream {
+	return &raftStream{ln: ln, advertise: advertise, until: time.Now().Add(hold),
+		done: make(chan struct{}), auth: auth, conns: map[net.Conn]struct{}{}}
+}
+
+// listener is the member port through the exchange, made on first use.
+func (s *raftStream) listener() (net.Listener, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, net.ErrClosed
+	}
+	if s.authLn == nil {
+		s.authLn = s.auth.listen(s.ln)
+	}
+	return s.authLn, nil
 }
 
 // Accept returns the next member connection (one that arrives while the
-// link is cut is closed at once).
+// link is cut is closed at once). Until the hold is over, connections wait
+// in the listener's backlog.
 func (s *raftStream) Accept() (net.Conn, error) {
+	if d := time.Until(s.until); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-s.done:
+			t.Stop()
+			return nil, net.ErrClosed
+		}
+	}
+	ln, err := s.listener()
+	if err != nil {
+		return nil, err
+	}
 	for {
-		c, err := s.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return nil, err
 		}
@@ -97,8 +135,18 @@ func (s *raftStream) setCut(cut bool) {
 // Close closes the listener and every member connection (the transport
 // leaves the inbound ones to their peers, whose reads would outlive it).
 func (s *raftStream) Close() error {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+	}
+	ln := s.ln
+	if s.authLn != nil {
+		ln = s.authLn // closes s.ln and ends the exchanges in progress
+	}
+	s.mu.Unlock()
 	s.auth.cancel()
-	err := s.ln.Close()
+	err := ln.Close()
 	s.setCut(true)
 	return err
 }

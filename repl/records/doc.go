@@ -1,7 +1,9 @@
 // Package records is the format of what both cluster modes replicate: the
-// table's state changes (shard.Record) in the batch format, with the skip
+// table's state changes (shard.Record, a grant with the name of the
+// identity it was made to) in the batch format, with the skip
 // records that stand for changes which cancelled out within a batch
-// (Canceller), the snapshot entry format of a held key, and their
+// (Canceller), the snapshot entry formats of a held key (version 2 with
+// the grant's identity; version 1, before identities, still read), and their
 // compression (s2 block, Compress). A priority member's stream and a raft
 // member's log entries and snapshots carry them alike (docs/MEMBER-LINK.md
 // has the byte layouts).

@@ -6,10 +6,17 @@ import (
 	"time"
 )
 
-// The snapshot entry format: entries one after the other until the end (a
-// SnapShard frame's data on the member link, a shard of a raft snapshot):
+// The snapshot entry formats: entries one after the other until the end (a
+// SnapShard frame's data on the member link, a shard of a raft snapshot).
+// Version 1, before identities (raft snapshots written by earlier
+// versions):
 //
 //	keylen uvarint | key | token u64 | left_ns uvarint | lease u8
+//
+// Version 2 (AppendSnapEntryIdent, SnapReader.ResetIdent) adds the
+// identity the grant was made to (PROTOCOL.md §8.3; identlen 0: none):
+//
+//	keylen uvarint | key | token u64 | left_ns uvarint | lease u8 | identlen u8 | ident
 
 // SnapEntry is one held key of a snapshot.
 type SnapEntry struct {
@@ -19,11 +26,38 @@ type SnapEntry struct {
 	// negative Left is sent as 0.
 	Left  time.Duration
 	Lease uint8 // lease seconds (0 for a lock restored from disk)
+	// Ident is the identity the grant was made to (nil: none); version 2
+	// only.
+	Ident []byte
 }
 
-// AppendSnapEntry appends e in the snapshot entry format to dst. An entry
-// the format cannot carry (ErrBadEntry, ErrBadKey) leaves dst as it was.
+// AppendSnapEntry appends e in the snapshot entry format version 1 to
+// dst. An entry the format cannot carry (ErrBadEntry, which includes an
+// entry with an Ident; ErrBadKey) leaves dst as it was.
 func AppendSnapEntry(dst []byte, e *SnapEntry) ([]byte, error) {
+	if len(e.Ident) > 0 {
+		return dst, ErrBadEntry
+	}
+	return appendEntry(dst, e)
+}
+
+// AppendSnapEntryIdent appends e in the snapshot entry format version 2
+// (with its identity) to dst. An entry the format cannot carry
+// (ErrBadEntry: token 0, an identity over 255 bytes; ErrBadKey) leaves dst
+// as it was.
+func AppendSnapEntryIdent(dst []byte, e *SnapEntry) ([]byte, error) {
+	if len(e.Ident) > maxIdent {
+		return dst, ErrBadEntry
+	}
+	out, err := appendEntry(dst, e)
+	if err != nil {
+		return dst, err
+	}
+	out = append(out, byte(len(e.Ident)))
+	return append(out, e.Ident...), nil
+}
+
+func appendEntry(dst []byte, e *SnapEntry) ([]byte, error) {
 	if e.Token == 0 {
 		return dst, ErrBadEntry
 	}
@@ -38,12 +72,19 @@ func AppendSnapEntry(dst []byte, e *SnapEntry) ([]byte, error) {
 }
 
 // SnapReader iterates over raw snapshot entries without
-// allocating, as RecordReader does over records. An entry's Key points
-// into the raw data.
-type SnapReader struct{ cur itemCursor }
+// allocating, as RecordReader does over records. An entry's Key (and
+// Ident) points into the raw data.
+type SnapReader struct {
+	cur   itemCursor
+	ident bool // version 2
+}
 
-// Reset starts reading the raw entries in raw.
-func (sr *SnapReader) Reset(raw []byte) { sr.cur = itemCursor{p: raw} }
+// Reset starts reading the raw entries in raw, in the format version 1.
+func (sr *SnapReader) Reset(raw []byte) { *sr = SnapReader{cur: itemCursor{p: raw}} }
+
+// ResetIdent starts reading the raw entries in raw, in the format version
+// 2 (with identities).
+func (sr *SnapReader) ResetIdent(raw []byte) { *sr = SnapReader{cur: itemCursor{p: raw}, ident: true} }
 
 // Next decodes the next entry into e. It returns false at the end of the
 // data or on a malformed entry (Err says which).
@@ -52,6 +93,9 @@ func (sr *SnapReader) Next(e *SnapEntry) bool {
 		return false
 	}
 	n, err := decodeEntry(sr.cur.p, e)
+	if err == nil && sr.ident {
+		e.Ident, n, err = readIdent(sr.cur.p, n)
+	}
 	return sr.cur.step(n, err)
 }
 

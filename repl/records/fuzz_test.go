@@ -25,11 +25,23 @@ func recordSeeds() repltest.Seeds {
 	}
 	add("FuzzBatchRecords", "edges", repltest.FuzzBatch(edges))
 	add("FuzzBatchRecords", "truncated", large[:len(large)-3])
+	idents := repltest.FuzzBatch(repltest.FuzzIdentRecords(16))
+	add("FuzzBatchRecords", "identities", idents)
+	long := repltest.Rec(shard.RecordGrant, 7, 9, "k", 5, 10)
+	long.Ident = []byte(strings.Repeat("i", 255))
+	add("FuzzBatchRecords", "identity-255", repltest.FuzzBatch([]shard.Record{long}))
+	add("FuzzBatchRecords", "identity-truncated", idents[:len(idents)-2])
 
 	add("FuzzSnapEntries", "one", repltest.FuzzEntries(1))
 	add("FuzzSnapEntries", "sixty-four", repltest.FuzzEntries(64))
 	e, _ := records.AppendSnapEntry(nil, &records.SnapEntry{Key: []byte(strings.Repeat("z", records.MaxKey)), Token: 1<<64 - 1, Left: 1<<63 - 1, Lease: 255})
 	add("FuzzSnapEntries", "edges", e)
+
+	add("FuzzSnapEntriesIdent", "one", repltest.FuzzIdentEntries(1))
+	add("FuzzSnapEntriesIdent", "sixty-four", repltest.FuzzIdentEntries(64))
+	e, _ = records.AppendSnapEntryIdent(nil, &records.SnapEntry{Key: []byte("k"), Token: 1, Lease: 1, Ident: []byte(strings.Repeat("i", 255))})
+	add("FuzzSnapEntriesIdent", "identity-255", e)
+	add("FuzzSnapEntriesIdent", "version-1", repltest.FuzzEntries(8))
 	return seeds
 }
 
@@ -67,5 +79,13 @@ func FuzzSnapEntries(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		repltest.EntriesRoundTrip(t, raw)
 		fuzzCompression(t, raw)
+	})
+}
+
+// FuzzSnapEntriesIdent: arbitrary bytes read as snapshot entries in the
+// format version 2 (with identities).
+func FuzzSnapEntriesIdent(f *testing.F) {
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		repltest.EntriesIdentRoundTrip(t, raw)
 	})
 }

@@ -12,6 +12,14 @@ import (
 // client protocol's limit).
 const maxKey = 1024
 
+// maxIdent is the longest identity name a grant record or snapshot entry
+// may carry (a u8 length; an ACL identity is at most 64 bytes).
+const maxIdent = 255
+
+// kindIdent is the bit of a record's kind byte that says an identity
+// follows its key: only a grant carries one (0x81), PROTOCOL.md §8.3.
+const kindIdent = 0x80
+
 // Errors of records and snapshot entries.
 var (
 	// ErrBadRecord: a record of an unknown kind, shard above 65535, Seq 0,
@@ -34,7 +42,13 @@ var (
 //	kind u8 | shard u16 | seq uvarint | token u64 | lease u8 | keylen uvarint | key
 //
 // kind is shard.RecordKind (1 grant, 2 release, 3 expire, 4 renew); lease
-// is 0 for release and expire. A skip (kind 5) stands for records of its
+// is 0 for release and expire. A grant made to an identity (Record.Ident,
+// PROTOCOL.md §8.3) has kind 0x81 (the grant with the identity bit) and its
+// identity after the key:
+//
+//	0x81 u8 | shard u16 | seq uvarint | token u64 | lease u8 | keylen uvarint | key | identlen u8 (1..255) | ident
+//
+// so data written before identities (kind 1 only) reads as it did. A skip (kind 5) stands for records of its
 // shard that cancelled out before the batch was cut (a grant and its end,
 // with any renewal between):
 //
@@ -49,24 +63,35 @@ type BatchWriter struct {
 	n   int
 }
 
-// Add appends r (its Kind, Shard, Seq, Token, Lease and Key; Deadline is
-// not sent). A record the format cannot carry (ErrBadRecord, ErrBadKey)
+// Add appends r (its Kind, Shard, Seq, Token, Lease, Key and, on a grant,
+// Ident; Deadline is not sent). A record the format cannot carry
+// (ErrBadRecord: an Ident on another kind or over 255 bytes, ErrBadKey)
 // is not added.
 func (w *BatchWriter) Add(r *shard.Record) error {
 	if r.Kind < shard.RecordGrant || r.Kind > shard.RecordRenew || r.Shard > math.MaxUint16 ||
-		r.Seq == 0 || r.Token == 0 || (r.Lease != 0 && !hasLease(r.Kind)) {
+		r.Seq == 0 || r.Token == 0 || (r.Lease != 0 && !hasLease(r.Kind)) ||
+		(len(r.Ident) > 0 && r.Kind != shard.RecordGrant) || len(r.Ident) > maxIdent {
 		return ErrBadRecord
 	}
 	if len(r.Key) == 0 || len(r.Key) > maxKey {
 		return ErrBadKey
 	}
-	b := append(w.buf, byte(r.Kind))
+	kind := byte(r.Kind)
+	if len(r.Ident) > 0 {
+		kind |= kindIdent
+	}
+	b := append(w.buf, kind)
 	b = binary.BigEndian.AppendUint16(b, uint16(r.Shard))
 	b = binary.AppendUvarint(b, r.Seq)
 	b = binary.BigEndian.AppendUint64(b, r.Token)
 	b = append(b, r.Lease)
 	b = binary.AppendUvarint(b, uint64(len(r.Key)))
-	w.buf = append(b, r.Key...)
+	b = append(b, r.Key...)
+	if len(r.Ident) > 0 {
+		b = append(b, byte(len(r.Ident)))
+		b = append(b, r.Ident...)
+	}
+	w.buf = b
 	w.n++
 	return nil
 }
@@ -149,7 +174,10 @@ func decodeRecord(p []byte, r *shard.Record) (int, error) {
 	if len(p) < 3 {
 		return 0, ErrTruncated
 	}
-	kind := shard.RecordKind(p[0])
+	kind, ident := shard.RecordKind(p[0]), false
+	if kind == shard.RecordGrant|kindIdent {
+		kind, ident = shard.RecordGrant, true
+	}
 	if kind < shard.RecordGrant || kind > shard.RecordSkip {
 		return 0, ErrBadRecord
 	}
@@ -179,6 +207,15 @@ func decodeRecord(p []byte, r *shard.Record) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	var id []byte
+	if ident {
+		if id, i, err = readIdent(p, i); err != nil {
+			return 0, err
+		}
+		if len(id) == 0 {
+			return 0, ErrBadRecord
+		}
+	}
 	*r = shard.Record{
 		Kind:  kind,
 		Shard: uint32(binary.BigEndian.Uint16(p[1:])),
@@ -186,8 +223,26 @@ func decodeRecord(p []byte, r *shard.Record) (int, error) {
 		Key:   key,
 		Token: token,
 		Lease: lease,
+		Ident: id,
 	}
 	return i, nil
+}
+
+// readIdent reads identlen u8 | ident at p[i:]; ident points into p (nil
+// when empty).
+func readIdent(p []byte, i int) (ident []byte, next int, err error) {
+	if len(p) < i+1 {
+		return nil, 0, ErrTruncated
+	}
+	n := int(p[i])
+	i++
+	if len(p)-i < n {
+		return nil, 0, ErrTruncated
+	}
+	if n == 0 {
+		return nil, i, nil
+	}
+	return p[i : i+n : i+n], i + n, nil
 }
 
 // itemCursor is the position of a RecordReader or SnapReader.

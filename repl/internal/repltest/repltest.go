@@ -234,6 +234,37 @@ func FuzzBatch(recs []shard.Record) []byte {
 	return append([]byte(nil), w.Bytes()...)
 }
 
+// FuzzIdents are the identities FuzzIdentRecords and FuzzIdentEntries
+// give their grants in turn ("": none).
+var FuzzIdents = []string{"orders", "", "billing@example.com", "ops"}
+
+// FuzzIdentRecords is FuzzRecords with its grants made to FuzzIdents in
+// turn.
+func FuzzIdentRecords(n int) []shard.Record {
+	recs := FuzzRecords(n)
+	for i := range recs {
+		if recs[i].Kind == shard.RecordGrant {
+			recs[i].Ident = []byte(FuzzIdents[i%len(FuzzIdents)])
+		}
+	}
+	return recs
+}
+
+// FuzzIdentEntries returns n snapshot entries in the format version 2,
+// made of FuzzIdentRecords' keys with FuzzIdents in turn.
+func FuzzIdentEntries(n int) []byte {
+	var raw []byte
+	for i, r := range FuzzRecords(n) {
+		var err error
+		raw, err = records.AppendSnapEntryIdent(raw, &records.SnapEntry{Key: r.Key, Token: r.Token,
+			Left: time.Duration(r.Seq) * 1e8, Lease: 30, Ident: []byte(FuzzIdents[i%len(FuzzIdents)])})
+		if err != nil {
+			panic(err)
+		}
+	}
+	return raw
+}
+
 // FuzzEntries returns n snapshot entries made of FuzzRecords.
 func FuzzEntries(n int) []byte {
 	var raw []byte
@@ -314,8 +345,8 @@ func RecordsRoundTrip(t *testing.T, raw []byte) {
 			}
 			continue
 		}
-		if !Within(r.Key, raw) {
-			t.Fatalf("key %q not in the batch", r.Key)
+		if !Within(r.Key, raw) || len(r.Ident) > 0 && !Within(r.Ident, raw) {
+			t.Fatalf("key %q or identity %q not in the batch", r.Key, r.Ident)
 		}
 		if err := w.Add(&r); err != nil {
 			t.Fatalf("decoded %+v, not encodable: %v", r, err)
@@ -338,18 +369,28 @@ func RecordsRoundTrip(t *testing.T, raw []byte) {
 	}
 }
 
-// EntriesRoundTrip does for snapshot entries what RecordsRoundTrip does for
-// records.
-func EntriesRoundTrip(t *testing.T, raw []byte) {
+// EntriesRoundTrip does for snapshot entries (format version 1) what
+// RecordsRoundTrip does for records.
+func EntriesRoundTrip(t *testing.T, raw []byte) { entriesRoundTrip(t, raw, false) }
+
+// EntriesIdentRoundTrip is EntriesRoundTrip for the format version 2 (with
+// identities).
+func EntriesIdentRoundTrip(t *testing.T, raw []byte) { entriesRoundTrip(t, raw, true) }
+
+func entriesRoundTrip(t *testing.T, raw []byte, ident bool) {
 	var sr records.SnapReader
 	var e records.SnapEntry
 	var out []byte
-	for sr.Reset(raw); sr.Next(&e); {
-		if !Within(e.Key, raw) {
-			t.Fatalf("key %q not in the data", e.Key)
+	reset, add := sr.Reset, records.AppendSnapEntry
+	if ident {
+		reset, add = sr.ResetIdent, records.AppendSnapEntryIdent
+	}
+	for reset(raw); sr.Next(&e); {
+		if !Within(e.Key, raw) || len(e.Ident) > 0 && !Within(e.Ident, raw) {
+			t.Fatalf("key %q or identity %q not in the data", e.Key, e.Ident)
 		}
 		var err error
-		if out, err = records.AppendSnapEntry(out, &e); err != nil {
+		if out, err = add(out, &e); err != nil {
 			t.Fatalf("decoded %+v, not encodable: %v", e, err)
 		}
 	}

@@ -1,0 +1,276 @@
+package raftnode
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+)
+
+// The leader lease (issue 18; PROTOCOL.md §6.2: a member frozen longer
+// than the failover timeout executes nothing from its stale state, answers
+// that change nothing included).
+//
+// A leader's gate serves only until its lease ends (repl.Gate.Until); past
+// it the engine holds requests unread and runs no timer. The lease is
+// renewed by acknowledgements, counted from the instant the acknowledged
+// request was *sent*: a follower that answered an AppendEntries (a
+// heartbeat, or entries) of this term with success received it after that
+// instant, and raft's follower neither votes for another candidate nor
+// stands itself until it has heard nothing from its leader for a heartbeat
+// timeout (hashicorp/raft's runFollower and requestVote: a known leader
+// refuses every vote but a transfer's, and the leader is forgotten only
+// once LastContact is that old). So once a quorum (this member included)
+// has acknowledged requests sent at or after t, no other leader can exist
+// before t + the heartbeat timeout, measured on the followers' clocks:
+// this member's table is the committed state plus its own changes until
+// then, and it serves until t + leaseFraction of it. A committed entry is
+// the same fact for the instant it was proposed (a quorum stored it, which
+// it was sent after).
+//
+// Why send times: after a SIGSTOP, answers that sat in socket buffers are
+// read first, and hashicorp's own LastContact (and so VerifyLeader's votes
+// and the leader lease check) counts them as fresh. An acknowledgement of
+// a request sent before the pause renews nothing past the pause, so after
+// a freeze longer than the lease the gate holds until a quorum has
+// answered a request sent after resuming: either nothing happened
+// meanwhile (the quorum says so, and serving is correct) or a newer term
+// exists, whose members answer without success, and raft steps down
+// (the gate then redirects, and what queued up is answered M).
+//
+// A member that restarts has forgotten whom it followed and would vote at
+// once: it accepts no member connection for a heartbeat timeout after it
+// starts (raftStream.hold), so it cannot help elect a leader while a lease
+// it granted before it went down may still run.
+//
+// The lease does not depend on wall clocks, only on clocks that run at
+// about the same rate (leaseFraction leaves a quarter of the timeout for
+// that and for scheduling).
+
+// leaseFraction is the part of raft's heartbeat timeout that an
+// acknowledgement keeps the lease for.
+const leaseFraction = 0.75
+
+// leaseAck is the newest request a member acknowledged: the term it was
+// sent in and when (the table's clock).
+type leaseAck struct {
+	term uint64
+	sent int64
+}
+
+// later reports whether a is newer than b.
+func (a leaseAck) later(b leaseAck) bool {
+	return a.term > b.term || (a.term == b.term && a.sent > b.sent)
+}
+
+// lease is a leader's lease: the acknowledgements it is made of. Its
+// methods are safe from any goroutine.
+type lease struct {
+	self   int
+	quorum int   // votes a leader needs, its own included
+	dur    int64 // how long an acknowledgement keeps the lease (ns)
+
+	mu     sync.Mutex
+	acks   []leaseAck // per member
+	commit leaseAck   // the newest committed entry: when it was proposed
+
+	deaf atomic.Bool // tests: acknowledgements renew nothing
+}
+
+func newLease(members, self int, dur int64) *lease {
+	return &lease{self: self, quorum: members/2 + 1, dur: dur, acks: make([]leaseAck, members)}
+}
+
+// acked records that member i acknowledged a request of term sent at sent.
+func (l *lease) acked(i int, term uint64, sent int64) {
+	if i < 0 || i >= len(l.acks) || i == l.self {
+		return
+	}
+	if l.deaf.Load() {
+		return
+	}
+	a := leaseAck{term, sent}
+	l.mu.Lock()
+	if a.later(l.acks[i]) {
+		l.acks[i] = a
+	}
+	l.mu.Unlock()
+}
+
+// committed records that an entry of term proposed at sent committed.
+func (l *lease) committed(term uint64, sent int64) {
+	if l.deaf.Load() {
+		return
+	}
+	a := leaseAck{term, sent}
+	l.mu.Lock()
+	if a.later(l.commit) {
+		l.commit = a
+	}
+	l.mu.Unlock()
+}
+
+// until is the end of the lease of term on the table's clock: 0 when it
+// never ends (a member alone is its own quorum), 1 when nothing renewed it
+// yet (over at once).
+func (l *lease) until(term uint64) int64 {
+	need := l.quorum - 1 // acknowledgements besides this member's own
+	if need <= 0 {
+		return 0
+	}
+	var sent [maxMembers]int64
+	n := 0
+	l.mu.Lock()
+	for i, a := range l.acks {
+		if i != l.self && a.term == term {
+			sent[n] = a.sent
+			n++
+		}
+	}
+	base := int64(-1)
+	if l.commit.term == term {
+		base = l.commit.sent
+	}
+	l.mu.Unlock()
+	if n >= need {
+		s := sent[:n]
+		slices.Sort(s)
+		base = max(base, s[n-need]) // the need-th newest
+	}
+	if base < 0 {
+		return 1
+	}
+	return max(base+l.dur, 1)
+}
+
+// maxMembers bounds --peers (repl.ClusterConfig.Validate).
+const maxMembers = 7
+
+// termLimit is the highest raft term this member accepts from another or
+// takes at start. Each election adds one, so a term this high comes only
+// from corrupt or forged state; refusing it keeps hashicorp/raft's
+// term + 1 from ever wrapping to 0 (issue 18): from termLimit, another
+// 2^63 elections would be needed.
+const termLimit = 1 << 63
+
+// errTermTooHigh answers a member's request whose term is above termLimit.
+var errTermTooHigh = errors.New("raftnode: raft term above 2^63 refused (corrupt or forged)")
+
+// memberTransport is raft's network transport with lockd's checks on the
+// way: acknowledgements of AppendEntries renew the lease (with the instant
+// the request was sent), and no term above termLimit enters raft, neither
+// in a request another member sent nor in an answer to a vote.
+type memberTransport struct {
+	*raft.NetworkTransport
+	n   *node
+	rpc chan raft.RPC // what raft consumes: the transport's, checked
+}
+
+func newMemberTransport(n *node, t *raft.NetworkTransport) *memberTransport {
+	return &memberTransport{NetworkTransport: t, n: n, rpc: make(chan raft.RPC)}
+}
+
+// Consumer is the channel raft reads requests from: those of the
+// transport that pass the term check (forward, on a goroutine of its own).
+func (t *memberTransport) Consumer() <-chan raft.RPC { return t.rpc }
+
+// forward hands raft the requests that pass the term check until the node
+// closes.
+func (t *memberTransport) forward() {
+	defer t.n.wg.Done()
+	in := t.NetworkTransport.Consumer()
+	for {
+		select {
+		case <-t.n.quit:
+			return
+		case rpc := <-in:
+			if !t.admit(rpc) {
+				continue
+			}
+			select {
+			case t.rpc <- rpc:
+			case <-t.n.quit:
+				rpc.Respond(nil, raft.ErrTransportShutdown)
+				return
+			}
+		}
+	}
+}
+
+// SetHeartbeatHandler installs raft's heartbeat fast path behind the term
+// check.
+func (t *memberTransport) SetHeartbeatHandler(cb func(rpc raft.RPC)) {
+	if cb == nil {
+		t.NetworkTransport.SetHeartbeatHandler(nil)
+		return
+	}
+	t.NetworkTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		if t.admit(rpc) {
+			cb(rpc)
+		}
+	})
+}
+
+// admit reports whether rpc's term is acceptable; if not, it answers it
+// with errTermTooHigh and logs.
+func (t *memberTransport) admit(rpc raft.RPC) bool {
+	var term uint64
+	switch c := rpc.Command.(type) {
+	case *raft.AppendEntriesRequest:
+		term = c.Term
+	case *raft.RequestVoteRequest:
+		term = c.Term
+	case *raft.RequestPreVoteRequest:
+		term = c.Term
+	case *raft.InstallSnapshotRequest:
+		term = c.Term
+	}
+	if term <= termLimit {
+		return true
+	}
+	t.n.refusedTerm(term)
+	rpc.Respond(nil, errTermTooHigh)
+	return false
+}
+
+// AppendEntries sends a heartbeat or entries; a success in the same term
+// renews the lease from the instant it was sent.
+func (t *memberTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	sent := t.n.clock()
+	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
+	if err == nil && resp.Success && resp.Term == args.Term {
+		if i, perr := strconv.Atoi(string(id)); perr == nil {
+			t.n.lease.acked(i, args.Term, sent)
+			t.n.renew(args.Term)
+		}
+	}
+	return err
+}
+
+// RequestVote asks for a vote; an answer carrying a term above termLimit
+// counts as a failed request.
+func (t *memberTransport) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	if err := t.NetworkTransport.RequestVote(id, target, args, resp); err != nil {
+		return err
+	}
+	if resp.Term > termLimit {
+		t.n.refusedTerm(resp.Term)
+		return errTermTooHigh
+	}
+	return nil
+}
+
+// RequestPreVote is RequestVote's pre-vote.
+func (t *memberTransport) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	if err := t.NetworkTransport.RequestPreVote(id, target, args, resp); err != nil {
+		return err
+	}
+	if resp.Term > termLimit {
+		t.n.refusedTerm(resp.Term)
+		return errTermTooHigh
+	}
+	return nil
+}
