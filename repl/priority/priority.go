@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -308,7 +309,8 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
 	}
 	jump := false
-	if p.roles.role == roleActive && hb.Role != roleActive && hb.StoredEpoch > p.roles.epoch && hb.TokenLast > max(p.table.Tokens().Last(), p.jump) {
+	if p.roles.role == roleActive && hb.Role != roleActive && hb.StoredEpoch > p.roles.epoch &&
+		hb.TokenLast > max(p.table.Tokens().Last(), p.jump) && hb.TokenLast < math.MaxUint64/2 {
 		// A member whose data dir holds an epoch above this active's: it
 		// promoted on the other side of a partition and stopped before the
 		// heal, so the two never saw each other as actives. It restarted
@@ -316,7 +318,9 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		// it issued stayed below: tokens go on above it. The gate holds
 		// requests (rather than answering B) until the jump is reserved.
 		// (Not its Reserved: as a standby of this active it echoes this
-		// active's own reservations.)
+		// active's own reservations. A counter past 2^63 is no real
+		// member's — tokens start near the wall clock in ns, 2^60 — and
+		// the reservation above it would wrap: it is ignored.)
 		// A promotion or freeze check in progress ends before the
 		// actor gets to it (resumeServing serves only a serving role).
 		p.jump = hb.TokenLast

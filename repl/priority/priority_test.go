@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -269,6 +270,16 @@ func TestSplitActiveBackAsStandby(t *testing.T) {
 	}
 	if st := a.p.Status(); st.Role != "active" || st.Demotions != 0 {
 		t.Fatalf("the active changed: %+v", st)
+	}
+	// A counter near 2^64 is no real member's: the reservation above it
+	// would wrap. It is ignored.
+	hb.Probe, hb.StoredEpoch, hb.TokenLast = 2, epoch+2, math.MaxUint64-5
+	if _, err := c.Write(hb.Append(nil)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * a.p.cfg.FailoverTimeout / 10)
+	if last := a.table.Tokens().Last(); last >= 1<<63 || !a.serving() {
+		t.Fatalf("after a heartbeat claiming token %d: counter %d, serving %v", hb.TokenLast, last, a.serving())
 	}
 }
 
