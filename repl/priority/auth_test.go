@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -227,4 +228,62 @@ func TestForgedMember(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFloodedMemberPort: a flood of connections that never authenticate,
+// on the active's member port, holds at most the exchange's limit of
+// them; meanwhile a standby whose link broke gets back in through it, the
+// active serves and its grants reach that standby.
+func TestFloodedMemberPort(t *testing.T) {
+	ms := startMembers(t, 3, func(p *node) { p.cfg.Secret = repltest.Secret(3) })
+	waitServing(t, ms, 0)
+	a := ms[0]
+	g0 := runtime.NumGoroutine()
+	stop := repltest.Flood(a.p.cfg.MemberAddr(0), 200)
+	defer stop()
+	repltest.WaitFor(t, "the flood to fill the exchange", func() bool { return refusedFor(a, "limit") > 50 })
+	// Member 1's link to the active breaks: it dials again into the flood.
+	pe := ms[1].p.link.peers[0]
+	pe.mu.Lock()
+	c := pe.conn
+	pe.mu.Unlock()
+	c.Close()
+	repltest.WaitFor(t, "member 1's link to the active up again, through the flood", func() bool {
+		pe.mu.Lock()
+		defer pe.mu.Unlock()
+		return pe.conn != nil && pe.conn != c
+	})
+	var out shard.Out
+	key := []byte("during-the-flood")
+	var tok uint64
+	repltest.WaitFor(t, "a grant on the active", func() bool {
+		var st shard.Status
+		st, tok = a.table.Acquire(a.clock(), key, 0, 60, 0, nil, &out)
+		return st == shard.Granted
+	})
+	repltest.WaitFor(t, "member 1 in sync with the grant, live for the active", func() bool {
+		for _, mb := range a.p.Status().Members {
+			if mb.Addr == ms[1].p.self && !mb.Live {
+				return false
+			}
+		}
+		return ms[1].table.Lookup(key).Token == tok && ms[1].p.Status().InSync
+	})
+	if g := runtime.NumGoroutine() - g0; g > memberauth.DefaultMaxPending+16 {
+		t.Errorf("%d more goroutines during the flood, want about the exchange's limit (%d)", g, memberauth.DefaultMaxPending)
+	}
+	n := stop()
+	t.Logf("%d connections flooded; refused %v; member 1 reconnected and in sync", n, a.p.Status().MemberRefused)
+	if st := a.p.Status(); st.Role != "active" || st.Demotions != 0 {
+		t.Fatalf("the active changed: %+v", st)
+	}
+}
+
+func refusedFor(m *member, reason string) uint64 {
+	for _, r := range m.p.Status().MemberRefused {
+		if r.Reason == reason {
+			return r.N
+		}
+	}
+	return 0
 }

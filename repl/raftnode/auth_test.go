@@ -157,3 +157,40 @@ func TestForeignAppendEntries(t *testing.T) {
 		})
 	}
 }
+
+// TestFloodedMemberPort: a flood of connections that never authenticate
+// on a follower's member port; the follower's links are cut and healed,
+// so the leader dials it again into the flood: it gets through, the
+// leader's grants commit and reach the follower, and the exchange held at
+// most its limit of the flood's connections.
+func TestFloodedMemberPort(t *testing.T) {
+	sec := repltest.Secret(5)
+	c := &raftCluster{t: t, T: 400 * time.Millisecond, member: func(_ int, cfg *repl.ClusterConfig) { cfg.Secret = sec }}
+	c.startAll(3)
+	l := c.leader()
+	f := (l + 1) % 3
+	fm := c.ms[f]
+	stop := repltest.Flood(fm.n.cfg.MemberAddr(f), 200)
+	defer stop()
+	refused := func(reason string) uint64 {
+		for _, r := range fm.n.Status().MemberRefused {
+			if r.Reason == reason {
+				return r.N
+			}
+		}
+		return 0
+	}
+	repltest.WaitFor(t, "the flood to fill the exchange", func() bool { return refused("limit") > 50 })
+	fm.n.stream.setCut(true)
+	time.Sleep(c.T / 4)
+	fm.n.stream.setCut(false)
+	tok := c.ms[l].grant(t, "during-the-flood", 60)
+	repltest.WaitFor(t, "the follower to apply the grant made during the flood", func() bool {
+		return fm.table.Lookup([]byte("during-the-flood")).Token == tok
+	})
+	n := stop()
+	t.Logf("%d connections flooded; the follower refused %v", n, fm.n.Status().MemberRefused)
+	if got := c.leader(); got != l {
+		t.Fatalf("leader %d after the flood, was %d", got, l)
+	}
+}
