@@ -83,9 +83,9 @@ func TestSecurePriority(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A stranger: Hello (version 1, priority, 3 members, claims member 2,
+	// A stranger: Hello (version 2, priority, 3 members, claims member 2,
 	// offset 10000, 8 shards, 1 s) and an "active at epoch 2^40" heartbeat.
-	hello := []byte{0, 1, 1, 3, 2, 0, 0, 0x27, 0x10, 0, 0, 0, 8, 0, 0, 0x03, 0xe8}
+	hello := []byte{0, 2, 1, 3, 2, 0, 0, 0x27, 0x10, 0, 0, 0, 8, 0, 0, 0x03, 0xe8}
 	hb := binary.BigEndian.AppendUint64(nil, 1<<40)
 	hb = append(hb, 2, 2, 1)
 	hb = append(hb, make([]byte, 48)...)
