@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -38,6 +39,21 @@ func shortDuration(t *testing.T) time.Duration {
 		return d
 	}
 	return 20 * time.Second
+}
+
+// shortBigLocks is the large-state phase's size in the CI form
+// (LOCKD_CHAOS_BIG_LOCKS overrides): smaller than a long run's million,
+// and still a snapshot that takes many of its 100 ms failover timeouts
+// (the issue saw false promotions from 150,000 locks on).
+func shortBigLocks(t *testing.T) int {
+	if v := os.Getenv("LOCKD_CHAOS_BIG_LOCKS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("LOCKD_CHAOS_BIG_LOCKS=%q: %v", v, err)
+		}
+		return n
+	}
+	return 150_000
 }
 
 // logWriter sends the run's progress lines to the test log.
@@ -83,6 +99,9 @@ func TestChaosShort(t *testing.T) {
 				}
 				cfg := DefaultConfig()
 				cfg.Mode, cfg.Duration, cfg.Seed, cfg.Secure = mode, d, rn.seed, rn.secure
+				if !rn.secure { // the large-state phase once per seed is enough
+					cfg.BigLocks = shortBigLocks(t)
+				}
 				rep, err := Run(context.Background(), cfg, &logWriter{t: t})
 				if errors.Is(err, ErrModeUnavailable) {
 					unavailable = err.Error()
@@ -101,8 +120,10 @@ func TestChaosShort(t *testing.T) {
 				if rep.Availability.Granted == 0 {
 					t.Error("no lock was granted")
 				}
-				if len(rep.Checkers) != 7 {
-					t.Errorf("%d checkers ran, want 7", len(rep.Checkers))
+				// Issue 18 added three: frozen-answers, handover-answers
+				// and large-state.
+				if len(rep.Checkers) != 10 {
+					t.Errorf("%d checkers ran, want 10", len(rep.Checkers))
 				}
 			})
 		}
@@ -140,6 +161,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"-mode", "raft", "-interval", "1ms"}, "-interval"},
 		{[]string{"-mode", "raft", "-max-active", "0"}, "-max-active"},
 		{[]string{"-mode", "raft", "-check-timeout", "1ms"}, "-check-timeout"},
+		{[]string{"-mode", "raft", "-big-locks", "10"}, "-big-locks"},
+		{[]string{"-mode", "raft", "-big-locks", "20000000"}, "-big-locks"},
+		{[]string{"-mode", "raft", "-big-failover-timeout", "50ms"}, "-big-failover-timeout"},
 		{[]string{"-mode", "raft", "extra"}, "unexpected"},
 		{[]string{"-mode", "raft", "-nope"}, "-nope"},
 	} {
@@ -159,6 +183,7 @@ func TestCommandReruns(t *testing.T) {
 	cfg.Mode, cfg.Seed, cfg.Duration = "priority", 77, 10*time.Minute
 	cfg.Workers, cfg.Lease, cfg.Faults, cfg.Interval = 9, 5*time.Second, []string{"stop", "partition"}, 700*time.Millisecond
 	cfg.Secure = true
+	cfg.BigLocks, cfg.BigFailover = 200_000, 250*time.Millisecond
 	args := strings.Fields(cfg.Command())
 	if !slices.Equal(args[:3], []string{"go", "run", "./chaos"}) {
 		t.Fatalf("command %q", cfg.Command())

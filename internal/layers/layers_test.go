@@ -120,9 +120,11 @@ var rules = map[string]rule{
 	"internal/history": {allow: []string{"github.com/anishathalye/porcupine"},
 		noDeps: append([]string{gnet, cmds}, lockd("proto", "engine", "shard", "store", "repl", "admin", "client", "bench", "internal/")...)},
 	// The chaos command drives real lockd processes from outside, as a
-	// user would: the client library, the fence, the harness and the
-	// checkers; never a server package.
-	"chaos": {allow: lockd("api", "client", "fence", "internal/clustertest", "internal/faultproxy", "internal/history"),
+	// user would: the client library, raw frames of the wire protocol
+	// (proto: what the members answer, byte for byte, around a freeze or a
+	// handover), the fence, the harness and the checkers; never a server
+	// package.
+	"chaos": {allow: lockd("api", "client", "fence", "proto", "internal/clustertest", "internal/faultproxy", "internal/history"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "bench")...)},
 }
 

@@ -100,10 +100,114 @@ func (l *link) close() {
 
 // outItem is what a peer's writer sends next: a frame, or (write set)
 // something written in place on its own, such as a snapshot cut when the
-// writer reaches it.
+// writer reaches it. An item written in place writes through an
+// itemWriter, which keeps the heartbeats going whatever its size.
 type outItem struct {
 	frame []byte
-	write func(w *bufio.Writer, deadline func()) error
+	write func(w *itemWriter) error
+}
+
+// itemWriter is what an item written in place writes through. Heartbeats
+// jump the queue (each is the member's latest word, and liveness must not
+// depend on what else the link carries): frame writes the pending
+// heartbeat first, flushed, and wait keeps writing heartbeats as they come.
+// So an item of any size holds a heartbeat back by one frame at most.
+type itemWriter struct {
+	pe       *peer
+	w        *bufio.Writer
+	deadline func()
+	hb       []byte
+}
+
+// beat writes the pending heartbeat, if there is one, and reports whether
+// it did.
+func (iw *itemWriter) beat() (bool, error) {
+	pe := iw.pe
+	pe.mu.Lock()
+	iw.hb = append(iw.hb[:0], pe.hb...)
+	pe.hb = pe.hb[:0]
+	closed := pe.closed
+	pe.mu.Unlock()
+	switch {
+	case closed:
+		return false, net.ErrClosed
+	case len(iw.hb) == 0:
+		return false, nil
+	}
+	iw.deadline()
+	_, err := iw.w.Write(iw.hb)
+	return err == nil, err
+}
+
+// frame writes f after the pending heartbeat (flushed at once when there
+// was one).
+func (iw *itemWriter) frame(f []byte) error {
+	sent, err := iw.beat()
+	if err != nil {
+		return err
+	}
+	iw.deadline()
+	if _, err := iw.w.Write(f); err != nil {
+		return err
+	}
+	if sent {
+		return iw.w.Flush()
+	}
+	return nil
+}
+
+// flush sends everything written so far.
+func (iw *itemWriter) flush() error {
+	iw.deadline()
+	return iw.w.Flush()
+}
+
+// waitFor waits until done is closed, writing heartbeats meanwhile; on an
+// error of the link it still waits for done (the work it stands for may
+// use what the caller owns) before returning the error.
+func (iw *itemWriter) waitFor(done <-chan struct{}) error {
+	for {
+		select {
+		case <-done:
+			return nil
+		default:
+		}
+		if err := iw.wait(done, time.Second); err != nil {
+			<-done
+			return err
+		}
+	}
+}
+
+// wait flushes, then waits until ready is closed or d has passed, writing
+// every heartbeat set meanwhile. It consumes the peer's wake-ups; the
+// writer looks at its queue after the item anyway.
+func (iw *itemWriter) wait(ready <-chan struct{}, d time.Duration) error {
+	if err := iw.flush(); err != nil {
+		return err
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ready:
+			return nil
+		case <-t.C:
+			return nil
+		case <-iw.pe.l.quit:
+			return net.ErrClosed
+		case <-iw.pe.wake:
+			sent, err := iw.beat()
+			if err != nil {
+				return err
+			}
+			if sent {
+				if err := iw.flush(); err != nil {
+					return err
+				}
+			}
+		}
+	}
 }
 
 // peer is this member's outbound link to member i.
@@ -248,19 +352,27 @@ func (pe *peer) run() {
 	}
 }
 
+// greet opens a new outbound connection: this member's Hello, before
+// anything else is written on it. (A handshake that grows — a hello
+// exchange, an authentication — belongs here and in greeted.)
+func (pe *peer) greet(c net.Conn, w *bufio.Writer) error {
+	_ = c.SetWriteDeadline(time.Now().Add(pe.l.cfg.FailoverTimeout))
+	if _, err := w.Write(pe.l.hello.Append(nil)); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
 // write sends Hello, then the heartbeats and what is queued until an
 // error or Close. An item written in place goes on its own: what was
 // queued behind it is taken after it.
 func (pe *peer) write(c net.Conn) error {
 	w := bufio.NewWriterSize(c, 64<<10)
 	deadline := func() { _ = c.SetWriteDeadline(time.Now().Add(pe.l.cfg.FailoverTimeout)) }
-	deadline()
-	if _, err := w.Write(pe.l.hello.Append(nil)); err != nil {
+	if err := pe.greet(c, w); err != nil {
 		return err
 	}
-	if err := w.Flush(); err != nil {
-		return err
-	}
+	iw := &itemWriter{pe: pe, w: w, deadline: deadline}
 	var hb []byte
 	for {
 		pe.mu.Lock()
@@ -271,7 +383,7 @@ func (pe *peer) write(c net.Conn) error {
 		hb = append(hb[:0], pe.hb...)
 		pe.hb = pe.hb[:0]
 		var q []outItem
-		var inPlace func(*bufio.Writer, func()) error
+		var inPlace func(*itemWriter) error
 		if len(pe.queue) > 0 && pe.queue[0].write != nil {
 			inPlace = pe.queue[0].write
 			pe.queue = pe.queue[1:]
@@ -294,7 +406,10 @@ func (pe *peer) write(c net.Conn) error {
 			}
 		}
 		if inPlace != nil {
-			if err := inPlace(w, deadline); err != nil {
+			if err := inPlace(iw); err != nil {
+				return err
+			}
+			if err := iw.flush(); err != nil {
 				return err
 			}
 			continue // then what was queued behind it
@@ -336,6 +451,33 @@ func (l *link) accept() {
 	}
 }
 
+// greeted reads a new inbound connection's Hello and returns the member it
+// comes from; a connection it refuses (ok false) is logged and must be
+// closed before anything else is read from it.
+func (l *link) greeted(c net.Conn, r *frameReader) (from int, ok bool) {
+	_ = c.SetReadDeadline(time.Now().Add(l.cfg.FailoverTimeout))
+	t, payload, err := r.Next()
+	if err != nil || t != msgHello {
+		l.log.Warn("member link refused: no hello", "remote", c.RemoteAddr().String(), "err", err)
+		return 0, false
+	}
+	var h hello
+	if err := h.Decode(payload); err != nil {
+		l.log.Warn("member link refused: bad hello", "remote", c.RemoteAddr().String(), "err", err)
+		return 0, false
+	}
+	if err := h.Check(l.hello); err != nil {
+		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
+		return 0, false
+	}
+	from = int(h.Self)
+	if from == l.cfg.Self || from >= len(l.cfg.Peers) {
+		l.log.Error("member link refused: it says it is this member", "remote", c.RemoteAddr().String())
+		return 0, false
+	}
+	return from, true
+}
+
 // serveInbound reads what one member says on its outbound link to us.
 func (l *link) serveInbound(c net.Conn) {
 	defer l.wg.Done()
@@ -345,24 +487,8 @@ func (l *link) serveInbound(c net.Conn) {
 		c.Close()
 	}()
 	r := newFrameReader(c)
-	_ = c.SetReadDeadline(time.Now().Add(l.cfg.FailoverTimeout))
-	t, payload, err := r.Next()
-	if err != nil || t != msgHello {
-		l.log.Warn("member link refused: no hello", "remote", c.RemoteAddr().String(), "err", err)
-		return
-	}
-	var h hello
-	if err := h.Decode(payload); err != nil {
-		l.log.Warn("member link refused: bad hello", "remote", c.RemoteAddr().String(), "err", err)
-		return
-	}
-	if err := h.Check(l.hello); err != nil {
-		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
-		return
-	}
-	from := int(h.Self)
-	if from == l.cfg.Self || from >= len(l.cfg.Peers) {
-		l.log.Error("member link refused: it says it is this member", "remote", c.RemoteAddr().String())
+	from, ok := l.greeted(c, r)
+	if !ok {
 		return
 	}
 	if err := provedAs(c, from); err != nil {
