@@ -99,8 +99,9 @@ func TestChaosShort(t *testing.T) {
 				}
 				cfg := DefaultConfig()
 				cfg.Mode, cfg.Duration, cfg.Seed, cfg.Secure = mode, d, rn.seed, rn.secure
-				if !rn.secure { // the large-state phase once per seed is enough
-					cfg.BigLocks = shortBigLocks(t)
+				cfg.BigLocks = shortBigLocks(t)
+				if rn.secure {
+					cfg.BigLocks = 0 // the large-state phase once per seed is enough
 				}
 				rep, err := Run(context.Background(), cfg, &logWriter{t: t})
 				if errors.Is(err, ErrModeUnavailable) {
