@@ -119,7 +119,7 @@ func TestOnCloseReleasesUndeliveredGrants(t *testing.T) {
 	}
 	// One grant posted but never written.
 	e := shard.Effect{Kind: shard.EffectGrant, Conn: ss.tconn, Owner: 1, Token: mailed, Key: []byte("mailed")}
-	if ok, _ := ss.post(&e, false, false, "", 0); !ok {
+	if ok, _ := ss.post(&e, false, "", 0); !ok {
 		t.Fatal("post failed")
 	}
 

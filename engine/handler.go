@@ -88,9 +88,6 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 // Name (TLS), or "".
 func (h *handler) open(c wire, loop gnet.EventLoop, st *loopStats, cn string) *session {
 	ss := &session{c: c, loop: loop, st: st, certCN: cn}
-	if gc, ok := c.(gnet.Conn); ok {
-		ss.fd, ss.raw = gc.Fd(), true
-	}
 	ss.tconn = shard.NewConn(ss)
 	h.s.addSession(ss)
 	return ss
@@ -170,15 +167,6 @@ func (h *handler) closeEnd(ss *session, mbox []byte, mgrants []grantRef) {
 		for _, g := range w.grants {
 			s.table.Release(now, g.key(w.out), g.token, &b.fx)
 		}
-		if w.torn {
-			s.table.Release(now, w.tkey, w.tornTok, &b.fx)
-		}
-	}
-	if ss.torn {
-		// The rest of a grant cut short was in the mailbox: never written.
-		// (closeBegin closed it: no poster touches these fields any more.)
-		s.table.Release(now, ss.tkey, ss.tornTok, &b.fx)
-		ss.torn = false
 	}
 	delivered := ss.written - uint64(ss.c.OutboundBuffered())
 	for i := range ss.pend {
@@ -352,9 +340,6 @@ func (h *handler) traffic(ss *session) gnet.Action {
 			s.putScratch(ob)
 		}
 	}
-	for _, o := range b.remote {
-		o.flushDirect()
-	}
 	return action
 }
 
@@ -370,22 +355,13 @@ func (h *handler) write(ss *session, b *scratch, action gnet.Action, spec bool) 
 			"remote", c.RemoteAddr(), "held", len(ss.held))
 		return gnet.Close
 	}
-	if ss.obuf && c.OutboundBuffered() == 0 {
-		ss.wmu.Lock()
-		ss.obuf = false // gnet drained its buffer: direct writes may go again
-		ss.wmu.Unlock()
-	}
 	if len(b.out) > 0 {
-		ss.wmu.Lock() // no direct write between gnet's and this one
 		ss.writing = b
 		_, _ = c.Write(b.out)
 		ss.writing = nil
 		if ss.gone {
-			ss.wmu.Unlock()
 			return gnet.None // the write failed and closed the connection
 		}
-		ss.obuf = c.OutboundBuffered() > 0
-		ss.wmu.Unlock()
 		ss.afterWrite(b)
 		if buffered := c.OutboundBuffered(); buffered > s.cfg.MaxOutbound && action == gnet.None {
 			s.log.Warn("closing connection that does not read its answers", "remote", c.RemoteAddr(), "buffered", buffered)
@@ -600,20 +576,14 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 			b.out = appendEffect(b.out, &b.grants, &e, s.node.Gate().Addr)
 			continue
 		}
-		// A TLS session (loop nil) has no loop-mates: it is woken. A
-		// session of another loop gets its mail written after the batch
-		// (flushDirect), unless a commit holds the answers.
+		// A TLS session (loop nil) has no loop-mates: it is woken.
 		local := cur != nil && cur.loop != nil && ss.loop == cur.loop
-		direct := !local && cur != nil && s.committer == nil
-		ok, flush := ss.post(&e, local, direct, s.node.Gate().Addr, b.gen)
+		ok, flush := ss.post(&e, local, s.node.Gate().Addr, b.gen)
 		if !ok && e.Kind == shard.EffectGrant {
 			s.table.Release(now, e.Key, e.Token, &b.fx)
 		}
-		switch {
-		case flush && local:
+		if flush {
 			b.local = append(b.local, ss)
-		case flush:
-			b.remote = append(b.remote, ss)
 		}
 	}
 	b.fx.Reset()

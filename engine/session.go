@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/panjf2000/gnet/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/shard"
@@ -21,14 +20,6 @@ type scratch struct {
 	req    proto.Request
 	local  []*session // sessions of this loop with mail to flush after the batch
 	cnt    counts     // this batch's request tally
-	remote []*session // sessions of other loops with mail to write after the batch (flushDirect)
-	// torn is a grant whose frame a direct write cut short: its bytes
-	// from tornEnd-len(frame rest) to tornEnd lead out, its key is tkey
-	// (takeMail moves it here from the session).
-	torn    bool
-	tornTok uint64
-	tornEnd int
-	tkey    []byte
 	// gen is the number of Abandon calls made before the state its answers
 	// come from (commit.go): taken when the scratch is, lowered by mail
 	// made earlier.
@@ -45,11 +36,8 @@ func (s *Server) putScratch(b *scratch) {
 	b.out = b.out[:0]
 	b.grants = b.grants[:0]
 	b.fx.Reset()
-	b.torn = false
 	clear(b.local)
 	b.local = b.local[:0]
-	clear(b.remote)
-	b.remote = b.remote[:0]
 	s.scratch.Put(b)
 }
 
@@ -164,26 +152,6 @@ type session struct {
 	woken   bool       // a Wake is on its way
 	closed  bool       // no more mail: grants posted now are undeliverable
 	mgen    uint64     // the lowest scratch.gen of the mail in mbox
-	// A grant whose frame a direct write cut short: the rest of its frame
-	// is mbox[:tornEnd] (the first bytes of the mailbox), its key tkey.
-	torn    bool
-	tornTok uint64
-	tornEnd int
-	tkey    []byte
-
-	// Direct writes (flushDirect): fd is the socket of a plaintext
-	// connection when raw is set (a TLS connection is never written
-	// directly). wmu serializes the writes to it between the loop (every
-	// c.Write) and a batch of another loop, which only tries it (TryLock,
-	// under mu): the loop's Write can close the connection re-entrantly,
-	// and OnClose takes mu. obuf, guarded by wmu, says gnet's outbound
-	// buffer may hold bytes (set by the loop after a Write that left some,
-	// cleared when it finds the buffer empty): gnet drains it on the loop
-	// without wmu, so nothing else may write meanwhile.
-	fd   int
-	raw  bool
-	wmu  sync.Mutex
-	obuf bool
 }
 
 // pgrant is a grant frame that may not have reached the socket.
@@ -216,11 +184,9 @@ func (ss *session) hasMail() bool {
 // post appends an effect's answer to the mailbox and wakes the connection.
 // It returns false if the connection is gone (the caller releases a grant).
 // With local set (the caller runs on ss's own loop and will flush it after
-// its batch) or direct set (the caller runs a batch of another loop, and
-// will write ss's mail to its socket after that batch: flushDirect) no
-// Wake is sent; flush reports whether the caller must flush ss (it claimed
-// the pending wake-up).
-func (ss *session) post(e *shard.Effect, local, direct bool, moved string, gen uint64) (ok, flush bool) {
+// its batch) no Wake is sent; flush reports whether the caller must flush
+// ss (it claimed the pending wake-up).
+func (ss *session) post(e *shard.Effect, local bool, moved string, gen uint64) (ok, flush bool) {
 	ss.mu.Lock()
 	if ss.closed {
 		ss.mu.Unlock()
@@ -233,69 +199,10 @@ func (ss *session) post(e *shard.Effect, local, direct bool, moved string, gen u
 	claim := !ss.woken
 	ss.woken = true
 	ss.mu.Unlock()
-	later := local || direct && ss.raw
-	if claim && !later {
+	if claim && !local {
 		_ = ss.c.Wake(nil)
 	}
-	return true, claim && later
-}
-
-// flushDirect writes ss's mail to its socket from a batch of another loop
-// (post with direct: that batch claimed the wake-up), so that a handoff to
-// a connection of another loop needs no wake-up of that loop: one hop less
-// between a release and its grant (BENCHMARKS.md "The handoff chain"). It
-// writes only with nothing ahead of the mail (gnet's buffer empty, the
-// loop not writing: wmu is only tried, never waited for, as the loop's
-// Write can close the connection re-entrantly and OnClose takes mu). What
-// the socket does not take stays in the mailbox, and the loop is woken to
-// write it; a grant cut short in the middle is kept as ss.torn until the
-// rest of its frame reaches the socket.
-func (ss *session) flushDirect() {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.closed || !ss.woken || len(ss.mbox) == 0 {
-		return // closed, or its loop took the mail meanwhile
-	}
-	if ss.wmu.TryLock() {
-		n := 0
-		if !ss.obuf {
-			n, _ = unix.Write(ss.fd, ss.mbox)
-			// An error (EAGAIN, a failed socket) wrote nothing: the loop
-			// writes the mail, or its own read sees the failure.
-		}
-		ss.wmu.Unlock()
-		if n == len(ss.mbox) {
-			ss.mbox, ss.mgrants = ss.mbox[:0], ss.mgrants[:0]
-			ss.woken = false
-			return
-		}
-		if n > 0 {
-			ss.cut(n)
-		}
-	}
-	_ = ss.c.Wake(nil)
-}
-
-// cut drops the first n bytes of the mailbox, which reached the socket
-// (mu held): the grants in them are delivered, one cut in the middle
-// becomes ss.torn.
-func (ss *session) cut(n int) {
-	keep := ss.mgrants[:0]
-	for _, g := range ss.mgrants {
-		switch {
-		case g.end <= n:
-			// delivered
-		case g.koff < n:
-			ss.torn, ss.tornTok, ss.tornEnd = true, g.token, g.end-n
-			ss.tkey = append(ss.tkey[:0], g.key(ss.mbox)...)
-		default:
-			g.koff -= n
-			g.end -= n
-			keep = append(keep, g)
-		}
-	}
-	ss.mgrants = keep
-	ss.mbox = ss.mbox[:copy(ss.mbox, ss.mbox[n:])]
+	return true, claim && local
 }
 
 // takeMail moves the mailbox into b (called on the session's loop).
@@ -305,11 +212,6 @@ func (ss *session) takeMail(b *scratch) (took bool) {
 	took = len(ss.mbox) > 0
 	if took {
 		b.gen = min(b.gen, ss.mgen)
-		if ss.torn {
-			b.torn, b.tornTok, b.tornEnd = true, ss.tornTok, len(b.out)+ss.tornEnd
-			b.tkey = append(b.tkey[:0], ss.tkey...)
-			ss.torn = false
-		}
 		b.out, b.grants = appendAnswers(b.out, b.grants, ss.mbox, ss.mgrants)
 		ss.mbox = ss.mbox[:0]
 		ss.mgrants = ss.mgrants[:0]
@@ -347,11 +249,6 @@ func (ss *session) afterWrite(b *scratch) {
 	}
 	delivered := ss.written - uint64(buffered)
 	ss.prune(delivered)
-	if end := start + uint64(b.tornEnd); b.torn && end > delivered {
-		// The rest of a grant a direct write cut short leads b.out.
-		ss.pend = append(ss.pend, pgrant{end: end, token: b.tornTok, koff: ss.kbase + uint64(len(ss.pkeys)), klen: len(b.tkey)})
-		ss.pkeys = append(ss.pkeys, b.tkey...)
-	}
 	for _, g := range b.grants {
 		end := start + uint64(g.end)
 		if end <= delivered {
