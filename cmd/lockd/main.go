@@ -102,6 +102,7 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	self := fs.String("self", "", "this member's entry in --peers, compared as text (default: --listen as written)")
 	fs.IntVar(&opt.member.PeerOffset, "peer-offset", repl.DefaultPeerOffset, "members talk on client port + this offset")
 	fs.DurationVar(&opt.member.FailoverTimeout, "failover-timeout", repl.DefaultFailoverTimeout, "priority: how long the active may be silent before a standby takes over; raft: the election timeout scale (100ms..60s)")
+	secretFile := fs.String("cluster-secret", "", "file holding the cluster secret, the same on every member: every member connection proves it both ways (PROTOCOL.md §8.4)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
 	fs.StringVar(&opt.acl, "acl", "", "identity file (PROTOCOL.md §8.2): turns authentication and authorization on; SIGHUP re-reads it")
@@ -135,6 +136,9 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	}
 	if opt.tls != nil {
 		cfg.TLS = opt.tls.ServerConfig()
+	}
+	if err := memberSecurity(&opt, tlsFiles, *secretFile); err != nil {
+		return cfg, opt, err
 	}
 	if opt.acl != "" {
 		a, err := acl.Load(opt.acl)
@@ -246,6 +250,8 @@ var flags = map[string]string{
 	"Self":                    "--self",
 	"PeerOffset":              "--peer-offset",
 	"FailoverTimeout":         "--failover-timeout",
+	"MemberTLS":               "--tls-peer-ca",
+	"Secret":                  "--cluster-secret",
 }
 
 // flagError words an engine.ConfigError or a repl.FieldError with the

@@ -2,6 +2,7 @@ package priority
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"log/slog"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/repl"
+	"github.com/lockd-dev/lockd/repl/memberauth"
 )
 
 // The member link: every member dials every other member (peer, one
@@ -51,10 +53,16 @@ type link struct {
 	quit  <-chan struct{}
 	wg    *sync.WaitGroup
 	ln    net.Listener
+
+	auth   *memberauth.Auth // §8.4: every connection's exchange (auth.go)
+	ctx    context.Context  // the dials', cancelled by close
+	cancel context.CancelFunc
 }
 
 func newLink(cfg repl.ClusterConfig, h hello, log *slog.Logger, ev linkEvents, quit <-chan struct{}, wg *sync.WaitGroup) *link {
-	l := &link{cfg: cfg, hello: h, log: log, ev: ev, peers: make([]*peer, len(cfg.Peers)), quit: quit, wg: wg}
+	l := &link{cfg: cfg, hello: h, log: log, ev: ev, peers: make([]*peer, len(cfg.Peers)), quit: quit, wg: wg,
+		auth: newAuth(cfg, log)}
+	l.ctx, l.cancel = authContext()
 	for i := range cfg.Peers {
 		if i != cfg.Self {
 			l.peers[i] = &peer{l: l, i: i, addr: cfg.MemberAddr(i), wake: make(chan struct{}, 1), redial: make(chan struct{}, 1)}
@@ -65,7 +73,7 @@ func newLink(cfg repl.ClusterConfig, h hello, log *slog.Logger, ev linkEvents, q
 
 // start listens on ln for members and dials every other member.
 func (l *link) start(ln net.Listener) {
-	l.ln = ln
+	l.ln = l.listen(ln)
 	for _, pe := range l.peers {
 		if pe != nil {
 			l.wg.Add(1)
@@ -79,6 +87,7 @@ func (l *link) start(ln net.Listener) {
 // close closes the listener and every outbound connection; the goroutines
 // end once quit is closed.
 func (l *link) close() {
+	l.cancel()
 	if l.ln != nil {
 		l.ln.Close()
 	}
@@ -308,7 +317,7 @@ func (pe *peer) run() {
 			return
 		default:
 		}
-		c, err := net.DialTimeout("tcp", pe.addr, dialTimeout)
+		c, err := pe.l.dial(pe.i, pe.addr)
 		if err != nil {
 			select {
 			case <-pe.l.quit:
@@ -480,6 +489,10 @@ func (l *link) serveInbound(c net.Conn) {
 	r := newFrameReader(c)
 	from, ok := l.greeted(c, r)
 	if !ok {
+		return
+	}
+	if err := provedAs(c, from); err != nil {
+		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}
 	// The peer is up: dial it back now rather than at the end of a back-off,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,7 +50,11 @@ type node struct {
 	// hold or a demotion cannot replace it.
 	gateSeq      uint64
 	reservedSeen uint64 // the highest reservation seen from an active (standby)
-	stopping     bool
+	// jump: a token this active's counter must pass before it serves
+	// again: the counter of a member back from a later epoch (a split
+	// active that stopped before the heal).
+	jump     uint64
+	stopping bool
 	// keepTable: this member shuts down as a single node (no successor
 	// took over) and writes its table at Close like the active it was.
 	keepTable bool
@@ -435,6 +440,24 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		p.table.Tokens().Observe(floor)
 		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
 	}
+	jump := false
+	if p.roles.role == roleActive && hb.Role != roleActive && hb.StoredEpoch > p.roles.epoch &&
+		hb.TokenLast > max(p.table.Tokens().Last(), p.jump) && hb.TokenLast < math.MaxUint64/2 {
+		// A member whose data dir holds an epoch above this active's: it
+		// promoted on the other side of a partition and stopped before the
+		// heal, so the two never saw each other as actives. It restarted
+		// with its counter above its reservation mark, which every token
+		// it issued stayed below: tokens go on above it. The gate holds
+		// requests (rather than answering B) until the jump is reserved.
+		// (Not its Reserved: as a standby of this active it echoes this
+		// active's own reservations. A counter past 2^63 is no real
+		// member's — tokens start near the wall clock in ns, 2^60 — and
+		// the reservation above it would wrap: it is ignored.)
+		// A promotion or freeze check in progress ends before the
+		// actor gets to it (resumeServing serves only a serving role).
+		p.jump = hb.TokenLast
+		jump, p.ready = true, false
+	}
 	// A jump above the reserved range: every grant gets B until a
 	// reservation covers it; ask for one now.
 	tokens := p.table.Tokens()
@@ -456,6 +479,11 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		p.reserveSoon("reservation above another member's tokens")
 	}
 	p.act(c, "heartbeat")
+	if jump {
+		rc := noChange()
+		rc.resume = true
+		p.act(rc, "a member back from a later epoch")
+	}
 	p.publish(g)
 }
 
@@ -524,7 +552,7 @@ func (p *node) carryOut(a action) {
 	case c.took:
 		p.becomeActive(a.token, why)
 	case c.resume:
-		p.resumeServing()
+		p.resumeServing(why)
 	case c.promote:
 		p.stats.failovers.Add(1)
 		p.becomeActive(0, why)
@@ -593,7 +621,10 @@ func (p *node) becomeActive(handoffToken uint64, why string) {
 // may have been promoted meanwhile; its tokens are below that floor
 // (clocks agreeing within the timeout; docs/DESIGN.md "Tokens across a
 // failover").
-func (p *node) resumeServing() {
+//
+// A member back from a later epoch (heardHeartbeat) resumes it the same
+// way: its tokens jump above that member's too (p.jump).
+func (p *node) resumeServing(why string) {
 	// The gate holds while the counter jumps: a freeze check that ended
 	// after an earlier one's resumeServing opened the gate (two stalls in
 	// a row) must not leave it serving with no token reserved (B).
@@ -606,12 +637,15 @@ func (p *node) resumeServing() {
 	if !p.noWallFloor {
 		tokens.Observe(repl.WallFloor() + uint64(p.timeout()))
 	}
-	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check")
+	p.mu.Lock()
+	tokens.Observe(p.jump)
+	p.mu.Unlock()
+	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check or a token jump")
 	p.mu.Lock()
 	p.ready = p.roles.serving()
 	g = p.gateFor(p.clock())
 	p.mu.Unlock()
-	p.log.Info("serving again after the freeze check", "next_token", tokens.Last()+1)
+	p.log.Info("serving again", "why", why, "next_token", tokens.Last()+1)
 	p.publish(g)
 }
 
@@ -999,6 +1033,9 @@ func (p *node) Status() repl.Status {
 		st.Active = p.cfg.Peers[r.active]
 	}
 	st.Failovers = p.stats.failovers.Load()
+	if p.link != nil {
+		st.MemberRefused = p.link.auth.Refusals()
+	}
 	st.Handovers = p.stats.handovers.Load()
 	st.Demotions = p.stats.demotions.Load()
 	out, in := &p.out.stats, &p.standby.stats

@@ -246,7 +246,7 @@ func (n *node) openRaft() error {
 	dur := int64(float64(conf.HeartbeatTimeout) * leaseFraction)
 	n.lease = newLease(len(n.cfg.Peers), n.cfg.Self, dur)
 	n.leaseStep = max(dur/8, 1)
-	n.stream = newRaftStream(ln, adv, conf.HeartbeatTimeout)
+	n.stream = newRaftStream(ln, adv, conf.HeartbeatTimeout, newMemberAuth(n.cfg, n.log))
 	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing}
 	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second, netLog)
 	n.closers = append(n.closers, n.trans)
@@ -738,6 +738,7 @@ func (n *node) Status() repl.Status {
 	st.Snapshots = n.stats.snapshots.Load()
 	st.Elections = n.stats.elections.Load()
 	st.Rebuilds = n.stats.rebuilds.Load()
+	st.MemberRefused = n.stream.auth.Refusals()
 	st.InSync = l >= 0
 	lastContact := n.r.LastContact()
 	leading := st.Role == api.RoleLeader
