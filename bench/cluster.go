@@ -355,7 +355,7 @@ func openLockdBin(t *target, o *options) error {
 // commit before it) with the same load generator, round by round.
 func openLockdBase(t *target, o *options) error {
 	if o.baseBin == "" {
-		return errors.New("lockd-base: give its binary with -base-bin")
+		return errors.New("give its binary with -base-bin")
 	}
 	bo := *o
 	bo.lockdBin = o.baseBin
