@@ -85,6 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	self := fs.String("self", "", "this member's entry in --peers, compared as text (default: --listen as written)")
 	fs.IntVar(&opt.member.PeerOffset, "peer-offset", repl.DefaultPeerOffset, "members talk on client port + this offset")
 	fs.DurationVar(&opt.member.FailoverTimeout, "failover-timeout", repl.DefaultFailoverTimeout, "priority: how long the active may be silent before a standby takes over; raft: the election timeout scale (100ms..60s)")
+	membershipFlags(fs, &opt.member) // members.go: --join, --force-new-cluster
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
 	fs.StringVar(&opt.acl, "acl", "", "identity file (PROTOCOL.md §8.2): turns authentication and authorization on; SIGHUP re-reads it")
@@ -151,7 +152,7 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch opt.cluster {
 	case "":
-		for _, name := range []string{"peers", "self", "peer-offset", "failover-timeout"} {
+		for _, name := range []string{"peers", "self", "peer-offset", "failover-timeout", "join", "force-new-cluster"} {
 			if set[name] {
 				return usageError{fmt.Sprintf("--%s needs --cluster priority or --cluster raft", name)}
 			}
@@ -180,6 +181,9 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 		return usageError{fmt.Sprintf("--self: --listen %q is not an entry of --peers %q; give --self as this member appears there", self, peers)}
 	}
 	m.Listen, m.DataDir, m.TokenBlock = cfg.Listen, cfg.DataDir, cfg.TokenBlock
+	if err := checkMembership(opt.cluster, m); err != nil {
+		return err
+	}
 	if err := m.Validate(); err != nil {
 		return usageError{flagError(err).Error()}
 	}
@@ -217,6 +221,8 @@ var flags = map[string]string{
 	"Self":                    "--self",
 	"PeerOffset":              "--peer-offset",
 	"FailoverTimeout":         "--failover-timeout",
+	"Join":                    "--join",
+	"ForceNewCluster":         "--force-new-cluster",
 }
 
 // flagError words an engine.ConfigError or a repl.FieldError with the
