@@ -437,6 +437,7 @@ func (n *node) RemoveMember(ctx context.Context, member string) (api.MemberChang
 		if err != nil {
 			return api.MemberChange{}, fmt.Errorf("raftnode: handing the leadership over before removing this member: %w", err)
 		}
+		n.log.Info("handed the leadership over", "successor", succ, "why", "this member is being removed: the successor removes it")
 		return api.MemberChange{}, &repl.NotLeaderError{Leader: succ}
 	}
 	voters := v.voters()
