@@ -35,10 +35,10 @@ type linkEvents struct {
 	// went down.
 	changed func(i int, up bool)
 	// accepted: member from connected with a Hello that agrees with this
-	// member's. It returns the handler of every later frame on that
-	// connection, called on the connection's reader goroutine; an error
-	// closes the connection.
-	accepted func(from int) func(t msgType, payload []byte) error
+	// member's; pm says how its --peers reads here (peers.go). It returns
+	// the handler of every later frame on that connection, called on the
+	// connection's reader goroutine; an error closes the connection.
+	accepted func(from int, pm peerMap) func(t msgType, payload []byte) error
 }
 
 // link is this member's side of the member link.
@@ -351,10 +351,15 @@ func (l *link) serveInbound(c net.Conn) {
 		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}
-	from := int(h.Self)
-	if from == l.cfg.Self || from >= len(l.cfg.Peers) {
-		l.log.Error("member link refused: it says it is this member", "remote", c.RemoteAddr().String())
+	pm, err := mapPeers(&h, l.cfg.Peers, l.cfg.Self)
+	if err != nil {
+		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
 		return
+	}
+	from := pm.from
+	if pm.differs {
+		l.log.Info("member link from a member whose --peers differs (a change of --peers in progress): members matched by address",
+			"member", l.cfg.Peers[from], "its_peers", h.Peers)
 	}
 	// The peer is up: dial it back now rather than at the end of a back-off,
 	// so a member that (re)starts hears from the others within its first
@@ -365,7 +370,7 @@ func (l *link) serveInbound(c net.Conn) {
 		default:
 		}
 	}
-	handle := l.ev.accepted(from)
+	handle := l.ev.accepted(from, pm)
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(2 * l.cfg.FailoverTimeout))
 		t, payload, err := r.Next()
