@@ -25,6 +25,22 @@ import (
 // returns the member once it logged that it is ready; on failure nothing
 // of it is left running.
 func (c *Cluster) AddMember(peers func(self string) []string, extra ...string) (*Member, error) {
+	m, err := c.NewMember(peers, extra...)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Start(); err != nil {
+		_ = m.Kill()
+		return nil, err
+	}
+	return m, nil
+}
+
+// NewMember is AddMember without the start: the member has its address,
+// data dir and command line, and starts with Member.Start (a test that
+// needs the new member's address before it runs: to give it to a client,
+// or to the others' --peers).
+func (c *Cluster) NewMember(peers func(self string) []string, extra ...string) (*Member, error) {
 	if c.plan.mode == ModeSingle {
 		return nil, fmt.Errorf("%w: AddMember needs a cluster mode", ErrBadOptions)
 	}
@@ -45,10 +61,6 @@ func (c *Cluster) AddMember(peers func(self string) []string, extra ...string) (
 	}
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		return nil, fmt.Errorf("clustertest: %w", err)
-	}
-	if err := m.Restart(); err != nil {
-		_ = m.Kill()
-		return nil, err
 	}
 	return m, nil
 }

@@ -75,7 +75,7 @@ func (c *Cluster) Agreed(sts []Status) (int, error) {
 		if st.Index == lead || st.Active == addr {
 			continue
 		}
-		if peers := c.Peers(st.Index); peers == nil || st.Active != peers[lead] {
+		if peers := c.Peers(st.Index); lead >= len(peers) || st.Active != peers[lead] {
 			return -1, fmt.Errorf("%w: member %d (%s) names %q, not member %d", ErrNoLeader, st.Index, st.Role, st.Active, lead)
 		}
 	}

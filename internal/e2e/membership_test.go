@@ -431,3 +431,101 @@ func TestRaftForceNewCluster(t *testing.T) {
 		t.Fatalf("token at the end %d, not above %d", tok, max(last, lastLoad))
 	}
 }
+
+// rollTo restarts member m with --peers peers (SIGTERM, then the new
+// command line) and waits until it is back: every running member agrees
+// on the active, and m is it or a standby in sync with it.
+func rollTo(t *testing.T, c *clustertest.Cluster, m *clustertest.Member, peers []string) {
+	t.Helper()
+	if m.Alive() {
+		if code, err := m.Term(); err != nil || code != 0 {
+			t.Fatalf("SIGTERM of member %d: exit %d, %v", m.Index(), code, err)
+		}
+	}
+	m.SetPeers(peers)
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.WaitStatus(20*time.Second, func(s clustertest.Status) bool {
+		return s.Role == api.RoleActive || (s.Role == api.RoleStandby && s.InSync)
+	}); err != nil {
+		t.Fatalf("member %d with --peers %v: %v", m.Index(), peers, err)
+	}
+	waitActive(t, c, 20*time.Second)
+}
+
+// TestPriorityRollingPeersChange is docs/CLUSTER.md's "Changing a priority
+// cluster's members": a rolling restart, one member at a time, that adds a
+// member (at the end), removes one, and reorders the list so that the new
+// member comes first. Locks held across it keep their tokens on whichever
+// member is active, a client given every member's address keeps working
+// (no failed acquire, tokens increasing), and at the end every member
+// follows the first of the new list.
+func TestPriorityRollingPeersChange(t *testing.T) {
+	c, a0 := startPriority(t, 3, false)
+	noRaces(t, c)
+	A, B, C := c.Member(0), c.Member(1), c.Member(2)
+	if a0 != 0 {
+		t.Fatalf("member %d is the active at start", a0)
+	}
+	abc := c.Addrs()
+	D, err := c.NewMember(func(self string) []string { return append(slices.Clone(abc), self) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, last := holdLocks(t, c, 0, "held", 100)
+	load := startLoad(t, append(slices.Clone(abc), D.Addr()))
+	load.waitMore(t, 5, "before")
+	activeHolds := func(what string) {
+		t.Helper()
+		a, _ := waitActive(t, c, 20*time.Second)
+		waitHolds(t, c, a, held, what)
+	}
+
+	// 1. Add D at the end: every member that stays learns of it first, then
+	// D starts (it joins as a standby and syncs).
+	abcd := append(slices.Clone(abc), D.Addr())
+	for _, m := range []*clustertest.Member{C, B, A} {
+		rollTo(t, c, m, abcd)
+		load.waitMore(t, 3, fmt.Sprintf("after restarting member %d with D", m.Index()))
+	}
+	if err := D.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := D.WaitStatus(20*time.Second, func(s clustertest.Status) bool { return s.Role == api.RoleStandby && s.InSync }); err != nil {
+		t.Fatal(err)
+	}
+	waitActiveIs(t, c, 0, "A is the active of A,B,C,D")
+	activeHolds("after adding D")
+
+	// 2. Remove B: it stops first, then the others drop it.
+	if code, err := B.Term(); err != nil || code != 0 {
+		t.Fatalf("SIGTERM of B: exit %d, %v", code, err)
+	}
+	acd := []string{A.Addr(), C.Addr(), D.Addr()}
+	for _, m := range []*clustertest.Member{D, C, A} {
+		rollTo(t, c, m, acd)
+		load.waitMore(t, 3, fmt.Sprintf("after restarting member %d without B", m.Index()))
+	}
+	activeHolds("after removing B")
+
+	// 3. Reorder: D first. Once every member has the new order, the active
+	// hands over to D (it is in sync and comes first).
+	dac := []string{D.Addr(), A.Addr(), C.Addr()}
+	for _, m := range []*clustertest.Member{C, A, D} {
+		rollTo(t, c, m, dac)
+		load.waitMore(t, 3, fmt.Sprintf("after restarting member %d in the new order", m.Index()))
+	}
+	waitActiveIs(t, c, D.Index(), "D, first of the new list, is the active")
+	activeHolds("after the reorder")
+	for _, m := range []*clustertest.Member{A, C, D} {
+		if got := m.Peers(); !slices.Equal(got, dac) {
+			t.Fatalf("member %d's --peers %v", m.Index(), got)
+		}
+	}
+	load.waitMore(t, 10, "at the end")
+	lastLoad := load.check(t, "rolling change of --peers")
+	if tok := grant(t, dial(t, c, D.Index()), "after", 10, 1); tok <= max(last, lastLoad) {
+		t.Fatalf("token after the change %d, not above %d", tok, max(last, lastLoad))
+	}
+}
