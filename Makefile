@@ -6,24 +6,40 @@ BENCHTIME   ?= 1s
 PKGS        := ./...
 PYTHON      ?= /usr/bin/python3
 
-.PHONY: all build test test-short lint check-tracked vet fmt-check staticcheck bench fuzz clean chaos chaos-short test-python lint-python
+.PHONY: all build test test-ops test-short lint check-tracked vet fmt-check staticcheck bench fuzz clean chaos chaos-short test-python lint-python
 
 all: build
 
+## build: bin/lockd and bin/lockctl, stamped with the VCS revision when
+## built in a git clone (-buildvcs=auto overrides a GOFLAGS=-buildvcs=false
+## in the environment, as on this repository's machines; --version and
+## lockd_build_info show the revision).
+BUILDVCS ?= -buildvcs=auto
 build:
-	$(GO) build -o bin/lockd ./cmd/lockd
-	$(GO) build -o bin/lockctl ./cmd/lockctl
+	$(GO) build $(BUILDVCS) -o bin/lockd ./cmd/lockd
+	$(GO) build $(BUILDVCS) -o bin/lockctl ./cmd/lockctl
 
 ## test: what CI runs — lint, every test with the race detector, then
 ## chaos/ on its own (TestChaosShort: the short chaos form, both modes,
 ## seed 1 and a random seed, 20 s each, verbose so that the seeds and the
 ## reports are in the log; alone, so that its clusters and the
 ## e2e tests' do not share the 2 cores), then the allocation tests, which
-## only count without it (they are built !race).
-test: lint test-python
-	$(GO) test -race -count=1 -timeout 15m $$($(GO) list $(PKGS) | grep -v '/chaos$$')
+## only count without it (they are built !race). ops/ runs on its own too
+## (test-ops).
+test: lint test-python test-ops
+	$(GO) test -race -count=1 -timeout 15m $$($(GO) list $(PKGS) | grep -v -e '/chaos$$' -e '/ops$$')
 	$(GO) test -race -count=1 -timeout 10m -v ./chaos/
 	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/ ./repl/
+
+## test-ops: the operator's assets in ops/ (ops/doc.go): systemd-analyze
+## verify and security on ops/lockd.service, promtool check rules and test
+## rules on ops/prometheus/, and the Grafana dashboard's and the rules'
+## metric names against the /metrics of running lockd nodes (a single node,
+## a priority and a raft cluster: one package at a time). A missing tool
+## (systemd's systemd-analyze, prometheus's promtool) skips its test with a
+## reason, and fails under CI=true.
+test-ops:
+	$(GO) test -count=1 -p 1 -timeout 10m -v ./ops/
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

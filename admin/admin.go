@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
@@ -18,34 +19,33 @@ import (
 	"github.com/lockd-dev/lockd/repl"
 )
 
-// Handler returns the admin endpoint's handler for srv. version is reported
-// by /status and as the lockd_build_info metric.
+// Build is what the binary knows of its own build (lockd --version, from
+// internal/version): reported by /status and as lockd_build_info.
+type Build struct {
+	Line     string // the version line, as --version prints it: /status's "version"
+	Version  string // the module version ("v0.1.0", "(devel)"): lockd_build_info's version label
+	Revision string // the VCS revision, "" when the build stamped none: its revision label
+}
+
+// Handler returns the admin endpoint's handler for srv, reporting build.
 //
 // With an ACL (engine.Config.ACL) every path but OpenPaths needs the basic
 // authentication of a monitor or admin identity, and a change (DELETE
 // /keys/{key}: an admin's release of a key's grant) an admin
 // (PROTOCOL.md §8.5).
-func Handler(srv *engine.Server, version string) http.Handler {
+func Handler(srv *engine.Server, build Build) http.Handler {
 	var st authStats
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(srv, version, &st))
+	reg.MustRegister(newCollector(srv, build, &st))
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := srv.Health(); err != nil {
-			msg := err.Error()
-			if errors.Is(err, engine.ErrDraining) {
-				msg = "shutting down" // the text scripts already match
-			}
-			http.Error(w, msg+"\n", http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ok\n"))
-	})
+	mux.HandleFunc("GET /healthz", probe(srv.Health))
+	mux.HandleFunc("GET /livez", probe(srv.Live))
+	mux.HandleFunc("GET /readyz", probe(func() error { return readiness(srv) }))
 	mux.HandleFunc("GET "+api.PathStatus, func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, status(srv, version))
+		writeJSON(w, http.StatusOK, status(srv, build.Line))
 	})
 	mux.HandleFunc("GET "+api.PathKeys+"{key...}", func(w http.ResponseWriter, r *http.Request) {
 		key := r.PathValue("key")
@@ -82,6 +82,57 @@ func Handler(srv *engine.Server, version string) http.Handler {
 	return authorize(srv, &st, mux)
 }
 
+// probe answers a health probe: 200 "ok" while check is nil, else 503
+// with its reason (ErrDraining as "shutting down", the text scripts
+// already match).
+func probe(check func() error) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		if err := check(); err != nil {
+			msg := err.Error()
+			if errors.Is(err, engine.ErrDraining) {
+				msg = "shutting down"
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable) // one line: Error adds the newline
+			return
+		}
+		w.Write([]byte("ok\n"))
+	}
+}
+
+// readiness is /readyz: nil when this node should get traffic — it
+// executes requests (a single node, the active, the leader), or it is a
+// standby or follower in sync with a known active or leader (it answers
+// M naming it at once) — and it is not starting, not shutting down, and
+// its token reservations succeed (engine.Server.Health).
+func readiness(srv *engine.Server) error {
+	select {
+	case <-srv.Ready():
+	default:
+		return errors.New("starting: not listening yet")
+	}
+	if err := srv.Health(); err != nil {
+		return err
+	}
+	st := srv.NodeStatus()
+	switch {
+	case api.Serving(st.Role):
+		return nil
+	case st.Role == api.RoleStandby || st.Role == api.RoleFollower:
+		if st.InSync && st.Active != "" {
+			return nil
+		}
+		return fmt.Errorf("%s not in sync with an active or leader yet", st.Role)
+	}
+	return fmt.Errorf("role %s: neither serving nor an in-sync standby or follower", orNone(st.Role))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
 // status maps the engine's figures and the node's repl.Status onto the
 // /status document.
 func status(srv *engine.Server, version string) api.Status {
@@ -103,12 +154,22 @@ func status(srv *engine.Server, version string) api.Status {
 		},
 		Mode:       node.Mode,
 		Active:     node.Active,
+		Leader:     leader(node),
 		Epoch:      node.Epoch,
 		InSync:     node.InSync,
 		LagSeconds: node.LagSeconds,
 		Members:    members(node.Members),
 		Raft:       raftStatus(node),
 	}
+}
+
+// leader is a raft member's leader (Active, named for raft); "" in the
+// other modes.
+func leader(n repl.Status) string {
+	if n.Mode != api.ModeRaft {
+		return ""
+	}
+	return n.Active
 }
 
 func raftStatus(n repl.Status) *api.RaftStatus {
@@ -128,7 +189,7 @@ func raftStatus(n repl.Status) *api.RaftStatus {
 func members(ms []repl.Member) []api.Member {
 	var out []api.Member
 	for _, m := range ms {
-		out = append(out, api.Member{Addr: m.Addr, Role: m.Role, Live: m.Live, InSync: m.InSync,
+		out = append(out, api.Member{Addr: m.Addr, Role: m.Role, Live: m.Live, Unobserved: m.Unobserved, InSync: m.InSync,
 			LagSeconds: m.LagSeconds, LagRecords: m.LagRecords, LagBytes: m.LagBytes})
 	}
 	return out

@@ -48,7 +48,7 @@ func setup(t *testing.T) *fixture { return setupWith(t, nil) }
 // setupWith is setup with the server's configuration changed by mod.
 func setupWith(t *testing.T, mod func(*engine.Config)) *fixture {
 	srv := lockdtest.Start(t, mod) // closed after the cleanups below
-	hs := httptest.NewServer(admin.Handler(srv, "v-test"))
+	hs := httptest.NewServer(admin.Handler(srv, admin.Build{Line: "v-test", Version: "v0.0.0-test", Revision: "0123abc"}))
 	c, err := net.Dial("tcp", srv.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -187,8 +187,22 @@ func TestMetricsMoveWithRequests(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
-	if v := value(t, m, "lockd_token_high_water"); v < float64(a.Token) {
-		t.Errorf("token high water %v below %d", v, a.Token)
+	// The tokens themselves are in /status (exact decimal strings; a
+	// float64 gauge near 1.8e18 would lose the low 8 bits); the metric is
+	// the headroom below the reservation mark, exact.
+	var st api.Status
+	f.get("/status", &st)
+	last, _ := strconv.ParseUint(st.TokenLast, 10, 64)
+	reserved, _ := strconv.ParseUint(st.TokenReserved, 10, 64)
+	if last < a.Token || reserved <= last {
+		t.Fatalf("/status tokens: last %s reserved %s, granted %d", st.TokenLast, st.TokenReserved, a.Token)
+	}
+	if v := value(t, m, "lockd_token_headroom"); v != float64(reserved-last) || v == 0 {
+		t.Errorf("lockd_token_headroom %v, want %d (reserved %d - last %d)", v, reserved-last, reserved, last)
+	}
+	// lockd_role: one series per role of the mode, 1 for the current one.
+	if n := len(m["lockd_role"].GetMetric()); n != len(api.Roles(api.ModeSingle)) {
+		t.Errorf("lockd_role has %d series on a single node", n)
 	}
 }
 
@@ -291,6 +305,55 @@ func TestHealthzFailsWhileDraining(t *testing.T) {
 	}
 }
 
+// TestProbes: /livez and /readyz beside /healthz on a single node —
+// all 200 while serving; once shutdown has begun /readyz and /healthz are
+// 503 "shutting down" while /livez stays 200 (the process is ending on
+// its own: nothing to restart).
+func TestProbes(t *testing.T) {
+	f := setup(t)
+	body := func(path string) (int, string) {
+		resp, err := http.Get(f.http.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, p := range []string{"/healthz", "/livez", "/readyz"} {
+		if code, b := body(p); code != http.StatusOK || b != "ok\n" {
+			t.Fatalf("%s while serving: %d %q", p, code, b)
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- f.srv.Shutdown(ctx)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, b := body("/readyz")
+		if code == http.StatusServiceUnavailable {
+			if b != "shutting down\n" {
+				t.Fatalf("/readyz while draining: %q", b)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz still 200 while shutting down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if code, b := body("/livez"); code != http.StatusOK {
+		t.Fatalf("/livez while draining: %d %q", code, b)
+	}
+	f.conn.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestHealthzTakesNoShardLock is issue 9 fault 5: /healthz took every shard
 // lock to read one flag, so a probe waited behind any busy shard. Here a
 // shard is held (its record sink blocks inside a grant, under the shard's
@@ -327,13 +390,17 @@ func TestHealthzTakesNoShardLock(t *testing.T) {
 }
 
 // TestBuildInfoOnASingleNode: lockd_build_info (README, /metrics) is
-// exported by every node, a single node included.
+// exported by every node, a single node included, with the build's
+// version and revision as labels.
 func TestBuildInfoOnASingleNode(t *testing.T) {
 	f := setup(t)
 	fams := f.scrape()
 	fam, ok := fams["lockd_build_info"]
 	if !ok || len(fam.Metric) != 1 || fam.Metric[0].GetGauge().GetValue() != 1 {
 		t.Fatalf("lockd_build_info on a single node: %v", fam)
+	}
+	if v := value(t, fams, "lockd_build_info", "version", "v0.0.0-test", "revision", "0123abc"); v != 1 {
+		t.Fatalf("lockd_build_info{version, revision} = %v", v)
 	}
 }
 

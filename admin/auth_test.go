@@ -87,6 +87,9 @@ func TestAdminAuth(t *testing.T) {
 	}{
 		{"healthz open", "GET", "/healthz", "", "", 200},
 		{"healthz with bad credentials", "GET", "/healthz", "ops", "wrong", 200},
+		{"livez open", "GET", "/livez", "", "", 200},
+		{"readyz open", "GET", "/readyz", "", "", 200},
+		{"readyz as a client", "GET", "/readyz", "orders", "orders-secret", 200},
 		{"metrics without credentials", "GET", "/metrics", "", "", 401},
 		{"metrics wrong secret", "GET", "/metrics", "prom", "prom-secreT", 401},
 		{"metrics unknown identity", "GET", "/metrics", "nobody", "prom-secret", 401},

@@ -11,12 +11,12 @@ import (
 // collector turns one engine.Metrics snapshot per scrape into Prometheus
 // metrics, so the hot path keeps plain per-loop counters.
 type collector struct {
-	srv     *engine.Server
-	version string
-	auth    *authStats
+	srv   *engine.Server
+	build Build
+	auth  *authStats
 
 	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
-	keys, waiters, conns, tokenLast, tokenReserved, wait, role, build, up    *prometheus.Desc
+	keys, waiters, conns, tokenHeadroom, wait, role, buildInfo, up           *prometheus.Desc
 	noToken, reserveErrs, reserveFailing, moved, otherIdent                  *prometheus.Desc
 	authFailures, aclClosed, aclReloads, adminReleases, adminAuth            *prometheus.Desc
 	tlsHandshakes, tlsFailures                                               *prometheus.Desc
@@ -24,7 +24,7 @@ type collector struct {
 	// cluster
 	epoch, failovers, handovers, demotions, snapshots, batches, records, rawBytes, wireBytes *prometheus.Desc
 	cancelled                                                                                *prometheus.Desc
-	lagSecs, lagRecords, lagBytes, memberLive                                                *prometheus.Desc
+	lagSecs, lagRecords, lagBytes, memberLive, memberRole                                    *prometheus.Desc
 
 	// raft
 	raftTerm, raftCommit, raftApplied, raftEntries, raftEntryRecords, raftCommitLatency *prometheus.Desc
@@ -32,12 +32,12 @@ type collector struct {
 	raftMembers                                                                         *prometheus.Desc
 }
 
-func newCollector(srv *engine.Server, version string, auth *authStats) *collector {
+func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("lockd_"+name, help, labels, nil)
 	}
 	return &collector{
-		srv: srv, version: version, auth: auth,
+		srv: srv, build: build, auth: auth,
 		requests:          d("requests_total", "Requests by op and result.", "op", "result"),
 		errors:            d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down, 5 unauthenticated, 6 permission denied).", "code"),
 		grants:            d("grants_total", "Grants, immediate or handoff."),
@@ -49,11 +49,10 @@ func newCollector(srv *engine.Server, version string, auth *authStats) *collecto
 		keys:              d("held_keys", "Keys held now."),
 		waiters:           d("waiters", "Acquires queued now."),
 		conns:             d("connections", "Open client connections."),
-		tokenLast:         d("token_high_water", "Highest fencing token issued."),
-		tokenReserved:     d("token_reserved", "Durably reserved token mark."),
+		tokenHeadroom:     d("token_headroom", "Tokens this node may still issue below its durable reservation mark (the mark less the highest token issued; exact: the tokens themselves exceed float64's 53 bits and are in /status)."),
 		wait:              d("acquire_wait_seconds", "Time from acquire to grant (0 for immediate grants)."),
-		role:              d("role", "1 for the node's role.", "role"),
-		build:             d("build_info", "Build information.", "version"),
+		role:              d("role", "1 for the node's current role, 0 for every other role of its mode (one series per role, always).", "role"),
+		buildInfo:         d("build_info", "1, with the build's module version and VCS revision (\"\" when the build stamped none).", "version", "revision"),
 		up:                d("uptime_seconds", "Seconds since the server started."),
 		noToken:           d("busy_no_token_total", "Acquires and handoffs answered B because no token was reserved (the data dir failing)."),
 		reserveErrs:       d("token_reserve_failures_total", "Failed token reservation attempts."),
@@ -72,13 +71,14 @@ func newCollector(srv *engine.Server, version string, auth *authStats) *collecto
 		lagSecs:           d("replication_lag_seconds", "Age of the oldest batch a standby has not acknowledged, as the active measures it: per standby on the active, and member=\"self\" on a standby (its active's last figure).", "member"),
 		lagRecords:        d("replication_lag_records", "Records sent or queued to a standby and not acknowledged.", "member"),
 		lagBytes:          d("replication_lag_bytes", "Raw bytes sent or queued to a standby and not acknowledged.", "member"),
-		memberLive:        d("cluster_member_live", "1 while a member has been heard from within the failover timeout.", "member", "role"),
+		memberLive:        d("cluster_member_live", "1 while a member has been heard from within the failover timeout.", "member"),
+		memberRole:        d("cluster_member_role", "1 for the role a member was last heard in, 0 for every other role of the mode (all 0 while unknown).", "member", "role"),
 		raftTerm:          d("raft_term", "The current raft term."),
 		raftCommit:        d("raft_commit_index", "Raft's commit index."),
 		raftApplied:       d("raft_applied_index", "The last log index applied to the lock table."),
 		raftEntries:       d("raft_entries_total", "Log entries of lock changes this member proposed as leader and saw committed."),
 		raftEntryRecords:  d("raft_entry_records_total", "Lock changes in those entries (records per entry = this / raft_entries_total)."),
-		raftCommitLatency: d("raft_commit_latency_seconds", "Time from proposing an entry to its commit over the last 1024 entries.", "quantile"),
+		raftCommitLatency: d("raft_commit_latency_seconds", "Time from proposing a log entry of lock changes to its commit, on the leader that proposed it.", nil...),
 		raftSnapshots:     d("raft_snapshots_total", "Raft snapshots this member wrote."),
 		raftSnapshotBytes: d("raft_snapshot_bytes", "The size of the last raft snapshot."),
 		raftElections:     d("raft_elections_total", "Times this member became a serving leader."),
@@ -97,11 +97,11 @@ func newCollector(srv *engine.Server, version string, auth *authStats) *collecto
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
-		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenLast, c.tokenReserved, c.wait, c.role, c.build, c.up,
+		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenHeadroom, c.wait, c.role, c.buildInfo, c.up,
 		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.otherIdent, c.tlsHandshakes, c.tlsFailures,
 		c.authFailures, c.aclClosed, c.aclReloads, c.adminReleases, c.adminAuth,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
-		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive,
+		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive, c.memberRole,
 		c.raftTerm, c.raftCommit, c.raftApplied, c.raftEntries, c.raftEntryRecords, c.raftCommitLatency,
 		c.raftSnapshots, c.raftSnapshotBytes, c.raftElections, c.raftRebuilds, c.raftMembers} {
 		ch <- d
@@ -126,11 +126,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.keys, float64(m.Keys))
 	gauge(c.waiters, float64(m.Waiters))
 	gauge(c.conns, float64(m.Conns))
-	gauge(c.tokenLast, float64(m.TokenLast))
-	gauge(c.tokenReserved, float64(m.TokenReserved))
+	if m.TokenReserved >= m.TokenLast {
+		gauge(c.tokenHeadroom, float64(m.TokenReserved-m.TokenLast))
+	} else {
+		gauge(c.tokenHeadroom, 0)
+	}
 	gauge(c.up, m.Uptime.Seconds())
 	node := c.srv.NodeStatus()
-	gauge(c.role, 1, node.Role)
+	roles(gauge, c.role, node.Mode, node.Role)
 	counter(c.noToken, m.Table.NoToken)
 	counter(c.reserveErrs, node.ReserveErrors)
 	failing := 0.0
@@ -164,12 +167,30 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	cum += m.WaitCounts[len(engine.WaitBuckets)]
 	ch <- prometheus.MustNewConstHistogram(c.wait, cum, m.WaitSum, buckets)
-	gauge(c.build, 1, c.version)
+	gauge(c.buildInfo, 1, c.build.Version, c.build.Revision)
 	if node.Mode != api.ModeSingle {
 		c.collectCluster(ch, node)
 	}
 	if node.Mode == api.ModeRaft {
 		c.collectRaft(ch, node)
+	}
+}
+
+// roles sends d's series for every role of mode (api.Roles), labelled
+// with lead (a member's address) and the role: 1 for current, 0 for the
+// others. A role the list does not know yet is sent too (1), rather than
+// hidden.
+func roles(gauge func(*prometheus.Desc, float64, ...string), d *prometheus.Desc, mode, current string, lead ...string) {
+	known := false
+	for _, r := range api.Roles(mode) {
+		v := 0.0
+		if r == current {
+			v, known = 1, true
+		}
+		gauge(d, v, append(lead, r)...)
+	}
+	if !known && current != "" {
+		gauge(d, 1, append(lead, current)...)
 	}
 }
 
@@ -204,7 +225,8 @@ func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status
 		if mb.Live {
 			live = 1
 		}
-		gauge(c.memberLive, live, mb.Addr, mb.Role)
+		gauge(c.memberLive, live, mb.Addr)
+		roles(gauge, c.memberRole, node.Mode, mb.Role, mb.Addr)
 		gauge(c.lagSecs, mb.LagSeconds, mb.Addr)
 		gauge(c.lagRecords, float64(mb.LagRecords), mb.Addr)
 		gauge(c.lagBytes, float64(mb.LagBytes), mb.Addr)
@@ -219,8 +241,14 @@ func (c *collector) collectRaft(ch chan<- prometheus.Metric, node repl.Status) {
 	gauge(c.raftApplied, float64(node.AppliedIndex))
 	counter(c.raftEntries, node.Entries)
 	counter(c.raftEntryRecords, node.EntryRecords)
-	gauge(c.raftCommitLatency, node.CommitP50, "0.5")
-	gauge(c.raftCommitLatency, node.CommitP99, "0.99")
+	buckets := make(map[float64]uint64, len(repl.CommitBuckets))
+	var cum uint64
+	for i, ub := range repl.CommitBuckets {
+		cum += node.CommitCounts[i]
+		buckets[ub] = cum
+	}
+	cum += node.CommitCounts[len(repl.CommitBuckets)]
+	ch <- prometheus.MustNewConstHistogram(c.raftCommitLatency, cum, node.CommitSum, buckets)
 	counter(c.raftSnapshots, node.Snapshots)
 	gauge(c.raftSnapshotBytes, float64(node.SnapshotBytes))
 	counter(c.raftElections, node.Elections)

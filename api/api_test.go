@@ -32,8 +32,8 @@ func TestWireNames(t *testing.T) {
 		Keys: 3, Waiters: 4, Connections: 5, TokenLast: "18446744073709551615", TokenReserved: "18446744073709551614",
 		Limits: api.Limits{MaxKey: 1024, MaxKeys: 16777216, MaxWaitersPerKey: 4096, MaxWaiters: 1048576, MaxConns: 100000,
 			MaxOutbound: 4194304, Loops: 2},
-		Mode: api.ModePriority, Active: "127.0.0.1:7080", Epoch: 7, InSync: true, LagSeconds: 0.001,
-		Members: []api.Member{{Addr: "127.0.0.1:7080", Role: api.RoleActive, Live: true, InSync: true, LagSeconds: 0.002,
+		Mode: api.ModePriority, Active: "127.0.0.1:7080", Leader: "127.0.0.1:7080", Epoch: 7, InSync: true, LagSeconds: 0.001,
+		Members: []api.Member{{Addr: "127.0.0.1:7080", Role: api.RoleActive, Live: true, Unobserved: true, InSync: true, LagSeconds: 0.002,
 			LagRecords: 6, LagBytes: 7}},
 		Raft: &api.RaftStatus{Term: 8, CommitIndex: 9, AppliedIndex: 10, Entries: 11, RecordsPerEntry: 1.5,
 			CommitP50Seconds: 0.0003, CommitP99Seconds: 0.004, Snapshots: 12, LastSnapshotBytes: 13, Elections: 14, Rebuilds: 15}}
@@ -110,6 +110,34 @@ func TestNames(t *testing.T) {
 		if st := (api.Status{Role: role}); st.Serving() != serving {
 			t.Errorf("Status{Role: %q}.Serving() = %v", role, !serving)
 		}
+	}
+}
+
+// TestRoles: every role of a mode is listed once, and each role belongs
+// to one mode (single and priority share active).
+func TestRoles(t *testing.T) {
+	all := map[string]bool{}
+	for _, mode := range []string{api.ModeSingle, api.ModePriority, api.ModeRaft} {
+		roles := api.Roles(mode)
+		seen := map[string]bool{}
+		for _, r := range roles {
+			if seen[r] {
+				t.Errorf("%s lists %s twice", mode, r)
+			}
+			seen[r], all[r] = true, true
+		}
+		if len(roles) == 0 {
+			t.Errorf("no roles for %s", mode)
+		}
+	}
+	for _, r := range []string{api.RoleActive, api.RoleActiveChecking, api.RoleHandingOver, api.RoleLeaving, api.RoleStandby,
+		api.RoleLeader, api.RoleFollower, api.RoleCandidate} {
+		if !all[r] {
+			t.Errorf("role %s in no mode's list", r)
+		}
+	}
+	if api.Roles("nonsense") != nil {
+		t.Error("roles for an unknown mode")
 	}
 }
 

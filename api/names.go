@@ -39,3 +39,20 @@ func Serving(role string) bool { return role == RoleActive || role == RoleLeader
 
 // Serving reports whether the node executes requests: Serving(s.Role).
 func (s *Status) Serving() bool { return Serving(s.Role) }
+
+// Roles lists, in a fixed order, every role a node of mode reports
+// (Status.Role, Member.Role): the admin endpoint exports one lockd_role
+// and one lockd_cluster_member_role series per role, 1 for the current
+// one and 0 for the others, so no series appears or vanishes when a role
+// changes. Nil for an unknown mode.
+func Roles(mode string) []string {
+	switch mode {
+	case ModeSingle:
+		return []string{RoleActive}
+	case ModePriority:
+		return []string{RoleActive, RoleActiveChecking, RoleHandingOver, RoleLeaving, RoleStandby}
+	case ModeRaft:
+		return []string{RoleLeader, RoleFollower, RoleCandidate}
+	}
+	return nil
+}

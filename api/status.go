@@ -30,9 +30,10 @@ type Status struct {
 	TokenReserved string `json:"token_reserved"`
 	Limits        Limits `json:"limits"`
 
-	Mode   string `json:"mode"`   // a Mode* name
-	Active string `json:"active"` // the active's (raft: the leader's) client address, "" if none is known
-	Epoch  uint64 `json:"epoch"`  // priority: the active's epoch; raft: the term
+	Mode   string `json:"mode"`             // a Mode* name
+	Active string `json:"active"`           // the active's (raft: the leader's) client address, "" if none is known
+	Leader string `json:"leader,omitempty"` // raft: Active by its raft name, the leader's client address
+	Epoch  uint64 `json:"epoch"`            // priority: the active's epoch; raft: the term
 	// InSync: a priority standby in sync with its active (it applied a
 	// snapshot and the stream after it); a raft member that knows its
 	// leader.
@@ -57,13 +58,14 @@ type Limits struct {
 // Member is what a cluster member knows of another member. The lag figures
 // are a priority active's measure of its standbys (zero elsewhere).
 type Member struct {
-	Addr       string  `json:"addr"`        // its entry of --peers
-	Role       string  `json:"role"`        // a Role* name as last heard, "" if unknown
-	Live       bool    `json:"live"`        // heard from within the failover timeout
-	InSync     bool    `json:"in_sync"`     // a standby in sync with this active
-	LagSeconds float64 `json:"lag_seconds"` // age of the oldest batch it has not acknowledged
-	LagRecords uint64  `json:"lag_records"` // records sent or queued to it and not acknowledged
-	LagBytes   uint64  `json:"lag_bytes"`   // their bytes before compression
+	Addr       string  `json:"addr"`                 // its entry of --peers
+	Role       string  `json:"role"`                 // a Role* name as last heard, "" if unknown
+	Live       bool    `json:"live"`                 // heard from within the failover timeout
+	Unobserved bool    `json:"unobserved,omitempty"` // Live says nothing: this member cannot hear from it (a raft follower hears only its leader; ask the leader)
+	InSync     bool    `json:"in_sync"`              // a standby in sync with this active
+	LagSeconds float64 `json:"lag_seconds"`          // age of the oldest batch it has not acknowledged
+	LagRecords uint64  `json:"lag_records"`          // records sent or queued to it and not acknowledged
+	LagBytes   uint64  `json:"lag_bytes"`            // their bytes before compression
 }
 
 // RaftStatus is a raft member's log: indexes, group commit, snapshots.

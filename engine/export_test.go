@@ -10,3 +10,11 @@ func SessionCommonNames(s *Server) []string {
 	}
 	return out
 }
+
+// StallTicker makes the event loops' ticker wait (it takes the barrier
+// that OnTick reads under) until the returned function is called, as a
+// stuck loop would: for the tests of Live.
+func StallTicker(s *Server) (resume func()) {
+	s.barrier.Lock()
+	return s.barrier.Unlock
+}

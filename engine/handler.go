@@ -465,6 +465,7 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 		return tickEvery, gnet.None
 	}
 	now := s.now()
+	s.lastTick.Store(now) // Live
 	s.barrier.RLock()
 	if s.node.Gate().Effective(now) == repl.Serve {
 		b := s.getScratch()

@@ -63,6 +63,12 @@ type Server struct {
 	draining atomic.Bool
 	stopped  atomic.Bool // set once the engine is stopping: OnTick does nothing more
 
+	// ops.go: Hurry cuts the drain short; lastTick is OnTick's last run
+	// (the table's clock), for Live.
+	hurry     chan struct{}
+	hurryOnce sync.Once
+	lastTick  atomic.Int64
+
 	sessMu   sync.Mutex
 	sessions map[*session]struct{}
 
@@ -122,6 +128,7 @@ func New(cfg Config) (*Server, error) {
 		done:      make(chan struct{}),
 		stop:      make(chan struct{}),
 		loopsDone: make(chan struct{}),
+		hurry:     make(chan struct{}),
 		sessions:  make(map[*session]struct{}),
 		heldSet:   make(map[*session]struct{}),
 	}
@@ -351,6 +358,7 @@ func (s *Server) boot(addr string) bool {
 		return false
 	}
 	s.log.Info("ready", "addr", addr, "loops", s.cfg.Loops, "tls", s.tlsConf != nil)
+	s.lastTick.Store(s.now()) // Live counts the ticker's silence from here
 	close(s.ready)
 	return true
 }
@@ -501,6 +509,9 @@ func (s *Server) drain(ctx context.Context) {
 		select {
 		case <-grace.Done():
 			s.log.Warn("shutdown grace over", "unflushed", pending)
+			return
+		case <-s.hurry:
+			s.log.Warn("drain cut short (Hurry): closing the connections now", "unflushed", pending, "clients", len(sessions))
 			return
 		case <-tick.C:
 		}

@@ -229,13 +229,25 @@ type Status struct {
 	// Configuration is the raft configuration as this member knows it
 	// (raftnode's membership.go); nil in the other modes.
 	Configuration []api.RaftMember
+
+	// CommitCounts is every commit latency since start by CommitBuckets
+	// (not cumulative; the last counts those above every bound), and
+	// CommitSum their sum in seconds: a histogram that aggregates.
+	CommitCounts [len(CommitBuckets) + 1]uint64
+	CommitSum    float64
 }
+
+// CommitBuckets are the upper bounds, in seconds, of the raft commit
+// latency histogram (Status.CommitCounts): 100 µs to 10 s.
+var CommitBuckets = [...]float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
 // Member is what a node knows of another member.
 type Member struct {
 	Addr       string  // client address from --peers
 	Role       string  // as Status.Role, "" if unknown
 	Live       bool    // heard from within the failover timeout
+	Unobserved bool    // this member cannot hear from it (a raft follower hears only the leader): Live says nothing
 	InSync     bool    // a standby that applied a snapshot and the stream after it
 	LagSeconds float64 // active: age of the oldest batch the standby has not acknowledged
 	LagRecords uint64  // active: records sent or queued and not acknowledged

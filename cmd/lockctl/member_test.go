@@ -29,8 +29,12 @@ func raftPort(t *testing.T, taken map[int]bool) string {
 		return true
 	}
 	for p := 20000 + int(time.Now().UnixNano()%20000); p < 55000; p += 7 {
-		if !taken[p] && !taken[p+1] && free(p) && free(p+1) && free(p+10000) {
-			taken[p], taken[p+1] = true, true
+		if !taken[p] && !taken[p+1] && !taken[p+10000] && free(p) && free(p+1) && free(p+10000) {
+			// No other member's client, admin or member port may be one of
+			// these (lockd refuses such --peers at start).
+			for _, q := range []int{p - 1, p, p + 1, p + 9999, p + 10000, p + 10001, p - 9999, p - 10000, p - 10001} {
+				taken[q] = true
+			}
 			return "127.0.0.1:" + strconv.Itoa(p)
 		}
 	}

@@ -207,12 +207,21 @@ func (ad *admin) active(admins []string) (string, error) {
 
 func printStatus(w io.Writer, s *api.Status) {
 	state := "serving"
-	if s.Draining {
+	switch {
+	case s.Draining:
 		state = "shutting down"
+	case !s.Serving():
+		state = "not serving: answers M"
 	}
 	fmt.Fprintf(w, "server:      %s (%s, %s)\n", s.Addr, s.Role, state)
-	if s.Mode != "" && s.Mode != api.ModeSingle {
+	switch s.Mode {
+	case "", api.ModeSingle:
+	case api.ModeRaft: // raft's words: a term and a leader
+		fmt.Fprintf(w, "cluster:     %s, term %d, leader %s\n", s.Mode, s.Epoch, orNone(s.Active))
+	default:
 		fmt.Fprintf(w, "cluster:     %s, epoch %d, active %s\n", s.Mode, s.Epoch, orNone(s.Active))
+	}
+	if s.Mode != "" && s.Mode != api.ModeSingle {
 		if s.Role == api.RoleStandby {
 			fmt.Fprintf(w, "sync:        in sync %v, lag %s\n", s.InSync, seconds(s.LagSeconds))
 		}
@@ -232,8 +241,11 @@ func printStatus(w io.Writer, s *api.Status) {
 		fmt.Fprintln(w, "members:")
 		for _, m := range s.Members {
 			live := "down"
-			if m.Live {
+			switch {
+			case m.Live:
 				live = "live"
+			case m.Unobserved:
+				live = "not observed from here (a follower hears only its leader; its status tells)"
 			}
 			line := fmt.Sprintf("  %-21s %-12s %s", m.Addr, orNone(m.Role), live)
 			if m.InSync {

@@ -30,6 +30,10 @@ func TestPrintStatus(t *testing.T) {
 			{Addr: "b:2", Role: api.RoleStandby, Live: true, InSync: true, LagSeconds: 0.001, LagRecords: 3, LagBytes: 99},
 			{Addr: "c:3"}}},
 			[]string{"active (none)", "b:2", "standby      live, in sync, lag 1ms (3 records, 99 B)", "c:3", "(none)       down"}},
+		{"raft follower", api.Status{Role: api.RoleFollower, Mode: api.ModeRaft, Epoch: 8, Active: "a:1", InSync: true, Limits: limits,
+			Members: []api.Member{{Addr: "a:1", Role: api.RoleLeader, Live: true}, {Addr: "c:3", Role: api.RoleFollower, Unobserved: true}}},
+			[]string{"(follower, not serving: answers M)", "cluster:     raft, term 8, leader a:1", "a:1                   leader       live",
+				"c:3                   follower     not observed from here"}},
 		{"raft leader", api.Status{Role: api.RoleLeader, Mode: api.ModeRaft, Epoch: 8, Limits: limits,
 			Raft: &api.RaftStatus{Term: 8, CommitIndex: 100, AppliedIndex: 99, Entries: 40, RecordsPerEntry: 2.5, CommitP50Seconds: 0.001,
 				CommitP99Seconds: 0.003, Snapshots: 2, LastSnapshotBytes: 4096, Elections: 1, Rebuilds: 0}},
@@ -44,6 +48,9 @@ func TestPrintStatus(t *testing.T) {
 				if !strings.Contains(b.String(), w) {
 					t.Errorf("no %q in\n%s", w, b.String())
 				}
+			}
+			if tc.st.Mode == api.ModeRaft && (strings.Contains(b.String(), "active") || strings.Contains(b.String(), "epoch")) {
+				t.Errorf("a raft member's status speaks of an active or an epoch:\n%s", b.String())
 			}
 			if tc.st.Mode == api.ModeSingle && strings.Contains(b.String(), "cluster:") {
 				t.Errorf("a single node shows a cluster line:\n%s", b.String())

@@ -6,14 +6,20 @@
 //
 // SIGINT or SIGTERM shut it down gracefully (queued acquires are answered
 // with E 4, held locks are written to the data directory and reloaded by the
-// next start); it then exits 0. SIGHUP re-reads the files that may change
-// under a running daemon (the TLS certificate, key and CA bundles and the
-// --acl file: a small registry of reload functions, reload.go); a file that
-// no longer loads is logged and the one in force stays. Without anything to
-// reload SIGHUP is logged and ignored.
+// next start); it then exits 0. A second signal during that shutdown cuts
+// the drain short and the locks are still written (exit 0); a third exits
+// at once (exit 1) and logs how many held locks that loses. SIGHUP
+// re-reads the files that may change under a running daemon (the TLS
+// certificate, key and CA bundles and the --acl file: a small registry of
+// reload functions, reload.go); a file that no longer loads is logged and
+// the one in force stays. Without anything to reload SIGHUP is logged and
+// ignored.
 //
 // It owns the command line (flags validated at start with messages naming
-// the flag, exit 2; the libraries' repl.FieldErrors, engine.ConfigErrors
+// the flag, exit 2; every flag but --version may come from the
+// environment as LOCKD_<FLAG>, env.go, and a bad value there names the
+// variable; the ports of a cluster's members are checked for collisions,
+// ports.go; the libraries' repl.FieldErrors, engine.ConfigErrors
 // and tlsconf.FieldErrors are worded here with the flag), the process's
 // logging, signals and exit codes, and the wiring: it picks the node
 // (repl.NewLocal through the engine's default, priority.New or

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +21,7 @@ import (
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
+	buildinfo "github.com/lockd-dev/lockd/internal/version"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/priority"
 	"github.com/lockd-dev/lockd/repl/raftnode"
@@ -29,7 +29,8 @@ import (
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
-// otherwise the module version from the build info is used.
+// otherwise the module version from the build info is used
+// (internal/version).
 var version = ""
 
 func main() {
@@ -53,9 +54,25 @@ type options struct {
 	// peer CAs (Certificate, PeerCAs), all following SIGHUP reloads.
 	tls *tlsconf.Store
 	acl string // --acl FILE, "" for none
+	// fromEnv are the flags the environment set (LOCKD_*, env.go), and
+	// envUnknown the LOCKD_ variables that name no flag (warned about).
+	fromEnv    map[string]envSet
+	envUnknown []string
 }
 
+// parseFlags parses the command line, then the environment for the flags
+// it did not set (env.go); an error names the variable of a flag that
+// came from there.
 func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error) {
+	cfg, opt, err := parseArgs(args, os.LookupEnv, os.Environ(), stderr)
+	var ue usageError
+	if errors.As(err, &ue) {
+		err = usageError{withEnv(ue.msg, opt.fromEnv)}
+	}
+	return cfg, opt, err
+}
+
+func parseArgs(args []string, lookup func(string) (string, bool), environ []string, stderr io.Writer) (engine.Config, options, error) {
 	cfg := engine.DefaultConfig()
 	var opt options
 	fs := flag.NewFlagSet("lockd", flag.ContinueOnError)
@@ -65,7 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	fs.StringVar(&tlsFiles.Key, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&tlsFiles.ClientCA, "tls-client-ca", "", "PEM CA bundle: clients must present a certificate that verifies against it (mutual TLS); needs --tls-cert")
 	fs.StringVar(&tlsFiles.PeerCA, "tls-peer-ca", "", "PEM CA bundle for the member link's certificates (default: --tls-client-ca); needs --tls-cert")
-	fs.StringVar(&opt.admin, "admin", "", "admin HTTP address (HTTPS with --tls-cert) for /metrics, /healthz, /status, /keys/{key}, /debug/pprof/ (default: --listen's host, its port + 1; \"\" turns it off)")
+	fs.StringVar(&opt.admin, "admin", "", "admin HTTP address (HTTPS with --tls-cert) for /metrics, /livez, /readyz, /healthz, /status, /keys/{key}, /debug/pprof/ (default: --listen's host, its port + 1; \"\" turns it off)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address to serve (host:port)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the token mark and the shutdown snapshot")
 	fs.IntVar(&cfg.MaxKey, "max-key", cfg.MaxKey, "longest key in bytes, 1..1024")
@@ -90,8 +107,11 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	format := fs.String("log-format", "text", "log format: text or json")
 	fs.StringVar(&opt.acl, "acl", "", "identity file (PROTOCOL.md §8.2): turns authentication and authorization on; SIGHUP re-reads it")
 	fs.BoolVar(&opt.showVersion, "version", false, "print the version and exit")
+	envUsage(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nlockd is a lock server with fencing tokens. Flags:\n")
+		fmt.Fprintf(stderr, "Usage: lockd [flags]\n\nlockd is a lock server with fencing tokens. Every flag but --version may also be\n"+
+			"given in the environment as LOCKD_<FLAG> (upper case, '-' as '_': --data-dir is LOCKD_DATA_DIR,\n"+
+			"shown in brackets below); a flag on the command line wins over its variable. Flags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -100,13 +120,17 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	if fs.NArg() > 0 {
 		return cfg, opt, usageError{fmt.Sprintf("unexpected argument %q (lockd takes only flags)", fs.Arg(0))}
 	}
+	var err error
+	if opt.fromEnv, err = applyEnv(fs, lookup); err != nil {
+		return cfg, opt, err
+	}
+	opt.envUnknown = envUnknown(fs, environ)
 	if err := cfg.Validate(); err != nil {
 		return cfg, opt, usageError{flagError(err).Error()}
 	}
 	if err := clusterFlags(fs, &cfg, &opt, *peers, *self); err != nil {
 		return cfg, opt, err
 	}
-	var err error
 	if opt.tls, err = loadTLS(tlsFiles); err != nil {
 		return cfg, opt, err
 	}
@@ -127,6 +151,11 @@ func parseFlags(args []string, stderr io.Writer) (engine.Config, options, error)
 	} else if opt.admin != "" {
 		if _, _, err := net.SplitHostPort(opt.admin); err != nil {
 			return cfg, opt, usageError{fmt.Sprintf("--admin %q: %v", opt.admin, err)}
+		}
+	}
+	if opt.cluster != "" {
+		if err := checkPorts(opt.member.Peers, opt.member.Self, cfg.Listen, opt.member.PeerOffset, opt.admin, adminSet); err != nil {
+			return cfg, opt, err
 		}
 	}
 	var lv slog.Level
@@ -271,15 +300,11 @@ func adminBeside(listen string) string {
 	return net.JoinHostPort(host, strconv.Itoa(p+1))
 }
 
-func versionString() string {
-	v := version
-	if v == "" {
-		v = "(devel)"
-		if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-			v = bi.Main.Version
-		}
-	}
-	return "lockd " + v + " " + runtime.Version()
+// build is what lockd --version prints and the admin endpoint reports:
+// the module version and the VCS revision from the build information.
+func build() admin.Build {
+	i := buildinfo.Read(version)
+	return admin.Build{Line: "lockd " + i.String(), Version: i.Version, Revision: i.Revision}
 }
 
 func run(args []string, stderr io.Writer) int {
@@ -296,10 +321,13 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if opt.showVersion {
-		fmt.Fprintln(os.Stdout, versionString())
+		fmt.Fprintln(os.Stdout, build().Line)
 		return 0
 	}
 	log := cfg.Logger
+	if len(opt.envUnknown) > 0 {
+		log.Warn("environment variables that name no lockd flag are ignored (misspelt?)", "variables", strings.Join(opt.envUnknown, ","))
+	}
 	if cfg.MaxConns, err = fitConns(cfg.MaxConns, cfg.Loops, log); err != nil {
 		log.Error("start failed", "err", err)
 		return 1
@@ -339,7 +367,7 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	if adminLn != nil {
-		adminSrv := &http.Server{Handler: admin.Handler(srv, versionString()),
+		adminSrv := &http.Server{Handler: admin.Handler(srv, build()),
 			ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, ErrorLog: limitedLog(log)}
 		go func() { _ = adminSrv.Serve(adminLn) }()
 		log.Info("admin endpoint", "addr", adminLn.Addr().String())
@@ -369,7 +397,7 @@ func run(args []string, stderr io.Writer) int {
 		log.Info("authentication on", "acl", path, "identities", cfg.ACL.Len())
 	}
 	defer reload.watch(log)()
-	sigs := make(chan os.Signal, 2)
+	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 
@@ -391,12 +419,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*engine.ShutdownGrace)
 	defer cancel()
-	go func() {
-		// A second signal during shutdown exits at once (no snapshot).
-		<-sigs
-		log.Error("second signal: exiting without snapshot")
-		os.Exit(1)
-	}()
+	go signalsDuringShutdown(srv, sigs, log)
 	if err := srv.Shutdown(ctx); err != nil {
 		log.Error("shutdown failed", "err", err)
 		return 1
@@ -407,3 +430,33 @@ func run(args []string, stderr io.Writer) int {
 }
 
 var start = time.Now()
+
+// signalsDuringShutdown follows the shutdown's signals (README, "Shutdown
+// and restarts"): the second cuts the drain short (engine.Hurry), and
+// the shutdown still writes the snapshot; the third exits at once, with
+// what that loses.
+func signalsDuringShutdown(srv *engine.Server, sigs <-chan os.Signal, log *slog.Logger) {
+	sig := <-sigs
+	log.Warn("second signal: skipping the rest of the drain; the held locks are still written to the data directory (a third signal exits at once and loses them)",
+		"signal", sig.String())
+	srv.Hurry()
+	sig = <-sigs
+	n, why := lostOnExit(srv)
+	log.Error("third signal: exiting at once, without writing the snapshot", "signal", sig.String(), "held_locks_lost", n, "why", why)
+	os.Exit(1)
+}
+
+// lostOnExit is how many held locks an exit now loses, and why: a
+// single node's (and a priority member's that has not handed over) are
+// in no snapshot yet; a raft member's are in the log; a priority member
+// that handed over gave them to the active.
+func lostOnExit(srv *engine.Server) (int, string) {
+	st := srv.NodeStatus()
+	switch {
+	case st.Mode == api.ModeRaft:
+		return 0, "a raft member's committed locks are in its log and on the other members"
+	case st.Mode == api.ModePriority && st.Active != "" && st.Active != st.Self:
+		return 0, "handed over to the active " + st.Active
+	}
+	return srv.Table().Stats().Keys, "the locks held now are in no snapshot yet (tokens are never lost)"
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -93,14 +94,64 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 	}
 }
 
+// TestVersion: --version prints the version line of internal/version —
+// the module version (here a release build's -ldflags override) and the
+// VCS revision when the build stamped one — and lockd_build_info carries
+// both as labels. The binary is built with -buildvcs=true, as make build
+// does (this machine's go env turns stamping off); Go stamps only in a
+// clone whose .git is a directory, not in a git worktree.
 func TestVersion(t *testing.T) {
-	out, err := exec.Command(binary, "--version").Output()
+	bin := filepath.Join(t.TempDir(), "lockd")
+	build := exec.Command("go", "build", "-buildvcs=true", "-ldflags", "-X main.version=v9.8.7", "-o", bin, ".")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	info, err := exec.Command("go", "version", "-m", bin).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(string(out), "lockd ") {
-		t.Fatalf("--version printed %q", out)
+	rev := ""
+	if m := regexp.MustCompile(`vcs\.revision=([0-9a-f]+)`).FindSubmatch(info); m != nil {
+		rev = string(m[1])
 	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := strings.TrimSpace(string(out))
+	if !strings.HasPrefix(line, "lockd v9.8.7 ") || !strings.Contains(line, " go1.") {
+		t.Fatalf("--version printed %q", line)
+	}
+	if rev != "" && !strings.Contains(line, "(rev "+rev[:12]) {
+		t.Fatalf("--version %q does not show the stamped revision %s", line, rev)
+	}
+	if rev == "" && strings.Contains(line, "(rev ") {
+		t.Fatalf("--version %q shows a revision the build did not stamp", line)
+	}
+	t.Logf("--version: %s", line)
+
+	d := startCommandBin(t, bin, nil, nil, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", t.TempDir(), "--loops", "1")
+	code, body := httpGet(t, d.adminURL()+"/metrics")
+	want := `lockd_build_info{revision="` + rev + `",version="v9.8.7"} 1`
+	if code != http.StatusOK || !strings.Contains(body, want) {
+		t.Fatalf("/metrics: %d, no %s in:\n%s", code, want, grepLines(body, "lockd_build_info"))
+	}
+	var st struct{ Version string }
+	code, body = httpGet(t, d.adminURL()+"/status")
+	if err := json.Unmarshal([]byte(body), &st); code != http.StatusOK || err != nil || st.Version != line {
+		t.Fatalf("/status version %q (%d, %v), want the --version line %q", st.Version, code, err, line)
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // daemon is a running lockd process.
@@ -154,8 +205,18 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 // prlimit that execs the rest), and returns once it logs ready.
 func startCommand(t *testing.T, prefix []string, args ...string) *daemon {
 	t.Helper()
-	argv := append(append(append([]string(nil), prefix...), binary), args...)
+	return startCommandBin(t, binary, nil, prefix, args...)
+}
+
+// startCommandBin is startCommand with another build of lockd, and env
+// added to the environment.
+func startCommandBin(t *testing.T, bin string, env, prefix []string, args ...string) *daemon {
+	t.Helper()
+	argv := append(append(append([]string(nil), prefix...), bin), args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {

@@ -115,7 +115,7 @@ func TestRaftFollowersRedirect(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, m := range []string{"lockd_raft_term ", "lockd_raft_commit_index ", "lockd_raft_entry_records_total ", `lockd_raft_commit_latency_seconds{quantile="0.99"}`} {
+	for _, m := range []string{"lockd_raft_term ", "lockd_raft_commit_index ", "lockd_raft_entry_records_total ", `lockd_raft_commit_latency_seconds_bucket{le="+Inf"} `, "lockd_raft_commit_latency_seconds_count "} {
 		if !strings.Contains(string(body), m) {
 			t.Fatalf("leader's /metrics lacks %s", m)
 		}

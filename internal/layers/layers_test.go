@@ -97,6 +97,9 @@ var rules = map[string]rule{
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"internal/layers": {},
+	// The operator's assets (unit, rules, dashboard): no code; its tests
+	// drive the binary from outside.
+	"ops": {noDeps: []string{mod + "/"}},
 	// Throwaway certificates for tests and bench: the standard library only.
 	"internal/testcerts": {noDeps: []string{mod + "/"}},
 	"internal/e2e":       {noDeps: []string{cmds}},

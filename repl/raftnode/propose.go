@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -37,9 +38,26 @@ type raftStats struct {
 	latMu                                            sync.Mutex
 	lat                                              []time.Duration // ring of commit latencies
 	latNext                                          int
+	// Every commit latency by repl.CommitBuckets, and their sum (ns).
+	latCounts [len(repl.CommitBuckets) + 1]atomic.Uint64
+	latSum    atomic.Int64
+}
+
+// histogram copies the commit latency histogram into st.
+func (s *raftStats) histogram(st *repl.Status) {
+	for i := range s.latCounts {
+		st.CommitCounts[i] = s.latCounts[i].Load()
+	}
+	st.CommitSum = float64(s.latSum.Load()) / 1e9
 }
 
 func (s *raftStats) addLatency(d time.Duration) {
+	b := 0
+	for b < len(repl.CommitBuckets) && d.Seconds() > repl.CommitBuckets[b] {
+		b++
+	}
+	s.latCounts[b].Add(1)
+	s.latSum.Add(int64(d))
 	s.latMu.Lock()
 	if len(s.lat) < raftLatencies {
 		s.lat = append(s.lat, d)

@@ -718,6 +718,7 @@ func (n *node) Status() repl.Status {
 	st.Entries = n.stats.entries.Load()
 	st.EntryRecords = n.stats.records.Load()
 	st.CommitP50, st.CommitP99 = n.stats.percentiles()
+	n.stats.histogram(&st)
 	st.SnapshotBytes = uint64(max(n.stats.snapshotBytes.Load(), 0))
 	st.Snapshots = n.stats.snapshots.Load()
 	st.Elections = n.stats.elections.Load()
@@ -735,6 +736,14 @@ func (n *node) Status() repl.Status {
 			m.Role = api.RoleFollower
 		case c.Leader:
 			m.Role = api.RoleLeader
+		default:
+			// A follower hears only from its leader: another member of the
+			// configuration follows the same leader as far as this one
+			// knows, and only the leader sees whether it is live.
+			m.Unobserved = true
+			if lid != "" && c.Voter {
+				m.Role = api.RoleFollower
+			}
 		}
 		st.Members = append(st.Members, m)
 	}

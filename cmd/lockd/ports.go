@@ -1,0 +1,118 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// The port rule of a cluster member (docs/CLUSTER.md, "Ports"): clients on
+// its client port P (--listen; its --peers entry as clients dial it), the
+// admin endpoint on P + 1 unless --admin says otherwise, the member link
+// on P + --peer-offset. Members on one host must therefore leave room:
+// client ports one apart put one member's admin endpoint on the next
+// one's client port.
+
+// portUse is one port a member listens on.
+type portUse struct {
+	member int    // index in --peers
+	what   string // "client", "admin" or "member"
+	host   string // sameHost's form
+	port   int
+}
+
+// checkPorts reports, as a usage error naming the flags and the ports,
+// the first port that two of the cluster's listeners share on one host:
+// a member's admin or member port that is another member's client port,
+// or admin and member ports of members that collide (one member's
+// included: --peer-offset 1 puts its member link on its own admin port).
+// Every member's admin endpoint is taken to follow the rule when this
+// member's does (--admin not given); an explicit --admin is known only
+// for this member, and "" (off) has no port. peers and offset have
+// passed repl.ClusterConfig.Validate.
+func checkPorts(peers []string, self int, listen string, offset int, admin string, adminGiven bool) error {
+	var uses []portUse
+	for i, p := range peers {
+		host, port, _ := net.SplitHostPort(p)
+		client, _ := strconv.Atoi(port)
+		if i == self {
+			// This member listens at --listen's port, whatever its entry
+			// says (a proxy may stand between).
+			if _, lp, err := net.SplitHostPort(listen); err == nil {
+				if n, err := strconv.Atoi(lp); err == nil && n > 0 {
+					client = n
+				}
+			}
+		}
+		h := sameHost(host)
+		uses = append(uses, portUse{i, "client", h, client}, portUse{i, "member", h, client + offset})
+		switch {
+		case i == self && adminGiven && admin != "":
+			ah, ap, _ := net.SplitHostPort(admin)
+			if n, _ := strconv.Atoi(ap); n > 0 {
+				if ah == "" || net.ParseIP(ah) != nil && net.ParseIP(ah).IsUnspecified() {
+					ah = host // a wildcard binds this member's host too
+				}
+				uses = append(uses, portUse{i, "admin", sameHost(ah), n})
+			}
+		case !adminGiven && client < 65535:
+			uses = append(uses, portUse{i, "admin", h, client + 1})
+		}
+	}
+	for a := range uses {
+		for b := a + 1; b < len(uses); b++ {
+			x, y := uses[a], uses[b]
+			if x.host != y.host || x.port != y.port || x.what == "client" && y.what == "client" {
+				continue // two client ports alike are two equal --peers entries: Validate's
+			}
+			// The taker is the port a rule derived (admin, member), the
+			// taken one a client port, else the admin port.
+			taker, taken := x, y
+			if x.what == "client" || y.what == "member" && x.what == "admin" {
+				taker, taken = y, x
+			}
+			return usageError{fmt.Sprintf("--peers %s: %s is %s: %s", strings.Join(peers, ","),
+				describe(peers, taker, offset, adminGiven), describe(peers, taken, offset, adminGiven), portAdvice(taker, taken, adminGiven))}
+		}
+	}
+	return nil
+}
+
+// describe words one port use with the rule (and flag) that put it there.
+func describe(peers []string, u portUse, offset int, adminGiven bool) string {
+	who := "member " + peers[u.member] + "'s"
+	switch u.what {
+	case "client":
+		return fmt.Sprintf("%s client port %d", who, u.port)
+	case "member":
+		return fmt.Sprintf("%s member port %d (client port + --peer-offset %d)", who, u.port, offset)
+	}
+	if adminGiven {
+		return fmt.Sprintf("%s admin port %d (--admin)", who, u.port)
+	}
+	return fmt.Sprintf("%s admin port %d (client port + 1, the default of --admin)", who, u.port)
+}
+
+// portAdvice says what to change.
+func portAdvice(taker, taken portUse, adminGiven bool) string {
+	switch {
+	case (taker.what == "admin" || taken.what == "admin") && adminGiven:
+		return "give --admin a port that no member's client or member port uses"
+	case taker.what == "admin" && taken.what == "member" || taker.what == "member" && taken.what == "admin":
+		return "give a --peer-offset other than 1 (the default is 10000), or --admin another port"
+	case taker.what == "admin":
+		return "members on one host need client ports at least 2 apart — e.g. 7070, 7080, 7090 — or give --admin (or --admin \"\" to turn it off)"
+	}
+	return "change --peer-offset (the same on every member) or the client ports in --peers so that no member port is another member's client or admin port"
+}
+
+// sameHost is the form in which two --peers hosts are compared: as
+// written, but for case and localhost, which is 127.0.0.1.
+func sameHost(h string) string {
+	h = strings.ToLower(strings.Trim(h, "[]"))
+	if h == "localhost" {
+		return "127.0.0.1"
+	}
+	return h
+}

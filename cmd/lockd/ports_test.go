@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestCheckPorts: the port rule's collisions are found, between members
+// on one host and within one member, and worded with the flags and the
+// ports; layouts that leave room pass.
+func TestCheckPorts(t *testing.T) {
+	cases := []struct {
+		name       string
+		peers      string
+		self       int
+		listen     string
+		offset     int
+		admin      string
+		adminGiven bool
+		want       []string // "" when the layout is fine
+	}{
+		{"the docs' layout", "127.0.0.1:7070,127.0.0.1:7080,127.0.0.1:7090", 0, "127.0.0.1:7070", 10000, "", false, nil},
+		{"three hosts", "10.0.0.1:7070,10.0.0.2:7070,10.0.0.3:7070", 1, "10.0.0.2:7070", 10000, "", false, nil},
+		{"two apart", "127.0.0.1:7070,127.0.0.1:7072", 0, "127.0.0.1:7070", 10000, "", false, nil},
+		{"one apart, hosts differ", "10.0.0.1:7070,10.0.0.2:7071", 0, "10.0.0.1:7070", 10000, "", false, nil},
+		{"one apart, admin off", "127.0.0.1:7070,127.0.0.1:7071", 0, "127.0.0.1:7070", 10000, "", true, nil},
+		{"one apart, this member's admin elsewhere", "127.0.0.1:7070,127.0.0.1:7071", 0, "127.0.0.1:7070", 10000, "127.0.0.1:9000", true, nil},
+		{"wildcard listen", "127.0.0.1:7070,127.0.0.1:7080", 0, ":7070", 10000, "", false, nil},
+
+		{"one apart", "127.0.0.1:7070,127.0.0.1:7071", 1, "127.0.0.1:7071", 10000, "", false,
+			[]string{"--peers", "127.0.0.1:7070's admin port 7071", "--admin", "127.0.0.1:7071's client port 7071", "at least 2 apart"}},
+		{"localhost is 127.0.0.1", "localhost:7070,127.0.0.1:7071", 0, "localhost:7070", 10000, "", false,
+			[]string{"admin port 7071", "client port 7071"}},
+		{"offset onto a client port", "127.0.0.1:7070,127.0.0.1:7080", 0, "127.0.0.1:7070", 10, "", false,
+			[]string{"member port 7080", "--peer-offset 10", "127.0.0.1:7080's client port 7080"}},
+		{"offset onto an admin port", "127.0.0.1:7070,127.0.0.1:7090", 0, "127.0.0.1:7070", 21, "", false,
+			[]string{"127.0.0.1:7070's member port 7091", "--peer-offset 21", "127.0.0.1:7090's admin port 7091"}},
+		{"offset 1: a member's own admin port", "127.0.0.1:7070,127.0.0.1:7080", 1, "127.0.0.1:7080", 1, "", false,
+			[]string{"member port 7071", "admin port 7071", "--peer-offset other than 1"}},
+		{"a client port on a member port", "127.0.0.1:7070,127.0.0.1:17070", 0, "127.0.0.1:7070", 10000, "", false,
+			[]string{"member port 17070", "client port 17070"}},
+		{"explicit admin on another's client port", "127.0.0.1:7070,127.0.0.1:7080", 0, "127.0.0.1:7070", 10000, "127.0.0.1:7080", true,
+			[]string{"admin port 7080 (--admin)", "client port 7080", "give --admin a port"}},
+		{"explicit wildcard admin", "127.0.0.1:7070,127.0.0.1:7080", 0, "127.0.0.1:7070", 10000, ":17080", true,
+			[]string{"admin port 17080 (--admin)", "127.0.0.1:7080's member port 17080"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkPorts(strings.Split(tc.peers, ","), tc.self, tc.listen, tc.offset, tc.admin, tc.adminGiven)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var ue usageError
+			if !errors.As(err, &ue) {
+				t.Fatalf("got %v, want a usage error", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(ue.msg, w) {
+					t.Fatalf("%q does not say %q", ue.msg, w)
+				}
+			}
+			t.Log(ue.msg)
+		})
+	}
+}
+
+// TestPortCollisionOfTheBinary: members one port apart, and a
+// --peer-offset that lands on another member, are bad flags at start
+// (exit 2) whose message names the flags and the ports.
+func TestPortCollisionOfTheBinary(t *testing.T) {
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--peers", "127.0.0.1:7070,127.0.0.1:7071", "--listen", "127.0.0.1:7070"},
+			[]string{"--peers 127.0.0.1:7070,127.0.0.1:7071", "admin port 7071", "--admin", "client port 7071"}},
+		{[]string{"--peers", "127.0.0.1:7070,127.0.0.1:7071", "--listen", "127.0.0.1:7071"},
+			[]string{"admin port 7071", "client port 7071"}},
+		{[]string{"--peers", "127.0.0.1:7070,127.0.0.1:7080,127.0.0.1:7090", "--listen", "127.0.0.1:7090", "--peer-offset", "10"},
+			[]string{"--peer-offset 10", "member port 7080", "client port 7080"}},
+	}
+	for _, mode := range []string{"priority", "raft"} {
+		for _, tc := range cases {
+			t.Run(mode+" "+strings.Join(tc.args, " "), func(t *testing.T) {
+				var stderr bytes.Buffer
+				cmd := exec.Command(binary, append([]string{"--cluster", mode, "--data-dir", t.TempDir()}, tc.args...)...)
+				cmd.Stderr = &stderr
+				err := cmd.Run()
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+					t.Fatalf("exit: %v, want 2; stderr: %s", err, stderr.String())
+				}
+				for _, w := range tc.want {
+					if !strings.Contains(stderr.String(), w) {
+						t.Fatalf("stderr does not say %q: %s", w, stderr.String())
+					}
+				}
+			})
+		}
+	}
+}
