@@ -21,7 +21,9 @@ build:
 
 ## test: what CI runs — lint, every test with the race detector, then
 ## chaos/ on its own (TestChaosShort: the short chaos form, both modes,
-## seed 1 and a random seed, 20 s each, verbose so that the seeds and the
+## seed 1 and a random seed, 20 s each, and seed 1 again with -secure
+## (PROTOCOL.md §8: TLS, mutual TLS between members, a cluster secret),
+## verbose so that the seeds and the
 ## reports are in the log; alone, so that its clusters and the
 ## e2e tests' do not share the 2 cores), then the allocation tests, which
 ## only count without it (they are built !race). ops/ runs on its own too

@@ -20,7 +20,10 @@
 // port behind TLS, and redis-tls, redis-server with --tls-port; the load
 // generator then does a full crypto/tls handshake per connection, and the
 // handshakes workload measures the TLS listener (dial, handshake, one
-// ping, close; plaintext targets skip it). With several
+// ping, close; plaintext targets skip it). The held workload, outside the
+// standard suite (-workloads held, held.go), fills the server with -held
+// distinct 16-byte keys held at once and reads its memory per lock and in
+// all. With several
 // rounds the targets are interleaved (A B A B …) and the report gives
 // medians and the per-round ratios of lockd to each other target. See
 // BENCHMARKS.md for the method and the numbers.

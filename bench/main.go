@@ -75,7 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.redisAddr, "redis", "", "use a running Redis at host:port instead of starting redis-server")
 	fs.StringVar(&o.etcdURL, "etcd", "", "use a running etcd at http://host:port instead of starting etcd")
 	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin and lockd-acl)")
-	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads")
+	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads (also: "+strings.Join(extraWorkloads, ", ")+")")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds; each runs every workload on every target in turn (A B A B …)")
 	fs.IntVar(&o.loops, "loops", runtime.NumCPU(), "event loops of the lockd and echo servers")
 	fs.DurationVar(&c.Dur, "dur", c.Dur, "measured time per workload and target")
@@ -86,6 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&c.Waiters, "waiters", c.Waiters, "contended waiters")
 	fs.DurationVar(&c.Retry, "retry", c.Retry, "contended retry delay (jittered ±50%) for targets without a wait queue")
 	fs.IntVar(&c.Fanin, "fanin", c.Fanin, "fanin connections, one lock each")
+	fs.IntVar(&c.Held, "held", c.Held, "held: distinct 16-byte keys the -conns × -depth slots acquire and hold before the server's memory is read")
 	fs.StringVar(&c.Profile, "cpuprofile", "", "write CPU and allocation profiles of the lockd and echo servers to PREFIX-target-workload-rN.{cpu,allocs}.pprof")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of tables")
 	fs.BoolVar(&o.markdown, "markdown", false, "print Markdown tables (for BENCHMARKS.md) instead of text")
@@ -150,7 +151,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 	}
 	for _, w := range o.workloads {
-		if !strings.Contains(","+strings.Join(allWorkloads, ",")+",", ","+w+",") {
+		if !slices.Contains(allWorkloads, w) && !slices.Contains(extraWorkloads, w) {
 			return nil, fmt.Errorf("-workloads: unknown workload %q", w)
 		}
 	}
@@ -161,6 +162,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-dur must be 100ms..10m")
 	case c.Conns < 1 || c.Depth < 1 || c.Hot < 1 || c.Waiters < 1 || c.Fanin < 1 || c.Keys < 1:
 		return nil, errors.New("-conns, -depth, -hot, -waiters, -fanin and -keys must be positive")
+	case c.Held < 1 || c.Held >= maxHeld:
+		return nil, fmt.Errorf("-held must be 1..%d", maxHeld-1)
 	case c.Depth >= 1<<slotBits || c.Waiters >= 1<<slotBits:
 		return nil, errors.New("-depth and -waiters must be below 16M")
 	case o.lagEvery < 0 || o.lagEvery > time.Second:
@@ -448,6 +451,8 @@ func oneLine(r *Result) string {
 	}
 	if r.MemPerConn != nil {
 		s += fmt.Sprintf("  mem/conn %s heap %s rss  mem/lock %s heap %s rss", bytesStr(r.MemPerConn.Heap), bytesStr(r.MemPerConn.RSS), bytesStr(r.MemPerLock.Heap), bytesStr(r.MemPerLock.RSS))
+	} else if r.MemPerLock != nil && r.MemHeld != nil {
+		s += fmt.Sprintf("  mem/lock %s heap %s rss  held %s heap %s rss", bytesStr(r.MemPerLock.Heap), bytesStr(r.MemPerLock.RSS), bytesStr(r.MemHeld.Heap), bytesStr(r.MemHeld.RSS))
 	}
 	if len(r.ServerCPU) > 0 {
 		s += "  server CPU " + cpuText(r.ServerCPU) + " s"

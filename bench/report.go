@@ -23,6 +23,7 @@ type summary struct {
 	Jain        float64  `json:"jain,omitempty"`
 	MemPerConn  *memStat `json:"mem_per_conn,omitempty"`
 	MemPerLock  *memStat `json:"mem_per_lock,omitempty"`
+	MemHeld     *memStat `json:"mem_held,omitempty"`
 	Errors      int64    `json:"errors,omitempty"`
 	Skipped     string   `json:"skipped,omitempty"`
 }
@@ -116,6 +117,16 @@ func summarize(rs []*Result) []summary {
 				}
 				s.MemPerConn = &memStat{Heap: medianInt(hc), RSS: medianInt(rc)}
 				s.MemPerLock = &memStat{Heap: medianInt(hl), RSS: medianInt(rl)}
+			} else if sel[0].MemHeld != nil {
+				var hl, rl, ht, rt []int64
+				for _, r := range sel {
+					if r.MemHeld != nil {
+						hl, rl = append(hl, r.MemPerLock.Heap), append(rl, r.MemPerLock.RSS)
+						ht, rt = append(ht, r.MemHeld.Heap), append(rt, r.MemHeld.RSS)
+					}
+				}
+				s.MemPerLock = &memStat{Heap: medianInt(hl), RSS: medianInt(rl)}
+				s.MemHeld = &memStat{Heap: medianInt(ht), RSS: medianInt(rt)}
 			}
 			out = append(out, s)
 		}
@@ -401,10 +412,10 @@ func bytesStr(b int64) string {
 
 // tableRows renders the summaries and ratios as rows of cells.
 func tableRows(ss []summary) (head []string, rows [][]string) {
-	head = []string{"workload", "target", "rounds", "rate (median)", "p50", "p99", "p99.9", "handoffs/s", "handoff p50", "handoff p99", "Jain", "mem/conn heap·rss", "mem/lock heap·rss", "errors"}
+	head = []string{"workload", "target", "rounds", "rate (median)", "p50", "p99", "p99.9", "handoffs/s", "handoff p50", "handoff p99", "Jain", "mem/conn heap·rss", "mem/lock heap·rss", "locks held: heap·rss", "errors"}
 	for _, s := range ss {
 		if s.Skipped != "" {
-			rows = append(rows, []string{s.Workload, s.Target, fmt.Sprint(s.Rounds), "n/a: " + s.Skipped, "", "", "", "", "", "", "", "", "", ""})
+			rows = append(rows, []string{s.Workload, s.Target, fmt.Sprint(s.Rounds), "n/a: " + s.Skipped, "", "", "", "", "", "", "", "", "", "", ""})
 			continue
 		}
 		row := []string{s.Workload, s.Target, fmt.Sprint(s.Rounds), si(s.Rate) + " " + s.Unit, dur(s.P50), dur(s.P99), dur(s.P999)}
@@ -413,10 +424,13 @@ func tableRows(ss []summary) (head []string, rows [][]string) {
 		} else {
 			row = append(row, "", "", "", "")
 		}
-		if s.MemPerConn != nil {
-			row = append(row, bytesStr(s.MemPerConn.Heap)+" · "+bytesStr(s.MemPerConn.RSS), bytesStr(s.MemPerLock.Heap)+" · "+bytesStr(s.MemPerLock.RSS))
-		} else {
-			row = append(row, "", "")
+		switch {
+		case s.MemPerConn != nil:
+			row = append(row, bytesStr(s.MemPerConn.Heap)+" · "+bytesStr(s.MemPerConn.RSS), bytesStr(s.MemPerLock.Heap)+" · "+bytesStr(s.MemPerLock.RSS), "")
+		case s.MemHeld != nil:
+			row = append(row, "", bytesStr(s.MemPerLock.Heap)+" · "+bytesStr(s.MemPerLock.RSS), bytesStr(s.MemHeld.Heap)+" · "+bytesStr(s.MemHeld.RSS))
+		default:
+			row = append(row, "", "", "")
 		}
 		row = append(row, fmt.Sprint(s.Errors))
 		rows = append(rows, row)

@@ -24,6 +24,9 @@ const (
 // allWorkloads is the standard suite.
 var allWorkloads = []string{wlUncontended, wlContended, wlFanin, wlHandshakes}
 
+// extraWorkloads run only when -workloads names them.
+var extraWorkloads = []string{wlHeld}
+
 // config sizes the workloads. Every loop is bounded by Dur plus a drain.
 type config struct {
 	Dur      time.Duration // measured time per workload (uncontended, contended, fanin hold)
@@ -37,6 +40,7 @@ type config struct {
 	Fanin    int           // fanin connections (one lock each)
 	Lease    time.Duration // fanin lease
 	Renew    time.Duration // fanin renew interval
+	Held     int           // held: distinct 16-byte keys held at once
 	Drain    time.Duration // how long in-flight work may take to finish after Dur
 	Profile  string        // CPU/alloc profile file prefix for the lockd child ("" = none)
 	Progress func(string)  `json:"-"` // progress lines (nil = none)
@@ -47,7 +51,7 @@ func defaultConfig() config {
 	return config{
 		Dur: 3 * time.Second, Conns: 16, Depth: 32, Keys: 1 << 20,
 		Hot: 8, Waiters: 256, Wait: 5 * time.Second, Retry: time.Millisecond,
-		Fanin: 10000, Lease: 3 * time.Second, Renew: time.Second, Drain: 8 * time.Second,
+		Fanin: 10000, Lease: 3 * time.Second, Renew: time.Second, Drain: 8 * time.Second, Held: 1_000_000,
 	}
 }
 
@@ -90,6 +94,7 @@ type Result struct {
 	Conns      int      `json:"conns,omitempty"`
 	MemPerConn *memStat `json:"mem_per_conn,omitempty"`
 	MemPerLock *memStat `json:"mem_per_lock,omitempty"`
+	MemHeld    *memStat `json:"mem_held,omitempty"` // held: the server's whole memory with every lock held
 
 	Refused  int64  `json:"refused,omitempty"`
 	Timeouts int64  `json:"timeouts,omitempty"`
@@ -187,6 +192,8 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		err = runFanin(t, cfg, res)
 	case wlHandshakes:
 		err = runHandshakes(t, cfg, res)
+	case wlHeld:
+		err = runHeld(t, cfg, res)
 	default:
 		err = fmt.Errorf("unknown workload %q", wl)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,6 +44,15 @@ type Config struct {
 	CheckTimeout    time.Duration // -check-timeout: porcupine's bound per key
 	Verbose         bool          // -v: log every fault and phase on stderr
 	Recheck         string        // -recheck: check this saved history.json again, run nothing
+	// BigLocks is -big-locks: the held locks of the large-state phase,
+	// run before the workload on a cluster of its own (0: no such phase).
+	BigLocks int
+	// BigFailover is -big-failover-timeout: that cluster's
+	// --failover-timeout (short, so a snapshot takes many of them).
+	BigFailover time.Duration
+	Secure      bool // -secure: PROTOCOL.md §8 on (TLS everywhere, mutual TLS between members, a cluster secret)
+
+	clientTLS *tls.Config // Secure: what the workload's clients need (set once the cluster runs)
 }
 
 // DefaultConfig returns the defaults of every flag (Mode has none).
@@ -57,8 +67,13 @@ func DefaultConfig() Config {
 		Interval:        time.Second,
 		MaxActive:       2,
 		CheckTimeout:    2 * time.Minute,
+		BigLocks:        DefaultBigLocks,
+		BigFailover:     100 * time.Millisecond,
 	}
 }
+
+// DefaultBigLocks is the default -big-locks: a million held locks.
+const DefaultBigLocks = 1_000_000
 
 // ErrUsage marks a bad command line (exit status 2).
 var ErrUsage = errors.New("chaos: bad usage")
@@ -87,6 +102,10 @@ func (c *Config) Validate() error {
 		return bad("max-active", "%d: want 1..8", c.MaxActive)
 	case c.CheckTimeout < time.Second:
 		return bad("check-timeout", "%v: want at least 1s", c.CheckTimeout)
+	case c.BigLocks != 0 && (c.BigLocks < 1000 || c.BigLocks > 16_000_000):
+		return bad("big-locks", "%d: want 0 (no large-state phase) or 1000..16000000", c.BigLocks)
+	case c.BigFailover < 100*time.Millisecond || c.BigFailover > 10*time.Second:
+		return bad("big-failover-timeout", "%v: want 100ms..10s", c.BigFailover)
 	}
 	if len(c.Faults) == 0 {
 		return bad("faults", "empty: want some of %s, or none", strings.Join(AllFaults, ","))
@@ -126,7 +145,10 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&cfg.Binary, "lockd", "", "the lockd binary (default: built from this module, with -race where possible)")
 	fs.DurationVar(&cfg.CheckTimeout, "check-timeout", cfg.CheckTimeout, "bound of the linearizability search per key")
 	fs.BoolVar(&cfg.Verbose, "v", false, "log every fault and phase on stderr")
+	fs.BoolVar(&cfg.Secure, "secure", false, "run the members with TLS on every link, mutual TLS between members and a cluster secret (PROTOCOL.md §8); the clients use TLS")
 	fs.StringVar(&cfg.Recheck, "recheck", "", "run the history checkers again on a saved history.json (with -mode and -failover-timeout as in its run); start nothing")
+	fs.IntVar(&cfg.BigLocks, "big-locks", cfg.BigLocks, "held locks of the large-state phase, on a cluster of its own before the workload (0: no such phase; 1000..16000000)")
+	fs.DurationVar(&cfg.BigFailover, "big-failover-timeout", cfg.BigFailover, "the --failover-timeout of the large-state phase's cluster (100ms..10s)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, err
@@ -168,6 +190,11 @@ func (c Config) Command() string {
 	add(c.Interval != d.Interval, "interval", c.Interval.String())
 	add(c.MaxActive != d.MaxActive, "max-active", strconv.Itoa(c.MaxActive))
 	add(c.CheckTimeout != d.CheckTimeout, "check-timeout", c.CheckTimeout.String())
+	add(c.BigLocks != d.BigLocks, "big-locks", strconv.Itoa(c.BigLocks))
+	add(c.BigFailover != d.BigFailover, "big-failover-timeout", c.BigFailover.String())
 	add(c.Binary != "", "lockd", c.Binary)
+	if c.Secure {
+		args = append(args, "-secure")
+	}
 	return strings.Join(args, " ")
 }

@@ -27,15 +27,26 @@
 //     between machines (Jepsen's clients live on the nodes), and client
 //     connections can be dropped.
 //   - The nemesis (nemesis.go): kill -9 and restart of a member, SIGSTOP
-//     and SIGCONT (a freeze longer than the failover timeout), partitions
+//     and SIGCONT (a freeze longer than the failover timeout; half of them
+//     with the member's network quiet while it is stopped), partitions
 //     (one member alone — the active/leader most of the time — or every
 //     member alone: member links and client paths between the sides; or a
 //     one-way cut of one member link), a planned handover (SIGTERM, then
-//     restart), and client connection drops; kinds drawn from a shuffled
+//     restart; half of them with every member link slowed to 1.5 × the
+//     failover timeout), and client connection drops; kinds drawn from a shuffled
 //     bag (every kind within any 10 faults), at most -max-active at once,
 //     at most one member down or frozen at a time; every fault reverted at
 //     its end.
-//   - The run (run.go): start, the final heal (every fault lifted, every
+//   - Raw clients across faults (rawcheck.go): connections kept to a
+//     member while it is frozen and across its SIGTERM, whose every answer
+//     is checked (frozen-answers: M once superseded; handover-answers: no
+//     E 4 while a live in-sync successor exists).
+//   - The large-state phase (bigstate.go): before the workload, a cluster
+//     of its own with a short failover timeout filled with -big-locks held
+//     locks, a standby restarted and the active terminated and restarted,
+//     checked for changes of active no step asked for, a client of the
+//     active answered throughout, and every lock kept with its token.
+//   - The run (run.go): start, the large-state phase, the final heal (every fault lifted, every
 //     member running), the liveness check (one active/leader agreed by
 //     every member within 3 s, then a fresh acquire, write and release on
 //     every key, and no lock left held), the members check (no unexpected
@@ -44,6 +55,10 @@
 //   - The report (report.go): text, or JSON with -json; a failing run
 //     prints its seed and the command that reruns it, and keeps its
 //     history, the members' logs and any porcupine visualization in -out.
+//
+// -secure runs the members with PROTOCOL.md §8 on — TLS on the client
+// port and the admin endpoint, mutual TLS on the member link, a cluster
+// secret (clustertest's Secure) — and the workload's clients over TLS.
 //
 // -recheck FILE runs the history checkers again on a history.json a run
 // kept (with that run's -mode and -failover-timeout), starting nothing: a
@@ -63,6 +78,7 @@
 //
 // No server package (engine, shard, store, repl, admin) and no cmd: it
 // drives the lockd binary from outside as users do — the client library,
-// fence, api (the admin endpoint's names), internal/clustertest,
-// internal/faultproxy and internal/history (internal/layers enforces it).
+// raw frames of the wire protocol (proto), fence, api (the admin
+// endpoint's names), internal/clustertest, internal/faultproxy and
+// internal/history (internal/layers enforces it).
 package main

@@ -30,17 +30,51 @@ type nemesis struct {
 	clients [][]*faultproxy.Proxy // the client-side proxies: [location][member]
 	rng     *rand.Rand
 	logf    func(string, ...any)
+	raw     *rawChecks // raw clients across freezes and handovers
 
-	mu      sync.Mutex
-	active  int  // faults in force
-	down    int  // members down or frozen by a fault in force
-	netBusy bool // a network fault in force
-	wg      sync.WaitGroup
+	mu        sync.Mutex
+	active    int  // faults in force
+	down      int  // members down or frozen by a fault in force
+	netBusy   bool // a network fault (or slowed member links) in force
+	netFaults int  // network faults begun so far: one began during a fault if this moved
+	wg        sync.WaitGroup
 }
 
-func newNemesis(cfg Config, c *clustertest.Cluster, ms *members, rec *history.Recorder, clients [][]*faultproxy.Proxy, logf func(string, ...any)) *nemesis {
-	return &nemesis{cfg: cfg, c: c, ms: ms, rec: rec, clients: clients, logf: logf,
+func newNemesis(cfg Config, c *clustertest.Cluster, ms *members, rec *history.Recorder, clients [][]*faultproxy.Proxy, raw *rawChecks, logf func(string, ...any)) *nemesis {
+	return &nemesis{cfg: cfg, c: c, ms: ms, rec: rec, clients: clients, raw: raw, logf: logf,
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x6e656d65736973))} // "nemesis"
+}
+
+// netMark returns whether a network fault is in force now and how many
+// have begun: two marks tell whether one overlapped what happened between
+// them.
+func (n *nemesis) netMark() (bool, int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.netBusy, n.netFaults
+}
+
+// netOverlap reports whether a network fault was in force at mark a, at
+// mark b, or began between them.
+func netOverlap(busyA bool, a int, busyB bool, b int) bool { return busyA || busyB || a != b }
+
+// claimNet makes a fault of the caller's the network fault in force (no
+// partition starts while it runs); false if one is in force already.
+func (n *nemesis) claimNet() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.netBusy {
+		return false
+	}
+	n.netBusy = true
+	n.netFaults++
+	return true
+}
+
+func (n *nemesis) releaseNet() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.netBusy = false
 }
 
 // plan is one fault's random choices, drawn in the same number and order
@@ -138,6 +172,7 @@ func (n *nemesis) start(p plan, stop <-chan struct{}) {
 			return
 		}
 		n.netBusy = true
+		n.netFaults++
 	}
 	if p.kind != FaultDrop {
 		n.active++
@@ -225,33 +260,89 @@ func (n *nemesis) kill(p plan, stop <-chan struct{}) {
 	n.end(f, n.restart(m))
 }
 
+// stop freezes a member with raw connections kept to it: requests queue
+// up in their sockets while it is stopped, and every answer it sends after
+// SIGCONT is checked (rawChecks, frozen-answers). In half of the freezes
+// the member's network goes quiet while it is stopped and for a third of
+// the failover timeout after it resumes: its member links are cut and the
+// workload's connections to it paused (held, delivered in order after),
+// as a frozen process's peers see it on a real network — their writes fill
+// its socket buffers and stop — and unlike the fault proxies, which go on
+// reading for it and hand it the new term or epoch the instant it resumes.
+// So the resumed member cannot learn at once that it was superseded, and
+// the raw probes' requests are the first it finds: what it answers before
+// it learns shows whether it serves from its stale state.
 func (n *nemesis) stop(p plan, stop <-chan struct{}) {
 	m, why := n.target(p, 0.5)
 	target := fmt.Sprintf("member %d", m)
+	quiet := p.choice < 0.5 && n.c.Proxied() && n.claimNet()
+	if quiet {
+		defer n.releaseNet()
+		why = strings.TrimSpace(why + " quiet links")
+	}
+	busyA, a := n.netMark()
+	probe := n.raw.beforeFreeze(m)
 	f := n.begin(FaultStop, target, why)
 	n.ms.setFrozen(m, true)
 	mem := n.c.Member(m)
 	if err := mem.Stop(); err != nil {
 		n.ms.setFrozen(m, false)
+		probe.afterResume(true)
 		n.end(f, "SIGSTOP failed: "+err.Error())
 		return
 	}
-	hold(stop, p.hold)
+	stopped := time.Now()
+	if quiet {
+		if err := n.c.Partition([]int{m}); err != nil {
+			n.logf("quiet links of member %d: %v", m, err)
+		}
+		n.pauseClients(m, true)
+	}
+	probe.whileFrozen(stop, stopped.Add(p.hold-100*time.Millisecond))
+	hold(stop, time.Until(stopped.Add(p.hold)))
 	note := "resumed"
 	if err := mem.Cont(); err != nil {
 		note = "SIGCONT failed: " + err.Error()
 		n.ms.problem("member %d: SIGCONT: %v", m, err)
 	}
 	n.ms.setFrozen(m, false)
+	if quiet {
+		time.Sleep(n.cfg.FailoverTimeout / 3)
+		_ = n.c.Partition() // every member link healed
+		n.pauseClients(m, false)
+	}
+	busyB, b := n.netMark()
+	probe.afterResume(!quiet && netOverlap(busyA, a, busyB, b))
 	n.end(f, note)
 }
 
+// handover terminates a member (a planned handover when it is the
+// active/leader) with raw connections kept to it (rawChecks,
+// handover-answers); in half of them every member link is first slowed to
+// 1.5 × the failover timeout each way (the successor's answer then comes
+// late), and stays slow until the member has exited.
 func (n *nemesis) handover(p plan, stop <-chan struct{}) {
 	m, why := n.target(p, 0.7)
 	target := fmt.Sprintf("member %d", m)
+	delayed := p.choice < 0.5 && n.c.Proxied() && n.claimNet()
+	if delayed {
+		defer n.releaseNet()
+		why = strings.TrimSpace(why + " member links slowed")
+	}
 	n.ms.setDown(m, true)
 	f := n.begin(FaultHandover, target, why)
+	if delayed {
+		n.slowLinks(3 * n.cfg.FailoverTimeout / 2)
+	}
+	busyA, a := n.netMark()
+	probe := n.raw.beforeHandover(m)
+	probe.atSignal()
 	code, err := n.c.Member(m).Term()
+	busyB, b := n.netMark()
+	probe.afterExit(!delayed && netOverlap(busyA, a, busyB, b), delayed)
+	if delayed {
+		n.slowLinks(0)
+	}
 	note := fmt.Sprintf("exit %d", code)
 	switch {
 	case err != nil:
@@ -262,6 +353,52 @@ func (n *nemesis) handover(p plan, stop <-chan struct{}) {
 	}
 	hold(stop, p.hold)
 	n.end(f, note+"; "+n.restart(m))
+}
+
+// pauseClients pauses (or resumes) every client path to member m: the
+// workload's proxies and the ones its M answers lead to.
+func (n *nemesis) pauseClients(m int, on bool) {
+	var ps []*faultproxy.Proxy
+	for _, row := range n.clients {
+		ps = append(ps, row[m])
+	}
+	for j := range n.c.Members() {
+		if l := n.c.Link(j, m).Client; l != nil {
+			ps = append(ps, l)
+		}
+	}
+	for _, px := range ps {
+		if on {
+			px.Pause(faultproxy.Both)
+		} else {
+			px.Resume(faultproxy.Both)
+		}
+	}
+}
+
+// slowLinks delays every member link to d each way. A delay is raised in
+// steps of a third, each held as long as the step: a step leaves a gap of
+// its size in every link's stream (what was read before it is due sooner),
+// a third of 1.5 × the failover timeout, so the members stay live. Lowered,
+// it drops at once (what is held is then due at once: no gap).
+func (n *nemesis) slowLinks(d time.Duration) {
+	set := func(v time.Duration) {
+		for j := range n.c.Members() {
+			for k := range n.c.Members() {
+				if l := n.c.Link(j, k).Member; l != nil {
+					l.Delay(faultproxy.Both, v)
+				}
+			}
+		}
+	}
+	if d == 0 {
+		set(0)
+		return
+	}
+	for step := 1; step <= 3; step++ {
+		set(d * time.Duration(step) / 3)
+		time.Sleep(d/3 + 100*time.Millisecond)
+	}
 }
 
 // partition cuts the cluster in groups. A two-way partition cuts the

@@ -45,8 +45,9 @@ type Report struct {
 	Artifacts    []string                  `json:"artifacts,omitempty"`
 	Timeline     []history.Fault           `json:"timeline,omitempty"`
 	// Phases is how long each phase of the run took, in seconds: start,
-	// load (the workload and the nemesis), stop (the nemesis's reverts and
-	// the workers' last operations), heal, liveness, check.
+	// bigstate (the large-state phase, on a cluster of its own), load (the
+	// workload and the nemesis), stop (the nemesis's reverts and the
+	// workers' last operations), heal, liveness, check.
 	Phases map[string]float64 `json:"phase_seconds"`
 
 	WorkloadEnd time.Duration `json:"-"`
@@ -174,7 +175,7 @@ func (rep *Report) Text() string {
 	}
 	if rep.Recheck == "" {
 		fmt.Fprintf(&b, "phases:")
-		for _, p := range []string{"start", "load", "stop", "heal", "liveness", "check"} {
+		for _, p := range []string{"start", "bigstate", "load", "stop", "heal", "liveness", "check"} {
 			fmt.Fprintf(&b, " %s %.1fs", p, rep.Phases[p])
 		}
 		fmt.Fprintf(&b, "\n")

@@ -201,6 +201,11 @@ type Status struct {
 
 	Members []Member // the other members, in --peers order (empty for a single node)
 
+	// MemberRefused counts the member connections refused by the checks of
+	// PROTOCOL.md §8.4 and the member port's limits, every reason listed
+	// (empty for a single node).
+	MemberRefused []Refusal
+
 	// Cluster counters (priority mode).
 	InSync            bool    // a standby in sync with its active
 	LagSeconds        float64 // standby: its lag as its active last measured it (oldest unacknowledged batch)

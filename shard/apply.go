@@ -54,47 +54,47 @@ func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) 
 		return false, ErrShardMismatch
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	switch {
 	case r.Seq <= s.seq:
 		return false, nil
 	case r.Seq != s.seq+1:
 		return false, ErrGap
 	}
-	e := s.idx.find(h, r.Key)
+	ref, e := s.find(h, r.Key)
 	switch r.Kind {
 	case RecordGrant:
 		if e == nil {
-			if !t.reserve(&t.keys, t.maxKeys) {
+			if !s.room() || !t.reserve(&t.keys, t.maxKeys) {
 				return false, ErrFull
 			}
-			e = s.newEntry(h, r.Key)
+			ref, e = s.newEntry(h, r.Key)
 		} else {
-			s.wheel.delLease(e)
+			s.delLease(e)
 		}
 		e.token, e.lease = r.Token, r.Lease
-		e.ident = t.idents.intern(r.Ident)
+		e.ident = uint16(t.idents.intern(r.Ident))
 		e.deadline = now + int64(r.Lease)*second
-		s.wheel.addLease(e)
+		s.addLease(ref, e)
 		t.tokens.Observe(r.Token)
 		s.ctr.Grants++
 	case RecordRelease, RecordExpire:
 		if e != nil && e.token == r.Token {
-			s.wheel.delLease(e)
+			s.delLease(e)
 			if r.Kind == RecordRelease {
 				s.ctr.Releases++
 			} else {
 				s.ctr.Expiries++
 			}
 			s.dequeueAll(e, EffectMoved, out)
-			s.freeEntry(e, h)
+			s.freeEntry(ref, e, h)
 		}
 	case RecordRenew:
 		if e != nil && e.token == r.Token {
-			s.wheel.delLease(e)
+			s.delLease(e)
 			e.lease = r.Lease
 			e.deadline = now + int64(r.Lease)*second
-			s.wheel.addLease(e)
+			s.addLease(ref, e)
 			s.ctr.Renews++
 		}
 	}
@@ -181,12 +181,10 @@ func (t *Table) Dump(i int, fn func(h *HeldLock)) (seq uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var h HeldLock
-	for _, sl := range s.idx.slots {
-		if e := sl.e; e != nil {
-			h = HeldLock{Key: e.key, Token: e.token, Deadline: e.deadline, Lease: e.lease, Ident: t.idents.name(e.ident)}
-			fn(&h)
-		}
-	}
+	s.each(func(_ ref, e *entry) {
+		h = HeldLock{Key: s.keyOf(e), Token: e.token, Deadline: e.deadline, Lease: e.lease, Ident: t.idents.name(Ident(e.ident))}
+		fn(&h)
+	})
 	return s.seq
 }
 
@@ -194,25 +192,20 @@ func (t *Table) Dump(i int, fn func(h *HeldLock)) (seq uint64) {
 // EffectMoved in out) and every shard's Seq goes back to 0. The token
 // allocator is left as it is: tokens never go back.
 func (t *Table) Reset(out *Out) {
-	var list []islot
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		list = list[:0]
-		for _, sl := range s.idx.slots {
-			if sl.e != nil {
-				list = append(list, sl)
+		// From the top down, so that no freed entry is passed again.
+		for r := s.slab.hwm - 1; r > 0; r-- {
+			if e := s.ent(r); e.kl != klFree {
+				s.dequeueAll(e, EffectMoved, out)
+				s.delLease(e)
+				s.freeEntry(r, e, xxhash.Sum64(s.keyOf(e)))
 			}
 		}
-		for _, sl := range list {
-			s.dequeueAll(sl.e, EffectMoved, out)
-			s.wheel.delLease(sl.e)
-			s.freeEntry(sl.e, sl.h)
-		}
 		s.seq = 0
-		s.mu.Unlock()
+		s.unlock()
 	}
-	clear(list)
 }
 
 // MoveWaiters removes every queued acquire of every key and appends an
@@ -223,7 +216,7 @@ func (t *Table) MoveWaiters(out *Out) {
 		s := &t.shards[i]
 		s.mu.Lock()
 		s.cancel(EffectMoved, out)
-		s.mu.Unlock()
+		s.unlock()
 	}
 }
 
@@ -240,14 +233,14 @@ func (t *Table) ExtendLeases(min int64) int {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		for _, sl := range s.idx.slots {
-			if e := sl.e; e != nil && e.deadline < min {
-				s.wheel.delLease(e)
+		s.each(func(r ref, e *entry) {
+			if e.deadline < min {
+				s.delLease(e)
 				e.deadline = min
-				s.wheel.addLease(e)
+				s.addLease(r, e)
 				n++
 			}
-		}
+		})
 		s.mu.Unlock()
 	}
 	return n

@@ -470,6 +470,15 @@ func TestIdentRegistry(t *testing.T) {
 	if r, _ := tab.ReleaseAs(0, []byte("k"), tok, Who{Ident: a}, &out); r != ResultRefused {
 		t.Fatalf("release of an overflow grant by another identity: %v", r)
 	}
+	// A handle no registry gives (the entry keeps 16 bits) is the overflow
+	// identity too, never a truncation to another name.
+	_, tok = tab.AcquireAs(0, []byte("k2"), 0, 10, 1, Ident(1<<16)+a, nil, &out)
+	if ki := tab.Lookup([]byte("k2")); ki.Ident != "(overflow)" {
+		t.Fatalf("grant to handle %d: identity %q, want the overflow", Ident(1<<16)+a, ki.Ident)
+	}
+	if r, _ := tab.ReleaseAs(0, []byte("k2"), tok, Who{Ident: a}, &out); r != ResultRefused {
+		t.Fatalf("release by a of a grant to a larger handle: %v", r)
+	}
 }
 
 // TestExtendLeases: the new leader's lease rule moves every deadline

@@ -6,7 +6,10 @@
 //   - The lock tables: keys spread over a power-of-two number of shards by
 //     xxhash.Sum64(key); each shard indexes its held keys in its own
 //     open-addressing table on the same hash. A key is free (no entry) or
-//     held (token, lease deadline, lease seconds, FIFO wait queue).
+//     held (token, lease deadline, lease seconds, FIFO wait queue). A
+//     shard's entries live in a slab of pointer-free 48-byte entries named
+//     by 32-bit refs, with short keys inline and wait queues only for keys
+//     that have waiters, compacted as it empties (slab.go).
 //   - The FIFO wait queues of held keys, with the per-key and table-wide
 //     capacity limits of PROTOCOL.md §4.
 //   - One hashed timer wheel per shard for lease and wait deadlines
@@ -16,7 +19,7 @@
 //   - The state-change records (Record) streamed to Config.Sink for
 //     replication and persistence, and the effects (Effect) owed to queued
 //     acquires.
-//   - The identity of every grant (PROTOCOL.md §8.3): a 4-byte handle
+//   - The identity of every grant (PROTOCOL.md §8.3): a 2-byte handle
 //     (Ident) per entry into the table's registry of names, so a held lock
 //     costs no string. AcquireAs grants to an identity; ReleaseAs and
 //     RenewAs refuse a current token from another identity (answered N, as

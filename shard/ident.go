@@ -7,7 +7,8 @@ import (
 
 // Ident is the identity a grant was made to (PROTOCOL.md §8.3), as the
 // table stores it: a small handle for a name interned in the table
-// (Table.Ident), so an entry carries 4 bytes instead of a string. NoIdent
+// (Table.Ident), below 65,536, so an entry carries 2 bytes instead of a
+// string (AcquireAs takes a larger value as the overflow identity). NoIdent
 // (0) is no identity: the grant was made without an ACL, and the token
 // alone decides who may release or renew it. Handles mean something only
 // on the table that made them; records, dumps and snapshots carry the

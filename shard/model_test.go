@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -236,11 +237,36 @@ func TestModel(t *testing.T) {
 		seeds = min(seeds, 10)
 	}
 	for seed := range seeds {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { runModel(t, uint64(seed), ops) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { runModel(t, uint64(seed), ops, modelShape{}) })
 	}
 }
 
-func runModel(t *testing.T, seed uint64, ops int) {
+// TestModelSwing is TestModel on a table that grows to thousands of keys of
+// every length (inline and long) and shrinks again, phase after phase, so
+// that the slab compacts (slab.go) under waiters, renews, restores, ticks
+// and dropped connections, with the model checking every key after every
+// operation and checkLayout every link.
+func TestModelSwing(t *testing.T) {
+	seeds, ops := 4, 12000
+	if testing.Short() {
+		seeds, ops = 2, 6000
+	}
+	for seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			runModel(t, uint64(seed), ops, modelShape{keys: 3000, swing: 3000, maxLease: 250})
+		})
+	}
+}
+
+// modelShape varies runModel's table and operations; the zero value is
+// TestModel's: up to 10 one-letter keys, up to 8 held.
+type modelShape struct {
+	keys     int   // distinct keys, of 2 to 40 bytes
+	swing    int   // ops per phase: acquires, then releases (0: no phases)
+	maxLease uint8 // longest lease (default 5 s)
+}
+
+func runModel(t *testing.T, seed uint64, ops int, shape modelShape) {
 	rng := rand.New(rand.NewPCG(seed, 0x10cd))
 	var got []mOut
 	cfg := Config{
@@ -254,6 +280,21 @@ func runModel(t *testing.T, seed uint64, ops int) {
 			got = append(got, mOut{what: "record " + r.Kind.String(), key: string(r.Key), token: r.Token, lease: r.Lease, dl: r.Deadline})
 		},
 	}
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}[:2+rng.IntN(8)]
+	maxLease := 5
+	if shape.keys > 0 {
+		cfg.Shards = 1
+		cfg.MaxKeys = shape.keys
+		cfg.MaxWaiters = 64
+		keys = keys[:0]
+		for i := range shape.keys {
+			k := fmt.Sprint(i, "/")
+			keys = append(keys, k+strings.Repeat("x", 2+rng.IntN(38)-min(len(k), 2)))
+		}
+	}
+	if shape.maxLease > 0 {
+		maxLease = int(shape.maxLease)
+	}
 	tab, err := New(cfg, NewTokens(0, 1<<62))
 	if err != nil {
 		t.Fatal(err)
@@ -265,7 +306,6 @@ func runModel(t *testing.T, seed uint64, ops int) {
 	for i := range conns {
 		conns[i] = NewConn(i)
 	}
-	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}[:2+rng.IntN(8)]
 	now := int64(rng.IntN(10)-5) * second // negative clocks too
 	var out Out
 	var owner uint64
@@ -289,10 +329,21 @@ func runModel(t *testing.T, seed uint64, ops int) {
 		k := keys[rng.IntN(len(keys))]
 		var desc string
 		exact := true // compare outputs in order (else as multisets)
-		switch r := rng.IntN(100); {
+		r := rng.IntN(100)
+		if shape.swing > 0 {
+			// Grow: acquires instead of releases and renews. Shrink:
+			// releases of the current token instead of acquires.
+			switch fill := op/shape.swing%2 == 0; {
+			case fill && r >= 35 && r < 65:
+				r = rng.IntN(35)
+			case !fill && r < 35:
+				r = 35 + rng.IntN(20)
+			}
+		}
+		switch {
 		case r < 35:
 			owner++
-			wait, lease, ci := uint8(rng.IntN(5)), uint8(1+rng.IntN(5)), rng.IntN(nconns)
+			wait, lease, ci := uint8(rng.IntN(5)), uint8(1+rng.IntN(maxLease)), rng.IntN(nconns)
 			desc = fmt.Sprintf("acquire %s wait=%d lease=%d owner=%d conn=%d", k, wait, lease, owner, ci)
 			st, tok := tab.Acquire(now, []byte(k), wait, lease, owner, conns[ci], &out)
 			mst, mtok := m.acquire(now, k, wait, lease, owner, ci)
@@ -313,7 +364,7 @@ func runModel(t *testing.T, seed uint64, ops int) {
 			if mk := m.keys[k]; mk != nil && rng.IntN(4) > 0 {
 				tok = mk.token
 			}
-			lease := uint8(1 + rng.IntN(5))
+			lease := uint8(1 + rng.IntN(maxLease))
 			desc = fmt.Sprintf("renew %s lease=%d token=%d", k, lease, tok)
 			if a, b := tab.Renew(now, []byte(k), lease, tok, &out), m.renew(now, k, lease, tok); a != b {
 				t.Fatalf("op %d at %d: %s: table %v, model %v", op, now, desc, a, b)
@@ -350,11 +401,11 @@ func runModel(t *testing.T, seed uint64, ops int) {
 			d := deadlines()
 			switch x := rng.IntN(4); {
 			case x == 0 && len(d) > 0:
-				if dl := d[rng.IntN(len(d))]; dl > now {
+				if dl := d[rng.IntN(len(d))]; dl > now && (shape.swing == 0 || dl-now < 2*second) {
 					now = dl
 				}
 			case x == 1 && len(d) > 0:
-				if dl := d[rng.IntN(len(d))]; dl-1 > now {
+				if dl := d[rng.IntN(len(d))]; dl-1 > now && (shape.swing == 0 || dl-now < 2*second) {
 					now = dl - 1
 				}
 			case x == 2:
@@ -435,7 +486,12 @@ func runModel(t *testing.T, seed uint64, ops int) {
 		if !slices.Equal(gr, wr) || !slices.Equal(ge, we) {
 			t.Fatalf("op %d at %d: %s:\ntable %+v\nmodel %+v", op, now, desc, got, want)
 		}
-		checkState(t, tab, m, keys, op, desc)
+		if shape.keys == 0 || op%16 == 0 {
+			checkState(t, tab, m, keys, op, desc)
+			checkLayout(t, tab)
+		} else {
+			checkState(t, tab, m, []string{k}, op, desc) // and every key every 16 ops
+		}
 	}
 }
 

@@ -39,7 +39,8 @@ var ErrNilTokens = errors.New("shard: nil Tokens")
 // wheelBudget is the number of timer wheel slots of a whole table, spread
 // over its shards (each gets 256..4096). With the 10 ms tick a rotation of
 // 4096 slots lasts 41 s, so a 255 s lease waits at most 7 rotations, and an
-// empty 64-shard table spends 4 MiB on its wheels.
+// empty 64-shard table spends 3 MiB on its wheels (a 4-byte lease head
+// and an 8-byte wait head a slot).
 const (
 	wheelBudget   = 1 << 18
 	minWheelSlots = 256
@@ -74,6 +75,7 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		s.t = t
 		s.id = uint32(i)
 		s.idx.init()
+		s.slab.hwm = 1
 		s.wheel.init(int64(cfg.Tick), slots)
 	}
 	return t, nil
@@ -120,10 +122,12 @@ func (t *Table) Acquire(now int64, key []byte, wait, lease uint8, owner uint64, 
 // id (or an admin) may release or renew it (ReleaseAs, RenewAs). NoIdent
 // is Acquire.
 func (t *Table) AcquireAs(now int64, key []byte, wait, lease uint8, owner uint64, id Ident, c *Conn, out *Out) (Status, uint64) {
+	id = min(id, identOverflow) // the entry keeps 16 bits: no handle is larger
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
 	s.mu.Lock()
 	st, tok := s.acquire(now, h, key, wait, lease, owner, id, c, out)
+	s.settle()
 	s.mu.Unlock()
 	return st, tok
 }
@@ -149,6 +153,7 @@ func (t *Table) ReleaseAs(now int64, key []byte, token uint64, who Who, out *Out
 	s := t.shardOf(h)
 	s.mu.Lock()
 	res, holder := s.release(now, h, key, token, who, out)
+	s.settle()
 	s.mu.Unlock()
 	return res, holder
 }
@@ -169,6 +174,7 @@ func (t *Table) RenewAs(now int64, key []byte, lease uint8, token uint64, who Wh
 	s := t.shardOf(h)
 	s.mu.Lock()
 	res, holder := s.renew(now, h, key, lease, token, who, out)
+	s.settle()
 	s.mu.Unlock()
 	return res, holder
 }
@@ -181,7 +187,7 @@ func (t *Table) Tick(now int64, out *Out) {
 		s := &t.shards[i]
 		s.mu.Lock()
 		s.tick(now, out)
-		s.mu.Unlock()
+		s.unlock()
 	}
 }
 
@@ -219,7 +225,7 @@ func (t *Table) DropWaiters(c *Conn, limit int) bool {
 				s.unqueue(w)
 				s.freeWaiter(w)
 			}
-			s.mu.Unlock()
+			s.unlock()
 		}
 		limit -= n
 	}
@@ -232,7 +238,7 @@ func (t *Table) CancelWaiters(out *Out) {
 		s := &t.shards[i]
 		s.mu.Lock()
 		s.cancel(EffectCancel, out)
-		s.mu.Unlock()
+		s.unlock()
 	}
 }
 
@@ -243,11 +249,7 @@ func (t *Table) Held(fn func(key []byte, token uint64, deadline int64)) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		for _, sl := range s.idx.slots {
-			if e := sl.e; e != nil {
-				fn(e.key, e.token, e.deadline)
-			}
-		}
+		s.each(func(_ ref, e *entry) { fn(s.keyOf(e), e.token, e.deadline) })
 		s.mu.Unlock()
 	}
 }
@@ -267,7 +269,7 @@ func (t *Table) RestoreAs(key []byte, token uint64, deadline int64, ident []byte
 	s := t.shardOf(h)
 	s.mu.Lock()
 	err := s.restore(h, key, token, deadline, id)
-	s.mu.Unlock()
+	s.unlock()
 	return err
 }
 
@@ -344,9 +346,9 @@ func (t *Table) Lookup(key []byte) KeyInfo {
 	s := t.shardOf(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.idx.find(h, key)
+	_, e := s.find(h, key)
 	if e == nil {
 		return KeyInfo{}
 	}
-	return KeyInfo{Held: true, Token: e.token, Deadline: e.deadline, Waiters: int(e.nwait), Ident: t.idents.lookup(e.ident).s}
+	return KeyInfo{Held: true, Token: e.token, Deadline: e.deadline, Waiters: int(s.waiters(e)), Ident: t.idents.lookup(Ident(e.ident)).s}
 }

@@ -154,8 +154,8 @@ func TestIndexGrowShrink(t *testing.T) {
 	if s.idx.n != 0 || len(s.idx.slots) != minIndex {
 		t.Fatalf("after releasing all: n=%d size=%d", s.idx.n, len(s.idx.slots))
 	}
-	if s.nfreeE != maxFreeEntries {
-		t.Fatalf("free list %d entries, want the bound %d", s.nfreeE, maxFreeEntries)
+	if s.slab.n != 0 || len(s.slab.chunks) != 1 {
+		t.Fatalf("after releasing all: %d entries in %d chunks, want 0 in 1", s.slab.n, len(s.slab.chunks))
 	}
 }
 
@@ -171,8 +171,10 @@ func TestKeyBuffers(t *testing.T) {
 			t.Fatalf("key of %d bytes: %+v", len(key), ki)
 		}
 		tab.Release(0, key, tok, &out)
-		if e := tab.shards[0].freeE; cap(e.key) > maxKeptKey {
-			t.Fatalf("free entry keeps a %d-byte buffer", cap(e.key))
+		for _, l := range tab.shards[0].longs[:cap(tab.shards[0].longs)] {
+			if cap(l.b) > maxKeptKey {
+				t.Fatalf("a free long key keeps a %d-byte buffer", cap(l.b))
+			}
 		}
 	}
 }
@@ -235,5 +237,6 @@ func TestFireWithinOneTick(t *testing.T) {
 func waitDeadline(tab *Table, key []byte) int64 {
 	h := xxhash.Sum64(key)
 	s := tab.shardOf(h)
-	return s.idx.find(h, key).wq.deadline
+	_, e := s.find(h, key)
+	return s.head(e).deadline
 }

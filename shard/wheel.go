@@ -5,27 +5,28 @@ package shard
 // rounded down); a deadline more than one rotation away simply stays in its
 // slot for extra rotations. Lease timers (entries) and wait timers (waiters)
 // have separate slot lists so each intrusive list has one element type; both
-// are nil-terminated doubly-linked lists, so add and remove are O(1) and a
-// renew is a remove plus an add.
+// are doubly-linked lists (entries linked by ref, ended by ref 0, the first
+// entry's back link its slot | headMark; waiters by pointer, nil-terminated),
+// so add and remove are O(1) and a renew is a remove plus an add.
 //
 // Invariant: every timer sits in a slot whose tick is ≥ cur (deadlines
 // already in the past are filed under cur), and advance visits every tick
 // from cur to the current one, so a deadline fires at the first advance with
 // now ≥ deadline: never early, and at most one tick late when advance runs
-// every tick.
+// every tick. Every held entry is in the wheel between Table calls.
 type wheel struct {
 	tick    int64 // resolution in ns
 	mask    uint64
 	cur     int64 // last tick visited by advance
 	started bool  // advance has run at least once (cur is meaningful)
-	leases  []*entry
+	leases  []ref // heads of the entries' lists (0: empty)
 	waits   []*waiter
 }
 
 func (w *wheel) init(tick int64, slots int) {
 	w.tick = tick
 	w.mask = uint64(slots - 1)
-	w.leases = make([]*entry, slots)
+	w.leases = make([]ref, slots)
 	w.waits = make([]*waiter, slots)
 }
 
@@ -48,27 +49,31 @@ func (w *wheel) slot(d int64) uint16 {
 	return uint16(uint64(t) & w.mask)
 }
 
-func (w *wheel) addLease(e *entry) {
-	s := w.slot(e.deadline)
-	e.slot = s
-	e.tprev = nil
-	e.tnext = w.leases[s]
-	if e.tnext != nil {
-		e.tnext.tprev = e
+// addLease files the entry r (e) under its deadline, at the head of its
+// slot's list: the head's tprev is headMark | its slot, so that removing
+// it needs no slot field.
+func (s *shard) addLease(r ref, e *entry) {
+	w := &s.wheel
+	sl := ref(w.slot(e.deadline))
+	e.tprev = headMark | sl
+	e.tnext = w.leases[sl]
+	if e.tnext != 0 {
+		s.ent(e.tnext).tprev = r
 	}
-	w.leases[s] = e
+	w.leases[sl] = r
 }
 
-func (w *wheel) delLease(e *entry) {
-	if e.tprev != nil {
-		e.tprev.tnext = e.tnext
+// delLease takes e out of its wheel slot.
+func (s *shard) delLease(e *entry) {
+	if p := e.tprev; p&headMark != 0 {
+		s.wheel.leases[p&^headMark] = e.tnext
 	} else {
-		w.leases[e.slot] = e.tnext
+		s.ent(p).tnext = e.tnext
 	}
-	if e.tnext != nil {
-		e.tnext.tprev = e.tprev
+	if e.tnext != 0 {
+		s.ent(e.tnext).tprev = e.tprev
 	}
-	e.tnext, e.tprev = nil, nil
+	e.tnext, e.tprev = 0, 0
 }
 
 func (w *wheel) addWait(x *waiter) {

@@ -103,6 +103,7 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	fs.IntVar(&opt.member.PeerOffset, "peer-offset", repl.DefaultPeerOffset, "members talk on client port + this offset")
 	fs.DurationVar(&opt.member.FailoverTimeout, "failover-timeout", repl.DefaultFailoverTimeout, "priority: how long the active may be silent before a standby takes over; raft: the election timeout scale (100ms..60s)")
 	membershipFlags(fs, &opt.member) // members.go: --join, --force-new-cluster
+	secretFile := fs.String("cluster-secret", "", "file holding the cluster secret, the same on every member: every member connection proves it both ways (PROTOCOL.md §8.4)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
 	fs.StringVar(&opt.acl, "acl", "", "identity file (PROTOCOL.md §8.2): turns authentication and authorization on; SIGHUP re-reads it")
@@ -136,6 +137,9 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	}
 	if opt.tls != nil {
 		cfg.TLS = opt.tls.ServerConfig()
+	}
+	if err := memberSecurity(&opt, tlsFiles, *secretFile); err != nil {
+		return cfg, opt, err
 	}
 	if opt.acl != "" {
 		a, err := acl.Load(opt.acl)
@@ -252,6 +256,8 @@ var flags = map[string]string{
 	"FailoverTimeout":         "--failover-timeout",
 	"Join":                    "--join",
 	"ForceNewCluster":         "--force-new-cluster",
+	"MemberTLS":               "--tls-peer-ca",
+	"Secret":                  "--cluster-secret",
 }
 
 // flagError words an engine.ConfigError or a repl.FieldError with the

@@ -93,6 +93,14 @@ type Options struct {
 	// Deferred lists members New does not start (a standby that joins a
 	// loaded active later, say): start them with Member.Start.
 	Deferred []int
+	// Secure turns PROTOCOL.md §8's TLS and member authentication on
+	// (cluster modes only): a CA made for the cluster, a certificate per
+	// member naming 127.0.0.1 and a cluster secret, so every member runs
+	// with --tls-cert, --tls-key, --tls-peer-ca (the client port and the
+	// admin endpoint speak TLS, the member link is mutual TLS) and
+	// --cluster-secret. The harness's HTTP client and Cluster.Dial speak
+	// TLS then; ClientTLS is what other clients need.
+	Secure bool
 	// AdminUser and AdminPassword, when set, are the HTTP basic
 	// authentication of every request the harness makes to a member's
 	// admin endpoint (members run with --acl, PROTOCOL.md §8.5: a monitor
@@ -122,6 +130,9 @@ func (o *Options) fill() error {
 		maxMembers = 64
 		if o.Proxied {
 			return bad("Proxied needs a cluster mode")
+		}
+		if o.Secure {
+			return bad("Secure needs a cluster mode")
 		}
 	case ModePriority, ModeRaft:
 	default:
@@ -174,7 +185,8 @@ type Cluster struct {
 	ownDir  bool
 	mu      sync.Mutex // members: AddMember appends
 	members []*Member
-	links   [][]Link // proxied: links[from][to]
+	links   [][]Link  // proxied: links[from][to]
+	sec     *security // Secure: the TLS material and the secret
 	proxies []*faultproxy.Proxy
 	http    *http.Client
 
@@ -262,12 +274,20 @@ func start(opts Options, bin, dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	var rt http.RoundTripper = &http.Transport{DisableKeepAlives: true}
+	tr := &http.Transport{DisableKeepAlives: true}
+	var rt http.RoundTripper = tr
 	if opts.AdminUser != "" {
 		rt = basicAuth{opts.AdminUser, opts.AdminPassword, rt}
 	}
 	c := &Cluster{opts: opts, bin: bin, plan: pl, dir: dir,
 		http: &http.Client{Timeout: 2 * time.Second, Transport: rt}}
+	extra := opts.ExtraArgs
+	if opts.Secure {
+		if c.sec, err = newSecurity(dir, opts.Members); err != nil {
+			return nil, err
+		}
+		tr.TLSClientConfig = c.sec.clientTLS()
+	}
 	if err := c.openProxies(); err != nil {
 		c.Close()
 		return nil, err
@@ -285,7 +305,7 @@ func start(opts Options, bin, dir string) (*Cluster, error) {
 		c.members = append(c.members, &Member{
 			c: c, index: i, dir: d, logs: newLogBuf(),
 			addr: hostPort(pl.client[i]), memberAddr: hostPort(pl.client[i] + pl.offset),
-			args: pl.args(i, d, opts.LogFormat, opts.ExtraArgs),
+			args: pl.args(i, d, opts.LogFormat, c.memberArgs(i, extra)),
 		})
 	}
 	var started []*Member

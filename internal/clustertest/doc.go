@@ -13,11 +13,18 @@
 //     start each with --listen, --data-dir, --admin 127.0.0.1:0 (the port
 //     read back from the log), --log-format json and, in a cluster mode,
 //     exactly the flags of PROTOCOL.md §6.1: --cluster, --peers (priority
-//     order), --self, --peer-offset, --failover-timeout; then
-//     Options.ExtraArgs. A member is ready when it logs msg=ready with its
-//     address. Options.Deferred members wait for Member.Start. Members run
-//     with --acl (in ExtraArgs) need Options.AdminUser and AdminPassword:
-//     the harness's admin requests then carry them (basic authentication).
+//     order), --self, --peer-offset, --failover-timeout; then, for a
+//     Secure cluster, §8's --tls-cert, --tls-key, --tls-peer-ca and
+//     --cluster-secret (a CA, a certificate per member naming 127.0.0.1
+//     and a secret made for the cluster); then Options.ExtraArgs. A
+//     member is ready when it logs msg=ready with its address.
+//     Options.Deferred members wait for Member.Start. Members run with
+//     --acl (in ExtraArgs) need Options.AdminUser and AdminPassword: the
+//     harness's admin requests then carry them (basic authentication).
+//   - Secure clusters: the harness reads /status over HTTPS;
+//     Cluster.Dial, Cluster.HTTPClient and Cluster.ClientTLS give tests
+//     and chaos connections that trust the cluster's CA (plain ones for
+//     another cluster).
 //   - Proxied clusters: for every ordered pair of members (j, k) a
 //     faultproxy pair — one on k's entry in j's --peers forwarding to k's
 //     client port, one on that entry's port + offset forwarding to k's
@@ -68,7 +75,8 @@
 //
 // Only tests, the chaos command and the benchmark's cluster targets; lockd
 // itself never imports it. It drives the binary from outside: it may
-// import the standard library, api, proto and internal/faultproxy, and
+// import the standard library, api, proto, internal/faultproxy and
+// internal/testcerts, and
 // must not import engine, shard, store, repl, admin, client, bench or cmd
 // (internal/layers enforces it; tests that want the client library import
 // it themselves).

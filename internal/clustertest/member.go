@@ -339,7 +339,8 @@ func (m *Member) Alive() bool {
 }
 
 // AdminURL is the base URL of the current process's admin endpoint
-// ("http://127.0.0.1:port", the port read from its log), "" if not known.
+// ("http://127.0.0.1:port", https in a Secure cluster, the port read from
+// its log), "" if not known.
 func (m *Member) AdminURL() string {
 	p := m.current()
 	if p == nil {
@@ -349,6 +350,9 @@ func (m *Member) AdminURL() string {
 	defer p.mu.Unlock()
 	if p.admin == "" {
 		return ""
+	}
+	if m.c.sec != nil {
+		return "https://" + p.admin
 	}
 	return "http://" + p.admin
 }

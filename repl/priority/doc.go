@@ -22,8 +22,9 @@
 //	wire.go      the member link's frames and messages (MEMBER-LINK.md)
 //
 // (link.go calls peers.go.) The lower files reach the node only through
-// what it hands them: the link's linkEvents callbacks, the standby's follower interface and the
-// stream's epoch function.
+// what it hands them: the link's linkEvents callbacks, the standby's
+// follower interface and the stream's epoch and reservation-mark
+// functions.
 //
 // # Concurrency contract
 //
@@ -31,9 +32,12 @@
 // and one reader per inbound connection, one writer per outbound link, the
 // ticker, the actor (role changes, in order: a handover waits for an
 // answer a reader delivers, so readers never carry them out), the flusher,
-// the token reserver. Lock order: node mu → a standby's target mu → its
-// peer's mu; the table's shard lock is held by the Sink, which takes no
-// lock of its own. All goroutines end by Close.
+// the token reserver; a goroutine per shard dump of a snapshot, beside
+// the link's writer. Lock order: node applyMu → node mu → a standby's
+// target mu → its peer's mu; the table's shard lock is held by the Sink,
+// which takes no lock of its own. applyMu is held while a frame of the
+// followed active is applied, and taken (as a barrier) by every role
+// change away from following it. All goroutines end by Close.
 //
 // # What it must not import
 //

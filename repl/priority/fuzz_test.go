@@ -29,7 +29,7 @@ func frameSeeds() repltest.Seeds {
 	bad[len(bad)-1] ^= 1
 	add("FuzzFrameReader", "bad-crc", bad, uint16(0))
 	add("FuzzFrameReader", "too-large", []byte{0x01, 0, 0, 1, 1}, uint16(2))
-	add("FuzzFrameReader", "unknown-type", wireFrame(11, []byte("x")), uint16(4))
+	add("FuzzFrameReader", "unknown-type", wireFrame(13, []byte("x")), uint16(4))
 
 	return seeds
 }

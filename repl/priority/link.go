@@ -2,6 +2,7 @@ package priority
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"log/slog"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/repl"
+	"github.com/lockd-dev/lockd/repl/memberauth"
 )
 
 // The member link: every member dials every other member (peer, one
@@ -51,10 +53,16 @@ type link struct {
 	quit  <-chan struct{}
 	wg    *sync.WaitGroup
 	ln    net.Listener
+
+	auth   *memberauth.Auth // §8.4: every connection's exchange (auth.go)
+	ctx    context.Context  // the dials', cancelled by close
+	cancel context.CancelFunc
 }
 
 func newLink(cfg repl.ClusterConfig, h hello, log *slog.Logger, ev linkEvents, quit <-chan struct{}, wg *sync.WaitGroup) *link {
-	l := &link{cfg: cfg, hello: h, log: log, ev: ev, peers: make([]*peer, len(cfg.Peers)), quit: quit, wg: wg}
+	l := &link{cfg: cfg, hello: h, log: log, ev: ev, peers: make([]*peer, len(cfg.Peers)), quit: quit, wg: wg,
+		auth: newAuth(cfg, log)}
+	l.ctx, l.cancel = authContext()
 	for i := range cfg.Peers {
 		if i != cfg.Self {
 			l.peers[i] = &peer{l: l, i: i, addr: cfg.MemberAddr(i), wake: make(chan struct{}, 1), redial: make(chan struct{}, 1)}
@@ -65,7 +73,7 @@ func newLink(cfg repl.ClusterConfig, h hello, log *slog.Logger, ev linkEvents, q
 
 // start listens on ln for members and dials every other member.
 func (l *link) start(ln net.Listener) {
-	l.ln = ln
+	l.ln = l.listen(ln)
 	for _, pe := range l.peers {
 		if pe != nil {
 			l.wg.Add(1)
@@ -79,6 +87,7 @@ func (l *link) start(ln net.Listener) {
 // close closes the listener and every outbound connection; the goroutines
 // end once quit is closed.
 func (l *link) close() {
+	l.cancel()
 	if l.ln != nil {
 		l.ln.Close()
 	}
@@ -91,10 +100,114 @@ func (l *link) close() {
 
 // outItem is what a peer's writer sends next: a frame, or (write set)
 // something written in place on its own, such as a snapshot cut when the
-// writer reaches it.
+// writer reaches it. An item written in place writes through an
+// itemWriter, which keeps the heartbeats going whatever its size.
 type outItem struct {
 	frame []byte
-	write func(w *bufio.Writer, deadline func()) error
+	write func(w *itemWriter) error
+}
+
+// itemWriter is what an item written in place writes through. Heartbeats
+// jump the queue (each is the member's latest word, and liveness must not
+// depend on what else the link carries): frame writes the pending
+// heartbeat first, flushed, and wait keeps writing heartbeats as they come.
+// So an item of any size holds a heartbeat back by one frame at most.
+type itemWriter struct {
+	pe       *peer
+	w        *bufio.Writer
+	deadline func()
+	hb       []byte
+}
+
+// beat writes the pending heartbeat, if there is one, and reports whether
+// it did.
+func (iw *itemWriter) beat() (bool, error) {
+	pe := iw.pe
+	pe.mu.Lock()
+	iw.hb = append(iw.hb[:0], pe.hb...)
+	pe.hb = pe.hb[:0]
+	closed := pe.closed
+	pe.mu.Unlock()
+	switch {
+	case closed:
+		return false, net.ErrClosed
+	case len(iw.hb) == 0:
+		return false, nil
+	}
+	iw.deadline()
+	_, err := iw.w.Write(iw.hb)
+	return err == nil, err
+}
+
+// frame writes f after the pending heartbeat (flushed at once when there
+// was one).
+func (iw *itemWriter) frame(f []byte) error {
+	sent, err := iw.beat()
+	if err != nil {
+		return err
+	}
+	iw.deadline()
+	if _, err := iw.w.Write(f); err != nil {
+		return err
+	}
+	if sent {
+		return iw.w.Flush()
+	}
+	return nil
+}
+
+// flush sends everything written so far.
+func (iw *itemWriter) flush() error {
+	iw.deadline()
+	return iw.w.Flush()
+}
+
+// waitFor waits until done is closed, writing heartbeats meanwhile; on an
+// error of the link it still waits for done (the work it stands for may
+// use what the caller owns) before returning the error.
+func (iw *itemWriter) waitFor(done <-chan struct{}) error {
+	for {
+		select {
+		case <-done:
+			return nil
+		default:
+		}
+		if err := iw.wait(done, time.Second); err != nil {
+			<-done
+			return err
+		}
+	}
+}
+
+// wait flushes, then waits until ready is closed or d has passed, writing
+// every heartbeat set meanwhile. It consumes the peer's wake-ups; the
+// writer looks at its queue after the item anyway.
+func (iw *itemWriter) wait(ready <-chan struct{}, d time.Duration) error {
+	if err := iw.flush(); err != nil {
+		return err
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ready:
+			return nil
+		case <-t.C:
+			return nil
+		case <-iw.pe.l.quit:
+			return net.ErrClosed
+		case <-iw.pe.wake:
+			sent, err := iw.beat()
+			if err != nil {
+				return err
+			}
+			if sent {
+				if err := iw.flush(); err != nil {
+					return err
+				}
+			}
+		}
+	}
 }
 
 // peer is this member's outbound link to member i.
@@ -204,7 +317,7 @@ func (pe *peer) run() {
 			return
 		default:
 		}
-		c, err := net.DialTimeout("tcp", pe.addr, dialTimeout)
+		c, err := pe.l.dial(pe.i, pe.addr)
 		if err != nil {
 			select {
 			case <-pe.l.quit:
@@ -239,19 +352,27 @@ func (pe *peer) run() {
 	}
 }
 
+// greet opens a new outbound connection: this member's Hello, before
+// anything else is written on it. (A handshake that grows — a hello
+// exchange, an authentication — belongs here and in greeted.)
+func (pe *peer) greet(c net.Conn, w *bufio.Writer) error {
+	_ = c.SetWriteDeadline(time.Now().Add(pe.l.cfg.FailoverTimeout))
+	if _, err := w.Write(pe.l.hello.Append(nil)); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
 // write sends Hello, then the heartbeats and what is queued until an
 // error or Close. An item written in place goes on its own: what was
 // queued behind it is taken after it.
 func (pe *peer) write(c net.Conn) error {
 	w := bufio.NewWriterSize(c, 64<<10)
 	deadline := func() { _ = c.SetWriteDeadline(time.Now().Add(pe.l.cfg.FailoverTimeout)) }
-	deadline()
-	if _, err := w.Write(pe.l.hello.Append(nil)); err != nil {
+	if err := pe.greet(c, w); err != nil {
 		return err
 	}
-	if err := w.Flush(); err != nil {
-		return err
-	}
+	iw := &itemWriter{pe: pe, w: w, deadline: deadline}
 	var hb []byte
 	for {
 		pe.mu.Lock()
@@ -262,7 +383,7 @@ func (pe *peer) write(c net.Conn) error {
 		hb = append(hb[:0], pe.hb...)
 		pe.hb = pe.hb[:0]
 		var q []outItem
-		var inPlace func(*bufio.Writer, func()) error
+		var inPlace func(*itemWriter) error
 		if len(pe.queue) > 0 && pe.queue[0].write != nil {
 			inPlace = pe.queue[0].write
 			pe.queue = pe.queue[1:]
@@ -285,7 +406,10 @@ func (pe *peer) write(c net.Conn) error {
 			}
 		}
 		if inPlace != nil {
-			if err := inPlace(w, deadline); err != nil {
+			if err := inPlace(iw); err != nil {
+				return err
+			}
+			if err := iw.flush(); err != nil {
 				return err
 			}
 			continue // then what was queued behind it
@@ -327,6 +451,38 @@ func (l *link) accept() {
 	}
 }
 
+// greeted reads a new inbound connection's Hello and returns the member it
+// comes from (pm.from, its index here; mapPeers matches the members of a
+// --peers that differs by address); a connection it refuses (ok false) is logged and must be
+// closed before anything else is read from it.
+func (l *link) greeted(c net.Conn, r *frameReader) (pm peerMap, ok bool) {
+	_ = c.SetReadDeadline(time.Now().Add(l.cfg.FailoverTimeout))
+	t, payload, err := r.Next()
+	if err != nil || t != msgHello {
+		l.log.Warn("member link refused: no hello", "remote", c.RemoteAddr().String(), "err", err)
+		return peerMap{}, false
+	}
+	var h hello
+	if err := h.Decode(payload); err != nil {
+		l.log.Warn("member link refused: bad hello", "remote", c.RemoteAddr().String(), "err", err)
+		return peerMap{}, false
+	}
+	if err := h.Check(l.hello); err != nil {
+		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
+		return peerMap{}, false
+	}
+	pm, err = mapPeers(&h, l.cfg.Peers, l.cfg.Self)
+	if err != nil {
+		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
+		return peerMap{}, false
+	}
+	if pm.differs {
+		l.log.Info("member link from a member whose --peers differs (a change of --peers in progress): members matched by address",
+			"member", l.cfg.Peers[pm.from], "its_peers", h.Peers)
+	}
+	return pm, true
+}
+
 // serveInbound reads what one member says on its outbound link to us.
 func (l *link) serveInbound(c net.Conn) {
 	defer l.wg.Done()
@@ -336,30 +492,14 @@ func (l *link) serveInbound(c net.Conn) {
 		c.Close()
 	}()
 	r := newFrameReader(c)
-	_ = c.SetReadDeadline(time.Now().Add(l.cfg.FailoverTimeout))
-	t, payload, err := r.Next()
-	if err != nil || t != msgHello {
-		l.log.Warn("member link refused: no hello", "remote", c.RemoteAddr().String(), "err", err)
-		return
-	}
-	var h hello
-	if err := h.Decode(payload); err != nil {
-		l.log.Warn("member link refused: bad hello", "remote", c.RemoteAddr().String(), "err", err)
-		return
-	}
-	if err := h.Check(l.hello); err != nil {
-		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
-		return
-	}
-	pm, err := mapPeers(&h, l.cfg.Peers, l.cfg.Self)
-	if err != nil {
-		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
+	pm, ok := l.greeted(c, r)
+	if !ok {
 		return
 	}
 	from := pm.from
-	if pm.differs {
-		l.log.Info("member link from a member whose --peers differs (a change of --peers in progress): members matched by address",
-			"member", l.cfg.Peers[from], "its_peers", h.Peers)
+	if err := provedAs(c, from); err != nil {
+		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
+		return
 	}
 	// The peer is up: dial it back now rather than at the end of a back-off,
 	// so a member that (re)starts hears from the others within its first

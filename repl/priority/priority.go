@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,21 +41,64 @@ type node struct {
 	host  repl.Host
 	self  string // this member's client address (its --peers entry)
 
-	gate atomic.Pointer[repl.Gate]
+	gate atomic.Pointer[gate]
 
 	mu    sync.Mutex // guards roles, the peers' link state and the fields below
 	roles *roles
-	// handover in progress (this member is handing over): the successor's
-	// confirmation arrives here.
-	handoverDone chan uint64
+	// gateSeq numbers the gates computed (gateFor): a gate is published
+	// only if no later one was, so a gate computed before a handover's
+	// hold or a demotion cannot replace it.
+	gateSeq      uint64
 	reservedSeen uint64 // the highest reservation seen from an active (standby)
-	stopping     bool
+	// jump: a token this active's counter must pass before it serves
+	// again: the counter of a member back from a later epoch (a split
+	// active that stopped before the heal).
+	jump     uint64
+	stopping bool
+	// keepTable: this member shuts down as a single node (no successor
+	// took over) and writes its table at Close like the active it was.
+	keepTable bool
 	// ready: this member, the active, has made its first reservation and
 	// may open its gate (a promotion happens in the role machine first).
 	ready bool
 	// epochLogged: when the role machine's refusal to promote without an
 	// epoch left was last logged (0: never).
 	epochLogged int64
+
+	// reserving: a reservation past a jump of the counter is queued for
+	// the actor (reserveSoon).
+	reserving atomic.Bool
+
+	// handWake is kicked whenever a handover in progress may have ended
+	// (an answer or a heartbeat of the successor arrived).
+	handWake chan struct{}
+
+	// applyMu is held while anything the followed active sent is applied to
+	// the table (follower.apply), and taken by every change of role away
+	// from following it before the change touches the table or opens the
+	// gate: a late frame of a former active never lands in the table of a
+	// member that promoted or follows another.
+	applyMu sync.Mutex
+	// loaded is the active and epoch whose snapshot last began to replace
+	// the table (under applyMu): following them again needs no reset.
+	loaded struct {
+		from  int
+		epoch uint64
+	}
+	// resMark is the highest token reservation made durable in the data
+	// dir as the active (a snapshot's end carries it).
+	resMark atomic.Uint64
+	// diskMark is the data dir's reservation mark, as this member's and as
+	// its actives' (heartbeats carry it: an active raises its counter above
+	// every member's, so a member that granted on its own — a split brain's
+	// other side — and restarted cannot be undercut).
+	diskMark atomic.Uint64
+	markMu   sync.Mutex // writeMark: one write of the mark at a time
+	// busySince is, for each member, when this member began to process a
+	// frame from it (its clock), 0 while none is in hand: a reader held up
+	// by this member's own work (a table reset, an fsync, the engine's
+	// barrier) does not make that member look silent.
+	busySince []atomic.Int64
 
 	link    *link
 	out     *outStream // what this member sends as the active
@@ -95,9 +139,39 @@ func newNode(cfg repl.ClusterConfig) (*node, error) {
 		return nil, err
 	}
 	p := &node{cfg: cfg, self: cfg.Peers[cfg.Self], quit: make(chan struct{}), actions: make(chan action, 64),
-		echoes: make([]uint64, len(cfg.Peers))}
-	p.gate.Store(&repl.Gate{State: repl.Hold})
+		echoes: make([]uint64, len(cfg.Peers)), handWake: make(chan struct{}, 1), busySince: make([]atomic.Int64, len(cfg.Peers))}
+	p.gate.Store(&gate{Gate: repl.Gate{State: repl.Hold}})
+	p.loaded.from = -1
 	return p, nil
+}
+
+// writeMark makes limit durable as the data dir's reservation mark. The
+// reserver, the actor (a promotion, the end of a freeze check, a jump)
+// and a standby's reader all reserve: one write at a time, and never one
+// below the mark already written (a lower limit is durable already).
+func (p *node) writeMark(limit uint64) error {
+	p.markMu.Lock()
+	defer p.markMu.Unlock()
+	if limit <= p.diskMark.Load() {
+		return nil
+	}
+	if err := p.dir.Reserve(limit); err != nil {
+		return err
+	}
+	p.diskMark.Store(limit)
+	return nil
+}
+
+// raise makes v at least x.
+func raise(v *atomic.Uint64, x uint64) {
+	for m := v.Load(); m < x && !v.CompareAndSwap(m, x); m = v.Load() {
+	}
+}
+
+// gate is a repl.Gate with the number of its computation (gateSeq).
+type gate struct {
+	repl.Gate
+	seq uint64
 }
 
 func (p *node) timeout() int64 { return int64(p.cfg.FailoverTimeout) }
@@ -126,7 +200,7 @@ func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 	if err != nil {
 		return fail(err)
 	}
-	p.out = newOutStream(p.cfg.Peers, p.log, p.epoch)
+	p.out = newOutStream(p.cfg.Peers, p.log, p.activeEpoch, p.resMark.Load)
 	cfg.Sink = p.out.sink
 	// No token may be handed out before this member is the active and has
 	// made a reservation of its own (limit = start).
@@ -134,6 +208,15 @@ func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 	if err != nil {
 		return fail(err)
 	}
+	p.resMark.Store(start)
+	// The mark as written (a shutdown snapshot's mark is below it: tokens
+	// are reserved before they are issued); the wall floor in start is no
+	// token anyone issued.
+	mark, err := dir.Mark()
+	if err != nil {
+		return fail(err)
+	}
+	p.diskMark.Store(mark)
 	if snap != nil {
 		if _, err := dir.Restore(p.table, snap, clock()); err != nil {
 			return fail(err)
@@ -161,7 +244,10 @@ func (p *node) Start(addr string, host repl.Host) error {
 		return err
 	}
 	p.log.Info("member link listening", "addr", ln.Addr().String(), "peers", p.cfg.Peers, "self", p.self)
-	p.publish(&repl.Gate{State: repl.Redirect})
+	p.mu.Lock()
+	g := p.gateFor(p.clock())
+	p.mu.Unlock()
+	p.publish(g)
 	p.link.start(ln)
 	p.wg.Add(3)
 	go p.ticker()
@@ -174,11 +260,24 @@ func (p *node) Start(addr string, host repl.Host) error {
 }
 
 // Gate is the current gate.
-func (p *node) Gate() *repl.Gate { return p.gate.Load() }
+func (p *node) Gate() *repl.Gate { return &p.gate.Load().Gate }
 
-// publish installs g and tells the engine when what it applies changes.
-func (p *node) publish(g *repl.Gate) {
-	old := p.gate.Swap(g)
+// publish installs g unless a gate computed after it is already installed,
+// and tells the engine when what it applies changes. Gates are computed
+// under p.mu (gateFor) and published after it is released, so two
+// publishers can cross: the number decides, and the later computation
+// wins whatever the order of the publications.
+func (p *node) publish(g *gate) {
+	var old *gate
+	for {
+		old = p.gate.Load()
+		if old.seq > g.seq {
+			return
+		}
+		if p.gate.CompareAndSwap(old, g) {
+			break
+		}
+	}
 	if p.host == nil {
 		return
 	}
@@ -188,21 +287,25 @@ func (p *node) publish(g *repl.Gate) {
 	}
 }
 
-// gateFor is the gate of the current roles (p.mu held).
-func (p *node) gateFor(now int64) *repl.Gate {
+// gateFor is the gate of the current roles, numbered (p.mu held).
+func (p *node) gateFor(now int64) *gate {
 	r := p.roles
+	p.gateSeq++
+	g := &gate{seq: p.gateSeq}
 	switch {
 	case r.serving() && p.ready:
 		// Until counts from the ticker's last tick, never from now: only
 		// the ticker notices a freeze, so nothing else (a heartbeat read
 		// first after a SIGCONT) may extend it.
-		return &repl.Gate{State: repl.Serve, Until: r.lastTick + p.timeout()/2}
+		g.Gate = repl.Gate{State: repl.Serve, Until: r.lastTick + p.timeout()/2}
 	case r.role == roleActive || r.role == roleHandover:
-		return &repl.Gate{State: repl.Hold}
+		g.Gate = repl.Gate{State: repl.Hold}
 	case r.active >= 0 && r.active != p.cfg.Self:
-		return &repl.Gate{State: repl.Redirect, Addr: p.cfg.Peers[r.active]}
+		g.Gate = repl.Gate{State: repl.Redirect, Addr: p.cfg.Peers[r.active]}
+	default:
+		g.Gate = repl.Gate{State: repl.Redirect}
 	}
-	return &repl.Gate{State: repl.Redirect}
+	return g
 }
 
 // ticker runs the role machine every tenth of the failover timeout and
@@ -220,6 +323,7 @@ func (p *node) ticker() {
 		}
 		now := p.clock()
 		p.mu.Lock()
+		p.busyHeard(now)
 		wasChecking, lastTick := p.roles.checking(), p.roles.lastTick
 		c := p.roles.tick(now)
 		if p.roles.epochSpent && (p.epochLogged == 0 || now-p.epochLogged >= int64(10*time.Second)) {
@@ -240,6 +344,18 @@ func (p *node) ticker() {
 		p.mu.Unlock()
 		p.publish(g)
 		p.sendHeartbeats(hb)
+	}
+}
+
+// busyHeard counts, for every member a frame of which this member is
+// processing now, as hearing from it (p.mu held): the frame came; what
+// holds it up is here. Bounded at ten failover timeouts, so a reader stuck
+// for good cannot keep a dead member live.
+func (p *node) busyHeard(now int64) {
+	for i := range p.busySince {
+		if b := p.busySince[i].Load(); b != 0 && now-b < 10*p.timeout() {
+			p.roles.heardFrom(now, i)
+		}
 	}
 }
 
@@ -274,7 +390,7 @@ func (p *node) heartbeat() heartbeat {
 	}
 	hb := heartbeat{Epoch: r.epoch, Role: role, Active: active, InSync: r.inSync,
 		Probe: r.nextProbe(), TokenLast: p.table.Tokens().Last(), Reserved: max(p.table.Tokens().Limit(), p.reservedSeen),
-		StoredEpoch: r.peers[p.cfg.Self].storedEpoch}
+		StoredEpoch: r.peers[p.cfg.Self].storedEpoch, Mark: p.diskMark.Load()}
 	return hb
 }
 
@@ -284,12 +400,33 @@ func (p *node) heartbeat() heartbeat {
 func (p *node) heardHeartbeat(from int, hb *heartbeat, pm *peerMap) {
 	now := p.clock()
 	ps := peerState{epoch: hb.Epoch, role: hb.Role, follows: pm.index(hb.Active), inSync: hb.InSync,
-		echo: hb.Echo, storedEpoch: hb.StoredEpoch, token: hb.TokenLast, reserved: hb.Reserved}
+		echo: hb.Echo, storedEpoch: hb.StoredEpoch, token: hb.TokenLast, reserved: hb.Reserved, mark: hb.Mark}
 	p.mu.Lock()
 	if hb.Role == roleActive && p.roles.role == roleStandby && p.roles.active == from {
 		p.stats.lagNs.Store(int64(hb.LagNS))
 	}
+	p.busyHeard(now)
+	wasChecking, lastTick := p.roles.checking(), p.roles.lastTick
 	c := p.roles.heard(now, from, ps)
+	if !wasChecking && p.roles.checking() {
+		// The stall was noticed here, before the ticker ran.
+		p.ready = false
+		p.log.Warn("this member was frozen or stalled: executing nothing until the others answer", "gap", time.Duration(now-lastTick))
+	}
+	if r := p.roles.role; r == roleActive || r == roleHandover {
+		// Whatever the member is now, its data dir's mark is above every
+		// token it ever issued. A mark above this active's own (written
+		// before any standby is sent the reservation) is one the member
+		// made on its own — it served on the other side of a split, say,
+		// and restarted before the two met as actives — and its tokens
+		// must not be undercut: the counter jumps above it (acquires get B
+		// until a reservation has made that safe). A standby's mark is a
+		// reservation of this active's (or of an earlier active's, below
+		// this one's): nothing moves.
+		if hb.Mark > p.diskMark.Load() {
+			p.table.Tokens().Observe(hb.Mark)
+		}
+	}
 	if p.roles.role == roleActive && hb.Role == roleActive {
 		// Another active (a healed partition, a frozen member): whichever
 		// stays, tokens must go on above everything the other issued. Its
@@ -303,34 +440,88 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat, pm *peerMap) {
 		p.table.Tokens().Observe(floor)
 		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
 	}
+	jump := false
+	if p.roles.role == roleActive && hb.Role != roleActive && hb.StoredEpoch > p.roles.epoch &&
+		hb.TokenLast > max(p.table.Tokens().Last(), p.jump) && hb.TokenLast < math.MaxUint64/2 {
+		// A member whose data dir holds an epoch above this active's: it
+		// promoted on the other side of a partition and stopped before the
+		// heal, so the two never saw each other as actives. It restarted
+		// with its counter above its reservation mark, which every token
+		// it issued stayed below: tokens go on above it. The gate holds
+		// requests (rather than answering B) until the jump is reserved.
+		// (Not its Reserved: as a standby of this active it echoes this
+		// active's own reservations. A counter past 2^63 is no real
+		// member's — tokens start near the wall clock in ns, 2^60 — and
+		// the reservation above it would wrap: it is ignored.)
+		// A promotion or freeze check in progress ends before the
+		// actor gets to it (resumeServing serves only a serving role).
+		p.jump = hb.TokenLast
+		jump, p.ready = true, false
+	}
+	// A jump above the reserved range: every grant gets B until a
+	// reservation covers it; ask for one now.
+	tokens := p.table.Tokens()
+	jumped := (p.roles.role == roleActive || p.roles.role == roleHandover) && tokens.Last() >= tokens.Limit()
 	// A standby that follows this active but is not in the stream (its
 	// request for a snapshot was lost), or that has said it is out of sync
 	// for a long while, gets a snapshot.
 	resync := p.roles.role == roleActive && ps.follows == p.cfg.Self && hb.Role == roleStandby
+	handing := p.roles.role == roleHandover || p.roles.handOutcome == handOffered
 	g := p.gateFor(now)
 	p.mu.Unlock()
+	if handing {
+		p.kickHandover()
+	}
 	if resync && p.link.peers[from] != nil {
 		p.out.resyncIfStale(from, hb.InSync, 2*p.cfg.FailoverTimeout)
 	}
+	if jumped {
+		p.reserveSoon("reservation above another member's tokens")
+	}
 	p.act(c, "heartbeat")
+	if jump {
+		rc := noChange()
+		rc.resume = true
+		p.act(rc, "a member back from a later epoch")
+	}
 	p.publish(g)
 }
 
 // action is a role change to carry out.
 type action struct {
-	c   change
-	why string
+	c     change
+	why   string
+	token uint64 // took: the tokens the old active handed out and reserved
+	// reserve: the counter jumped above the reservation (another member's
+	// tokens): reserve past it now rather than at the next grant's B.
+	reserve bool
 }
 
 // act hands a change of the role machine to the actor goroutine: the
 // readers and the ticker never wait for a handover or a reservation (a
 // handover waits for an answer that a reader must deliver).
-func (p *node) act(c change, why string) {
-	if !c.promote && !c.demote && c.follow < 0 && c.handover < 0 && !c.resume {
+func (p *node) act(c change, why string) { p.actWith(c, why, 0) }
+
+// reserveSoon asks the actor for a reservation past the counter: it jumped
+// above the reserved range (another member's tokens), and every grant gets
+// B until one is made. One request is queued at a time.
+func (p *node) reserveSoon(why string) {
+	if !p.reserving.CompareAndSwap(false, true) {
 		return
 	}
 	select {
-	case p.actions <- action{c, why}:
+	case p.actions <- action{why: why, reserve: true}:
+	case <-p.quit:
+	}
+}
+
+// actWith is act with the tokens a planned handover hands over.
+func (p *node) actWith(c change, why string, token uint64) {
+	if !c.promote && !c.demote && c.follow < 0 && c.handover < 0 && !c.resume && !c.took {
+		return
+	}
+	select {
+	case p.actions <- action{c: c, why: why, token: token}:
 	case <-p.quit:
 	}
 }
@@ -343,16 +534,25 @@ func (p *node) actor() {
 		case <-p.quit:
 			return
 		case a := <-p.actions:
-			p.carryOut(a.c, a.why)
+			p.carryOut(a)
 		}
 	}
 }
 
 // carryOut does what a change of the role machine asks.
-func (p *node) carryOut(c change, why string) {
+func (p *node) carryOut(a action) {
+	c, why := a.c, a.why
+	if a.reserve {
+		p.reserving.Store(false)
+		tokens := p.table.Tokens()
+		p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, why)
+		return
+	}
 	switch {
+	case c.took:
+		p.becomeActive(a.token, why)
 	case c.resume:
-		p.resumeServing()
+		p.resumeServing(why)
 	case c.promote:
 		p.stats.failovers.Add(1)
 		p.becomeActive(0, why)
@@ -368,6 +568,12 @@ func (p *node) carryOut(c change, why string) {
 		p.log.Info("following the active", "active", p.cfg.Peers[c.follow])
 		p.follow(c.follow)
 	case c.handover >= 0:
+		p.mu.Lock()
+		active := p.roles.role == roleActive
+		p.mu.Unlock()
+		if !active {
+			return // a repeat of a handover already carried out (decide asks at every step until it is)
+		}
 		p.log.Info("handing over to a member of higher priority", "successor", p.cfg.Peers[c.handover])
 		p.handover(context.Background(), c.handover, false)
 	}
@@ -380,6 +586,7 @@ func (p *node) carryOut(c change, why string) {
 // agreeing within the timeout); then a reservation of its own, made
 // durable and replicated, before the gate opens.
 func (p *node) becomeActive(handoffToken uint64, why string) {
+	p.applyBarrier() // nothing from the former active lands in the table from here on
 	p.mu.Lock()
 	r := p.roles
 	epoch := r.epoch
@@ -389,7 +596,7 @@ func (p *node) becomeActive(handoffToken uint64, why string) {
 		start = max(start, repl.WallFloor()+uint64(p.timeout()))
 	}
 	for i := range r.peers {
-		start = max(start, r.peers[i].token, r.peers[i].reserved)
+		start = max(start, r.peers[i].token, r.peers[i].reserved, r.peers[i].mark)
 	}
 	p.mu.Unlock()
 	if err := p.dir.SetEpoch(epoch); err != nil {
@@ -414,17 +621,31 @@ func (p *node) becomeActive(handoffToken uint64, why string) {
 // may have been promoted meanwhile; its tokens are below that floor
 // (clocks agreeing within the timeout; docs/DESIGN.md "Tokens across a
 // failover").
-func (p *node) resumeServing() {
+//
+// A member back from a later epoch (heardHeartbeat) resumes it the same
+// way: its tokens jump above that member's too (p.jump).
+func (p *node) resumeServing(why string) {
+	// The gate holds while the counter jumps: a freeze check that ended
+	// after an earlier one's resumeServing opened the gate (two stalls in
+	// a row) must not leave it serving with no token reserved (B).
+	p.mu.Lock()
+	p.ready = false
+	g := p.gateFor(p.clock())
+	p.mu.Unlock()
+	p.publish(g)
 	tokens := p.table.Tokens()
 	if !p.noWallFloor {
 		tokens.Observe(repl.WallFloor() + uint64(p.timeout()))
 	}
-	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check")
+	p.mu.Lock()
+	tokens.Observe(p.jump)
+	p.mu.Unlock()
+	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check or a token jump")
 	p.mu.Lock()
 	p.ready = p.roles.serving()
-	g := p.gateFor(p.clock())
+	g = p.gateFor(p.clock())
 	p.mu.Unlock()
-	p.log.Info("serving again after the freeze check", "next_token", tokens.Last()+1)
+	p.log.Info("serving again", "why", why, "next_token", tokens.Last()+1)
 	p.publish(g)
 }
 
@@ -440,19 +661,35 @@ func (p *node) reserveUpTo(limit uint64, what string) {
 }
 
 // follow discards this member's state and follows active a: the gate
-// answers M naming it, and the active sends a snapshot.
+// answers M naming it, and the active sends a snapshot. A snapshot of a at
+// the epoch followed that already began to replace the table is kept.
 func (p *node) follow(a int) {
 	p.out.setActive(false)
 	p.mu.Lock()
 	p.ready = false
+	epoch := p.roles.epoch
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
 	p.publish(g) // moves queued acquires to the active (M)
-	var fx shard.Out
-	p.table.Reset(&fx)
+	p.applyMu.Lock()
+	if p.loaded.from != a || p.loaded.epoch != epoch {
+		var fx shard.Out
+		p.table.Reset(&fx)
+		p.loaded.from, p.loaded.epoch = -1, 0
+	}
+	p.applyMu.Unlock()
 	if pe := p.link.peers[a]; pe != nil {
 		pe.send(appendNeedSnapshot(nil, snapStart))
 	}
+}
+
+// applyBarrier waits until no frame of an active is being applied (apply):
+// a role change away from following it calls it after the role machine
+// changed the role, so every later apply sees the change and refuses.
+func (p *node) applyBarrier() {
+	p.applyMu.Lock()
+	//lint:ignore SA2001 a barrier: what it orders is the role change made before it
+	p.applyMu.Unlock()
 }
 
 // reserve makes tokens up to limit safe: durable in this member's data
@@ -461,7 +698,7 @@ func (p *node) follow(a int) {
 // acknowledged). A standby that does not acknowledge within the failover
 // timeout is sent a new snapshot: until then it is not in sync.
 func (p *node) reserve(limit uint64) error {
-	if err := p.dir.Reserve(limit); err != nil {
+	if err := p.writeMark(limit); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -470,10 +707,13 @@ func (p *node) reserve(limit uint64) error {
 	if !active {
 		return nil
 	}
+	// From here a snapshot that ends carries limit (its SnapEnd reads the
+	// mark after this): a standby in a snapshot is not waited for.
+	raise(&p.resMark, limit)
 	id := p.resID.Add(1)
 	var waits []int
 	for i, pe := range p.link.peers {
-		if pe != nil && p.out.streaming(i) {
+		if pe != nil && p.out.streaming(i) && !p.out.inSnapshot(i) {
 			pe.send(appendReserve(nil, id, limit))
 			waits = append(waits, i)
 		}
@@ -496,23 +736,10 @@ func (p *node) reserve(limit uint64) error {
 func (p *node) Stop(ctx context.Context) string {
 	p.mu.Lock()
 	p.stopping = true
-	r := p.roles
-	now := p.clock()
-	role, active := r.role, r.active
-	succ := -1
-	if role == roleActive {
-		succ = r.successor(now)
-	}
+	role, active := p.roles.role, p.roles.active
 	p.mu.Unlock()
-	switch {
-	case role == roleActive && succ >= 0:
-		if p.handover(ctx, succ, true) {
-			return p.cfg.Peers[succ]
-		}
-		return ""
-	case role == roleActive:
-		p.log.Info("no live in-sync standby: shutting down as a single node")
-		return ""
+	if role == roleActive || role == roleHandover {
+		return p.stopActive(ctx)
 	}
 	// A standby: say so at once, so the active need not wait for silence.
 	p.mu.Lock()
@@ -525,79 +752,230 @@ func (p *node) Stop(ctx context.Context) string {
 	return ""
 }
 
-// handover runs a planned handover to member s: stop executing, send
-// everything, have s take over, then answer M naming it. It reports
-// whether s confirmed; if not, this member serves again.
-func (p *node) handover(ctx context.Context, s int, shutdown bool) bool {
+// stopActive is Stop on the active: a planned handover to each live,
+// in-sync standby in priority order until one takes it (one that refuses
+// leaves this member the active, so the next is tried). It returns the
+// address requests are sent to from then on, or "" when none is left and
+// this member shuts down as a single node.
+func (p *node) stopActive(ctx context.Context) string {
+	var refused uint64 // members that refused: not asked again
+	for range len(p.cfg.Peers) {
+		// A handover begun before the signal (to a member of higher
+		// priority) ends first; this member executes nothing meanwhile.
+		if p.waitHandover(ctx) {
+			break
+		}
+		p.mu.Lock()
+		role, active, succ := p.roles.role, p.roles.active, -1
+		if role == roleActive {
+			succ = p.roles.successor(p.clock(), refused)
+		}
+		p.mu.Unlock()
+		switch {
+		case role == roleStandby && active >= 0:
+			return p.cfg.Peers[active] // superseded, or handed over, meanwhile
+		case role != roleActive || succ < 0:
+			return p.lastMember()
+		}
+		o, to := p.handover(ctx, succ, true)
+		switch o {
+		case handTaken, handSuperseded, handUndecided:
+			return p.cfg.Peers[to]
+		case handLost:
+			// The successor went silent before it decided. Another live,
+			// in-sync standby promotes by failover once this member is gone
+			// (its heartbeats say it is leaving): requests go there.
+			p.mu.Lock()
+			next := p.roles.successor(p.clock(), refused|1<<succ)
+			p.mu.Unlock()
+			if next >= 0 {
+				p.log.Info("the successor went silent before deciding the handover: another in-sync standby takes over once this member has left",
+					"standby", p.cfg.Peers[next])
+				return p.cfg.Peers[next]
+			}
+			return p.lastMember()
+		}
+		refused |= 1 << succ // refused: serving again; try the next
+	}
+	return p.lastMember()
+}
+
+// lastMember makes this member shut down as a single node: no successor
+// takes over, so its table is written at Close as the active's would be.
+func (p *node) lastMember() string {
+	p.mu.Lock()
+	p.keepTable = true
+	p.mu.Unlock()
+	p.log.Info("no live in-sync standby: shutting down as a single node")
+	return ""
+}
+
+// waitHandover waits while a handover is in progress (begun by the actor),
+// and reports whether ctx ended first.
+func (p *node) waitHandover(ctx context.Context) bool {
+	for {
+		p.mu.Lock()
+		handing := p.roles.role == roleHandover
+		p.mu.Unlock()
+		if !handing {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return true
+		case <-p.quit:
+			return true
+		case <-p.handWake:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// kickHandover wakes a handover waiting for its verdict.
+func (p *node) kickHandover() {
+	select {
+	case p.handWake <- struct{}{}:
+	default:
+	}
+}
+
+// handover runs a planned handover to member s (MEMBER-LINK.md, "Planned
+// handover"): stop executing, send everything, offer s the next epoch, and
+// wait for the verdict — s's answer, or what the members say
+// (roles.decideHandover) — executing nothing meanwhile. From one failover
+// timeout on, s is asked every half timeout to decide (HandoffAbort): it
+// answers taken or refused, and decides once. It returns the outcome and
+// the member it ended with, after carrying it out: M naming that member
+// (taken, superseded, undecided), serving again (refused) or serving
+// nothing (lost: s went silent first). A shutdown waits at most half of
+// what is left of ctx, a rejoin ten failover timeouts; then, with s still
+// live, the handover is left undecided and requests go to s.
+func (p *node) handover(ctx context.Context, s int, shutdown bool) (handState, int) {
 	began := time.Now()
 	p.mu.Lock()
-	if p.roles.role != roleActive {
+	if p.roles.role != roleActive || p.roles.checking() {
 		p.mu.Unlock()
-		return false
+		return handNone, -1
 	}
-	epoch, ok := p.roles.startHandover(s)
+	epoch, ok := p.roles.offer(s, p.clock())
 	if !ok {
 		p.mu.Unlock()
-		return false
+		return handNone, -1 // no epoch left to offer (nextEpoch): this member stays the active
 	}
-	done := make(chan uint64, 1)
-	p.handoverDone = done
-	p.mu.Unlock()
-	p.publish(&repl.Gate{State: repl.Hold}) // waits for running batches; nothing executes from here
-	pe := p.link.peers[s]
-	p.out.flushNow()
-	tokens := p.table.Tokens()
-	pe.send(appendHandoff(nil, epoch, tokens.Last(), max(tokens.Limit(), p.reservedSeen)))
-	wait := p.cfg.FailoverTimeout
-	var confirmed bool
-	select {
-	case e := <-done:
-		confirmed = e == epoch
-	case <-time.After(wait):
-	case <-ctx.Done():
-	}
-	p.mu.Lock()
-	p.handoverDone = nil
-	if !confirmed {
-		p.roles.abortHandover()
-		g := p.gateFor(p.clock())
-		p.mu.Unlock()
-		p.log.Warn("handover not confirmed: serving again", "successor", p.cfg.Peers[s], "waited", time.Since(began))
-		p.publish(g)
-		return false
-	}
-	p.roles.handedOver(s, epoch)
-	p.ready = false
 	g := p.gateFor(p.clock())
 	p.mu.Unlock()
-	p.stats.handovers.Add(1)
-	p.out.setActive(false)
-	p.publish(g) // M naming the successor, queued acquires included
-	p.log.Info("handed over", "successor", p.cfg.Peers[s], "epoch", epoch, "took", time.Since(began), "shutdown", shutdown)
-	if !shutdown {
-		var fx shard.Out
-		p.table.Reset(&fx)
-		pe.send(appendNeedSnapshot(nil, snapStart))
+	p.publish(g) // Hold: waits for running batches; nothing executes from here
+	p.out.flushNow()
+	tokens := p.table.Tokens()
+	pe := p.link.peers[s]
+	pe.send(appendHandoff(nil, epoch, tokens.Last(), max(tokens.Limit(), p.reservedSeen)))
+	giveUp := began.Add(10 * p.cfg.FailoverTimeout)
+	if dl, ok := ctx.Deadline(); ok && shutdown {
+		giveUp = began.Add(time.Until(dl) / 2)
 	}
-	return true
+	tick := time.NewTicker(max(p.cfg.FailoverTimeout/20, 5*time.Millisecond))
+	defer tick.Stop()
+	var o handState
+	var to int
+	for {
+		p.mu.Lock()
+		now := p.clock()
+		o, to = p.roles.handover()
+		ask := o == handOffered && p.roles.askDue(now)
+		if o == handOffered && time.Now().After(giveUp) {
+			p.roles.leaveUndecided()
+			o, to = p.roles.handover()
+		}
+		p.mu.Unlock()
+		if o != handOffered {
+			break
+		}
+		if ask {
+			p.log.Warn("handover not confirmed yet: asking the successor to decide", "successor", p.cfg.Peers[s], "epoch", epoch, "waited", time.Since(began))
+			pe.send(appendHandoffAbort(nil, epoch))
+		}
+		select {
+		case <-p.handWake:
+		case <-tick.C:
+		case <-p.quit:
+			return handNone, -1
+		}
+	}
+	switch o {
+	case handRefused:
+		p.mu.Lock()
+		g := p.gateFor(p.clock())
+		p.mu.Unlock()
+		p.log.Warn("handover refused by the successor: serving again", "successor", p.cfg.Peers[s], "epoch", epoch, "waited", time.Since(began))
+		p.publish(g)
+		return o, to
+	case handLost:
+		p.out.setActive(false)
+		p.mu.Lock()
+		p.ready = false
+		g := p.gateFor(p.clock())
+		p.mu.Unlock()
+		p.publish(g) // M with no address: queued acquires included
+		p.log.Warn("the successor went silent before deciding the handover: serving nothing; the failover rules decide",
+			"successor", p.cfg.Peers[s], "epoch", epoch, "waited", time.Since(began))
+		return o, to
+	}
+	if o == handTaken {
+		p.stats.handovers.Add(1)
+	}
+	p.out.setActive(false)
+	p.mu.Lock()
+	p.ready = false
+	g = p.gateFor(p.clock())
+	p.mu.Unlock()
+	p.publish(g) // M naming the member that took over, queued acquires included
+	p.log.Info("handed over", "to", p.cfg.Peers[to], "outcome", o.String(), "epoch", epoch, "took", time.Since(began), "shutdown", shutdown)
+	if !shutdown {
+		p.follow(to)
+	}
+	return o, to
 }
 
 // takeOver is a standby's side of a planned handover: everything the old
 // active sent before the Handoff has been applied (one ordered link), so
-// this member promotes at the epoch it was given and confirms.
+// this member decides — takes the epoch it was given, or refuses it for
+// good — and says so at once: the old active executes nothing until it
+// knows. A member that took it then promotes (its epoch stored, a
+// reservation of its own) on the actor, as a failover does.
 func (p *node) takeOver(from int, h *handoff) {
 	p.mu.Lock()
-	if p.roles.active != from || !p.roles.inSync {
-		p.mu.Unlock()
-		p.log.Warn("handover refused: not in sync with that active", "from", p.cfg.Peers[from])
+	taken, fresh := p.roles.takeHandoff(from, h.Epoch, !p.stopping)
+	if fresh {
+		p.reservedSeen = max(p.reservedSeen, h.Reserved)
+	}
+	p.mu.Unlock()
+	pe := p.link.peers[from]
+	if !taken {
+		p.log.Warn("handover refused: not a willing standby in sync with that active, or an epoch refused before", "from", p.cfg.Peers[from], "epoch", h.Epoch)
+		pe.send(appendAck(nil, ackRefused, h.Epoch))
 		return
 	}
-	p.roles.promoteAt(h.Epoch)
-	p.reservedSeen = max(p.reservedSeen, h.Reserved)
+	pe.send(appendAck(nil, ackHandoff, h.Epoch))
+	if fresh {
+		p.stats.handovers.Add(1)
+		c := noChange()
+		c.took = true
+		p.actWith(c, "planned handover", max(h.TokenLast, h.Reserved))
+	}
+}
+
+// abortAsked is a standby's answer to an old active's HandoffAbort: the
+// handoff at that epoch was taken, or is now refused for good.
+func (p *node) abortAsked(from int, h *handoffAbort) {
+	p.mu.Lock()
+	taken := p.roles.abortHandoff(from, h.Epoch)
 	p.mu.Unlock()
-	p.stats.handovers.Add(1)
-	p.becomeActive(max(h.TokenLast, h.Reserved), "planned handover")
-	p.link.peers[from].send(appendAck(nil, ackHandoff, h.Epoch))
+	kind := ackRefused
+	if taken {
+		kind = ackHandoff
+	}
+	p.log.Info("the old active asked to decide its handover", "from", p.cfg.Peers[from], "epoch", h.Epoch, "taken", taken)
+	p.link.peers[from].send(appendAck(nil, kind, h.Epoch))
 }
 
 // Close stops the member: its goroutines end; after a shutdown or a crash
@@ -628,7 +1006,7 @@ func (p *node) Close(ctx context.Context, why repl.CloseReason) error {
 		return nil
 	}
 	p.mu.Lock()
-	wasActive := p.roles.role == roleActive
+	wasActive := p.roles.role == roleActive || p.keepTable
 	p.mu.Unlock()
 	if why == repl.FailedStart || why == repl.Discard || !wasActive {
 		return p.dir.Release(why)
@@ -655,6 +1033,9 @@ func (p *node) Status() repl.Status {
 		st.Active = p.cfg.Peers[r.active]
 	}
 	st.Failovers = p.stats.failovers.Load()
+	if p.link != nil {
+		st.MemberRefused = p.link.auth.Refusals()
+	}
 	st.Handovers = p.stats.handovers.Load()
 	st.Demotions = p.stats.demotions.Load()
 	out, in := &p.out.stats, &p.standby.stats
@@ -715,11 +1096,14 @@ func (p *node) echoFor(i int) uint64 {
 	return p.echoes[i]
 }
 
-// epoch is the epoch of the active this member is or follows.
-func (p *node) epoch() uint64 {
+// activeEpoch is this member's epoch and whether it is the active (handing
+// over included): a snapshot is cut and sent only while it is, at the
+// epoch it began at.
+func (p *node) activeEpoch() (uint64, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.roles.epoch
+	r := p.roles
+	return r.epoch, r.role == roleActive || r.role == roleHandover
 }
 
 // accepted is the handler of a connection from member from (linkEvents):
@@ -739,6 +1123,16 @@ func (p *node) accepted(from int, pm peerMap) func(t msgType, payload []byte) er
 // reservations) goes to in; what answers this member as the active (acks,
 // snapshot requests) to its stream; heartbeats and handoffs to the node.
 func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []byte) error {
+	p.busySince[from].Store(p.clock())
+	defer p.busySince[from].Store(0)
+	if t != msgHeartbeat {
+		// Any frame shows the sender is live (PROTOCOL.md §6.1: heard from
+		// within the failover timeout), whatever is queued before its next
+		// heartbeat: a snapshot's size must not decide liveness.
+		p.mu.Lock()
+		p.roles.heardFrom(p.clock(), from)
+		p.mu.Unlock()
+	}
 	switch t {
 	case msgHeartbeat:
 		var hb heartbeat
@@ -769,16 +1163,25 @@ func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []
 			p.out.acked(from, a.Value)
 		case ackReserve:
 			p.out.reserveAcked(from, a.Value)
-		case ackHandoff:
+		case ackSnapshot:
+			// The standby applied the snapshot: in sync from now, before
+			// its next heartbeat says so (a SIGTERM meanwhile hands over
+			// to it rather than shutting down as a single node).
 			p.mu.Lock()
-			if p.handoverDone != nil {
-				select {
-				case p.handoverDone <- a.Value:
-				default:
-				}
-			}
+			p.roles.snapshotApplied(from)
 			p.mu.Unlock()
+		case ackHandoff, ackRefused:
+			p.mu.Lock()
+			p.roles.handoffAnswer(from, a.Value, a.Kind == ackHandoff)
+			p.mu.Unlock()
+			p.kickHandover()
 		}
+	case msgSnapAck:
+		var a snapAck
+		if err := a.Decode(payload); err != nil {
+			return err
+		}
+		p.out.snapAcked(from, a.ID, a.Frames)
 	case msgNeedSnapshot:
 		p.mu.Lock()
 		ok := p.roles.role == roleActive
@@ -792,6 +1195,12 @@ func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []
 			return err
 		}
 		p.takeOver(from, &h)
+	case msgHandoffAbort:
+		var h handoffAbort
+		if err := h.Decode(payload); err != nil {
+			return err
+		}
+		p.abortAsked(from, &h)
 	default:
 		return fmt.Errorf("priority: unexpected %s", t)
 	}
@@ -809,7 +1218,7 @@ func (p *node) follows(from int) bool {
 // recordReserved makes the active's reservation durable here, then notes
 // it (follower).
 func (p *node) recordReserved(limit uint64) error {
-	if err := p.dir.Reserve(limit); err != nil {
+	if err := p.writeMark(limit); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -826,12 +1235,32 @@ func (p *node) desync(reserved uint64) {
 	p.mu.Unlock()
 }
 
-// synced marks this member in sync while it follows member from
+// synced marks this member in sync while it follows member from at epoch
 // (follower).
-func (p *node) synced(from int) {
+func (p *node) synced(from int, epoch uint64) {
 	p.mu.Lock()
-	if p.roles.role == roleStandby && p.roles.active == from {
+	if p.roles.role == roleStandby && p.roles.active == from && p.roles.epoch == epoch {
 		p.roles.inSync = true
 	}
 	p.mu.Unlock()
+}
+
+// apply runs fn under the apply lock while this member is a standby that
+// follows member from at epoch (follower).
+func (p *node) apply(from int, epoch uint64, fn func() error) (bool, error) {
+	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
+	p.mu.Lock()
+	ok := p.roles.role == roleStandby && p.roles.active == from && p.roles.epoch == epoch
+	p.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	return true, fn()
+}
+
+// loading notes the snapshot that replaces the table (follower; applyMu
+// held, inside apply).
+func (p *node) loading(from int, epoch uint64) {
+	p.loaded.from, p.loaded.epoch = from, epoch
 }

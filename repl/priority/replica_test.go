@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -252,6 +253,162 @@ func TestReplicaFollows(t *testing.T) {
 		same(t, replica)
 		if snapStream == len(stream) {
 			t.Fatal("no records after the snapshot")
+		}
+	})
+}
+
+// fakeFollower is the node as a replica sees it, for white-box tests: it
+// follows member 0 at epoch 1 until moved.
+type fakeFollower struct {
+	mu          sync.Mutex
+	from        int
+	epoch       uint64
+	standby     bool
+	insync      bool
+	reservedMax uint64
+}
+
+func (f *fakeFollower) follows(from int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.standby && f.from == from
+}
+
+func (f *fakeFollower) apply(from int, epoch uint64, fn func() error) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.standby || f.from != from || f.epoch != epoch {
+		return false, nil
+	}
+	return true, fn()
+}
+
+func (f *fakeFollower) loading(int, uint64) {}
+
+func (f *fakeFollower) recordReserved(limit uint64) error {
+	f.reservedMax = max(f.reservedMax, limit) // under f.mu: called inside apply
+	return nil
+}
+
+func (f *fakeFollower) desync(uint64) { f.insync = false }
+
+func (f *fakeFollower) synced(from int, epoch uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.standby && f.from == from && f.epoch == epoch {
+		f.insync = true
+	}
+}
+
+// TestReplicaAppliesOnlyTheCurrentActive (issue 18, hole 1): a snapshot
+// is applied only while this member is a standby that follows its sender
+// at the snapshot's epoch. One from another epoch is refused whole; once
+// the member promotes (or follows another) mid-snapshot, the rest of it —
+// entries, shard sequences, its end, the batches after it — never reaches
+// the table, and the member is not counted in sync.
+func TestReplicaAppliesOnlyTheCurrentActive(t *testing.T) {
+	src, err := shard.New(shard.Config{Shards: 4}, shard.NewTokens(100, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out shard.Out
+	for i := range 400 {
+		if st, _ := src.Acquire(1, fmt.Appendf(nil, "k%d", i), 0, 60, 0, nil, &out); st != shard.Granted {
+			t.Fatal(st)
+		}
+	}
+	shardFrame := func(i int) []byte {
+		var raw []byte
+		seq := src.Dump(i, func(h *shard.HeldLock) {
+			raw, _ = records.AppendSnapEntryIdent(raw, &records.SnapEntry{Key: h.Key, Token: h.Token, Left: time.Minute, Lease: h.Lease, Ident: h.Ident})
+		})
+		f := appendSnapShard(nil, uint32(i), seq, true, raw)
+		return f[frameHead : len(f)-frameTail]
+	}
+	payload := func(f []byte) []byte { return f[frameHead : len(f)-frameTail] }
+	begin := func(epoch uint64) []byte {
+		return payload((&snapBegin{ID: 7, Epoch: epoch, Shards: 4, TokenLast: 500, Reserved: 600}).Append(nil))
+	}
+	end := payload((&snapEnd{ID: 7, TokenLast: 500, Reserved: 900}).Append(nil))
+	newReplica := func() (*replica, *shard.Table, *fakeFollower) {
+		tab, err := shard.New(shard.Config{Shards: 4}, shard.NewTokens(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &fakeFollower{from: 0, epoch: 1, standby: true}
+		s := &standby{table: tab, clock: func() int64 { return 2 }, log: repltest.Quiet(), names: []string{"a", "b"}, links: make([]*peer, 2), node: f}
+		return s.from(0), tab, f
+	}
+	t.Run("whole", func(t *testing.T) {
+		in, tab, f := newReplica()
+		steps := [][]byte{begin(1), shardFrame(0), shardFrame(1), shardFrame(2), shardFrame(3)}
+		if err := in.snapBegin(steps[0]); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range steps[1:] {
+			if err := in.snapShard(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := in.snapEnd(end); err != nil {
+			t.Fatal(err)
+		}
+		if tab.Stats().Keys != 400 || !f.insync || f.reservedMax != 900 {
+			t.Fatalf("%d keys, in sync %v, reservation %d", tab.Stats().Keys, f.insync, f.reservedMax)
+		}
+	})
+	t.Run("another epoch", func(t *testing.T) {
+		in, tab, f := newReplica()
+		if err := in.snapBegin(begin(2)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 4 {
+			if err := in.snapShard(shardFrame(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := in.snapEnd(end); err != nil {
+			t.Fatal(err)
+		}
+		if tab.Stats().Keys != 0 || f.insync {
+			t.Fatalf("a snapshot of another epoch: %d keys applied, in sync %v", tab.Stats().Keys, f.insync)
+		}
+	})
+	t.Run("promoted midway", func(t *testing.T) {
+		in, tab, f := newReplica()
+		if err := in.snapBegin(begin(1)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			if err := in.snapShard(shardFrame(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		applied := tab.Stats().Keys
+		f.mu.Lock()
+		f.standby = false // promoted
+		f.mu.Unlock()
+		for i := 2; i < 4; i++ {
+			if err := in.snapShard(shardFrame(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := in.snapEnd(end); err != nil {
+			t.Fatal(err)
+		}
+		if err := in.batch(payload(appendBatch(nil, 1, nil))); err != nil {
+			t.Fatal(err)
+		}
+		if got := tab.Stats().Keys; got != applied || applied == 0 || applied == 400 {
+			t.Fatalf("%d keys after the promotion, %d before it (of 400)", got, applied)
+		}
+		for i := 2; i < 4; i++ {
+			if tab.Seq(i) != 0 {
+				t.Fatalf("shard %d's sequence rewritten to %d by a snapshot after the promotion", i, tab.Seq(i))
+			}
+		}
+		if f.insync || f.reservedMax != 0 {
+			t.Fatalf("in sync %v, reservation %d after the promotion", f.insync, f.reservedMax)
 		}
 	})
 }

@@ -14,6 +14,7 @@ type peerState struct {
 	storedEpoch uint64
 	token       uint64 // the highest token it has issued or seen
 	reserved    uint64 // the highest reservation it has made or seen
+	mark        uint64 // the reservation mark in its data dir
 	lastKnown   bool   // live when this member noticed it had been frozen
 }
 
@@ -27,6 +28,9 @@ type change struct {
 	// tokens are raised (a member it did not hear from after resuming may
 	// have been promoted meanwhile).
 	resume bool
+	// took: this member took a planned handover (takeHandoff): it promotes
+	// above the tokens the old active handed over.
+	took bool
 }
 
 func noChange() change { return change{follow: -1, handover: -1} }
@@ -49,6 +53,14 @@ func noChange() change { return change{follow: -1, handover: -1} }
 //     epochs: lower priority) steps down and follows the other;
 //   - an active hands over to a live, in-sync member of higher priority
 //     (rejoin), and on shutdown to the best live in-sync standby;
+//   - a planned handover (MEMBER-LINK.md, "Planned handover") is decided by
+//     the successor alone, and only once: the old active offers an epoch
+//     and executes nothing until the successor says it took it (or is
+//     heard as the active at it) or refused it; a successor that is asked
+//     to decide (HandoffAbort) before it saw the offer refuses that epoch
+//     for good; when the successor goes silent before a verdict, the old
+//     active becomes a standby without an active and the rules above
+//     decide (it never serves again from the handover's side);
 //   - a member whose ticks stopped for more than half the timeout (frozen,
 //     stalled) does nothing from its stale view until every member it knew
 //     as live has echoed a heartbeat it sent after resuming, or a full
@@ -65,7 +77,19 @@ type roles struct {
 	maxEpoch uint64 // the highest epoch seen, including the one stored on disk
 	active   int    // the active this member follows or is, -1 none known
 	inSync   bool   // standby: applied a snapshot of active and the stream since
-	handTo   int    // RoleHandover: the successor, else -1
+
+	// The old active's side of a planned handover.
+	handTo      int       // RoleHandover: the successor, else -1
+	handEpoch   uint64    // RoleHandover: the epoch offered to handTo
+	handSince   int64     // RoleHandover: when it was offered
+	handAsked   int64     // when the successor was last asked to decide (HandoffAbort), 0 never
+	handOutcome handState // how the last handover ended (handOffered while it runs)
+	handResult  int       // the member it ended with: the successor, or the active that superseded it
+	// The successor's side: the handoff this member took, and the highest
+	// epoch it refused (it never takes an epoch at or below it).
+	tookFrom  int
+	tookEpoch uint64
+	refused   uint64
 
 	peers    []peerState
 	names    []string // each member's own --peers entry (its --self as it writes it), from its Hello
@@ -83,7 +107,7 @@ type roles struct {
 }
 
 func newRoles(self, n int, timeout int64, storedEpoch uint64, now int64) *roles {
-	r := &roles{self: self, n: n, timeout: timeout, role: roleStandby, active: -1, handTo: -1,
+	r := &roles{self: self, n: n, timeout: timeout, role: roleStandby, active: -1, handTo: -1, tookFrom: -1, handResult: -1,
 		maxEpoch: storedEpoch, peers: make([]peerState, n), names: make([]string, n), differs: make([]bool, n),
 		started: now, lastTick: now}
 	for i := range r.peers {
@@ -158,6 +182,9 @@ func (r *roles) heard(now int64, from int, hb peerState) change {
 	if from == r.self || from < 0 || from >= r.n {
 		return c
 	}
+	// A heartbeat read first after a stall (before the ticker ran) must
+	// not decide with the stall counted as the others' silence.
+	r.noticeFreeze(now)
 	p := &r.peers[from]
 	echo, lastKnown := max(p.echo, hb.echo), p.lastKnown
 	*p = hb
@@ -168,24 +195,32 @@ func (r *roles) heard(now int64, from int, hb peerState) change {
 
 // tick advances the clock: freeze detection, liveness, promotion.
 func (r *roles) tick(now int64) change {
-	if now-r.lastTick > r.timeout/2 && !r.checking() {
-		// Frozen or stalled: what this member believed about the others
-		// is stale. Start the freeze check with the next probe, and count
-		// no silence it did not watch: a standby listens a full timeout
-		// again, as at start, before it may promote.
-		r.resumeProbe = r.probe + 1
-		r.resumeAt = now
-		r.started = max(r.started, now)
-		for i := range r.peers {
-			p := &r.peers[i]
-			p.lastKnown = i != r.self && p.known && p.role != roleLeaving && r.lastTick-p.heard < r.timeout
-			if p.lastKnown {
-				p.heard = now
-			}
-		}
-	}
+	r.noticeFreeze(now)
 	r.lastTick = now
 	return r.decide(now, noChange())
+}
+
+// noticeFreeze starts the freeze check when the ticks stopped for more
+// than half the timeout (frozen or stalled), whichever call comes first
+// after it — the ticker's, or a heartbeat read before the ticker ran.
+// What this member believed about the others is stale: the check begins
+// with the next probe, and no silence it did not watch counts (a standby
+// listens a full timeout again, as at start, before it may promote). It
+// leaves lastTick to the ticker: only the ticker extends the gate.
+func (r *roles) noticeFreeze(now int64) {
+	if now-r.lastTick <= r.timeout/2 || r.checking() {
+		return
+	}
+	r.resumeProbe = r.probe + 1
+	r.resumeAt = now
+	r.started = max(r.started, now)
+	for i := range r.peers {
+		p := &r.peers[i]
+		p.lastKnown = i != r.self && p.known && p.role != roleLeaving && r.lastTick-p.heard < r.timeout
+		if p.lastKnown {
+			p.heard = now
+		}
+	}
 }
 
 // checkResumed ends the freeze check once every member live before it has
@@ -236,14 +271,43 @@ func (r *roles) bestActive(now int64) int {
 	return best
 }
 
+// laterActive returns the active that became active last as the live
+// members tell it — one that says it is active, or one a live standby says
+// it follows (its heartbeat carries that active's epoch) — and its epoch,
+// or -1. A member may learn that it was superseded second-hand: after a
+// freeze, say, from a standby that follows the new active before the new
+// active itself is heard (its links reconnecting).
+func (r *roles) laterActive(now int64) (int, uint64) {
+	best, epoch := -1, uint64(0)
+	mixed := r.mixed(now)
+	consider := func(a int, e uint64) {
+		if a >= 0 && a < r.n && a != r.self && (best < 0 || r.beats(e, a, epoch, best, mixed)) {
+			best, epoch = a, e
+		}
+	}
+	for i := range r.peers {
+		p := &r.peers[i]
+		if i == r.self || !r.live(i, now) {
+			continue
+		}
+		switch p.role {
+		case roleActive:
+			consider(i, p.epoch)
+		case roleStandby:
+			consider(p.follows, p.epoch)
+		}
+	}
+	return best, epoch
+}
+
 // decide applies the rules after the view changed.
 func (r *roles) decide(now int64, c change) change {
 	ended := r.checkResumed(now)
 	switch r.role {
 	case roleActive:
-		if a := r.bestActive(now); a >= 0 && r.beats(r.peers[a].epoch, a, r.epoch, r.self, r.mixed(now)) {
+		if a, e := r.laterActive(now); a >= 0 && r.beats(e, a, r.epoch, r.self, r.mixed(now)) {
 			// Two actives: this one became active earlier. Step down.
-			r.role, r.active, r.epoch, r.inSync = roleStandby, a, r.peers[a].epoch, false
+			r.role, r.active, r.epoch, r.inSync = roleStandby, a, e, false
 			c.demote, c.follow = true, a
 			return c
 		}
@@ -267,6 +331,8 @@ func (r *roles) decide(now int64, c change) change {
 				return c
 			}
 		}
+	case roleHandover:
+		r.decideHandover(now)
 	case roleStandby:
 		if a := r.bestActive(now); a >= 0 {
 			if a != r.active || r.peers[a].epoch != r.epoch {
@@ -367,23 +433,167 @@ func (r *roles) promoteAt(e uint64) {
 	r.peers[r.self].storedEpoch = e
 }
 
-// startHandover moves an active to RoleHandover towards successor i and
-// returns the epoch the successor must take; false (and no change) when
-// there is none (nextEpoch).
-func (r *roles) startHandover(i int) (uint64, bool) {
+// handState is where a planned handover stands, as its old active sees it.
+type handState uint8
+
+// Handover states.
+const (
+	handNone       handState = iota // none since this member started
+	handOffered                     // the Handoff is out, no verdict yet: execute nothing
+	handTaken                       // the successor took it: this member follows it
+	handRefused                     // the successor refused it: this member is the active again
+	handLost                        // the successor went silent first: a standby without an active
+	handSuperseded                  // another member became active later: this member follows it
+	handUndecided                   // no verdict in time, the successor live: this member follows it, serving nothing
+)
+
+var handNames = [...]string{handNone: "none", handOffered: "offered", handTaken: "taken", handRefused: "refused",
+	handLost: "lost", handSuperseded: "superseded", handUndecided: "undecided"}
+
+// String names the state.
+func (h handState) String() string { return nameOf(handNames[:], uint8(h), "handState") }
+
+// offer starts a planned handover of this active to member i and returns
+// the epoch it offers: above every epoch seen, so that a refused or lost
+// offer's epoch is never offered again; false (and no change) when there
+// is none (nextEpoch).
+func (r *roles) offer(i int, now int64) (uint64, bool) {
 	e, ok := r.nextEpoch()
-	if ok {
-		r.role, r.handTo = roleHandover, i
+	if !ok {
+		return 0, false
 	}
-	return e, ok
+	r.maxEpoch = e
+	r.role, r.handTo, r.handEpoch, r.handSince, r.handAsked = roleHandover, i, e, now, 0
+	r.handOutcome, r.handResult = handOffered, -1
+	return e, true
 }
 
-// abortHandover returns a handing-over member to active (the successor did
-// not confirm in time).
-func (r *roles) abortHandover() {
-	if r.role == roleHandover {
-		r.role, r.handTo = roleActive, -1
+// handoffAnswer applies the successor's verdict on the offer of epoch e
+// (Ack(handoff) when taken, Ack(refused) otherwise); an answer to anything
+// but the handover in progress is ignored.
+func (r *roles) handoffAnswer(from int, e uint64, taken bool) {
+	if r.role != roleHandover || from != r.handTo || e != r.handEpoch {
+		return
 	}
+	if taken {
+		r.endHandover(handTaken, from, e)
+		return
+	}
+	r.role, r.handTo = roleActive, -1
+	r.handOutcome, r.handResult = handRefused, from
+}
+
+// decideHandover is decide for a member handing over: what the others say
+// can end the handover without an answer from the successor.
+func (r *roles) decideHandover(now int64) {
+	s := r.handTo
+	switch a := r.bestActive(now); {
+	case a == s && r.peers[s].epoch >= r.handEpoch:
+		// The successor says it is the active at the epoch offered (or a
+		// later one): it took the handover, whether or not its Ack comes.
+		r.endHandover(handTaken, s, r.peers[s].epoch)
+	case a >= 0 && r.beats(r.peers[a].epoch, a, r.epoch, r.self, r.mixed(now)):
+		r.endHandover(handSuperseded, a, r.peers[a].epoch)
+	case r.supersededSecondHand(now):
+	case !r.live(s, now):
+		// Silent (or leaving) before a verdict: it may have taken the
+		// handover or not, and this member cannot ask. It serves nothing
+		// from here: a standby without an active, which watches a full
+		// timeout before the rules may promote anyone (itself included,
+		// with a new epoch above the offered one).
+		r.role, r.active, r.inSync, r.handTo = roleStandby, -1, false, -1
+		r.handOutcome, r.handResult = handLost, s
+		r.started = max(r.started, now)
+	}
+}
+
+// supersededSecondHand ends a handover on what a live standby says: it
+// follows the successor at the offered epoch or later (the successor took
+// it), or another active that became active later than this member.
+func (r *roles) supersededSecondHand(now int64) bool {
+	a, e := r.laterActive(now)
+	switch {
+	case a == r.handTo && e >= r.handEpoch:
+		r.endHandover(handTaken, a, e)
+	case a >= 0 && a != r.handTo && r.beats(e, a, r.epoch, r.self, r.mixed(now)):
+		r.endHandover(handSuperseded, a, e)
+	default:
+		return false
+	}
+	return true
+}
+
+// endHandover makes this member a standby of member i, the active at
+// epoch e, as the handover's outcome o.
+func (r *roles) endHandover(o handState, i int, e uint64) {
+	r.handedOver(i, e)
+	r.handOutcome, r.handResult = o, i
+}
+
+// leaveUndecided ends a handover that got no verdict in the time its owner
+// allows while the successor is live: this member serves nothing and
+// follows the successor, which took it or will promote by failover once
+// this member leaves.
+func (r *roles) leaveUndecided() {
+	if r.role != roleHandover {
+		return
+	}
+	s := r.handTo
+	r.role, r.active, r.inSync, r.handTo = roleStandby, s, false, -1
+	r.handOutcome, r.handResult = handUndecided, s
+}
+
+// askDue reports whether the successor should be asked (again) to decide
+// the handover in progress (HandoffAbort): the offer has waited a failover
+// timeout, and the last ask half of one. Asking is safe at any time: the
+// successor decides once.
+func (r *roles) askDue(now int64) bool {
+	if r.role != roleHandover || now-r.handSince < r.timeout || (r.handAsked != 0 && now-r.handAsked < r.timeout/2) {
+		return false
+	}
+	r.handAsked = now
+	return true
+}
+
+// handover reports how the last handover stands: its state and the member
+// it ended with (-1 while it runs, or when there was none).
+func (r *roles) handover() (handState, int) { return r.handOutcome, r.handResult }
+
+// takeHandoff is this member's answer to member from's Handoff at epoch e:
+// taken (fresh when it promoted now; a repeated Handoff is taken again) or
+// refused — then for good. It takes it only as a standby of from in sync
+// with it, willing (not shutting down), for an epoch above the one it
+// follows and above every epoch it refused.
+func (r *roles) takeHandoff(from int, e uint64, willing bool) (taken, fresh bool) {
+	if r.tookFrom == from && r.tookEpoch == e && r.role == roleActive && r.epoch == e {
+		return true, false
+	}
+	if !willing || r.role != roleStandby || r.active != from || !r.inSync || e <= r.epoch || e <= r.refused {
+		r.refuse(e)
+		return false, false
+	}
+	r.promoteAt(e)
+	r.tookFrom, r.tookEpoch = from, e
+	return true, true
+}
+
+// abortHandoff is this member's answer to member from's HandoffAbort at
+// epoch e: true when it took that handoff (or may have: its data dir holds
+// an epoch at or above e, from before a restart), else it refuses e for
+// good and says so.
+func (r *roles) abortHandoff(from int, e uint64) (taken bool) {
+	if r.tookFrom == from && r.tookEpoch == e || r.peers[r.self].storedEpoch >= e {
+		return true
+	}
+	r.refuse(e)
+	return false
+}
+
+// refuse swears off epoch e: it is never taken, and every later promotion
+// of this member is above it.
+func (r *roles) refuse(e uint64) {
+	r.refused = max(r.refused, e)
+	r.maxEpoch = max(r.maxEpoch, e)
 }
 
 // handedOver makes this member a standby of successor i at epoch e.
@@ -392,12 +602,37 @@ func (r *roles) handedOver(i int, e uint64) {
 	r.role, r.active, r.epoch, r.inSync, r.handTo = roleStandby, i, e, false, -1
 }
 
+// snapshotApplied records that member from applied this active's snapshot
+// (its Ack(snapshot)): it is in sync now, as its next heartbeat will say.
+// An active about to hand over must not wait for that heartbeat to know.
+func (r *roles) snapshotApplied(from int) {
+	if from == r.self || from < 0 || from >= r.n || (r.role != roleActive && r.role != roleHandover) {
+		return
+	}
+	if p := &r.peers[from]; p.known && p.role == roleStandby && p.follows == r.self {
+		p.inSync, p.epoch = true, r.epoch
+	}
+}
+
+// heardFrom records that member from said something (any frame, not only
+// a heartbeat): it is live, whatever else the link carries (a snapshot of
+// any size). What it said last in a heartbeat stands.
+func (r *roles) heardFrom(now int64, from int) {
+	if from == r.self || from < 0 || from >= r.n {
+		return
+	}
+	if p := &r.peers[from]; p.known {
+		p.heard = max(p.heard, now)
+	}
+}
+
 // successor is the live standby an active hands over to on shutdown: the
-// highest-priority one that is in sync with it, or -1.
-func (r *roles) successor(now int64) int {
+// highest-priority one that is in sync with it and not in skip (a bit per
+// member: those that refused already), or -1.
+func (r *roles) successor(now int64, skip uint64) int {
 	for i := range r.peers {
 		p := &r.peers[i]
-		if i != r.self && r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
+		if i != r.self && skip&(1<<i) == 0 && r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
 			return i
 		}
 	}

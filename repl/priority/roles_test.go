@@ -76,7 +76,7 @@ func (s *sim) record(i int, c change) {
 		s.m[i].inSync = true // the snapshot arrives at once in this model
 	}
 	if c.handover >= 0 {
-		e, _ := s.m[i].startHandover(c.handover)
+		e, _ := s.m[i].offer(c.handover, s.now)
 		s.m[c.handover].promoteAt(e)
 		s.m[i].handedOver(c.handover, e)
 		s.m[i].inSync = true
@@ -334,7 +334,7 @@ func TestRolesLeavingIsNotLive(t *testing.T) {
 	if s.m[0].live(1, s.now) {
 		t.Fatal("a leaving member counts as live")
 	}
-	if got := s.m[0].successor(s.now); got != 2 {
+	if got := s.m[0].successor(s.now, 0); got != 2 {
 		t.Fatalf("successor %d, want 2", got)
 	}
 }
@@ -489,9 +489,66 @@ func TestRolesEpochDoesNotWrap(t *testing.T) {
 			if r := s.m[1]; r.role == roleActive || !r.epochSpent {
 				t.Fatalf("member 1 (last epoch seen): role %v epoch %d, refused %v", r.role, r.epoch, r.epochSpent)
 			}
-			if _, ok := s.m[1].startHandover(2); ok {
+			if _, ok := s.m[1].offer(2, s.now); ok {
 				t.Fatal("a handover named an epoch above the last")
 			}
 		})
+	}
+}
+
+// TestRolesStallNoticedByAHeartbeat (issue 18, found by the chaos run's
+// large-state phase): after a stall of the whole machine, the first thing
+// a standby does may be to read another member's heartbeat, before its
+// ticker runs. That heartbeat must not make it promote on the active's
+// "silence", which was its own stall: it starts the freeze check as a tick
+// would.
+func TestRolesStallNoticedByAHeartbeat(t *testing.T) {
+	s := newSim(t, 3)
+	s.step(1500 * time.Millisecond)
+	s.wantActive(0)
+	r := s.m[1]
+	if !r.inSync {
+		t.Fatal("setup: member 1 not in sync")
+	}
+	// Member 1 stalls 1.2 × the timeout; the first it does after is to
+	// read a heartbeat of member 2.
+	s.now += 1200 * ms
+	c := r.heard(s.now, 2, s.heartbeat(2))
+	if c.promote || r.role != roleStandby {
+		t.Fatalf("promoted on a heartbeat read first after its own stall: %+v, %v", c, r.role)
+	}
+	if !r.checking() {
+		t.Fatal("the stall did not start the freeze check")
+	}
+}
+
+// TestRolesSupersededSecondHand (issue 18, found by the chaos run's quiet
+// freezes): an active resumes from a freeze with its links to the member
+// promoted meanwhile still reconnecting; the standby it knew answers its
+// probe (the freeze check ends) and says it follows the new active at a
+// later epoch. The resumed member must step down then, not serve from its
+// stale state until it hears the new active itself.
+func TestRolesSupersededSecondHand(t *testing.T) {
+	s := newSim(t, 3)
+	s.step(1500 * time.Millisecond)
+	s.wantActive(0)
+	a := s.m[0]
+	// Member 0 has not heard member 1 lately (a link down): before its
+	// freeze it knows only member 2 as live, so member 2's echo alone
+	// ends its freeze check.
+	s.cut[1][0] = true
+	s.step(1500 * time.Millisecond)
+	if a.live(1, s.now) || !a.live(2, s.now) {
+		t.Fatal("setup: member 0 should know only member 2 as live")
+	}
+	now := s.now + 3000*ms // frozen 3 s; members 1 and 2 moved on
+	a.tick(now)            // the freeze check begins
+	if !a.checking() {
+		t.Fatal("setup: no freeze check")
+	}
+	// Member 2 echoes the probe, and follows member 1 at epoch 2.
+	c := a.heard(now+10*ms, 2, peerState{epoch: a.epoch + 1, role: roleStandby, follows: 1, inSync: true, echo: a.probe + 1})
+	if a.role == roleActive || c.resume || !c.demote || a.active != 1 {
+		t.Fatalf("resumed member: %v following %d, change %+v: it served on", a.role, a.active, c)
 	}
 }

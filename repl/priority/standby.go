@@ -15,11 +15,21 @@ import (
 // outbound direction is stream.go.
 
 // follower is the member's role state as its standby side needs it; the
-// node implements it under its own lock.
+// node implements it under its own locks.
 type follower interface {
 	// follows reports whether this member is a standby that follows
 	// member from.
 	follows(from int) bool
+	// apply runs fn if this member is a standby that follows member from
+	// at epoch, and reports whether it did. fn runs under the node's apply
+	// lock, which every change of role away from that standby waits for:
+	// nothing from an active reaches the table of a member that promoted,
+	// or that follows another active or another epoch, however late it
+	// arrives.
+	apply(from int, epoch uint64, fn func() error) (bool, error)
+	// loading notes, from inside apply, that a snapshot of member from at
+	// epoch has begun to replace the table.
+	loading(from int, epoch uint64)
 	// recordReserved makes a reservation of the active's durable in this
 	// member's data directory and notes it as seen (a member that
 	// restarts or promotes starts above every reservation it
@@ -28,8 +38,9 @@ type follower interface {
 	// desync marks this member out of sync with its active and notes the
 	// reservation a snapshot carries (0: none).
 	desync(reserved uint64)
-	// synced marks this member in sync, if it still follows member from.
-	synced(from int)
+	// synced marks this member in sync, if it still follows member from at
+	// epoch.
+	synced(from int, epoch uint64)
 }
 
 // standby applies what the followed active sends to the member's table.
@@ -45,12 +56,18 @@ type standby struct {
 
 // replica is one inbound connection's state: what arrived on it so far.
 type replica struct {
-	s       *standby
-	from    int
-	raw     []byte
-	fx      shard.Out
-	syncing bool // between SnapBegin and SnapEnd
-	gap     bool // a gap was found: ignore batches until the next snapshot
+	s    *standby
+	from int
+	raw  []byte
+	fx   shard.Out
+	// epoch is the sender's epoch as the active in the snapshot this
+	// connection last began (0: none yet). Batches apply only after a
+	// snapshot, and only while this member follows the sender at it.
+	epoch   uint64
+	snapID  uint64 // that snapshot's ID
+	frames  uint64 // its SnapShard frames received (acknowledged, applied or not)
+	syncing bool   // between SnapBegin and SnapEnd, and applying it
+	gap     bool   // a gap was found: ignore batches until the next snapshot
 	began   time.Time
 	locks   int
 }
@@ -89,7 +106,7 @@ func (in *replica) batch(payload []byte) error {
 	if err := h.Decode(payload); err != nil {
 		return err
 	}
-	if in.gap || in.syncing || !s.node.follows(in.from) {
+	if in.gap || in.syncing || in.epoch == 0 {
 		return nil
 	}
 	raw, err := h.Raw(in.raw[:0])
@@ -102,30 +119,40 @@ func (in *replica) batch(payload []byte) error {
 	if _, err := records.CheckRecords(raw); err != nil {
 		return err
 	}
-	now := s.clock()
-	var rec shard.Record
-	var it records.RecordReader
-	it.Reset(raw)
 	n, cancelled := 0, 0
-	for it.Next(&rec) {
-		if _, err := s.table.Apply(now, &rec, &in.fx); err != nil {
-			if errors.Is(err, shard.ErrGap) {
-				in.lost("gap in the stream")
-				return nil
+	gap := false
+	applied, err := s.node.apply(in.from, in.epoch, func() error {
+		now := s.clock()
+		var rec shard.Record
+		var it records.RecordReader
+		it.Reset(raw)
+		for it.Next(&rec) {
+			if _, err := s.table.Apply(now, &rec, &in.fx); err != nil {
+				if errors.Is(err, shard.ErrGap) {
+					gap = true
+					return nil
+				}
+				return err
 			}
-			return err
+			if rec.Kind == shard.RecordSkip {
+				c := int(rec.Seq - rec.From + 1)
+				n, cancelled = n+c, cancelled+c
+				continue
+			}
+			n++
 		}
-		if rec.Kind == shard.RecordSkip {
-			c := int(rec.Seq - rec.From + 1)
-			n, cancelled = n+c, cancelled+c
-			continue
-		}
-		n++
-	}
-	if err := it.Err(); err != nil {
+		in.fx.Reset()
+		return it.Err()
+	})
+	switch {
+	case err != nil:
 		return err
+	case !applied:
+		return nil
+	case gap:
+		in.lost("gap in the stream")
+		return nil
 	}
-	in.fx.Reset()
 	s.stats.batches.Add(1)
 	s.stats.records.Add(uint64(n))
 	s.stats.cancelled.Add(uint64(cancelled))
@@ -142,30 +169,46 @@ func (in *replica) lost(why string) {
 	in.answer(appendNeedSnapshot(nil, snapGap))
 }
 
+// discard stops applying the snapshot in progress: its sender is no longer
+// this member's active at the snapshot's epoch (it stepped down, another
+// member became active, this one promoted). What it restored stays out of
+// sync; the next snapshot replaces it.
+func (in *replica) discard() {
+	if in.syncing {
+		in.s.log.Warn("snapshot discarded: its sender is no longer the active this member follows at that epoch",
+			"from", in.s.names[in.from], "epoch", in.epoch, "locks_applied", in.locks)
+	}
+	in.syncing, in.epoch = false, 0
+}
+
 func (in *replica) snapBegin(payload []byte) error {
 	var h snapBegin
 	if err := h.Decode(payload); err != nil {
 		return err
 	}
 	s := in.s
-	if !s.node.follows(in.from) {
-		return nil
-	}
 	if int(h.Shards) != s.table.Shards() {
 		return fmt.Errorf("priority: snapshot of %d shards, this table has %d", h.Shards, s.table.Shards())
 	}
-	in.syncing, in.gap, in.began, in.locks = true, false, time.Now(), 0
-	s.node.desync(h.Reserved)
-	s.table.Reset(&in.fx)
-	in.fx.Reset()
-	s.table.Tokens().Observe(h.TokenLast)
-	return nil
+	in.snapID, in.frames = h.ID, 0
+	in.syncing, in.epoch = false, 0
+	applied, err := s.node.apply(in.from, h.Epoch, func() error {
+		in.syncing, in.gap, in.epoch, in.began, in.locks = true, false, h.Epoch, time.Now(), 0
+		s.node.desync(h.Reserved)
+		s.node.loading(in.from, h.Epoch)
+		s.table.Reset(&in.fx)
+		in.fx.Reset()
+		s.table.Tokens().Observe(h.TokenLast)
+		return nil
+	})
+	if err == nil && !applied {
+		s.log.Warn("snapshot refused: its sender is not the active this member follows at that epoch",
+			"from", s.names[in.from], "epoch", h.Epoch)
+	}
+	return err
 }
 
 func (in *replica) snapShard(payload []byte) error {
-	if !in.syncing {
-		return nil
-	}
 	s := in.s
 	var h snapShard
 	if err := h.Decode(payload); err != nil {
@@ -174,40 +217,76 @@ func (in *replica) snapShard(payload []byte) error {
 	if int(h.Shard) >= s.table.Shards() {
 		return fmt.Errorf("priority: snapshot shard %d of %d", h.Shard, s.table.Shards())
 	}
+	// Every frame is acknowledged, applied or not: the sender's window
+	// moves on, and it learns soon enough from the heartbeats that this
+	// member does not want the rest.
+	in.frames++
+	defer in.answer(appendSnapAck(nil, in.snapID, in.frames))
+	if !in.syncing {
+		return nil
+	}
 	raw, err := h.Raw(in.raw[:0])
 	if err != nil {
 		return err
 	}
-	now := s.clock()
-	var it records.SnapReader
-	it.ResetIdent(raw)
-	var e records.SnapEntry
-	for it.Next(&e) {
-		if err := s.table.RestoreAs(e.Key, e.Token, now+int64(e.Left), e.Ident); err != nil {
+	if h.Codec == records.CodecS2 {
+		in.raw = raw[:0]
+	}
+	applied, err := s.node.apply(in.from, in.epoch, func() error {
+		now := s.clock()
+		var it records.SnapReader
+		it.ResetIdent(raw)
+		var e records.SnapEntry
+		for it.Next(&e) {
+			if err := s.table.RestoreAs(e.Key, e.Token, now+int64(e.Left), e.Ident); err != nil {
+				return err
+			}
+			s.table.Tokens().Observe(e.Token)
+			in.locks++
+		}
+		if err := it.Err(); err != nil {
 			return err
 		}
-		s.table.Tokens().Observe(e.Token)
-		in.locks++
+		if h.Last {
+			s.table.SetSeq(int(h.Shard), h.Seq)
+		}
+		return nil
+	})
+	if err == nil && !applied {
+		in.discard()
 	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	if h.Last {
-		s.table.SetSeq(int(h.Shard), h.Seq)
-	}
-	return nil
+	return err
 }
 
 func (in *replica) snapEnd(payload []byte) error {
-	if err := decodeSnapEnd(payload); err != nil {
+	var h snapEnd
+	if err := h.Decode(payload); err != nil {
 		return err
 	}
-	if !in.syncing {
+	if !in.syncing || h.ID != in.snapID {
+		return nil
+	}
+	s := in.s
+	// The reservation mark first, durably: once in sync, this member may be
+	// promoted, and it must start above every token range the active uses
+	// (DESIGN.md, "Tokens across a failover").
+	applied, err := s.node.apply(in.from, in.epoch, func() error {
+		s.table.Tokens().Observe(h.TokenLast)
+		return s.node.recordReserved(h.Reserved)
+	})
+	if err != nil {
+		s.log.Error("recording the active's token reservation at the snapshot's end failed: not in sync", "err", err)
+		in.discard()
+		return nil
+	}
+	if !applied {
+		in.discard()
 		return nil
 	}
 	in.syncing = false
-	in.s.node.synced(in.from)
-	in.s.stats.snapshots.Add(1)
-	in.s.log.Info("in sync: snapshot applied", "active", in.s.names[in.from], "locks", in.locks, "took", time.Since(in.began))
+	s.node.synced(in.from, in.epoch)
+	s.stats.snapshots.Add(1)
+	in.answer(appendAck(nil, ackSnapshot, h.ID))
+	s.log.Info("in sync: snapshot applied", "active", s.names[in.from], "locks", in.locks, "took", time.Since(in.began))
 	return nil
 }

@@ -1,7 +1,6 @@
 package priority
 
 import (
-	"bufio"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -27,8 +26,15 @@ const (
 	batchEvery = time.Millisecond
 	batchBytes = 64 << 10
 	snapChunk  = 64 << 10
-	maxQueue   = 64 << 20 // bytes queued for one standby before it is resynced instead
-	maxUnacked = 4096     // batches tracked for lag figures
+	// snapWindow is how many SnapShard frames a snapshot sends ahead of the
+	// standby's SnapAck: at most snapWindow × snapChunk raw bytes (512 KiB)
+	// of a snapshot are in flight, whatever the table's size.
+	snapWindow = 8
+	// snapRecheck bounds a wait for the window: the sender looks again at
+	// whether its snapshot is still wanted at least this often.
+	snapRecheck = 50 * time.Millisecond
+	maxQueue    = 64 << 20 // bytes queued for one standby before it is resynced instead
+	maxUnacked  = 4096     // batches tracked for lag figures
 )
 
 // outStream collects the active's records (the table's Sink, under each
@@ -38,10 +44,11 @@ type outStream struct {
 	table   *shard.Table
 	clock   func() int64
 	log     *slog.Logger
-	names   []string      // the members' client addresses, for logs
-	epoch   func() uint64 // the active's epoch, for a snapshot
-	links   []*peer       // the link to each member, nil at this one
-	members []target      // by member index
+	names   []string              // the members' client addresses, for logs
+	epoch   func() (uint64, bool) // this member's epoch and whether it is the active, for a snapshot
+	mark    func() uint64         // the highest token reservation made durable, for a snapshot's end
+	links   []*peer               // the link to each member, nil at this one
+	members []target              // by member index
 
 	active  atomic.Bool  // this member is the active
 	targets atomic.Int32 // standbys in the stream: records are kept only when > 0
@@ -87,6 +94,14 @@ type target struct {
 	unacked  []sentBatch
 	resAck   uint64
 	resCond  chan struct{} // closed and replaced on each reserve ack
+
+	// snapGen numbers the snapshots asked for: every resync (or link that
+	// comes back) raises it, and a snapshot of an older number stops at its
+	// next frame. It is the snapshot's ID on the wire.
+	snapGen  uint64
+	snapSent uint64        // SnapShard frames of snapshot snapGen sent
+	snapAck  uint64        // … and acknowledged (SnapAck)
+	snapCond chan struct{} // closed and replaced on each SnapAck and when snapGen moves
 }
 
 // sentBatch is a batch sent to a standby and not yet acknowledged.
@@ -98,12 +113,15 @@ type sentBatch struct {
 }
 
 // newOutStream returns a stream that is not attached to a table yet: its
-// Sink keeps nothing until attach and setActive.
-func newOutStream(names []string, log *slog.Logger, epoch func() uint64) *outStream {
-	o := &outStream{names: names, log: log, epoch: epoch, members: make([]target, len(names)),
+// Sink keeps nothing until attach and setActive. epoch reports this
+// member's epoch and whether it is the active, mark the highest token
+// reservation it has made durable (both read by snapshots).
+func newOutStream(names []string, log *slog.Logger, epoch func() (uint64, bool), mark func() uint64) *outStream {
+	o := &outStream{names: names, log: log, epoch: epoch, mark: mark, members: make([]target, len(names)),
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	for i := range o.members {
 		o.members[i].resCond = make(chan struct{})
+		o.members[i].snapCond = make(chan struct{})
 	}
 	o.swapFn, o.holdFn, o.unholdFn = o.swap, o.hold, o.unhold
 	return o
@@ -194,6 +212,7 @@ func (o *outStream) linkChanged(i int, up bool) {
 	t.mu.Lock()
 	if up && t.stream {
 		t.pending = true
+		t.newSnapshot()
 		o.links[i].putFirst(o.snapshotTo(i))
 	}
 	if !up {
@@ -201,6 +220,25 @@ func (o *outStream) linkChanged(i int, up bool) {
 	}
 	t.mu.Unlock()
 	o.retarget()
+}
+
+// newSnapshot starts a new snapshot generation: one in progress stops at
+// its next frame (t.mu held).
+func (t *target) newSnapshot() {
+	t.snapGen++
+	t.snapSent, t.snapAck = 0, 0
+	close(t.snapCond)
+	t.snapCond = make(chan struct{})
+}
+
+// inSnapshot reports whether member i is being sent a snapshot (queued or
+// begun): it is not in sync, and learns the reservation mark at the
+// snapshot's end instead of from Reserve frames.
+func (o *outStream) inSnapshot(i int) bool {
+	t := &o.members[i]
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pending || t.snapping
 }
 
 // streaming reports whether member i gets this active's batches.
@@ -251,6 +289,7 @@ func (o *outStream) resync(i int) {
 	t.synced = time.Now()
 	t.stream, t.pending = true, true
 	t.unacked = nil
+	t.newSnapshot()
 	o.links[i].restart(o.snapshotTo(i))
 	t.mu.Unlock()
 	o.retarget()
@@ -275,6 +314,7 @@ func (o *outStream) unstream(i int) {
 	t.mu.Lock()
 	t.stream, t.pending = false, false
 	t.unacked = nil
+	t.newSnapshot()
 	t.mu.Unlock()
 	o.retarget()
 }
@@ -291,6 +331,18 @@ func (o *outStream) acked(i int, seq uint64) {
 	t.mu.Unlock()
 }
 
+// snapAcked records member i's progress through snapshot id.
+func (o *outStream) snapAcked(i int, id, frames uint64) {
+	t := &o.members[i]
+	t.mu.Lock()
+	if id == t.snapGen && frames > t.snapAck {
+		t.snapAck = min(frames, t.snapSent)
+		close(t.snapCond)
+		t.snapCond = make(chan struct{})
+	}
+	t.mu.Unlock()
+}
+
 // reserveAcked records member i's acknowledgement of reservation id.
 func (o *outStream) reserveAcked(i int, id uint64) {
 	t := &o.members[i]
@@ -304,12 +356,14 @@ func (o *outStream) reserveAcked(i int, id uint64) {
 }
 
 // waitReserveAck waits until member i acknowledged reservation id, it left
-// the stream, or deadline.
+// the stream or is in a snapshot, or deadline.
 func (o *outStream) waitReserveAck(i int, id uint64, deadline time.Time) bool {
 	t := &o.members[i]
 	for {
 		t.mu.Lock()
-		ok, gone, c := t.resAck >= id, !t.stream || !o.links[i].connected(), t.resCond
+		// A member that was sent a snapshot meanwhile learns the
+		// reservation at its end (SnapEnd carries the mark).
+		ok, gone, c := t.resAck >= id, !t.stream || t.pending || t.snapping || !o.links[i].connected(), t.resCond
 		t.mu.Unlock()
 		if ok || gone {
 			return ok || gone
@@ -433,7 +487,7 @@ func (o *outStream) close() {
 // snapshotTo is the snapshot for member i as its link's writer sends it:
 // cut when the writer reaches it, skipped if i left the stream meanwhile.
 func (o *outStream) snapshotTo(i int) outItem {
-	return outItem{write: func(w *bufio.Writer, deadline func()) error {
+	return outItem{write: func(w *itemWriter) error {
 		t := &o.members[i]
 		t.mu.Lock()
 		if !t.pending {
@@ -441,66 +495,153 @@ func (o *outStream) snapshotTo(i int) outItem {
 			return nil
 		}
 		t.pending, t.snapping = false, true
+		gen := t.snapGen
 		t.mu.Unlock()
-		err := o.writeSnapshot(w, i, deadline)
+		err := o.writeSnapshot(w, i, gen)
 		t.mu.Lock()
-		t.snapping, t.synced = false, time.Now()
+		if t.snapGen == gen {
+			t.snapping = false
+		}
 		t.mu.Unlock()
 		return err
 	}}
 }
 
-// writeSnapshot sends the whole table to member i, shard by shard: each
-// shard is dumped under its lock with the Seq it was cut at, after i
-// joined the stream, so the batches queued meanwhile continue it exactly.
-func (o *outStream) writeSnapshot(w *bufio.Writer, i int, deadline func()) error {
+// snapshotWanted reports whether snapshot gen of member i should go on:
+// this member is still the active at epoch and i still wants that
+// snapshot. A snapshot that is no longer wanted stops where it is; the
+// standby never counts one without its SnapEnd (and discards one whose
+// sender is no longer its active at that epoch).
+func (o *outStream) snapshotWanted(i int, gen, epoch uint64) (bool, chan struct{}, uint64) {
+	// The role, not o.active: a member that just promoted sends snapshots
+	// before its stream opens (its table changes only once it serves,
+	// after setActive).
+	if e, active := o.epoch(); !active || e != epoch {
+		return false, nil, 0
+	}
+	t := &o.members[i]
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.snapGen == gen && t.stream, t.snapCond, t.snapSent - t.snapAck
+}
+
+// writeSnapshot sends the whole table to member i as snapshot gen, shard by
+// shard: each shard is dumped under its lock with the Seq it was cut at,
+// after i joined the stream, so the batches queued meanwhile continue it
+// exactly. It sends at most snapWindow frames ahead of i's SnapAck, and the
+// heartbeats go on between its frames and while it waits (itemWriter), so
+// neither its size nor the standby's speed can make this member look silent
+// or fill memory: what it holds is one shard's entries (the table's size
+// over its shard count) and the window. It stops, without a SnapEnd, once
+// the snapshot is no longer wanted (snapshotWanted).
+func (o *outStream) writeSnapshot(w *itemWriter, i int, gen uint64) error {
 	began := time.Now()
+	epoch, _ := o.epoch()
+	if ok, _, _ := o.snapshotWanted(i, gen, epoch); !ok {
+		return nil
+	}
 	tokens := o.table.Tokens()
 	st := o.table.Stats()
-	begin := snapBegin{Epoch: o.epoch(), Shards: uint32(o.table.Shards()), TokenLast: tokens.Last(),
-		Reserved: tokens.Limit(), Locks: uint64(st.Keys)}
-	if _, err := w.Write(begin.Append(nil)); err != nil {
+	begin := snapBegin{ID: gen, Epoch: epoch, Shards: uint32(o.table.Shards()), TokenLast: tokens.Last(),
+		Reserved: max(tokens.Limit(), o.mark()), Locks: uint64(st.Keys)}
+	if err := w.frame(begin.Append(nil)); err != nil {
 		return err
 	}
+	t := &o.members[i]
 	var (
-		buf   []byte
+		buf   []byte // one shard's entries
+		cuts  []int  // where its frames end in buf
 		frame []byte
 		n     int
 		bad   error
 	)
+	stopped := func(why string) error {
+		o.log.Info("snapshot stopped: "+why, "member", o.names[i], "locks_sent", n, "took", time.Since(began))
+		return nil
+	}
 	for s := range o.table.Shards() {
+		if ok, _, _ := o.snapshotWanted(i, gen, epoch); !ok {
+			return stopped("no longer wanted")
+		}
 		now := o.clock()
-		buf = buf[:0]
-		var chunks [][]byte
-		seq := o.dumpShard(s, func(h *shard.HeldLock) {
-			var err error
-			buf, err = records.AppendSnapEntryIdent(buf, &records.SnapEntry{Key: h.Key, Token: h.Token,
-				Left: time.Duration(max(h.Deadline-now, 0)), Lease: h.Lease, Ident: h.Ident})
-			if err != nil && bad == nil {
-				bad = err
-			}
-			n++
-			if len(buf) >= snapChunk {
-				chunks = append(chunks, append([]byte(nil), buf...))
-				buf = buf[:0]
-			}
-		})
+		buf, cuts = buf[:0], cuts[:0]
+		last := 0
+		// The dump runs beside the writer, which keeps the heartbeats
+		// going meanwhile: a shard of any size takes its time under its
+		// lock, never out of this member's liveness.
+		var seq uint64
+		dumped := make(chan struct{})
+		go func() {
+			defer close(dumped)
+			seq = o.dumpShard(s, func(h *shard.HeldLock) {
+				var err error
+				buf, err = records.AppendSnapEntryIdent(buf, &records.SnapEntry{Key: h.Key, Token: h.Token,
+					Left: time.Duration(max(h.Deadline-now, 0)), Lease: h.Lease, Ident: h.Ident})
+				if err != nil && bad == nil {
+					bad = err
+				}
+				n++
+				if len(buf)-last >= snapChunk {
+					last = len(buf)
+					cuts = append(cuts, last)
+				}
+			})
+		}()
+		if err := w.waitFor(dumped); err != nil {
+			return err
+		}
 		if bad != nil {
 			return fmt.Errorf("priority: snapshot of shard %d: %w", s, bad)
 		}
-		chunks = append(chunks, append([]byte(nil), buf...))
-		for k, raw := range chunks {
-			frame = appendSnapShard(frame[:0], uint32(s), seq, k == len(chunks)-1, raw)
-			deadline()
-			if _, err := w.Write(frame); err != nil {
+		if len(cuts) == 0 || cuts[len(cuts)-1] != len(buf) {
+			cuts = append(cuts, len(buf))
+		}
+		from := 0
+		for k, to := range cuts {
+			for {
+				ok, ready, inFlight := o.snapshotWanted(i, gen, epoch)
+				if !ok {
+					return stopped("no longer wanted")
+				}
+				if inFlight < snapWindow {
+					break
+				}
+				if err := w.wait(ready, snapRecheck); err != nil {
+					return err
+				}
+			}
+			frame = appendSnapShard(frame[:0], uint32(s), seq, k == len(cuts)-1, buf[from:to])
+			t.mu.Lock()
+			if t.snapGen == gen {
+				t.snapSent++ // before the frame: its SnapAck may be back before this returns
+			}
+			t.mu.Unlock()
+			if err := w.frame(frame); err != nil {
 				return err
 			}
+			from = to
 		}
 	}
-	if _, err := w.Write(appendSnapEnd(nil)); err != nil {
+	// The end: from here on every reservation this member makes waits for
+	// i's acknowledgement (reserve skips a member only while it is in a
+	// snapshot), and every one made before is at most the mark read here.
+	// Checked after the last dump: had this member stepped down (and reset
+	// its table) before a dump, it would know it here.
+	if e, active := o.epoch(); !active || e != epoch {
+		return stopped("no longer the active")
+	}
+	t.mu.Lock()
+	if t.snapGen != gen || !t.stream {
+		t.mu.Unlock()
+		return stopped("no longer wanted")
+	}
+	end := snapEnd{ID: gen, TokenLast: tokens.Last(), Reserved: max(tokens.Limit(), o.mark())}
+	t.snapping, t.synced = false, time.Now()
+	t.mu.Unlock()
+	if err := w.frame(end.Append(nil)); err != nil {
 		return err
 	}
-	if err := w.Flush(); err != nil {
+	if err := w.flush(); err != nil {
 		return err
 	}
 	o.stats.snapshots.Add(1)

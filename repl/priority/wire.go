@@ -28,11 +28,13 @@ const (
 	maxFrame = 16 << 20
 	// protocolVersion is the member-link version this code speaks (Hello):
 	// 2 since grants carry their identity (records of kind 0x81,
-	// SnapShard entries in the format version 2); a member of version 1
-	// would misread both, so the hello refuses it. 3 since the Hello
-	// carries the sender's --peers (peers.go: a rolling change of
-	// --peers).
-	protocolVersion = 3
+	// SnapShard entries in the format version 2); 3 since issue 18 (the
+	// snapshot's id, epoch, window acks and reservation mark, the
+	// heartbeat's mark, the handover's abort and refusal); 4 since the
+	// Hello carries the sender's --peers (peers.go: a rolling change of
+	// --peers). A member of an older version would misread them, so the
+	// hello refuses it.
+	protocolVersion = 4
 
 	frameHead    = 5 // length u32 + type u8
 	frameTail    = 4 // crc u32
@@ -58,6 +60,8 @@ const (
 	msgSnapEnd      msgType = 8
 	msgNeedSnapshot msgType = 9
 	msgHandoff      msgType = 10
+	msgHandoffAbort msgType = 11
+	msgSnapAck      msgType = 12
 )
 
 var msgNames = [...]string{
@@ -71,12 +75,14 @@ var msgNames = [...]string{
 	msgSnapEnd:      "snap-end",
 	msgNeedSnapshot: "need-snapshot",
 	msgHandoff:      "handoff",
+	msgHandoffAbort: "handoff-abort",
+	msgSnapAck:      "snap-ack",
 }
 
 // String names the message type.
 func (t msgType) String() string { return nameOf(msgNames[:], uint8(t), "MsgType") }
 
-func (t msgType) valid() bool { return t >= msgHello && t <= msgHandoff }
+func (t msgType) valid() bool { return t >= msgHello && t <= msgSnapAck }
 
 // nameOf names value v of a small enum from names (indexed by value, ""
 // for none), or as typ(v).
@@ -423,9 +429,13 @@ type heartbeat struct {
 	Reserved    uint64
 	StoredEpoch uint64 // the epoch in the sender's data directory
 	LagNS       uint64 // active to a standby in its stream: the age of the oldest batch it has not acknowledged; else 0
+	// Mark is the token reservation mark in the sender's data directory:
+	// above every token it ever issued, also before a restart (an active
+	// raises its counter above every member's mark).
+	Mark uint64
 }
 
-const heartbeatLen = 8 + 3 + 6*8
+const heartbeatLen = 8 + 3 + 7*8
 
 // Append appends hb as a complete frame to dst.
 func (hb *heartbeat) Append(dst []byte) []byte {
@@ -438,6 +448,7 @@ func (hb *heartbeat) Append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, hb.Reserved)
 	dst = binary.BigEndian.AppendUint64(dst, hb.StoredEpoch)
 	dst = binary.BigEndian.AppendUint64(dst, hb.LagNS)
+	dst = binary.BigEndian.AppendUint64(dst, hb.Mark)
 	return endFrame(dst, at)
 }
 
@@ -462,6 +473,7 @@ func (hb *heartbeat) Decode(p []byte) error {
 		Reserved:    binary.BigEndian.Uint64(p[35:]),
 		StoredEpoch: binary.BigEndian.Uint64(p[43:]),
 		LagNS:       binary.BigEndian.Uint64(p[51:]),
+		Mark:        binary.BigEndian.Uint64(p[59:]),
 	}
 	return nil
 }
@@ -564,14 +576,18 @@ type ackKind uint8
 const (
 	ackBatch    ackKind = 1 // Value: the batch's Seq
 	ackReserve  ackKind = 2 // Value: the Reserve's ID
-	ackSnapshot ackKind = 3 // snapshot applied; Value: the epoch
-	ackHandoff  ackKind = 4 // handoff done; Value: the epoch
+	ackSnapshot ackKind = 3 // snapshot applied, in sync; Value: the snapshot's ID
+	ackHandoff  ackKind = 4 // handoff taken: this member is the active at Value, the epoch
+	// ackRefused: the handoff at epoch Value is refused, now and forever:
+	// this member will never take that epoch (an answer to a Handoff it
+	// cannot take, or to a HandoffAbort that arrived before the Handoff).
+	ackRefused ackKind = 5
 )
 
 // String names the ack kind.
 func (k ackKind) String() string { return nameOf(ackNames[:], uint8(k), "AckKind") }
 
-var ackNames = [...]string{ackBatch: "batch", ackReserve: "reserve", ackSnapshot: "snapshot", ackHandoff: "handoff"}
+var ackNames = [...]string{ackBatch: "batch", ackReserve: "reserve", ackSnapshot: "snapshot", ackHandoff: "handoff", ackRefused: "refused"}
 
 // ack acknowledges a batch, a reservation, a snapshot or a handoff.
 type ack struct {
@@ -593,7 +609,7 @@ func (a *ack) Decode(p []byte) error {
 		return err
 	}
 	k := ackKind(p[0])
-	if k < ackBatch || k > ackHandoff {
+	if k < ackBatch || k > ackRefused {
 		return errBadField
 	}
 	*a = ack{Kind: k, Value: binary.BigEndian.Uint64(p[1:])}
@@ -602,16 +618,20 @@ func (a *ack) Decode(p []byte) error {
 
 // snapBegin opens a snapshot: SnapShard frames follow, then SnapEnd.
 type snapBegin struct {
-	Epoch     uint64
+	ID        uint64 // the snapshot's number on this link (SnapAck, SnapEnd and Ack(snapshot) repeat it)
+	Epoch     uint64 // the sender's epoch as the active: the snapshot is applied only by a standby that follows it at this epoch
 	Shards    uint32
 	TokenLast uint64
 	Reserved  uint64
 	Locks     uint64 // total held keys (informative)
 }
 
+const snapBeginLen = 8 + 8 + 4 + 3*8
+
 // Append appends s as a complete frame to dst.
 func (s *snapBegin) Append(dst []byte) []byte {
 	dst, at := beginFrame(dst, msgSnapBegin)
+	dst = binary.BigEndian.AppendUint64(dst, s.ID)
 	dst = binary.BigEndian.AppendUint64(dst, s.Epoch)
 	dst = binary.BigEndian.AppendUint32(dst, s.Shards)
 	dst = binary.BigEndian.AppendUint64(dst, s.TokenLast)
@@ -622,15 +642,16 @@ func (s *snapBegin) Append(dst []byte) []byte {
 
 // Decode decodes a SnapBegin payload.
 func (s *snapBegin) Decode(p []byte) error {
-	if err := fixedLen(p, 8+4+3*8); err != nil {
+	if err := fixedLen(p, snapBeginLen); err != nil {
 		return err
 	}
 	*s = snapBegin{
-		Epoch:     binary.BigEndian.Uint64(p),
-		Shards:    binary.BigEndian.Uint32(p[8:]),
-		TokenLast: binary.BigEndian.Uint64(p[12:]),
-		Reserved:  binary.BigEndian.Uint64(p[20:]),
-		Locks:     binary.BigEndian.Uint64(p[28:]),
+		ID:        binary.BigEndian.Uint64(p),
+		Epoch:     binary.BigEndian.Uint64(p[8:]),
+		Shards:    binary.BigEndian.Uint32(p[16:]),
+		TokenLast: binary.BigEndian.Uint64(p[20:]),
+		Reserved:  binary.BigEndian.Uint64(p[28:]),
+		Locks:     binary.BigEndian.Uint64(p[36:]),
 	}
 	return nil
 }
@@ -704,14 +725,61 @@ func (s *snapShard) Raw(dst []byte) ([]byte, error) {
 	return records.Decompress(dst, s.Codec, s.Data, int(s.RawLen))
 }
 
-// appendSnapEnd appends a SnapEnd frame (no payload) to dst.
-func appendSnapEnd(dst []byte) []byte {
+// snapEnd closes snapshot ID. It carries the sender's last token and its
+// reservation mark as they stand when the snapshot ends: every token range
+// the active may use from then on is at most Reserved, or is reserved with
+// a Reserve that follows on the link (docs/DESIGN.md, "Tokens across a
+// failover"), so a standby that records Reserved durably before it counts
+// itself in sync has seen every reservation in use.
+type snapEnd struct {
+	ID        uint64
+	TokenLast uint64
+	Reserved  uint64
+}
+
+// Append appends s as a complete frame to dst.
+func (s *snapEnd) Append(dst []byte) []byte {
 	dst, at := beginFrame(dst, msgSnapEnd)
+	dst = binary.BigEndian.AppendUint64(dst, s.ID)
+	dst = binary.BigEndian.AppendUint64(dst, s.TokenLast)
+	dst = binary.BigEndian.AppendUint64(dst, s.Reserved)
 	return endFrame(dst, at)
 }
 
-// decodeSnapEnd checks a SnapEnd payload (empty).
-func decodeSnapEnd(p []byte) error { return fixedLen(p, 0) }
+// Decode decodes a SnapEnd payload.
+func (s *snapEnd) Decode(p []byte) error {
+	if err := fixedLen(p, 24); err != nil {
+		return err
+	}
+	*s = snapEnd{ID: binary.BigEndian.Uint64(p), TokenLast: binary.BigEndian.Uint64(p[8:]), Reserved: binary.BigEndian.Uint64(p[16:])}
+	return nil
+}
+
+// snapAck is a standby's progress through snapshot ID: it has applied (or
+// discarded) the snapshot's first Frames SnapShard frames. The active sends
+// at most snapWindow frames ahead of it, so a snapshot in flight holds a
+// bounded number of bytes in the link and in the standby.
+type snapAck struct {
+	ID     uint64
+	Frames uint64
+}
+
+// Append appends a as a complete frame to dst.
+func (a *snapAck) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgSnapAck)
+	dst = binary.BigEndian.AppendUint64(dst, a.ID)
+	dst = binary.BigEndian.AppendUint64(dst, a.Frames)
+	return endFrame(dst, at)
+}
+
+// Decode decodes a SnapAck payload.
+func (a *snapAck) Decode(p []byte) error {
+	if err := fixedLen(p, 16); err != nil {
+		return err
+	}
+	*a = snapAck{ID: binary.BigEndian.Uint64(p), Frames: binary.BigEndian.Uint64(p[8:])}
+	return nil
+}
 
 // snapReason says why a standby asks for a snapshot.
 type snapReason uint8
@@ -782,8 +850,32 @@ func (h *handoff) Decode(p []byte) error {
 	return nil
 }
 
-// appendNeedSnapshot, appendReserve, appendHandoff and appendAck build
-// control frames.
+// handoffAbort asks the successor of a handover that went unconfirmed to
+// decide it: it answers Ack(handoff, Epoch) if it took the epoch, else
+// Ack(refused, Epoch), after which it never takes it (MEMBER-LINK.md,
+// "Planned handover").
+type handoffAbort struct {
+	Epoch uint64
+}
+
+// Append appends h as a complete frame to dst.
+func (h *handoffAbort) Append(dst []byte) []byte {
+	dst, at := beginFrame(dst, msgHandoffAbort)
+	dst = binary.BigEndian.AppendUint64(dst, h.Epoch)
+	return endFrame(dst, at)
+}
+
+// Decode decodes a HandoffAbort payload.
+func (h *handoffAbort) Decode(p []byte) error {
+	if err := fixedLen(p, 8); err != nil {
+		return err
+	}
+	h.Epoch = binary.BigEndian.Uint64(p)
+	return nil
+}
+
+// appendNeedSnapshot, appendReserve, appendHandoff, appendHandoffAbort,
+// appendSnapAck and appendAck build control frames.
 func appendNeedSnapshot(dst []byte, reason snapReason) []byte {
 	m := needSnapshot{Reason: reason}
 	return m.Append(dst)
@@ -796,6 +888,16 @@ func appendReserve(dst []byte, id, limit uint64) []byte {
 
 func appendHandoff(dst []byte, epoch, token, reserved uint64) []byte {
 	m := handoff{Epoch: epoch, TokenLast: token, Reserved: reserved}
+	return m.Append(dst)
+}
+
+func appendHandoffAbort(dst []byte, epoch uint64) []byte {
+	m := handoffAbort{Epoch: epoch}
+	return m.Append(dst)
+}
+
+func appendSnapAck(dst []byte, id, frames uint64) []byte {
+	m := snapAck{ID: id, Frames: frames}
 	return m.Append(dst)
 }
 

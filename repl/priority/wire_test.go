@@ -21,12 +21,6 @@ type wireMsg interface {
 	Decode(p []byte) error
 }
 
-// wireSnapEnd adapts the payload-less SnapEnd to wireMsg.
-type wireSnapEnd struct{}
-
-func (wireSnapEnd) Append(dst []byte) []byte { return appendSnapEnd(dst) }
-func (wireSnapEnd) Decode(p []byte) error    { return decodeSnapEnd(p) }
-
 // wireCase is a message with its type and its payload written out by hand
 // from the member-link format table (hex, spaces ignored).
 type wireCase struct {
@@ -38,21 +32,21 @@ type wireCase struct {
 
 func wireCases() []wireCase {
 	return []wireCase{
-		{"hello", msgHello, &hello{Version: 3, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000,
+		{"hello", msgHello, &hello{Version: 4, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000,
 			Peers: []string{"a:1", "b:2", "c:3"}},
-			"0003 01 03 02 00002710 00000040 000003e8 0003 613a31 0003 623a32 0003 633a33"},
-		{"hello-raft-max", msgHello, &hello{Version: 3, Mode: modeRaft, Members: 2, Self: 1, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000,
+			"0004 01 03 02 00002710 00000040 000003e8 0003 613a31 0003 623a32 0003 633a33"},
+		{"hello-raft-max", msgHello, &hello{Version: 4, Mode: modeRaft, Members: 2, Self: 1, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000,
 			Peers: []string{"h:65535", "[::1]:7"}},
-			"0003 02 02 01 ffffffff 00010000 0000ea60 0007 683a3635353335 0007 5b3a3a315d3a37"},
+			"0004 02 02 01 ffffffff 00010000 0000ea60 0007 683a3635353335 0007 5b3a3a315d3a37"},
 		{"heartbeat-active", msgHeartbeat, &heartbeat{Epoch: 7, Role: roleActive, Active: 0, InSync: true, Probe: 1, Echo: 2,
-			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0},
-			"0000000000000007 02 00 01 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000"},
+			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0, Mark: 0x11223344556677aa},
+			"0000000000000007 02 00 01 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000 11223344556677aa"},
 		{"heartbeat-standby-none", msgHeartbeat, &heartbeat{Epoch: 1<<64 - 1, Role: roleStandby, Active: noActive, LagNS: 1500000},
-			"ffffffffffffffff 01 ff 00 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 000000000016e360"},
+			"ffffffffffffffff 01 ff 00 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 000000000016e360 0000000000000000"},
 		{"heartbeat-handover", msgHeartbeat, &heartbeat{Epoch: 9, Role: roleHandover, Active: 1, InSync: true},
-			"0000000000000009 03 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
+			"0000000000000009 03 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
 		{"heartbeat-leaving", msgHeartbeat, &heartbeat{Epoch: 9, Role: roleLeaving, Active: 1, InSync: true},
-			"0000000000000009 04 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
+			"0000000000000009 04 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
 		{"batch-raw", msgBatch, &batch{Seq: 3, Codec: records.CodecRaw, RawLen: 4, Data: []byte("abcd")},
 			"0000000000000003 00 00000004 61626364"},
 		{"batch-s2", msgBatch, &batch{Seq: 1<<64 - 1, Codec: records.CodecS2, RawLen: 1000, Data: []byte{0xe8, 0x07, 0x00}},
@@ -63,18 +57,22 @@ func wireCases() []wireCase {
 		{"ack-reserve", msgAck, &ack{Kind: ackReserve, Value: 5}, "02 0000000000000005"},
 		{"ack-snapshot", msgAck, &ack{Kind: ackSnapshot, Value: 7}, "03 0000000000000007"},
 		{"ack-handoff", msgAck, &ack{Kind: ackHandoff, Value: 8}, "04 0000000000000008"},
-		{"snap-begin", msgSnapBegin, &snapBegin{Epoch: 7, Shards: 64, TokenLast: 100, Reserved: 200, Locks: 10000},
-			"0000000000000007 00000040 0000000000000064 00000000000000c8 0000000000002710"},
+		{"ack-refused", msgAck, &ack{Kind: ackRefused, Value: 9}, "05 0000000000000009"},
+		{"snap-begin", msgSnapBegin, &snapBegin{ID: 3, Epoch: 7, Shards: 64, TokenLast: 100, Reserved: 200, Locks: 10000},
+			"0000000000000003 0000000000000007 00000040 0000000000000064 00000000000000c8 0000000000002710"},
 		{"snap-shard-raw", msgSnapShard, &snapShard{Shard: 63, Seq: 99, Last: true, Codec: records.CodecRaw, RawLen: 2, Data: []byte("xy")},
 			"0000003f 0000000000000063 01 00 00000002 7879"},
 		{"snap-shard-s2", msgSnapShard, &snapShard{Shard: 0, Seq: 0, Last: false, Codec: records.CodecS2, RawLen: 5, Data: []byte{5, 1}},
 			"00000000 0000000000000000 00 01 00000005 0501"},
-		{"snap-end", msgSnapEnd, wireSnapEnd{}, ""},
+		{"snap-end", msgSnapEnd, &snapEnd{ID: 3, TokenLast: 150, Reserved: 300},
+			"0000000000000003 0000000000000096 000000000000012c"},
+		{"snap-ack", msgSnapAck, &snapAck{ID: 3, Frames: 17}, "0000000000000003 0000000000000011"},
 		{"need-snapshot-gap", msgNeedSnapshot, &needSnapshot{Reason: snapGap}, "01"},
 		{"need-snapshot-start", msgNeedSnapshot, &needSnapshot{Reason: snapStart}, "02"},
 		{"need-snapshot-behind", msgNeedSnapshot, &needSnapshot{Reason: snapBehind}, "03"},
 		{"handoff", msgHandoff, &handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000},
 			"0000000000000008 00000000000003e8 00000000000007d0"},
+		{"handoff-abort", msgHandoffAbort, &handoffAbort{Epoch: 8}, "0000000000000008"},
 	}
 }
 
@@ -88,9 +86,6 @@ func wireFrame(t msgType, payload []byte) []byte {
 
 // newWireMsg returns a zero message of m's type.
 func newWireMsg(m wireMsg) wireMsg {
-	if _, ok := m.(wireSnapEnd); ok {
-		return wireSnapEnd{}
-	}
 	return reflect.New(reflect.TypeOf(m).Elem()).Interface().(wireMsg)
 }
 
@@ -169,11 +164,11 @@ func TestMessageBadFields(t *testing.T) {
 		payload string
 		want    error
 	}{
-		{"heartbeat-role-0", &heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 48), errBadField},
-		{"heartbeat-role-5", &heartbeat{}, "0000000000000007 05 00 01" + strings.Repeat("00", 48), errBadField},
-		{"heartbeat-insync-2", &heartbeat{}, "0000000000000007 01 00 02" + strings.Repeat("00", 48), errBadField},
+		{"heartbeat-role-0", &heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 56), errBadField},
+		{"heartbeat-role-5", &heartbeat{}, "0000000000000007 05 00 01" + strings.Repeat("00", 56), errBadField},
+		{"heartbeat-insync-2", &heartbeat{}, "0000000000000007 01 00 02" + strings.Repeat("00", 56), errBadField},
 		{"ack-kind-0", &ack{}, "00 0000000000000001", errBadField},
-		{"ack-kind-5", &ack{}, "05 0000000000000001", errBadField},
+		{"ack-kind-6", &ack{}, "06 0000000000000001", errBadField},
 		{"need-snapshot-0", &needSnapshot{}, "00", errBadField},
 		{"need-snapshot-4", &needSnapshot{}, "04", errBadField},
 		{"batch-codec-2", &batch{}, "0000000000000001 02 00000001 00", errBadField},
@@ -184,17 +179,20 @@ func TestMessageBadFields(t *testing.T) {
 		{"snap-shard-last-2", &snapShard{}, "00000000 0000000000000000 02 00 00000000", errBadField},
 		{"snap-shard-codec-9", &snapShard{}, "00000000 0000000000000000 00 09 00000000", errBadField},
 		{"snap-shard-raw-len", &snapShard{}, "00000000 0000000000000000 01 00 00000001", errBadField},
-		{"snap-end-payload", wireSnapEnd{}, "00", errLongPayload},
+		{"snap-end-short", &snapEnd{}, "00", errShortPayload},
+		{"snap-ack-long", &snapAck{}, "0000000000000003 0000000000000011 00", errLongPayload},
+		{"handoff-abort-short", &handoffAbort{}, "00000000", errShortPayload},
 		{"reserve-short", &reserve{}, "00", errShortPayload},
-		{"hello-short", &hello{}, "0003 01", errShortPayload},
-		{"hello-long", &hello{}, "0003 01 01 00 00002710 00000040 000003e8 0001 61 00", errLongPayload},
-		{"hello-peers-missing", &hello{}, "0003 01 02 00 00002710 00000040 000003e8 0001 61", errShortPayload},
-		{"hello-peer-cut", &hello{}, "0003 01 01 00 00002710 00000040 000003e8 0003 6161", errShortPayload},
-		{"hello-peer-empty", &hello{}, "0003 01 01 00 00002710 00000040 000003e8 0000", errBadField},
-		{"hello-peer-too-long", &hello{}, "0003 01 01 00 00002710 00000040 000003e8 0401", errBadField},
+		{"hello-short", &hello{}, "0004 01", errShortPayload},
+		{"hello-long", &hello{}, "0004 01 01 00 00002710 00000040 000003e8 0001 61 00", errLongPayload},
+		{"hello-peers-missing", &hello{}, "0004 01 02 00 00002710 00000040 000003e8 0001 61", errShortPayload},
+		{"hello-peer-cut", &hello{}, "0004 01 01 00 00002710 00000040 000003e8 0003 6161", errShortPayload},
+		{"hello-peer-empty", &hello{}, "0004 01 01 00 00002710 00000040 000003e8 0000", errBadField},
+		{"hello-peer-too-long", &hello{}, "0004 01 01 00 00002710 00000040 000003e8 0401", errBadField},
 		{"hello-version-1", &hello{}, "0001 01 03 02 00002710 00000040 000003e8", errMismatch},
-		{"hello-version-2", &hello{}, "0002 01 03 02 00002710 00000040 000003e8", errMismatch},
-		{"hello-version-4", &hello{}, "0004", errMismatch},
+		{"hello-version-2", &hello{}, "0002", errMismatch},
+		{"hello-version-3", &hello{}, "0003 01 03 02 00002710 00000040 000003e8", errMismatch},
+		{"hello-version-5", &hello{}, "0005", errMismatch},
 		{"hello-version-0-long", &hello{}, "0000 01 03 02 00002710 00000040 000003e8 00", errMismatch},
 	}
 	for _, c := range cases {
@@ -205,14 +203,14 @@ func TestMessageBadFields(t *testing.T) {
 		})
 	}
 	var h hello
-	err := h.Decode(repltest.Hex(t, "0004 ffff"))
-	if h.Version != 4 || err == nil || !strings.Contains(err.Error(), "protocol version 4, here 3") {
-		t.Fatalf("version 4: %+v, %v", h, err)
+	err := h.Decode(repltest.Hex(t, "0005 ffff"))
+	if h.Version != 5 || err == nil || !strings.Contains(err.Error(), "protocol version 5, here 4") {
+		t.Fatalf("version 5: %+v, %v", h, err)
 	}
 }
 
 func TestHelloCheck(t *testing.T) {
-	local := hello{Version: 1, Mode: modePriority, Members: 3, Self: 0, Offset: 10000, Shards: 64, FailoverMS: 1000}
+	local := hello{Version: protocolVersion, Mode: modePriority, Members: 3, Self: 0, Offset: 10000, Shards: 64, FailoverMS: 1000}
 	peer := local
 	peer.Self = 1
 	cases := []struct {
@@ -222,7 +220,7 @@ func TestHelloCheck(t *testing.T) {
 	}{
 		{"same", func(*hello) {}, nil},
 		{"last-member", func(h *hello) { h.Self = 2 }, nil},
-		{"version", func(h *hello) { h.Version = 2 }, []string{"protocol version 2 (here 1)"}},
+		{"version", func(h *hello) { h.Version = 2 }, []string{"protocol version 2 (here 4)"}},
 		{"mode", func(h *hello) { h.Mode = modeRaft }, []string{"mode raft (here priority)"}},
 		{"mode-unknown", func(h *hello) { h.Mode = 9 }, []string{"mode ClusterMode(9) (here priority)"}},
 		// The member lists may differ (a rolling change of --peers):
@@ -261,7 +259,7 @@ func TestHelloCheck(t *testing.T) {
 
 func TestMsgTypeString(t *testing.T) {
 	want := []string{"MsgType(0)", "hello", "heartbeat", "batch", "reserve", "ack", "snap-begin",
-		"snap-shard", "snap-end", "need-snapshot", "handoff", "MsgType(11)"}
+		"snap-shard", "snap-end", "need-snapshot", "handoff", "handoff-abort", "snap-ack", "MsgType(13)"}
 	for i, w := range want {
 		if got := msgType(i).String(); got != w {
 			t.Errorf("MsgType(%d) = %q, want %q", i, got, w)
@@ -412,7 +410,7 @@ func TestFrameReaderErrors(t *testing.T) {
 		{"payload-flipped", flip(7), errBadCRC},
 		{"length-shorter", append(withLen(uint32(len(good)-5)), good[4:]...), errBadCRC},
 		{"type-0", wireFrame(0, nil), errUnknownType},
-		{"type-11", wireFrame(11, []byte{1, 2}), errUnknownType},
+		{"type-13", wireFrame(13, []byte{1, 2}), errUnknownType},
 		{"type-255", wireFrame(255, nil), errUnknownType},
 		{"truncated-length", good[:3], io.ErrUnexpectedEOF},
 		{"truncated-body", good[:len(good)-1], io.ErrUnexpectedEOF},

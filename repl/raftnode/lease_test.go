@@ -241,7 +241,7 @@ func TestRaftStreamHoldsAccepts(t *testing.T) {
 			}
 			const hold = 300 * time.Millisecond
 			began := time.Now()
-			s := newRaftStream(ln, ln.Addr(), hold)
+			s := newRaftStream(ln, ln.Addr(), hold, newMemberAuth(repl.ClusterConfig{Peers: []string{"127.0.0.1:1"}}, testLog()))
 			type accepted struct {
 				c   net.Conn
 				err error

@@ -350,6 +350,9 @@ func (n *node) AddMember(ctx context.Context, addr string, wait time.Duration) (
 	if err != nil {
 		return api.MemberChange{}, err
 	}
+	if !n.stream.auth.names(string(maddr)) {
+		return api.MemberChange{}, fmt.Errorf("%w: %s is not in --peers, and with member authentication on (--tls-peer-ca, --cluster-secret) members prove who they are by their --peers entry: list the new member in every member's --peers first (a rolling restart), then add it", repl.ErrBadMember, addr)
+	}
 	n.ms.change.Lock()
 	defer n.ms.change.Unlock()
 	if err := n.mustLead(); err != nil {

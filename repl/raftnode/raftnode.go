@@ -268,7 +268,7 @@ func (n *node) openRaft() error {
 	dur := int64(float64(conf.HeartbeatTimeout) * leaseFraction)
 	n.lease = newLease(nil, n.id, dur) // the voters come with the configuration (refreshView)
 	n.leaseStep = max(dur/8, 1)
-	n.stream = newRaftStream(ln, adv, conf.HeartbeatTimeout)
+	n.stream = newRaftStream(ln, adv, conf.HeartbeatTimeout, newMemberAuth(n.cfg, n.log))
 	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing}
 	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second, netLog)
 	n.closers = append(n.closers, n.trans)
@@ -723,6 +723,7 @@ func (n *node) Status() repl.Status {
 	st.Snapshots = n.stats.snapshots.Load()
 	st.Elections = n.stats.elections.Load()
 	st.Rebuilds = n.stats.rebuilds.Load()
+	st.MemberRefused = n.stream.auth.Refusals()
 	st.InSync = lid != ""
 	st.Configuration = n.configuration(n.ms.view.Load()) // membership.go
 	leading := st.Role == api.RoleLeader

@@ -91,6 +91,8 @@ type raftCluster struct {
 	// cfgs: the configuration of members that are not the --peers ones
 	// (membership_test.go: joiners, a forced recovery).
 	cfgs map[int]repl.ClusterConfig
+	// member, when set, adjusts member i's configuration at each start.
+	member func(i int, cfg *repl.ClusterConfig)
 }
 
 const raftTestOffset = 1000
@@ -101,6 +103,13 @@ func newRaftCluster(t *testing.T, size int, tune ...func(*raft.Config)) *raftClu
 	if len(tune) > 0 {
 		c.tune = tune[0]
 	}
+	return c.startAll(size)
+}
+
+// startAll starts size members on free ports (c's fields set).
+func (c *raftCluster) startAll(size int) *raftCluster {
+	t := c.t
+	t.Helper()
 	c.peers = repltest.FreeAddrs(t, size, raftTestOffset)
 	for range c.peers {
 		c.dirs = append(c.dirs, t.TempDir())
@@ -124,6 +133,9 @@ func (c *raftCluster) start(i int) *raftMember {
 	if !ok {
 		cfg = repl.ClusterConfig{Peers: c.peers, Self: i, Listen: c.peers[i], PeerOffset: raftTestOffset,
 			FailoverTimeout: c.T, DataDir: c.dirs[i], TokenBlock: 1 << 20}
+	}
+	if c.member != nil {
+		c.member(i, &cfg)
 	}
 	n, err := newNode(cfg, logStoreWAL)
 	if err != nil {
