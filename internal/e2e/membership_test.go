@@ -228,6 +228,22 @@ func voters(t *testing.T, c *clustertest.Cluster, i int) []string {
 	return out
 }
 
+// votersBecome waits until member i's view of the voters satisfies ok
+// (a member learns a configuration change from the leader's log a round
+// trip after the leader: it may lag the answer of the change) and
+// returns the last view.
+func votersBecome(t *testing.T, c *clustertest.Cluster, i int, ok func([]string) bool) []string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := voters(t, c, i)
+		if ok(got) || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func sorted(s []string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)
@@ -271,7 +287,7 @@ func TestRaftReplaceDeadMember(t *testing.T) {
 		t.Fatalf("added %+v", ch.Member)
 	}
 	want := sorted(append(current, nm.Addr()))
-	if got := voters(t, c, nm.Index()); !slices.Equal(got, want) {
+	if got := votersBecome(t, c, nm.Index(), func(v []string) bool { return slices.Equal(v, want) }); !slices.Equal(got, want) {
 		t.Fatalf("the new member's voters %v, want %v", got, want)
 	}
 	waitHolds(t, c, nm.Index(), held, "the new member")
@@ -314,7 +330,7 @@ func TestRaftMoveMember(t *testing.T) {
 	}
 	memberChange(t, c, "POST", api.PathMembers, api.AddMember{Addr: nm.Addr()})
 	waitHolds(t, c, nm.Index(), held, "the new member")
-	if got := voters(t, c, nm.Index()); len(got) != 4 {
+	if got := votersBecome(t, c, nm.Index(), func(v []string) bool { return len(v) == 4 }); len(got) != 4 {
 		t.Fatalf("voters during the move %v, want 4", got)
 	}
 	load.waitMore(t, 5, "with four voters")
@@ -322,7 +338,7 @@ func TestRaftMoveMember(t *testing.T) {
 	// naming the successor), which removes it.
 	ch := memberChange(t, c, "DELETE", api.PathMembers+"/"+old.Addr(), nil)
 	want := sorted(append(rest, nm.Addr()))
-	if got := voters(t, c, nm.Index()); !slices.Equal(got, want) {
+	if got := votersBecome(t, c, nm.Index(), func(v []string) bool { return slices.Equal(v, want) }); !slices.Equal(got, want) {
 		t.Fatalf("voters after the move %v, want %v (removed %+v)", got, want, ch.Member)
 	}
 	if _, err := old.WaitLog(regexp.MustCompile(`handed the leadership over`), 5*time.Second); err != nil {
