@@ -30,6 +30,7 @@ type collector struct {
 	// raft
 	raftTerm, raftCommit, raftApplied, raftEntries, raftEntryRecords, raftCommitLatency *prometheus.Desc
 	raftSnapshots, raftSnapshotBytes, raftElections, raftRebuilds                       *prometheus.Desc
+	raftMembers                                                                         *prometheus.Desc
 }
 
 func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
@@ -84,6 +85,7 @@ func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
 		raftSnapshotBytes: d("raft_snapshot_bytes", "The size of the last raft snapshot."),
 		raftElections:     d("raft_elections_total", "Times this member became a serving leader."),
 		raftRebuilds:      d("raft_rebuilds_total", "Times the table was rebuilt from the log (leadership lost, a change outside the log)."),
+		raftMembers:       d("raft_members", "Servers of the raft configuration as this member knows it, by suffrage: voter, or nonvoter (a member add catching up).", "suffrage"),
 		tlsHandshakes:     d("tls_handshakes_total", "TLS handshakes completed on the client port (with --tls-cert)."),
 		tlsFailures:       d("tls_handshake_failures_total", "TLS handshakes on the client port that failed (a plaintext client, a missing or untrusted client certificate, a timeout): the connection was closed."),
 		authFailures:      d("auth_failures_total", "Refusals of --acl on the client port: failed hellos and lock requests before authentication (E 5, reason hello and unauthenticated), requests outside an identity's keys or from a monitor (E 6, permission_denied).", "reason"),
@@ -103,7 +105,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
 		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive, c.memberRole, c.memberRefused,
 		c.raftTerm, c.raftCommit, c.raftApplied, c.raftEntries, c.raftEntryRecords, c.raftCommitLatency,
-		c.raftSnapshots, c.raftSnapshotBytes, c.raftElections, c.raftRebuilds} {
+		c.raftSnapshots, c.raftSnapshotBytes, c.raftElections, c.raftRebuilds, c.raftMembers} {
 		ch <- d
 	}
 }
@@ -256,4 +258,14 @@ func (c *collector) collectRaft(ch chan<- prometheus.Metric, node repl.Status) {
 	gauge(c.raftSnapshotBytes, float64(node.SnapshotBytes))
 	counter(c.raftElections, node.Elections)
 	counter(c.raftRebuilds, node.Rebuilds)
+	var voters, nonvoters float64
+	for _, m := range node.Configuration {
+		if m.Voter {
+			voters++
+		} else {
+			nonvoters++
+		}
+	}
+	gauge(c.raftMembers, voters, "voter")
+	gauge(c.raftMembers, nonvoters, "nonvoter")
 }

@@ -44,6 +44,16 @@ type ClusterConfig struct {
 	// TokenBlock is how many tokens one reservation covers (default
 	// DefaultTokenBlock).
 	TokenBlock uint64
+	// Join (raft mode): on the first start of an empty data directory,
+	// do not bootstrap a cluster from Peers but wait to be added to a
+	// running one (Membership.AddMember). Ignored once the data directory
+	// holds raft state.
+	Join bool
+	// ForceNewCluster (raft mode): restart this member, from its own log
+	// and snapshots, as a new cluster of which it is the only member
+	// (disaster recovery when a majority is lost for good; members are
+	// then added back). Needs raft state in the data directory.
+	ForceNewCluster bool
 	// MemberTLS, when not nil, makes every member connection mutual TLS
 	// (PROTOCOL.md §8.4): this member presents MemberTLS.Certificate() and
 	// accepts a peer whose certificate verifies against
@@ -159,6 +169,9 @@ func (c *ClusterConfig) Validate() error {
 	}
 	if c.TokenBlock == 0 {
 		c.TokenBlock = DefaultTokenBlock
+	}
+	if c.Join && c.ForceNewCluster {
+		return &FieldError{Field: "ForceNewCluster", Value: true, Want: "a member that joins a cluster cannot also force a new one"}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -230,6 +231,9 @@ type Status struct {
 	SnapshotBytes uint64  // the size of the last one
 	Elections     uint64  // times this member became a serving leader
 	Rebuilds      uint64  // times its table was rebuilt from the log (leadership lost, a change outside the log)
+	// Configuration is the raft configuration as this member knows it
+	// (raftnode's membership.go); nil in the other modes.
+	Configuration []api.RaftMember
 
 	// CommitCounts is every commit latency since start by CommitBuckets
 	// (not cumulative; the last counts those above every bound), and

@@ -183,6 +183,7 @@ type Cluster struct {
 	plan    *plan
 	dir     string
 	ownDir  bool
+	mu      sync.Mutex // members: AddMember appends
 	members []*Member
 	links   [][]Link  // proxied: links[from][to]
 	sec     *security // Secure: the TLS material and the secret
@@ -362,30 +363,42 @@ func (c *Cluster) openProxies() error {
 }
 
 // Members returns the members in --peers order.
-func (c *Cluster) Members() []*Member { return append([]*Member(nil), c.members...) }
+func (c *Cluster) Members() []*Member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Member(nil), c.members...)
+}
 
 // Member returns member i (0 is the first entry of --peers: the highest
 // priority in priority mode).
-func (c *Cluster) Member(i int) *Member { return c.members[i] }
+func (c *Cluster) Member(i int) *Member { return c.Members()[i] }
 
 // Addrs returns every member's client address, as it listens, in --peers
 // order.
 func (c *Cluster) Addrs() []string {
-	out := make([]string, len(c.members))
-	for i, m := range c.members {
+	ms := c.Members()
+	out := make([]string, len(ms))
+	for i, m := range ms {
 		out[i] = m.addr
 	}
 	return out
 }
 
-// Peers returns member j's --peers list (nil in ModeSingle). Without proxies
-// it equals Addrs; with them, entry k ≠ j is the proxy member j dials for
-// member k, and that is the address j names in an M for k.
+// Peers returns member j's --peers list as its command line has it now
+// (nil in ModeSingle). Without proxies it equals Addrs, until AddMember or
+// SetPeers change it; with them, entry k ≠ j is the proxy member j dials
+// for member k, and that is the address j names in an M for k.
 func (c *Cluster) Peers(j int) []string {
 	if c.plan.mode == ModeSingle {
 		return nil
 	}
-	return c.plan.peers(j)
+	if p := c.Member(j).Peers(); p != nil {
+		return p
+	}
+	if j < len(c.plan.client) {
+		return c.plan.peers(j)
+	}
+	return nil
 }
 
 // Proxied reports whether the cluster has proxies between its members.
@@ -481,7 +494,7 @@ func (c *Cluster) Heal() {
 func (c *Cluster) Close() error {
 	c.closeOnce.Do(func() {
 		var errs []error
-		for _, m := range c.members {
+		for _, m := range c.Members() {
 			errs = append(errs, m.close())
 		}
 		for _, p := range c.proxies {
@@ -501,7 +514,7 @@ func (c *Cluster) Close() error {
 // then every proxy with its faults: what a failed test or chaos run needs
 // to see.
 func (c *Cluster) Dump(w io.Writer, lines int) {
-	for _, m := range c.members {
+	for _, m := range c.Members() {
 		tail := m.logs.tail(lines)
 		fmt.Fprintf(w, "--- member %d %s (%s): last %d log lines\n", m.index, m.addr, m.describe(), len(tail))
 		for _, l := range tail {

@@ -37,9 +37,14 @@
 //     finer faults (delay, pause).
 //   - Member: Kill (SIGKILL), Stop/Cont (SIGSTOP/SIGCONT, returning once
 //     the kernel reports the state), Term (SIGTERM, exit code, bounded),
-//     Signal, Wait, Restart (same flags, same data dir), WipeData, Addr,
-//     AdminURL, Status (/status decoded into package api's types),
+//     Signal, Wait, Restart (same flags, same data dir), RestartWith (a
+//     flag for one start), SetPeers (--peers for the next start: a rolling
+//     change), WipeData, Addr, AdminURL, Status (/status decoded into
+//     package api's types), Admin (a JSON request of its admin endpoint),
 //     WaitStatus, Logs, WaitLog, Alive.
+//   - Membership changes (members.go): AddMember and NewMember start (or
+//     prepare) one more member on a fresh port pair and data dir, with the
+//     cluster's flags and --peers of the test's choosing.
 //   - Cluster-level reads and waits, as hashicorp/raft's testing.go has
 //     them: Statuses reads the members an Among chooses (Every, or
 //     Running except the frozen ones), Agreed tells the member they all

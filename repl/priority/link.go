@@ -37,10 +37,10 @@ type linkEvents struct {
 	// went down.
 	changed func(i int, up bool)
 	// accepted: member from connected with a Hello that agrees with this
-	// member's. It returns the handler of every later frame on that
-	// connection, called on the connection's reader goroutine; an error
-	// closes the connection.
-	accepted func(from int) func(t msgType, payload []byte) error
+	// member's; pm says how its --peers reads here (peers.go). It returns
+	// the handler of every later frame on that connection, called on the
+	// connection's reader goroutine; an error closes the connection.
+	accepted func(from int, pm peerMap) func(t msgType, payload []byte) error
 }
 
 // link is this member's side of the member link.
@@ -452,30 +452,35 @@ func (l *link) accept() {
 }
 
 // greeted reads a new inbound connection's Hello and returns the member it
-// comes from; a connection it refuses (ok false) is logged and must be
+// comes from (pm.from, its index here; mapPeers matches the members of a
+// --peers that differs by address); a connection it refuses (ok false) is logged and must be
 // closed before anything else is read from it.
-func (l *link) greeted(c net.Conn, r *frameReader) (from int, ok bool) {
+func (l *link) greeted(c net.Conn, r *frameReader) (pm peerMap, ok bool) {
 	_ = c.SetReadDeadline(time.Now().Add(l.cfg.FailoverTimeout))
 	t, payload, err := r.Next()
 	if err != nil || t != msgHello {
 		l.log.Warn("member link refused: no hello", "remote", c.RemoteAddr().String(), "err", err)
-		return 0, false
+		return peerMap{}, false
 	}
 	var h hello
 	if err := h.Decode(payload); err != nil {
 		l.log.Warn("member link refused: bad hello", "remote", c.RemoteAddr().String(), "err", err)
-		return 0, false
+		return peerMap{}, false
 	}
 	if err := h.Check(l.hello); err != nil {
 		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
-		return 0, false
+		return peerMap{}, false
 	}
-	from = int(h.Self)
-	if from == l.cfg.Self || from >= len(l.cfg.Peers) {
-		l.log.Error("member link refused: it says it is this member", "remote", c.RemoteAddr().String())
-		return 0, false
+	pm, err = mapPeers(&h, l.cfg.Peers, l.cfg.Self)
+	if err != nil {
+		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
+		return peerMap{}, false
 	}
-	return from, true
+	if pm.differs {
+		l.log.Info("member link from a member whose --peers differs (a change of --peers in progress): members matched by address",
+			"member", l.cfg.Peers[pm.from], "its_peers", h.Peers)
+	}
+	return pm, true
 }
 
 // serveInbound reads what one member says on its outbound link to us.
@@ -487,10 +492,11 @@ func (l *link) serveInbound(c net.Conn) {
 		c.Close()
 	}()
 	r := newFrameReader(c)
-	from, ok := l.greeted(c, r)
+	pm, ok := l.greeted(c, r)
 	if !ok {
 		return
 	}
+	from := pm.from
 	if err := provedAs(c, from); err != nil {
 		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
 		return
@@ -504,7 +510,7 @@ func (l *link) serveInbound(c net.Conn) {
 		default:
 		}
 	}
-	handle := l.ev.accepted(from)
+	handle := l.ev.accepted(from, pm)
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(2 * l.cfg.FailoverTimeout))
 		t, payload, err := r.Next()

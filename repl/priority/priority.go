@@ -226,6 +226,7 @@ func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 		}
 	}
 	p.roles = newRoles(p.cfg.Self, len(p.cfg.Peers), p.timeout(), epoch, clock())
+	p.roles.setSelfName(p.cfg.Peers[p.cfg.Self])
 	p.link = newLink(p.cfg, p.hello(), p.log, linkEvents{changed: p.out.linkChanged, accepted: p.accepted}, p.quit, &p.wg)
 	p.out.attach(p.table, clock, p.link.peers)
 	p.standby = &standby{table: p.table, clock: clock, log: p.log, names: p.cfg.Peers, links: p.link.peers, node: p}
@@ -393,14 +394,13 @@ func (p *node) heartbeat() heartbeat {
 	return hb
 }
 
-// heardHeartbeat feeds a member's heartbeat to the role machine.
-func (p *node) heardHeartbeat(from int, hb *heartbeat) {
+// heardHeartbeat feeds a member's heartbeat to the role machine; the
+// active it follows is read through pm (its index in the sender's
+// --peers).
+func (p *node) heardHeartbeat(from int, hb *heartbeat, pm *peerMap) {
 	now := p.clock()
-	ps := peerState{epoch: hb.Epoch, role: hb.Role, follows: int(hb.Active), inSync: hb.InSync,
+	ps := peerState{epoch: hb.Epoch, role: hb.Role, follows: pm.index(hb.Active), inSync: hb.InSync,
 		echo: hb.Echo, storedEpoch: hb.StoredEpoch, token: hb.TokenLast, reserved: hb.Reserved, mark: hb.Mark}
-	if hb.Active == noActive {
-		ps.follows = -1
-	}
 	p.mu.Lock()
 	if hb.Role == roleActive && p.roles.role == roleStandby && p.roles.active == from {
 		p.stats.lagNs.Store(int64(hb.LagNS))
@@ -1084,7 +1084,8 @@ func (p *node) Health() error {
 // hello is what this member says first on every link.
 func (p *node) hello() hello {
 	return hello{Version: protocolVersion, Mode: modePriority, Members: uint8(len(p.cfg.Peers)), Self: uint8(p.cfg.Self),
-		Offset: uint32(p.cfg.PeerOffset), Shards: uint32(p.table.Shards()), FailoverMS: uint32(p.cfg.FailoverTimeout / time.Millisecond)}
+		Offset: uint32(p.cfg.PeerOffset), Shards: uint32(p.table.Shards()), FailoverMS: uint32(p.cfg.FailoverTimeout / time.Millisecond),
+		Peers: p.cfg.Peers}
 }
 
 // echoFor is the highest heartbeat probe this member has received from
@@ -1106,17 +1107,22 @@ func (p *node) activeEpoch() (uint64, bool) {
 }
 
 // accepted is the handler of a connection from member from (linkEvents):
-// every message it carries goes to the part of this member it is for.
-func (p *node) accepted(from int) func(t msgType, payload []byte) error {
+// every message it carries goes to the part of this member it is for. The
+// role machine learns the member's own entry and whether its --peers
+// differs from this member's (peers.go).
+func (p *node) accepted(from int, pm peerMap) func(t msgType, payload []byte) error {
+	p.mu.Lock()
+	p.roles.setPeer(from, pm.name, pm.differs)
+	p.mu.Unlock()
 	in := p.standby.from(from)
-	return func(t msgType, payload []byte) error { return p.receive(in, from, t, payload) }
+	return func(t msgType, payload []byte) error { return p.receive(in, from, &pm, t, payload) }
 }
 
 // receive processes one message from member from, on its connection's
 // reader goroutine: what the standby side applies (batches, snapshots,
 // reservations) goes to in; what answers this member as the active (acks,
 // snapshot requests) to its stream; heartbeats and handoffs to the node.
-func (p *node) receive(in *replica, from int, t msgType, payload []byte) error {
+func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []byte) error {
 	p.busySince[from].Store(p.clock())
 	defer p.busySince[from].Store(0)
 	if t != msgHeartbeat {
@@ -1136,7 +1142,7 @@ func (p *node) receive(in *replica, from int, t msgType, payload []byte) error {
 		p.echoMu.Lock()
 		p.echoes[from] = max(p.echoes[from], hb.Probe)
 		p.echoMu.Unlock()
-		p.heardHeartbeat(from, &hb)
+		p.heardHeartbeat(from, &hb, pm)
 	case msgBatch:
 		return in.batch(payload)
 	case msgReserve:

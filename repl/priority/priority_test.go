@@ -378,12 +378,13 @@ func TestActiveRaisesAboveAMembersOwnMark(t *testing.T) {
 	if limit <= last {
 		t.Fatalf("reservation: limit %d, last %d", limit, last)
 	}
-	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, InSync: true, Mark: limit})
+	samePeers := &peerMap{from: 1, xlate: []int{0, 1}} // both members' --peers alike
+	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, InSync: true, Mark: limit}, samePeers)
 	if tokens.Last() != last {
 		t.Fatalf("a standby's mark at this active's reservation moved the counter from %d to %d", last, tokens.Last())
 	}
 	own := limit + 5<<30 // reserved on its own, elsewhere
-	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, Mark: own})
+	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, Mark: own}, samePeers)
 	if tokens.Last() < own {
 		t.Fatalf("counter %d after a member reported its own mark %d: its tokens could be undercut", tokens.Last(), own)
 	}

@@ -51,11 +51,28 @@ func (a *memberAuth) listen(ln net.Listener) net.Listener { return a.auth.Listen
 // dial connects to the member raft knows by address.
 func (a *memberAuth) dial(address string, timeout time.Duration) (net.Conn, error) {
 	i, ok := a.index[address]
-	if !ok {
-		return nil, fmt.Errorf("raftnode: %s is no member's address", address)
+	switch {
+	case ok:
+		return a.auth.Dial(a.ctx, i, address, timeout)
+	case a.auth.On():
+		// The exchange names members by their index in --peers: a member
+		// added through the membership API at an address outside it
+		// cannot prove who it is (docs/CLUSTER.md, "Changing members").
+		return nil, fmt.Errorf("raftnode: %s is not in --peers, and member authentication names members by their --peers entry", address)
+	default:
+		// A member added later (membership.go) at an address of its own.
+		d := net.Dialer{Timeout: timeout}
+		return d.DialContext(a.ctx, "tcp", address)
 	}
-	return a.auth.Dial(a.ctx, i, address, timeout)
 }
 
 // Refusals counts the refused member connections by reason.
 func (a *memberAuth) Refusals() []repl.Refusal { return a.auth.Refusals() }
+
+// names reports whether addr (a member port) can be a member's address
+// under the exchange: always when it is off; when on, only the member
+// ports of --peers entries.
+func (a *memberAuth) names(addr string) bool {
+	_, ok := a.index[addr]
+	return ok || !a.auth.On()
+}

@@ -2,10 +2,12 @@ package raftnode
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,5 +194,24 @@ func TestFloodedMemberPort(t *testing.T) {
 	t.Logf("%d connections flooded; the follower refused %v", n, fm.n.Status().MemberRefused)
 	if got := c.leader(); got != l {
 		t.Fatalf("leader %d after the flood, was %d", got, l)
+	}
+}
+
+// TestSecureAddOutsidePeers: with member authentication on, a member can
+// only be added at an address of --peers (the exchange names members by
+// their index there): another address is refused with ErrBadMember
+// before the configuration changes.
+func TestSecureAddOutsidePeers(t *testing.T) {
+	sec := repltest.Secret(7)
+	c := &raftCluster{t: t, T: 400 * time.Millisecond, member: func(_ int, cfg *repl.ClusterConfig) { cfg.Secret = sec }}
+	c.startAll(3)
+	l := c.leader()
+	outside := repltest.FreeAddrs(t, 1, raftTestOffset)[0]
+	_, err := c.ms[l].n.AddMember(ctx10s(t), outside, time.Second)
+	if !errors.Is(err, repl.ErrBadMember) || !strings.Contains(err.Error(), "--peers") {
+		t.Fatalf("add %s with a cluster secret: %v, want ErrBadMember naming --peers", outside, err)
+	}
+	if all, _ := c.members(l); len(all) != 3 {
+		t.Fatalf("configuration after the refused add: %v", all)
 	}
 }

@@ -88,6 +88,9 @@ type raftCluster struct {
 	ms    []*raftMember
 	T     time.Duration
 	tune  func(*raft.Config)
+	// cfgs: the configuration of members that are not the --peers ones
+	// (membership_test.go: joiners, a forced recovery).
+	cfgs map[int]repl.ClusterConfig
 	// member, when set, adjusts member i's configuration at each start.
 	member func(i int, cfg *repl.ClusterConfig)
 }
@@ -126,8 +129,11 @@ func (c *raftCluster) startAll(size int) *raftCluster {
 // start (re)starts member i on its data dir.
 func (c *raftCluster) start(i int) *raftMember {
 	c.t.Helper()
-	cfg := repl.ClusterConfig{Peers: c.peers, Self: i, Listen: c.peers[i], PeerOffset: raftTestOffset,
-		FailoverTimeout: c.T, DataDir: c.dirs[i], TokenBlock: 1 << 20}
+	cfg, ok := c.cfgs[i]
+	if !ok {
+		cfg = repl.ClusterConfig{Peers: c.peers, Self: i, Listen: c.peers[i], PeerOffset: raftTestOffset,
+			FailoverTimeout: c.T, DataDir: c.dirs[i], TokenBlock: 1 << 20}
+	}
 	if c.member != nil {
 		c.member(i, &cfg)
 	}
@@ -141,7 +147,7 @@ func (c *raftCluster) start(i int) *raftMember {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	if err := n.Start(c.peers[i], m.host); err != nil {
+	if err := n.Start(cfg.Peers[cfg.Self], m.host); err != nil {
 		c.t.Fatal(err)
 	}
 	c.ms[i] = m
