@@ -731,6 +731,11 @@ func (b *bigPhase) checkTable(pick func() (int, error), serving bool, who string
 			b.bad("%s: no settled reading of member %d's table in %v: the last: %s", b.named(who, m, serving), m, within, why)
 			return false
 		}
+		b.mu.Lock()
+		if b.res.Figures["unsettled_readings"]++; b.res.Figures["unsettled_readings"] == 1 {
+			b.res.Notes = append(b.res.Notes, fmt.Sprintf("%s: member %d's table read again (the first unsettled reading: %s)", who, m, why))
+		}
+		b.mu.Unlock()
 		time.Sleep(bigPollEvery)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/internal/history"
 )
 
 // fakeTable is a member whose table goes through states: each read of its
@@ -159,7 +160,7 @@ func TestBigCheckTable(t *testing.T) {
 				f.states = tc.states[1:]
 				src = &erringOnce{fakeTable: f, err: err}
 			}
-			b := &bigPhase{cfg: Config{Mode: api.ModeRaft}, tokens: tokens,
+			b := &bigPhase{cfg: Config{Mode: api.ModeRaft}, tokens: tokens, res: history.Result{Figures: map[string]float64{}},
 				source: func(int) tableSource { return src }, settleWithin: 200 * time.Millisecond}
 			ok := b.checkTable(func() (int, error) { return 0, nil }, tc.serving, "the member")
 			if ok != tc.pass || (b.res.Count == 0) != tc.pass {
@@ -170,6 +171,9 @@ func TestBigCheckTable(t *testing.T) {
 			}
 			if f.reads < tc.reads {
 				t.Fatalf("%d readings of the locks, want at least %d", f.reads, tc.reads)
+			}
+			if again := int(b.res.Figures["unsettled_readings"]); tc.pass && again < f.reads-1 {
+				t.Fatalf("unsettled_readings %d, yet %d readings of the locks", again, f.reads)
 			}
 		})
 	}
