@@ -397,7 +397,10 @@ func (b *bigPhase) fillPass(m int, todo []int, tokens []uint64, state []uint8) e
 		}
 		conn, err := clustertest.Dial(b.c.Member(m).Addr())
 		if err != nil {
-			return err
+			// The connections already made finish first: their readers
+			// must not record answers once the next pass has begun.
+			errs <- err
+			break
 		}
 		defer conn.Close()
 		conn.SetTimeout(bigStepWithin)
