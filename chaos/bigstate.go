@@ -71,7 +71,7 @@ type bigPhase struct {
 
 	// source reads member i's table for the checks (nil: the cluster's
 	// member), and settleWithin bounds the wait for a settled reading (0:
-	// bigStepWithin): tests set them.
+	// bigWithin): tests set them.
 	source       func(i int) tableSource
 	settleWithin time.Duration
 
@@ -702,11 +702,12 @@ func (b *bigPhase) holdsAll(m int, who string) bool {
 // reports itself leader, and does not serve until its table is rebuilt.
 // A reading of such a table once made short runs report committed locks
 // lost (issue 18's chaos runs). Until a reading settles, within
-// bigStepWithin, pick is asked again (the member that serves may have
-// changed). serving: only a member that serves throughout the reading
-// will do.
+// bigWithin (as long as a member may take to sync: under load, raft may
+// elect again and again, each lost leadership a rebuild), pick is asked
+// again (the member that serves may have changed). serving: only a member
+// that serves throughout the reading will do.
 func (b *bigPhase) checkTable(pick func() (int, error), serving bool, who string) bool {
-	within := bigStepWithin
+	within := bigWithin
 	if b.settleWithin > 0 {
 		within = b.settleWithin
 	}
