@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,7 +178,7 @@ func (b *bigPhase) run() {
 	if !b.restartStandby(s) {
 		return
 	}
-	if !b.leaderHoldsAll("the active/leader after a standby synced") || !b.holdsAll(s, "the standby that synced") {
+	if !b.leaderHoldsAll("the active/leader after a standby synced") || !b.syncedHoldsAll(s, lead, "the standby that synced") {
 		return
 	}
 	// 2. The active/leader terminated: a planned handover of the table.
@@ -225,7 +226,7 @@ func (b *bigPhase) run() {
 			b.bad("member %d not in sync at the end: %v", m, err)
 			continue
 		}
-		if !b.holdsAll(m, fmt.Sprintf("member %d, in sync, at the end", m)) {
+		if !b.syncedHoldsAll(m, lead, fmt.Sprintf("member %d, in sync, at the end", m)) {
 			return
 		}
 	}
@@ -685,18 +686,57 @@ func (b *bigPhase) leaderHoldsAll(who string) bool {
 		l = m
 		return m, err
 	}
-	return b.checkTable(pick, true, who)
+	if m, problem := b.checkTable(pick, true, who); problem != "" {
+		if m >= 0 {
+			who = fmt.Sprintf("%s (member %d)", who, m)
+		}
+		b.bad("%s: %s", who, problem)
+		return false
+	}
+	return true
 }
 
-// holdsAll checks that member m holds every lock of the phase with its
-// token (in sync as a standby or follower, or serving).
-func (b *bigPhase) holdsAll(m int, who string) bool {
+// syncedHoldsAll checks that member m, a standby or follower found in
+// sync (waitSynced) with lead, holds every lock of the phase with its
+// token (missing). A stall of the machine can make the active resync an
+// in-sync standby right after that check (a new snapshot
+// replaces its table shard by shard), and a dump read meanwhile shows the
+// table half restored: when the member's log says a snapshot was applied
+// after the dump began, the sync is waited for and the check made again
+// (noted, at most three times; priority mode, whose standbys log it).
+// Anything else missing is a violation.
+func (b *bigPhase) syncedHoldsAll(m, lead int, who string) bool {
+	resynced := regexp.MustCompile(`"in sync: snapshot applied"`)
+	for attempt := 1; ; attempt++ {
+		mark := b.c.Member(m).LogMark()
+		_, problem := b.missing(m, who)
+		if problem == "" {
+			return true
+		}
+		if attempt < 3 && b.cfg.Mode == api.ModePriority {
+			if _, err := b.c.Member(m).WaitLogSince(mark, resynced, bigStepWithin); err == nil {
+				b.note("%s: resynced while its table was read (%s); read again once in sync", who, problem)
+				if err := b.waitSynced(m, lead); err == nil {
+					continue
+				}
+			}
+		}
+		b.bad("%s: %s", who, problem)
+		return false
+	}
+}
+
+// missing compares member m's table, on a settled reading (checkTable),
+// with the phase's locks and says what is lost or changed ("" when every
+// lock is held with its token).
+func (b *bigPhase) missing(m int, who string) (int, string) {
 	return b.checkTable(func() (int, error) { return m, nil }, false, who)
 }
 
-// checkTable checks that the member pick names holds every lock of the
-// phase with its token, on a settled reading of its table (readTable,
-// unsettled). A raft member's table is not the committed state while it
+// checkTable compares the table of the member pick names with the phase's
+// locks, on a settled reading of it (readTable, unsettled), and returns
+// the member and what is lost or changed ("" when every lock is held with
+// its token). A raft member's table is not the committed state while it
 // rebuilds it from the log (after each lost leadership, seconds at this
 // size) or restores a snapshot, and raft may elect it meanwhile: it then
 // reports itself leader, and does not serve until its table is rebuilt.
@@ -704,9 +744,10 @@ func (b *bigPhase) holdsAll(m int, who string) bool {
 // lost (issue 18's chaos runs). Until a reading settles, within
 // bigWithin (as long as a member may take to sync: under load, raft may
 // elect again and again, each lost leadership a rebuild), pick is asked
-// again (the member that serves may have changed). serving: only a member
+// again (the member that serves may have changed); who names the check
+// in the note of the first reading taken again. serving: only a member
 // that serves throughout the reading will do.
-func (b *bigPhase) checkTable(pick func() (int, error), serving bool, who string) bool {
+func (b *bigPhase) checkTable(pick func() (int, error), serving bool, who string) (int, string) {
 	within := bigWithin
 	if b.settleWithin > 0 {
 		within = b.settleWithin
@@ -715,8 +756,7 @@ func (b *bigPhase) checkTable(pick func() (int, error), serving bool, who string
 	for {
 		m, err := pick()
 		if err != nil {
-			b.bad("%s: %v", who, err)
-			return false
+			return -1, err.Error()
 		}
 		var src tableSource
 		if b.source != nil {
@@ -729,11 +769,10 @@ func (b *bigPhase) checkTable(pick func() (int, error), serving bool, who string
 		if err != nil {
 			why = err.Error()
 		} else if why = r.unsettled(serving); why == "" {
-			return b.compare(r, b.named(who, m, serving))
+			return m, b.compare(r)
 		}
 		if time.Now().After(deadline) {
-			b.bad("%s: no settled reading of member %d's table in %v: the last: %s", b.named(who, m, serving), m, within, why)
-			return false
+			return m, fmt.Sprintf("no settled reading of member %d's table in %v: the last: %s", m, within, why)
 		}
 		b.mu.Lock()
 		if b.res.Figures["unsettled_readings"]++; b.res.Figures["unsettled_readings"] == 1 {
@@ -744,18 +783,11 @@ func (b *bigPhase) checkTable(pick func() (int, error), serving bool, who string
 	}
 }
 
-// named names the checked member in who when the check picked it.
-func (b *bigPhase) named(who string, m int, picked bool) string {
-	if picked {
-		return fmt.Sprintf("%s (member %d)", who, m)
-	}
-	return who
-}
-
-// compare checks reading r of a member against the tokens of the phase.
-// When locks are not held it names them, and the keys the member holds
-// that no lock of the phase is (what it holds instead).
-func (b *bigPhase) compare(r tableReading, who string) bool {
+// compare checks reading r of a member against the tokens of the phase
+// and says what is lost or changed ("" when nothing is): the locks not
+// held, and the keys the member holds that no lock of the phase is (what
+// it holds instead).
+func (b *bigPhase) compare(r tableReading) string {
 	lost := 0
 	var first string
 	var missing []string
@@ -773,7 +805,7 @@ func (b *bigPhase) compare(r tableReading, who string) bool {
 		}
 	}
 	if lost == 0 {
-		return true
+		return ""
 	}
 	st := r.after
 	state := fmt.Sprintf("; it is %s at epoch %d holding %d keys", st.Role, st.Epoch, st.Keys)
@@ -789,9 +821,8 @@ func (b *bigPhase) compare(r tableReading, who string) bool {
 			extra = append(extra, fmt.Sprintf("%q (token %d, %v left)", k, l.token, l.left))
 		}
 	}
-	b.bad("%s: %d of %d locks lost or changed (first: %s)%s; /debug/locks lists %d keys; lost: %s; held, no lock of the phase: %s",
-		who, lost, len(b.tokens), first, state, len(r.keys), strings.Join(missing, ", "), strings.Join(extra, ", "))
-	return false
+	return fmt.Sprintf("%d of %d locks lost or changed (first: %s)%s; /debug/locks lists %d keys; lost: %s; held, no lock of the phase: %s",
+		lost, len(b.tokens), first, state, len(r.keys), strings.Join(missing, ", "), strings.Join(extra, ", "))
 }
 
 // tableSource is what readTable reads of a member.
