@@ -44,7 +44,9 @@ import (
 //   - every lock is held with its token by the active/leader after each
 //     step, and by every member in sync at the end.
 //
-// Every wait is bounded, and the leases (255 s) outlast the phase.
+// Every wait is bounded. The leases (255 s) outlast the phase unless the
+// machine is very slow: a lock whose lease may have ended by a check (its
+// fill pass began 255 s before) is not checked (expired_unchecked).
 const (
 	bigLease      = 255 // seconds
 	bigFillConns  = 4
@@ -69,6 +71,10 @@ type bigPhase struct {
 	res  history.Result
 
 	tokens []uint64 // by lock index
+	// sentAt is, by lock index, when the fill pass that took the lock
+	// began (unix ns): its lease began later, so it ends no earlier than
+	// sentAt + bigLease s (nil: every lock's lease outlasts the checks).
+	sentAt []int64
 
 	// source reads member i's table for the checks (nil: the cluster's
 	// member), and settleWithin bounds the wait for a settled reading (0:
@@ -340,6 +346,7 @@ func (b *bigPhase) setMoving(v bool) {
 func (b *bigPhase) fill(m int) ([]uint64, error) {
 	n := b.cfg.BigLocks
 	tokens := make([]uint64, n)
+	b.sentAt = make([]int64, n)
 	state := make([]uint8, n) // 0 to send, 1 granted, 2 taken by a lost answer
 	deadline := time.Now().Add(bigWithin)
 	for pass := 0; ; pass++ {
@@ -371,7 +378,7 @@ func (b *bigPhase) fill(m int) ([]uint64, error) {
 				b.bad("taking the locks was interrupted: %d of %d to send again, to member %d", len(todo), n, m)
 			}
 		}
-		if err := b.fillPass(m, todo, tokens, state); err != nil {
+		if err := b.fillPass(m, todo, tokens, state, time.Now().UnixNano()); err != nil {
 			b.logf("large-state: fill pass %d on member %d: %v", pass, m, err)
 		}
 	}
@@ -387,7 +394,7 @@ func (b *bigPhase) fill(m int) ([]uint64, error) {
 
 // fillPass sends the acquires of keys todo to member m, pipelined over
 // bigFillConns connections, and records what comes back.
-func (b *bigPhase) fillPass(m int, todo []int, tokens []uint64, state []uint8) error {
+func (b *bigPhase) fillPass(m int, todo []int, tokens []uint64, state []uint8, began int64) error {
 	errs := make(chan error, 2*bigFillConns)
 	var wg sync.WaitGroup
 	per := (len(todo) + bigFillConns - 1) / bigFillConns
@@ -441,7 +448,7 @@ func (b *bigPhase) fillPass(m int, todo []int, tokens []uint64, state []uint8) e
 				}
 				switch r.Op {
 				case proto.OpAcquire:
-					tokens[j], state[j] = r.Token, 1
+					tokens[j], state[j], b.sentAt[j] = r.Token, 1, began
 				case proto.OpTimeout:
 					state[j] = 2
 				default: // M, B, E: not executed; sent again
@@ -788,12 +795,23 @@ func (b *bigPhase) checkTable(pick func() (int, error), serving bool, who string
 // held, and the keys the member holds that no lock of the phase is (what
 // it holds instead).
 func (b *bigPhase) compare(r tableReading) string {
-	lost := 0
+	lost, expired := 0, 0
+	defer func() {
+		if expired > 0 {
+			b.mu.Lock()
+			b.res.Figures["expired_unchecked"] = max(b.res.Figures["expired_unchecked"], float64(expired))
+			b.mu.Unlock()
+		}
+	}()
 	var first string
 	var missing []string
 	for j, tok := range b.tokens {
 		if tok == 0 {
 			continue // taken by an acquire whose answer was lost (fill)
+		}
+		if b.sentAt != nil && r.at >= b.sentAt[j]+int64(bigLease*time.Second) {
+			expired++ // its lease may have ended: free or held, both are right
+			continue
 		}
 		if got := r.keys[bigKey(j)]; got.token != tok {
 			if lost++; lost == 1 {
@@ -861,6 +879,7 @@ type tableReading struct {
 	before, after           clustertest.Status
 	readyBefore, readyAfter bool
 	keys                    map[string]heldLock
+	at                      int64 // when the locks were read (unix ns, once read)
 }
 
 // readTable reads src's status, its table, and its status again.
@@ -874,6 +893,7 @@ func readTable(src tableSource) (tableReading, error) {
 	if r.keys, err = src.Locks(); err != nil {
 		return r, fmt.Errorf("/debug/locks: %w", err)
 	}
+	r.at = time.Now().UnixNano()
 	r.readyAfter = src.Ready()
 	if r.after, err = src.Status(); err != nil {
 		return r, err

@@ -97,6 +97,7 @@ func TestBigCheckTable(t *testing.T) {
 		pass    bool
 		why     string // in the violation when !pass
 		reads   int    // at least this many readings of the locks
+		old     []int  // locks taken by a fill pass that began a lease ago
 	}{
 		{name: "a leader rebuilding its table, then serving", serving: true, pass: true, reads: 3, states: []fakeState{
 			{st: leader(66, n-3, 6), keys: partial},
@@ -108,6 +109,12 @@ func TestBigCheckTable(t *testing.T) {
 		}},
 		{name: "a serving leader that lost locks", serving: true, why: "3 of 1000 locks lost", states: []fakeState{
 			{st: leader(5, n-3, 0), ready: true, keys: partial},
+		}},
+		{name: "locks whose lease may have ended", serving: true, pass: true, reads: 1, old: []int{3, 400, 999}, states: []fakeState{
+			{st: leader(5, n, 0), ready: true, keys: partial},
+		}},
+		{name: "a recent lock among old ones", serving: true, why: "1 of 1000 locks lost", old: []int{3, 400}, states: []fakeState{
+			{st: leader(5, n, 0), ready: true, keys: partial},
 		}},
 		{name: "a lock under another token", serving: true, why: "big/00000001 has token 1, want 5001", states: []fakeState{
 			{st: leader(5, n, 0), ready: true, keys: func() map[string]heldLock {
@@ -162,6 +169,15 @@ func TestBigCheckTable(t *testing.T) {
 			}
 			b := &bigPhase{cfg: Config{Mode: api.ModeRaft}, tokens: tokens, res: history.Result{Figures: map[string]float64{}},
 				source: func(int) tableSource { return src }, settleWithin: 200 * time.Millisecond}
+			if tc.old != nil {
+				b.sentAt = make([]int64, n)
+				for j := range b.sentAt {
+					b.sentAt[j] = time.Now().UnixNano()
+				}
+				for _, j := range tc.old {
+					b.sentAt[j] = time.Now().Add(-(bigLease + 1) * time.Second).UnixNano()
+				}
+			}
 			_, problem := b.checkTable(func() (int, error) { return 0, nil }, tc.serving, "the member")
 			if (problem == "") != tc.pass {
 				t.Fatalf("checkTable's problem %q, want a pass %v", problem, tc.pass)
