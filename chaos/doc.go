@@ -48,7 +48,8 @@
 //     active answered throughout, and every lock kept with its token
 //     (judged on a settled reading of a member's table: serving, or
 //     following in sync, throughout the read — never a table being rebuilt
-//     or restored). A failing phase keeps its members' whole logs in -out
+//     or restored; a lock whose lease may have ended by then is not
+//     required). A failing phase keeps its members' whole logs in -out
 //     (bigstate-members.log).
 //   - The run (run.go): start, the large-state phase, the final heal (every fault lifted, every
 //     member running), the liveness check (one active/leader agreed by
