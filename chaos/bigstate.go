@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -42,7 +44,9 @@ import (
 //   - every lock is held with its token by the active/leader after each
 //     step, and by every member in sync at the end.
 //
-// Every wait is bounded, and the leases (255 s) outlast the phase.
+// Every wait is bounded. The leases (255 s) outlast the phase unless the
+// machine is very slow: a lock whose lease may have ended by a check (its
+// fill pass began 255 s before) is not checked (expired_unchecked).
 const (
 	bigLease      = 255 // seconds
 	bigFillConns  = 4
@@ -60,12 +64,23 @@ func bigKey(j int) string { return fmt.Sprintf("big/%08d", j) }
 // bigPhase is one large-state phase.
 type bigPhase struct {
 	cfg  Config
+	out  string // the run's artifacts directory: the members' logs go there when the phase fails
 	c    *clustertest.Cluster
 	logf func(string, ...any)
 	rng  *rand.Rand
 	res  history.Result
 
 	tokens []uint64 // by lock index
+	// sentAt is, by lock index, when the fill pass that took the lock
+	// began (unix ns): its lease began later, so it ends no earlier than
+	// sentAt + bigLease s (nil: every lock's lease outlasts the checks).
+	sentAt []int64
+
+	// source reads member i's table for the checks (nil: the cluster's
+	// member), and settleWithin bounds the wait for a settled reading (0:
+	// bigWithin): tests set them.
+	source       func(i int) tableSource
+	settleWithin time.Duration
 
 	mu      sync.Mutex
 	lead    int             // the member expected to serve
@@ -92,9 +107,10 @@ func (b *bigPhase) note(format string, args ...any) {
 	b.res.Notes = append(b.res.Notes, fmt.Sprintf(format, args...))
 }
 
-// runBigState runs the phase and returns its checker's result.
-func runBigState(cfg Config, logf func(string, ...any)) history.Result {
-	b := &bigPhase{cfg: cfg, logf: logf, rng: rand.New(rand.NewPCG(cfg.Seed, 0x626967)), // "big"
+// runBigState runs the phase and returns its checker's result; when it
+// fails, the members' logs are written to bigstate-members.log in out.
+func runBigState(cfg Config, out string, logf func(string, ...any)) history.Result {
+	b := &bigPhase{cfg: cfg, out: out, logf: logf, rng: rand.New(rand.NewPCG(cfg.Seed, 0x626967)), // "big"
 		res: history.Result{Name: "large-state", Figures: map[string]float64{}}}
 	if cfg.BigLocks == 0 {
 		b.res.Verdict, b.res.Summary = history.Skipped, "no large-state phase (-big-locks 0)"
@@ -125,6 +141,7 @@ func (b *bigPhase) run() {
 			var sb strings.Builder
 			c.Dump(&sb, 30)
 			b.note("cluster at the end:\n%s", sb.String())
+			b.keepLogs()
 		}
 		if err := c.Close(); err != nil {
 			b.logf("large-state: closing the cluster: %v", err)
@@ -221,6 +238,26 @@ func (b *bigPhase) run() {
 	}
 }
 
+// keepLogs writes every member's whole log (its state and the proxies',
+// as Dump writes them) to bigstate-members.log in the artifacts directory:
+// the phase's cluster is closed when it ends, and its logs with it.
+func (b *bigPhase) keepLogs() {
+	if b.out == "" {
+		return
+	}
+	path := filepath.Join(b.out, "bigstate-members.log")
+	f, err := os.Create(path)
+	if err == nil {
+		b.c.Dump(f, 1<<30)
+		err = f.Close()
+	}
+	if err != nil {
+		b.note("the members' logs: %v", err)
+		return
+	}
+	b.note("the members' logs: %s", path)
+}
+
 // stalled reports whether member m's log says that it was frozen or
 // stalled, around at (an event seen then), for at least half a failover
 // timeout (its ticker's gap: it sent no heartbeat meanwhile) — a stall of
@@ -309,6 +346,7 @@ func (b *bigPhase) setMoving(v bool) {
 func (b *bigPhase) fill(m int) ([]uint64, error) {
 	n := b.cfg.BigLocks
 	tokens := make([]uint64, n)
+	b.sentAt = make([]int64, n)
 	state := make([]uint8, n) // 0 to send, 1 granted, 2 taken by a lost answer
 	deadline := time.Now().Add(bigWithin)
 	for pass := 0; ; pass++ {
@@ -340,7 +378,7 @@ func (b *bigPhase) fill(m int) ([]uint64, error) {
 				b.bad("taking the locks was interrupted: %d of %d to send again, to member %d", len(todo), n, m)
 			}
 		}
-		if err := b.fillPass(m, todo, tokens, state); err != nil {
+		if err := b.fillPass(m, todo, tokens, state, time.Now().UnixNano()); err != nil {
 			b.logf("large-state: fill pass %d on member %d: %v", pass, m, err)
 		}
 	}
@@ -356,7 +394,7 @@ func (b *bigPhase) fill(m int) ([]uint64, error) {
 
 // fillPass sends the acquires of keys todo to member m, pipelined over
 // bigFillConns connections, and records what comes back.
-func (b *bigPhase) fillPass(m int, todo []int, tokens []uint64, state []uint8) error {
+func (b *bigPhase) fillPass(m int, todo []int, tokens []uint64, state []uint8, began int64) error {
 	errs := make(chan error, 2*bigFillConns)
 	var wg sync.WaitGroup
 	per := (len(todo) + bigFillConns - 1) / bigFillConns
@@ -367,7 +405,10 @@ func (b *bigPhase) fillPass(m int, todo []int, tokens []uint64, state []uint8) e
 		}
 		conn, err := clustertest.Dial(b.c.Member(m).Addr())
 		if err != nil {
-			return err
+			// The connections already made finish first: their readers
+			// must not record answers once the next pass has begun.
+			errs <- err
+			break
 		}
 		defer conn.Close()
 		conn.SetTimeout(bigStepWithin)
@@ -407,7 +448,7 @@ func (b *bigPhase) fillPass(m int, todo []int, tokens []uint64, state []uint8) e
 				}
 				switch r.Op {
 				case proto.OpAcquire:
-					tokens[j], state[j] = r.Token, 1
+					tokens[j], state[j], b.sentAt[j] = r.Token, 1, began
 				case proto.OpTimeout:
 					state[j] = 2
 				default: // M, B, E: not executed; sent again
@@ -641,41 +682,31 @@ func (b *bigPhase) probe(stop <-chan struct{}) {
 }
 
 // leaderHoldsAll checks holdsAll on the member that serves now (raft may
-// have elected since the phase last looked), once its table holds as many
-// keys as there are locks.
+// have elected since the phase last looked).
 func (b *bigPhase) leaderHoldsAll(who string) bool {
-	l, err := b.c.WaitLeader(bigStepWithin, clustertest.Running())
-	if err != nil {
-		b.bad("%s: %v", who, err)
-		return false
-	}
-	if b.cfg.Mode == api.ModeRaft {
-		b.expect(l)
-		known := 0
-		for _, tok := range b.tokens {
-			if tok != 0 {
-				known++
-			}
+	l := -1
+	pick := func() (int, error) {
+		m, err := b.c.WaitLeader(bigStepWithin, clustertest.Running())
+		if err == nil && m != l && b.cfg.Mode == api.ModeRaft {
+			b.expect(m) // the probe follows it
 		}
-		// A raft leader may still rebuild its table from the log.
-		_, _ = b.c.Member(l).WaitStatus(bigStepWithin, func(st clustertest.Status) bool { return st.Keys >= known })
+		l = m
+		return m, err
 	}
-	return b.holdsAll(l, fmt.Sprintf("%s (member %d)", who, l))
-}
-
-// holdsAll checks that member m holds every lock of the phase with its
-// token.
-func (b *bigPhase) holdsAll(m int, who string) bool {
-	if problem := b.missing(m); problem != "" {
+	if m, problem := b.checkTable(pick, true, who); problem != "" {
+		if m >= 0 {
+			who = fmt.Sprintf("%s (member %d)", who, m)
+		}
 		b.bad("%s: %s", who, problem)
 		return false
 	}
 	return true
 }
 
-// syncedHoldsAll is holdsAll for a standby or follower found in sync
-// (waitSynced) with lead. A stall of the machine can make the active
-// resync an in-sync standby right after that check (a new snapshot
+// syncedHoldsAll checks that member m, a standby or follower found in
+// sync (waitSynced) with lead, holds every lock of the phase with its
+// token (missing). A stall of the machine can make the active resync an
+// in-sync standby right after that check (a new snapshot
 // replaces its table shard by shard), and a dump read meanwhile shows the
 // table half restored: when the member's log says a snapshot was applied
 // after the dump began, the sync is waited for and the check made again
@@ -685,7 +716,7 @@ func (b *bigPhase) syncedHoldsAll(m, lead int, who string) bool {
 	resynced := regexp.MustCompile(`"in sync: snapshot applied"`)
 	for attempt := 1; ; attempt++ {
 		mark := b.c.Member(m).LogMark()
-		problem := b.missing(m)
+		_, problem := b.missing(m, who)
 		if problem == "" {
 			return true
 		}
@@ -702,41 +733,215 @@ func (b *bigPhase) syncedHoldsAll(m, lead int, who string) bool {
 	}
 }
 
-// missing compares member m's table with the phase's locks and says what
-// is lost or changed ("" when every lock is held with its token).
-func (b *bigPhase) missing(m int) string {
-	keys, err := dumpLocks(b.c.Member(m).AdminURL())
-	if err != nil {
-		return fmt.Sprintf("/debug/locks: %v", err)
+// missing compares member m's table, on a settled reading (checkTable),
+// with the phase's locks and says what is lost or changed ("" when every
+// lock is held with its token).
+func (b *bigPhase) missing(m int, who string) (int, string) {
+	return b.checkTable(func() (int, error) { return m, nil }, false, who)
+}
+
+// checkTable compares the table of the member pick names with the phase's
+// locks, on a settled reading of it (readTable, unsettled), and returns
+// the member and what is lost or changed ("" when every lock is held with
+// its token). A raft member's table is not the committed state while it
+// rebuilds it from the log (after each lost leadership, seconds at this
+// size) or restores a snapshot, and raft may elect it meanwhile: it then
+// reports itself leader, and does not serve until its table is rebuilt.
+// A reading of such a table once made short runs report committed locks
+// lost (issue 18's chaos runs). Until a reading settles, within
+// bigWithin (as long as a member may take to sync: under load, raft may
+// elect again and again, each lost leadership a rebuild), pick is asked
+// again (the member that serves may have changed); who names the check
+// in the note of the first reading taken again. serving: only a member
+// that serves throughout the reading will do.
+func (b *bigPhase) checkTable(pick func() (int, error), serving bool, who string) (int, string) {
+	within := bigWithin
+	if b.settleWithin > 0 {
+		within = b.settleWithin
 	}
-	lost := 0
+	deadline := time.Now().Add(within)
+	for {
+		m, err := pick()
+		if err != nil {
+			return -1, err.Error()
+		}
+		var src tableSource
+		if b.source != nil {
+			src = b.source(m)
+		} else {
+			src = memberTable{b.c.Member(m)}
+		}
+		r, err := readTable(src)
+		why := ""
+		if err != nil {
+			why = err.Error()
+		} else if why = r.unsettled(serving); why == "" {
+			return m, b.compare(r)
+		}
+		if time.Now().After(deadline) {
+			return m, fmt.Sprintf("no settled reading of member %d's table in %v: the last: %s", m, within, why)
+		}
+		b.mu.Lock()
+		if b.res.Figures["unsettled_readings"]++; b.res.Figures["unsettled_readings"] == 1 {
+			b.res.Notes = append(b.res.Notes, fmt.Sprintf("%s: member %d's table read again (the first unsettled reading: %s)", who, m, why))
+		}
+		b.mu.Unlock()
+		time.Sleep(bigPollEvery)
+	}
+}
+
+// compare checks reading r of a member against the tokens of the phase
+// and says what is lost or changed ("" when nothing is): the locks not
+// held, and the keys the member holds that no lock of the phase is (what
+// it holds instead).
+func (b *bigPhase) compare(r tableReading) string {
+	lost, expired := 0, 0
+	defer func() {
+		if expired > 0 {
+			b.mu.Lock()
+			b.res.Figures["expired_unchecked"] = max(b.res.Figures["expired_unchecked"], float64(expired))
+			b.mu.Unlock()
+		}
+	}()
 	var first string
+	var missing []string
 	for j, tok := range b.tokens {
 		if tok == 0 {
 			continue // taken by an acquire whose answer was lost (fill)
 		}
-		if got := keys[bigKey(j)]; got != tok {
+		if b.sentAt != nil && r.at >= b.sentAt[j]+int64(bigLease*time.Second) {
+			expired++ // its lease may have ended: free or held, both are right
+			continue
+		}
+		if got := r.keys[bigKey(j)]; got.token != tok {
 			if lost++; lost == 1 {
-				first = fmt.Sprintf("%s has token %d, want %d", bigKey(j), got, tok)
+				first = fmt.Sprintf("%s has token %d, want %d", bigKey(j), got.token, tok)
+			}
+			if len(missing) < 10 {
+				missing = append(missing, fmt.Sprintf("%s (token %d)", bigKey(j), got.token))
 			}
 		}
 	}
 	if lost == 0 {
 		return ""
 	}
-	state := ""
-	if st, err := b.c.Member(m).Status(); err == nil {
-		state = fmt.Sprintf("; it is %s at epoch %d holding %d keys", st.Role, st.Epoch, st.Keys)
-		if st.Raft != nil {
-			state += fmt.Sprintf(", raft commit %d applied %d, %d rebuilds", st.Raft.CommitIndex, st.Raft.AppliedIndex, st.Raft.Rebuilds)
+	st := r.after
+	state := fmt.Sprintf("; it is %s at epoch %d holding %d keys", st.Role, st.Epoch, st.Keys)
+	if st.Raft != nil {
+		state += fmt.Sprintf(", raft commit %d applied %d, %d rebuilds", st.Raft.CommitIndex, st.Raft.AppliedIndex, st.Raft.Rebuilds)
+	}
+	var extra []string
+	for k, l := range r.keys {
+		if j, err := strconv.Atoi(strings.TrimPrefix(k, "big/")); err == nil && j >= 0 && j < len(b.tokens) && k == bigKey(j) {
+			continue
+		}
+		if len(extra) < 10 {
+			extra = append(extra, fmt.Sprintf("%q (token %d, %v left)", k, l.token, l.left))
 		}
 	}
-	return fmt.Sprintf("%d of %d locks lost or changed (first: %s)%s", lost, len(b.tokens), first, state)
+	return fmt.Sprintf("%d of %d locks lost or changed (first: %s)%s; /debug/locks lists %d keys; lost: %s; held, no lock of the phase: %s",
+		lost, len(b.tokens), first, state, len(r.keys), strings.Join(missing, ", "), strings.Join(extra, ", "))
 }
 
-// dumpLocks reads an admin endpoint's /debug/locks: every held key and
-// its token.
-func dumpLocks(url string) (map[string]uint64, error) {
+// tableSource is what readTable reads of a member.
+type tableSource interface {
+	Status() (clustertest.Status, error)
+	Ready() bool
+	Locks() (map[string]heldLock, error)
+}
+
+// memberTable is a member of the phase's cluster as a tableSource.
+type memberTable struct{ m *clustertest.Member }
+
+func (t memberTable) Status() (clustertest.Status, error) { return t.m.Status() }
+
+func (t memberTable) Locks() (map[string]heldLock, error) { return dumpLocks(t.m.AdminURL()) }
+
+// Ready reports whether the member's /readyz answers 200: for a raft
+// leader, that it serves (it has applied the log and rebuilt its table).
+func (t memberTable) Ready() bool {
+	url := t.m.AdminURL()
+	if url == "" {
+		return false
+	}
+	hc := http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get(url + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// tableReading is one look at a member's table: its /debug/locks between
+// two readings of its /status and /readyz.
+type tableReading struct {
+	before, after           clustertest.Status
+	readyBefore, readyAfter bool
+	keys                    map[string]heldLock
+	at                      int64 // when the locks were read (unix ns, once read)
+}
+
+// readTable reads src's status, its table, and its status again.
+func readTable(src tableSource) (tableReading, error) {
+	var r tableReading
+	var err error
+	if r.before, err = src.Status(); err != nil {
+		return r, err
+	}
+	r.readyBefore = src.Ready()
+	if r.keys, err = src.Locks(); err != nil {
+		return r, fmt.Errorf("/debug/locks: %w", err)
+	}
+	r.at = time.Now().UnixNano()
+	r.readyAfter = src.Ready()
+	if r.after, err = src.Status(); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// unsettled says why r may not show the member's table as the state it
+// serves or follows ("" when it does). A raft member must not have
+// rebuilt its table during the reading; a member that serves must be
+// ready on both sides of it (a raft leader that is not ready may still
+// rebuild its table or apply the log); a priority standby must be in
+// sync; the table of a member that does not serve must not have moved by
+// more than a lock (the probe's) meanwhile — a rebuild or a snapshot being
+// restored moves it by thousands. Elections do not change a raft
+// follower's or candidate's table: they are no reason to read again.
+// serving: only a member that serves, at one epoch, will do.
+func (r *tableReading) unsettled(serving bool) string {
+	b, a := &r.before, &r.after
+	switch {
+	case (b.Raft == nil) != (a.Raft == nil) || b.Raft != nil && b.Raft.Rebuilds != a.Raft.Rebuilds:
+		return "it rebuilt its table meanwhile"
+	case serving && (b.Role != a.Role || b.Epoch != a.Epoch):
+		return fmt.Sprintf("it was %s at epoch %d, then %s at %d", b.Role, b.Epoch, a.Role, a.Epoch)
+	case serving && !b.Serving():
+		return fmt.Sprintf("%s at epoch %d: it does not serve", b.Role, b.Epoch)
+	}
+	for _, side := range []struct {
+		st    *clustertest.Status
+		ready bool
+	}{{b, r.readyBefore}, {a, r.readyAfter}} {
+		st := side.st
+		switch {
+		case st.Serving() && !side.ready:
+			return fmt.Sprintf("%s at epoch %d, not ready (it does not serve yet: it applies the log or rebuilds its table)", st.Role, st.Epoch)
+		case !st.Serving() && st.Raft == nil && (st.Role != api.RoleStandby || !st.InSync):
+			return fmt.Sprintf("%s at epoch %d, in sync %v: neither serving nor a standby in sync", st.Role, st.Epoch, st.InSync)
+		}
+	}
+	if !serving && (a.Keys-b.Keys > 1 || b.Keys-a.Keys > 1) {
+		return fmt.Sprintf("its table went from %d to %d keys during the reading", b.Keys, a.Keys)
+	}
+	return ""
+}
+
+// dumpLocks reads an admin endpoint's /debug/locks: every held key, its
+// token and the lease it has left.
+func dumpLocks(url string) (map[string]heldLock, error) {
 	if url == "" {
 		return nil, errors.New("no admin endpoint")
 	}
@@ -749,7 +954,7 @@ func dumpLocks(url string) (map[string]uint64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s", resp.Status)
 	}
-	keys := map[string]uint64{}
+	keys := map[string]heldLock{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 64<<10)
 	for sc.Scan() {
@@ -761,11 +966,21 @@ func dumpLocks(url string) (map[string]uint64, error) {
 		if err != nil {
 			return nil, err
 		}
+		ms, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return nil, err
+		}
 		key, err := strconv.Unquote(f[2])
 		if err != nil {
 			return nil, err
 		}
-		keys[key] = tok
+		keys[key] = heldLock{token: tok, left: time.Duration(ms) * time.Millisecond}
 	}
 	return keys, sc.Err()
+}
+
+// heldLock is a line of /debug/locks.
+type heldLock struct {
+	token uint64
+	left  time.Duration
 }

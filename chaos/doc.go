@@ -45,7 +45,12 @@
 //     of its own with a short failover timeout filled with -big-locks held
 //     locks, a standby restarted and the active terminated and restarted,
 //     checked for changes of active no step asked for, a client of the
-//     active answered throughout, and every lock kept with its token.
+//     active answered throughout, and every lock kept with its token
+//     (judged on a settled reading of a member's table: serving, or
+//     following in sync, throughout the read — never a table being rebuilt
+//     or restored; a lock whose lease may have ended by then is not
+//     required). A failing phase keeps its members' whole logs in -out
+//     (bigstate-members.log).
 //   - The run (run.go): start, the large-state phase, the final heal (every fault lifted, every
 //     member running), the liveness check (one active/leader agreed by
 //     every member within 3 s, then a fresh acquire, write and release on

@@ -201,7 +201,7 @@ func (r *runner) run(ctx context.Context) {
 	if r.cfg.BigLocks > 0 {
 		r.logf("large-state phase: %d locks, --failover-timeout %v, on a cluster of its own", r.cfg.BigLocks, r.cfg.BigFailover)
 	}
-	big := runBigState(r.cfg, r.logf)
+	big := runBigState(r.cfg, r.out, r.logf)
 	r.rep.Phases["bigstate"] = time.Since(bigStart).Seconds()
 	r.rec = history.NewRecorder(time.Now()) // the workload's clock starts after the large-state phase
 	r.ms = newMembers(r.c, r.rec)

@@ -3,10 +3,12 @@ package raftnode
 import (
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 )
@@ -158,6 +160,85 @@ func TestRaftStaleTableDoesNotServe(t *testing.T) {
 	for key, tok := range tokens {
 		if info := c.ms[nl].table.Lookup([]byte(key)); !info.Held || info.Token != tok {
 			t.Fatalf("%s on the new leader: %+v, want token %d", key, info, tok)
+		}
+	}
+}
+
+// TestRaftElectedWhileRebuilding: a member that lost the leadership
+// rebuilds its table from the log (seconds, for a large table), and raft
+// may elect it again meanwhile. Until the rebuild is done it reports
+// itself leader (Status), but its gate does not serve and it is not
+// healthy (/readyz): only a member that serves may be read as the
+// committed state (the chaos large-state phase once read such a table
+// and reported committed locks lost). Once rebuilt, it serves every lock.
+func TestRaftElectedWhileRebuilding(t *testing.T) {
+	c := newRaftCluster(t, 3)
+	l := c.leader()
+	lm := c.ms[l]
+	tokens := map[string]uint64{}
+	for i := range 10 {
+		key := fmt.Sprintf("r%d", i)
+		tokens[key] = lm.grant(t, key, 60)
+	}
+	c.settle(l)
+
+	inRebuild, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	lm.n.actMu.Lock()
+	lm.n.replayHook = func() {
+		once.Do(func() { close(inRebuild) })
+		<-release
+	}
+	lm.n.actMu.Unlock()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	if err := lm.n.r.LeadershipTransfer().Error(); err != nil {
+		t.Fatalf("leadership transfer away from member %d: %v", l, err)
+	}
+	select {
+	case <-inRebuild:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the deposed leader did not rebuild its table")
+	}
+	// Elect it again while its table is empty, the log not replayed yet.
+	id := raft.ServerID(strconv.Itoa(l))
+	addr := raft.ServerAddress(lm.n.cfg.MemberAddr(l))
+	repltest.WaitFor(t, "raft to elect the rebuilding member again", func() bool {
+		if lm.n.r.State() == raft.Leader {
+			return true
+		}
+		for i, m := range c.ms {
+			if i != l && m.n.r.State() == raft.Leader {
+				_ = m.n.r.LeadershipTransferToServer(id, addr).Error()
+			}
+		}
+		return lm.n.r.State() == raft.Leader
+	})
+	if role := lm.n.Status().Role; role != api.RoleLeader {
+		t.Fatalf("the member raft elected reports %q, want %q", role, api.RoleLeader)
+	}
+	if got := len(dumpTable(lm.table)); got == len(tokens) {
+		t.Fatalf("the rebuild in progress holds all %d locks already: the test did not catch it mid-way", got)
+	}
+	for range 20 {
+		if g := lm.n.Gate(); g.State == repl.Serve {
+			t.Fatal("a leader whose table is being rebuilt serves")
+		}
+		if err := lm.n.Health(); err == nil {
+			t.Fatal("a leader whose table is being rebuilt reports itself healthy")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	repltest.WaitFor(t, "the rebuilt leader to serve", func() bool { return lm.serving() && lm.n.Health() == nil })
+	for key, tok := range tokens {
+		if info := lm.table.Lookup([]byte(key)); !info.Held || info.Token != tok {
+			t.Fatalf("%s on the rebuilt leader: %+v, want token %d", key, info, tok)
 		}
 	}
 }
