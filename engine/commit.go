@@ -65,23 +65,7 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	if len(ss.hchunks) == 0 {
 		return false
 	}
-	s.heldMu.Lock()
-	committed := s.committed
-	n, poisoned := 0, false
-	for i, ch := range ss.hchunks {
-		if ch.spec && ch.gen < s.abandons && ch.upto > s.lostAfter(ch.gen) {
-			poisoned = true
-		}
-		if ch.upto <= committed && n == i {
-			n = i + 1
-		}
-	}
-	if poisoned || n == len(ss.hchunks) {
-		delete(s.heldSet, ss)
-	} else {
-		s.heldSet[ss] = struct{}{}
-	}
-	s.heldMu.Unlock()
+	n, poisoned := s.heldCommitted(ss)
 	if poisoned {
 		return true
 	}
@@ -107,6 +91,56 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	return len(ss.held) > s.cfg.MaxOutbound
 }
 
+// heldCommitted reports how many of ss's chunks (a prefix) are committed,
+// or that one is poisoned, and keeps ss in s.heldSet exactly while some
+// wait. The set changes only here and in forgetHeld, on ss's own loop, so
+// ss.inHeld mirrors ss's membership and heldMu is taken only when the
+// membership changes or a chunk may be poisoned: not for a connection
+// whose answers keep waiting, nor for one whose answers were committed
+// when it looked. The committed number is read before the Abandon count:
+// an Abandon raises the count before the number (both under heldMu), so a
+// number an Abandon raised comes with that Abandon counted, and a chunk
+// made after every Abandon counted cannot be poisoned by them.
+func (s *Server) heldCommitted(ss *session) (n int, poisoned bool) {
+	committed := s.committedA.Load()
+	abandons := s.abandonsA.Load()
+	fast := true
+	for i, ch := range ss.hchunks {
+		if ch.spec && ch.gen < abandons {
+			fast = false
+			break
+		}
+		if ch.upto <= committed && n == i {
+			n = i + 1
+		}
+	}
+	if fast && ss.inHeld == (n < len(ss.hchunks)) {
+		return n, false
+	}
+	n = 0
+	s.heldMu.Lock()
+	committed = s.committed
+	for i, ch := range ss.hchunks {
+		if ch.spec && ch.gen < s.abandons && ch.upto > s.lostAfter(ch.gen) {
+			poisoned = true
+		}
+		if ch.upto <= committed && n == i {
+			n = i + 1
+		}
+	}
+	if poisoned || n == len(ss.hchunks) {
+		if ss.inHeld {
+			delete(s.heldSet, ss)
+			ss.inHeld = false
+		}
+	} else if !ss.inHeld {
+		s.heldSet[ss] = struct{}{}
+		ss.inHeld = true
+	}
+	s.heldMu.Unlock()
+	return n, poisoned
+}
+
 // Committed implements repl.Host: records up to seq are committed; the
 // connections holding answers for them are woken to write them.
 func (s *Server) Committed(seq uint64) {
@@ -115,9 +149,12 @@ func (s *Server) Committed(seq uint64) {
 		s.committed = seq
 		s.committedA.Store(seq)
 	}
-	list := s.heldList()
+	s.wakeMu.Lock()
+	s.wakeList = s.appendHeld(s.wakeList[:0])
 	s.heldMu.Unlock()
-	wakeAll(list)
+	wakeAll(s.wakeList)
+	clear(s.wakeList) // keeps no closed session alive
+	s.wakeMu.Unlock()
 }
 
 // Abandon implements repl.Host: records above seq, up to the node's
@@ -136,7 +173,7 @@ func (s *Server) Abandon(seq uint64) {
 		s.committed = hi
 		s.committedA.Store(hi)
 	}
-	list := s.heldList()
+	list := s.appendHeld(nil)
 	s.heldMu.Unlock()
 	s.log.Warn("changes abandoned: closing the connections whose answers waited for them", "committed", seq, "abandoned_up_to", hi, "connections", len(list))
 	wakeAll(list)
@@ -152,12 +189,9 @@ func (s *Server) lostAfter(gen uint64) uint64 {
 	return s.lost[(gen+1)%lostKept]
 }
 
-// heldList copies the sessions holding answers (s.heldMu held).
-func (s *Server) heldList() []*session {
-	if len(s.heldSet) == 0 {
-		return nil
-	}
-	list := make([]*session, 0, len(s.heldSet))
+// appendHeld appends the sessions holding answers to list (s.heldMu
+// held).
+func (s *Server) appendHeld(list []*session) []*session {
 	for ss := range s.heldSet {
 		list = append(list, ss)
 	}
@@ -186,8 +220,12 @@ func (s *Server) releaseHeld(ss *session, b *scratch, now int64) {
 // forgetHeld drops ss's held answers (its connection closed).
 func (s *Server) forgetHeld(ss *session) {
 	ss.held, ss.hgrants, ss.hchunks = nil, nil, nil
+	if !ss.inHeld {
+		return
+	}
 	s.heldMu.Lock()
 	delete(s.heldSet, ss)
+	ss.inHeld = false
 	s.heldMu.Unlock()
 }
 
