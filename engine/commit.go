@@ -58,7 +58,15 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	s := h.s
 	bar := s.committer.Barrier()
 	if len(b.out) > 0 && (len(ss.hchunks) > 0 || bar > s.committedA.Load()) {
-		ss.held, ss.hgrants = appendAnswers(ss.held, ss.hgrants, b.out, b.grants)
+		if len(ss.held) == 0 && len(ss.hgrants) == 0 {
+			// Nothing held yet: the batch's buffers become the held ones
+			// (their offsets are the same), the scratch takes the
+			// session's empty ones. No copy.
+			ss.held, b.out = b.out, ss.held[:0]
+			ss.hgrants, b.grants = b.grants, ss.hgrants[:0]
+		} else {
+			ss.held, ss.hgrants = appendAnswers(ss.held, ss.hgrants, b.out, b.grants)
+		}
 		ss.hchunks = append(ss.hchunks, heldChunk{end: len(ss.held), upto: bar, spec: spec, gen: b.gen})
 		b.out, b.grants = b.out[:0], b.grants[:0]
 	}
@@ -68,6 +76,14 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	n, poisoned := s.heldCommitted(ss)
 	if poisoned {
 		return true
+	}
+	if n == len(ss.hchunks) && len(b.out) == 0 && len(b.grants) == 0 {
+		// Everything held is committed and the batch has nothing of its
+		// own: the held buffers go out as the batch's, no copy.
+		b.out, ss.held = ss.held, b.out[:0]
+		b.grants, ss.hgrants = ss.hgrants, b.grants[:0]
+		ss.hchunks = ss.hchunks[:0]
+		return false
 	}
 	if n > 0 {
 		cut := ss.hchunks[n-1].end
