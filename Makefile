@@ -21,7 +21,9 @@ build:
 
 ## test: what CI runs — lint, every test with the race detector, then
 ## chaos/ on its own (TestChaosShort: the short chaos form, both modes,
-## seed 1 and a random seed, 20 s each, verbose so that the seeds and the
+## seed 1 and a random seed, 20 s each, and seed 1 again with -secure
+## (PROTOCOL.md §8: TLS, mutual TLS between members, a cluster secret),
+## verbose so that the seeds and the
 ## reports are in the log; alone, so that its clusters and the
 ## e2e tests' do not share the 2 cores), then the allocation tests, which
 ## only count without it (they are built !race). ops/ runs on its own too
@@ -29,7 +31,7 @@ build:
 test: lint test-python test-ops
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list $(PKGS) | grep -v -e '/chaos$$' -e '/ops$$')
 	$(GO) test -race -count=1 -timeout 10m -v ./chaos/
-	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/ ./repl/
+	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/ ./repl/... ./engine/
 
 ## test-ops: the operator's assets in ops/ (ops/doc.go): systemd-analyze
 ## verify and security on ops/lockd.service, promtool check rules and test

@@ -56,6 +56,7 @@ func Handler(srv *engine.Server, build Build) http.Handler {
 		writeJSON(w, http.StatusOK, keyState(srv, key))
 	})
 	mux.HandleFunc("DELETE /keys/{key...}", release(srv))
+	membersRoutes(mux, srv) // members.go: GET, POST /members, DELETE /members/{id}
 	mux.HandleFunc("GET /debug/locks", func(w http.ResponseWriter, _ *http.Request) {
 		// One line per held key: its token, the lease left in ms and the
 		// key (escaped as a Go string), for comparing members' tables.
@@ -177,7 +178,8 @@ func raftStatus(n repl.Status) *api.RaftStatus {
 	}
 	r := &api.RaftStatus{Term: n.Epoch, CommitIndex: n.CommitIndex, AppliedIndex: n.AppliedIndex, Entries: n.Entries,
 		CommitP50Seconds: n.CommitP50, CommitP99Seconds: n.CommitP99, Snapshots: n.Snapshots,
-		LastSnapshotBytes: n.SnapshotBytes, Elections: n.Elections, Rebuilds: n.Rebuilds}
+		LastSnapshotBytes: n.SnapshotBytes, Elections: n.Elections, Rebuilds: n.Rebuilds,
+		Configuration: n.Configuration}
 	if n.Entries > 0 {
 		r.RecordsPerEntry = float64(n.EntryRecords) / float64(n.Entries)
 	}

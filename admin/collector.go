@@ -25,10 +25,12 @@ type collector struct {
 	epoch, failovers, handovers, demotions, snapshots, batches, records, rawBytes, wireBytes *prometheus.Desc
 	cancelled                                                                                *prometheus.Desc
 	lagSecs, lagRecords, lagBytes, memberLive, memberRole                                    *prometheus.Desc
+	memberRefused                                                                            *prometheus.Desc
 
 	// raft
 	raftTerm, raftCommit, raftApplied, raftEntries, raftEntryRecords, raftCommitLatency *prometheus.Desc
 	raftSnapshots, raftSnapshotBytes, raftElections, raftRebuilds                       *prometheus.Desc
+	raftMembers                                                                         *prometheus.Desc
 }
 
 func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
@@ -72,6 +74,7 @@ func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
 		lagBytes:          d("replication_lag_bytes", "Raw bytes sent or queued to a standby and not acknowledged.", "member"),
 		memberLive:        d("cluster_member_live", "1 while a member has been heard from within the failover timeout.", "member"),
 		memberRole:        d("cluster_member_role", "1 for the role a member was last heard in, 0 for every other role of the mode (all 0 while unknown).", "member", "role"),
+		memberRefused:     d("member_link_refused_total", "Member connections refused by the checks of PROTOCOL.md §8.4 or the member port's limits, closed before anything was read from them, by reason (limit, handshake, config, tls, name, secret, peer).", "reason"),
 		raftTerm:          d("raft_term", "The current raft term."),
 		raftCommit:        d("raft_commit_index", "Raft's commit index."),
 		raftApplied:       d("raft_applied_index", "The last log index applied to the lock table."),
@@ -82,6 +85,7 @@ func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
 		raftSnapshotBytes: d("raft_snapshot_bytes", "The size of the last raft snapshot."),
 		raftElections:     d("raft_elections_total", "Times this member became a serving leader."),
 		raftRebuilds:      d("raft_rebuilds_total", "Times the table was rebuilt from the log (leadership lost, a change outside the log)."),
+		raftMembers:       d("raft_members", "Servers of the raft configuration as this member knows it, by suffrage: voter, or nonvoter (a member add catching up).", "suffrage"),
 		tlsHandshakes:     d("tls_handshakes_total", "TLS handshakes completed on the client port (with --tls-cert)."),
 		tlsFailures:       d("tls_handshake_failures_total", "TLS handshakes on the client port that failed (a plaintext client, a missing or untrusted client certificate, a timeout): the connection was closed."),
 		authFailures:      d("auth_failures_total", "Refusals of --acl on the client port: failed hellos and lock requests before authentication (E 5, reason hello and unauthenticated), requests outside an identity's keys or from a monitor (E 6, permission_denied).", "reason"),
@@ -99,9 +103,9 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.otherIdent, c.tlsHandshakes, c.tlsFailures,
 		c.authFailures, c.aclClosed, c.aclReloads, c.adminReleases, c.adminAuth,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
-		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive, c.memberRole,
+		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive, c.memberRole, c.memberRefused,
 		c.raftTerm, c.raftCommit, c.raftApplied, c.raftEntries, c.raftEntryRecords, c.raftCommitLatency,
-		c.raftSnapshots, c.raftSnapshotBytes, c.raftElections, c.raftRebuilds} {
+		c.raftSnapshots, c.raftSnapshotBytes, c.raftElections, c.raftRebuilds, c.raftMembers} {
 		ch <- d
 	}
 }
@@ -218,6 +222,9 @@ func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status
 	counter(c.rawBytes, node.RawBytes)
 	counter(c.wireBytes, node.WireBytes)
 	gauge(c.lagSecs, node.LagSeconds, "self")
+	for _, r := range node.MemberRefused {
+		counter(c.memberRefused, r.N, r.Reason)
+	}
 	for _, mb := range node.Members {
 		live := 0.0
 		if mb.Live {
@@ -251,4 +258,14 @@ func (c *collector) collectRaft(ch chan<- prometheus.Metric, node repl.Status) {
 	gauge(c.raftSnapshotBytes, float64(node.SnapshotBytes))
 	counter(c.raftElections, node.Elections)
 	counter(c.raftRebuilds, node.Rebuilds)
+	var voters, nonvoters float64
+	for _, m := range node.Configuration {
+		if m.Voter {
+			voters++
+		} else {
+			nonvoters++
+		}
+	}
+	gauge(c.raftMembers, voters, "voter")
+	gauge(c.raftMembers, nonvoters, "nonvoter")
 }

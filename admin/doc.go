@@ -2,8 +2,9 @@
 // /metrics (Prometheus text format), the health probes /healthz, /livez
 // (the loops run) and /readyz (serving, or a standby or follower in sync),
 // /status (JSON), /keys/{key} (JSON; DELETE releases the key's grant),
-// /debug/locks and /debug/pprof/.
-// docs/ADMIN.md lists every path and metric.
+// /members (JSON: a raft cluster's configuration; POST adds a member,
+// DELETE /members/{id} removes one: members.go), /debug/locks and
+// /debug/pprof/. docs/ADMIN.md lists every path and metric.
 //
 // With an ACL (PROTOCOL.md §8.5, auth.go) every path but OpenPaths (the
 // health probes) needs HTTP basic authentication of a monitor or admin

@@ -37,6 +37,12 @@ func TestWireNames(t *testing.T) {
 			LagRecords: 6, LagBytes: 7}},
 		Raft: &api.RaftStatus{Term: 8, CommitIndex: 9, AppliedIndex: 10, Entries: 11, RecordsPerEntry: 1.5,
 			CommitP50Seconds: 0.0003, CommitP99Seconds: 0.004, Snapshots: 12, LastSnapshotBytes: 13, Elections: 14, Rebuilds: 15}}
+	live := true
+	members := api.Members{Leader: "127.0.0.1:7070", Index: 14, Members: []api.RaftMember{
+		{ID: "0", Addr: "127.0.0.1:7070", MemberAddr: "127.0.0.1:17070", Voter: true, Leader: true, Self: true, Live: &live},
+		{ID: "2", Addr: "127.0.0.1:7090", MemberAddr: "127.0.0.1:17090", Voter: true},
+		{ID: "127.0.0.1:7100", Addr: "127.0.0.1:7100", MemberAddr: "127.0.0.1:17100"},
+	}}
 	cases := []struct {
 		file string
 		v    any
@@ -52,6 +58,12 @@ func TestWireNames(t *testing.T) {
 		{"release.json", api.Release{Key: "orders/1", Released: true, Token: "99", Identity: "orders"},
 			func() any { return new(api.Release) }},
 		{"error.json", api.Error{Error: "missing key: GET /keys/{key}"}, func() any { return new(api.Error) }},
+		{"status-raft-configuration.json", api.Status{Version: "v", Role: api.RoleLeader, Mode: api.ModeRaft, TokenLast: "1", TokenReserved: "2",
+			Raft: &api.RaftStatus{Term: 3, Configuration: members.Members}}, func() any { return new(api.Status) }},
+		{"members.json", members, func() any { return new(api.Members) }},
+		{"add-member.json", api.AddMember{Addr: "127.0.0.1:7100"}, func() any { return new(api.AddMember) }},
+		{"member-change.json", api.MemberChange{Member: members.Members[2], Members: members}, func() any { return new(api.MemberChange) }},
+		{"not-leader.json", api.NotLeader{Error: "not the leader", Leader: "127.0.0.1:7070"}, func() any { return new(api.NotLeader) }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.file, func(t *testing.T) {

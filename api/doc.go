@@ -11,6 +11,10 @@
 //   - Status (GET /status) with Limits, Member and RaftStatus; Key (GET
 //     /keys/{key}) and KeyPath, which escapes a key for that path; Release
 //     (DELETE /keys/{key}); Error (the body of a 4xx answer).
+//   - A raft cluster's membership (members.go): Members (GET /members,
+//     with RaftMember, which RaftStatus.Configuration carries too),
+//     AddMember (POST /members), MemberChange (their answer) and
+//     NotLeader (a 421: the change went to a member that does not lead).
 //   - The names a document carries: the modes (ModeSingle, ModePriority,
 //     ModeRaft) and roles (RoleActive, RoleStandby, RoleLeader, …), and
 //     Serving, which tells the roles that execute requests.

@@ -81,6 +81,9 @@ type RaftStatus struct {
 	LastSnapshotBytes uint64  `json:"last_snapshot_bytes"` // the size of the last one
 	Elections         uint64  `json:"elections"`           // times this member became a serving leader
 	Rebuilds          uint64  `json:"rebuilds"`            // times its table was rebuilt from the log
+	// Configuration is the raft configuration as this member knows it
+	// (GET /members has it too, with the leader and the index).
+	Configuration []RaftMember `json:"configuration,omitempty"`
 }
 
 // Key is the document of GET /keys/{key}: one key on the node asked (the

@@ -350,6 +350,18 @@ func openLockdBin(t *target, o *options) error {
 	return t.startCluster(o, clustertest.ModeSingle, 1)
 }
 
+// openLockdBase starts lockd-base: lockd-bin with the -base-bin binary, so
+// that one interleaved run measures two builds of lockd (a change and the
+// commit before it) with the same load generator, round by round.
+func openLockdBase(t *target, o *options) error {
+	if o.baseBin == "" {
+		return errors.New("give its binary with -base-bin")
+	}
+	bo := *o
+	bo.lockdBin = o.baseBin
+	return t.startCluster(&bo, clustertest.ModeSingle, 1)
+}
+
 // startCluster starts members lockd processes of mode, owned by t, and
 // points t's driver, memory readings and profiles at the member that
 // serves.

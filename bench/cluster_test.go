@@ -398,3 +398,26 @@ func TestRunKeepsTheLockdBinary(t *testing.T) {
 		t.Errorf("lockd binary after a run: %q, %v; want %q", again, err, bin)
 	}
 }
+
+// TestLockdBaseTarget: lockd-base runs the -base-bin binary (here the one
+// lockd-bin would build), and refuses to start without one.
+func TestLockdBaseTarget(t *testing.T) {
+	if _, err := openTarget("lockd-base", clusterOpts()); err == nil || !strings.Contains(err.Error(), "-base-bin") {
+		t.Fatalf("lockd-base without -base-bin: %v, want an error naming -base-bin", err)
+	}
+	if testing.Short() {
+		t.Skip("starts a lockd process")
+	}
+	o := clusterOpts()
+	bin, err := lockdBinary(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.baseBin = bin
+	tg, err := openTarget("lockd-base", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.stop()
+	checkClean(t, run1(t, tg, wlUncontended, smallConfig()))
+}

@@ -54,6 +54,7 @@ type options struct {
 	jsonFile  string
 	clientCPU string
 	lockdBin  string
+	baseBin   string
 	lagEvery  time.Duration
 	loadStart string // /proc/loadavg when the run started
 	failover  failoverConfig
@@ -74,7 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.addr, "addr", "", "benchmark a running lockd at host:port instead of starting one")
 	fs.StringVar(&o.redisAddr, "redis", "", "use a running Redis at host:port instead of starting redis-server")
 	fs.StringVar(&o.etcdURL, "etcd", "", "use a running etcd at http://host:port instead of starting etcd")
-	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin and lockd-acl)")
+	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin, lockd-base and lockd-acl)")
 	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads (also: "+strings.Join(extraWorkloads, ", ")+")")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds; each runs every workload on every target in turn (A B A B …)")
 	fs.IntVar(&o.loops, "loops", runtime.NumCPU(), "event loops of the lockd and echo servers")
@@ -94,6 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.jsonFile, "jsonfile", "", "also write the -json document to this file")
 	fs.StringVar(&o.clientCPU, "clientprofile", "", "write a CPU profile of the load generator (this process) to this file")
 	fs.StringVar(&o.lockdBin, "lockd-bin", "", "the lockd binary of the targets made of lockd processes (lockd-priority, lockd-raft, lockd-bin; default: built from this tree)")
+	fs.StringVar(&o.baseBin, "base-bin", "", "the lockd binary of the lockd-base target: lockd-bin's baseline, e.g. built from main, for a before/after comparison in one interleaved run")
 	fs.DurationVar(&o.lagEvery, "lag-every", 10*time.Millisecond, "lockd-priority: read the active's replication lag this often during a run (0: not at all)")
 	fo := &o.failover
 	fs.IntVar(&fo.Trials, "failover", 0, "instead of the suite: N trials of each -failover-kinds on a cluster (-failover-mode) under load (median and worst; ≥ 10 for BENCHMARKS.md)")
@@ -195,6 +197,7 @@ var targetKinds = []struct {
 	{"lockd-priority", openPriority, false},
 	{"lockd-raft", openRaft, false},
 	{"lockd-bin", openLockdBin, true},
+	{"lockd-base", openLockdBase, true},
 	{"lockd-acl", openLockdACL, true},
 	{"echo", openEcho, false},
 	{"redis", openRedis, false},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,7 +167,7 @@ func (b *bigPhase) run() {
 	if !b.restartStandby(s) {
 		return
 	}
-	if !b.leaderHoldsAll("the active/leader after a standby synced") || !b.holdsAll(s, "the standby that synced") {
+	if !b.leaderHoldsAll("the active/leader after a standby synced") || !b.syncedHoldsAll(s, lead, "the standby that synced") {
 		return
 	}
 	// 2. The active/leader terminated: a planned handover of the table.
@@ -214,7 +215,7 @@ func (b *bigPhase) run() {
 			b.bad("member %d not in sync at the end: %v", m, err)
 			continue
 		}
-		if !b.holdsAll(m, fmt.Sprintf("member %d, in sync, at the end", m)) {
+		if !b.syncedHoldsAll(m, lead, fmt.Sprintf("member %d, in sync, at the end", m)) {
 			return
 		}
 	}
@@ -665,10 +666,48 @@ func (b *bigPhase) leaderHoldsAll(who string) bool {
 // holdsAll checks that member m holds every lock of the phase with its
 // token.
 func (b *bigPhase) holdsAll(m int, who string) bool {
+	if problem := b.missing(m); problem != "" {
+		b.bad("%s: %s", who, problem)
+		return false
+	}
+	return true
+}
+
+// syncedHoldsAll is holdsAll for a standby or follower found in sync
+// (waitSynced) with lead. A stall of the machine can make the active
+// resync an in-sync standby right after that check (a new snapshot
+// replaces its table shard by shard), and a dump read meanwhile shows the
+// table half restored: when the member's log says a snapshot was applied
+// after the dump began, the sync is waited for and the check made again
+// (noted, at most three times; priority mode, whose standbys log it).
+// Anything else missing is a violation.
+func (b *bigPhase) syncedHoldsAll(m, lead int, who string) bool {
+	resynced := regexp.MustCompile(`"in sync: snapshot applied"`)
+	for attempt := 1; ; attempt++ {
+		mark := b.c.Member(m).LogMark()
+		problem := b.missing(m)
+		if problem == "" {
+			return true
+		}
+		if attempt < 3 && b.cfg.Mode == api.ModePriority {
+			if _, err := b.c.Member(m).WaitLogSince(mark, resynced, bigStepWithin); err == nil {
+				b.note("%s: resynced while its table was read (%s); read again once in sync", who, problem)
+				if err := b.waitSynced(m, lead); err == nil {
+					continue
+				}
+			}
+		}
+		b.bad("%s: %s", who, problem)
+		return false
+	}
+}
+
+// missing compares member m's table with the phase's locks and says what
+// is lost or changed ("" when every lock is held with its token).
+func (b *bigPhase) missing(m int) string {
 	keys, err := dumpLocks(b.c.Member(m).AdminURL())
 	if err != nil {
-		b.bad("%s: /debug/locks: %v", who, err)
-		return false
+		return fmt.Sprintf("/debug/locks: %v", err)
 	}
 	lost := 0
 	var first string
@@ -682,18 +721,17 @@ func (b *bigPhase) holdsAll(m int, who string) bool {
 			}
 		}
 	}
-	if lost > 0 {
-		state := ""
-		if st, err := b.c.Member(m).Status(); err == nil {
-			state = fmt.Sprintf("; it is %s at epoch %d holding %d keys", st.Role, st.Epoch, st.Keys)
-			if st.Raft != nil {
-				state += fmt.Sprintf(", raft commit %d applied %d, %d rebuilds", st.Raft.CommitIndex, st.Raft.AppliedIndex, st.Raft.Rebuilds)
-			}
-		}
-		b.bad("%s: %d of %d locks lost or changed (first: %s)%s", who, lost, len(b.tokens), first, state)
-		return false
+	if lost == 0 {
+		return ""
 	}
-	return true
+	state := ""
+	if st, err := b.c.Member(m).Status(); err == nil {
+		state = fmt.Sprintf("; it is %s at epoch %d holding %d keys", st.Role, st.Epoch, st.Keys)
+		if st.Raft != nil {
+			state += fmt.Sprintf(", raft commit %d applied %d, %d rebuilds", st.Raft.CommitIndex, st.Raft.AppliedIndex, st.Raft.Rebuilds)
+		}
+	}
+	return fmt.Sprintf("%d of %d locks lost or changed (first: %s)%s", lost, len(b.tokens), first, state)
 }
 
 // dumpLocks reads an admin endpoint's /debug/locks: every held key and

@@ -71,7 +71,9 @@ func (w *logWriter) Write(p []byte) (int, error) {
 
 // TestChaosShort is the CI form: both modes, a fixed seed and a random
 // one (in the log; a failure prints the command that reruns it), each for
-// a short run. Every checker must pass, and the run must have injected
+// a short run, and one more run of each mode with PROTOCOL.md §8 on
+// (-secure: TLS, mutual TLS between members, a cluster secret) on the
+// fixed seed. Every checker must pass, and the run must have injected
 // faults and granted locks (a run that did nothing proves nothing).
 func TestChaosShort(t *testing.T) {
 	if testing.Short() {
@@ -79,16 +81,28 @@ func TestChaosShort(t *testing.T) {
 	}
 	d := shortDuration(t)
 	random := rand.Uint64()%1_000_000_000 + 1
-	t.Logf("seeds: 1 and %d (random), %v each", random, d)
+	t.Logf("seeds: 1 and %d (random), %v each; seed 1 once more with -secure", random, d)
+	type run struct {
+		seed   uint64
+		secure bool
+	}
 	for _, mode := range []string{"priority", "raft"} {
 		unavailable := ""
-		for _, seed := range []uint64{1, random} {
-			t.Run(fmt.Sprintf("%s/seed=%d", mode, seed), func(t *testing.T) {
+		for _, rn := range []run{{1, false}, {random, false}, {1, true}} {
+			name := fmt.Sprintf("%s/seed=%d", mode, rn.seed)
+			if rn.secure {
+				name += "/secure"
+			}
+			t.Run(name, func(t *testing.T) {
 				if unavailable != "" {
 					t.Skip(unavailable)
 				}
 				cfg := DefaultConfig()
-				cfg.Mode, cfg.Duration, cfg.Seed, cfg.BigLocks = mode, d, seed, shortBigLocks(t)
+				cfg.Mode, cfg.Duration, cfg.Seed, cfg.Secure = mode, d, rn.seed, rn.secure
+				cfg.BigLocks = shortBigLocks(t)
+				if rn.secure {
+					cfg.BigLocks = 0 // the large-state phase once per seed is enough
+				}
 				rep, err := Run(context.Background(), cfg, &logWriter{t: t})
 				if errors.Is(err, ErrModeUnavailable) {
 					unavailable = err.Error()
@@ -169,6 +183,7 @@ func TestCommandReruns(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Mode, cfg.Seed, cfg.Duration = "priority", 77, 10*time.Minute
 	cfg.Workers, cfg.Lease, cfg.Faults, cfg.Interval = 9, 5*time.Second, []string{"stop", "partition"}, 700*time.Millisecond
+	cfg.Secure = true
 	cfg.BigLocks, cfg.BigFailover = 200_000, 250*time.Millisecond
 	args := strings.Fields(cfg.Command())
 	if !slices.Equal(args[:3], []string{"go", "run", "./chaos"}) {

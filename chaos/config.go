@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,6 +50,9 @@ type Config struct {
 	// BigFailover is -big-failover-timeout: that cluster's
 	// --failover-timeout (short, so a snapshot takes many of them).
 	BigFailover time.Duration
+	Secure      bool // -secure: PROTOCOL.md §8 on (TLS everywhere, mutual TLS between members, a cluster secret)
+
+	clientTLS *tls.Config // Secure: what the workload's clients need (set once the cluster runs)
 }
 
 // DefaultConfig returns the defaults of every flag (Mode has none).
@@ -141,6 +145,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&cfg.Binary, "lockd", "", "the lockd binary (default: built from this module, with -race where possible)")
 	fs.DurationVar(&cfg.CheckTimeout, "check-timeout", cfg.CheckTimeout, "bound of the linearizability search per key")
 	fs.BoolVar(&cfg.Verbose, "v", false, "log every fault and phase on stderr")
+	fs.BoolVar(&cfg.Secure, "secure", false, "run the members with TLS on every link, mutual TLS between members and a cluster secret (PROTOCOL.md §8); the clients use TLS")
 	fs.StringVar(&cfg.Recheck, "recheck", "", "run the history checkers again on a saved history.json (with -mode and -failover-timeout as in its run); start nothing")
 	fs.IntVar(&cfg.BigLocks, "big-locks", cfg.BigLocks, "held locks of the large-state phase, on a cluster of its own before the workload (0: no such phase; 1000..16000000)")
 	fs.DurationVar(&cfg.BigFailover, "big-failover-timeout", cfg.BigFailover, "the --failover-timeout of the large-state phase's cluster (100ms..10s)")
@@ -188,5 +193,8 @@ func (c Config) Command() string {
 	add(c.BigLocks != d.BigLocks, "big-locks", strconv.Itoa(c.BigLocks))
 	add(c.BigFailover != d.BigFailover, "big-failover-timeout", c.BigFailover.String())
 	add(c.Binary != "", "lockd", c.Binary)
+	if c.Secure {
+		args = append(args, "-secure")
+	}
 	return strings.Join(args, " ")
 }

@@ -56,6 +56,10 @@
 //     prints its seed and the command that reruns it, and keeps its
 //     history, the members' logs and any porcupine visualization in -out.
 //
+// -secure runs the members with PROTOCOL.md §8 on — TLS on the client
+// port and the admin endpoint, mutual TLS on the member link, a cluster
+// secret (clustertest's Secure) — and the workload's clients over TLS.
+//
 // -recheck FILE runs the history checkers again on a history.json a run
 // kept (with that run's -mode and -failover-timeout), starting nothing: a
 // verdict can be reproduced exactly, and a changed checker tried on old

@@ -149,6 +149,7 @@ func (r *runner) prepare() error {
 	r.say("mode %s, seed %d, duration %v; artifacts in %s", r.cfg.Mode, r.cfg.Seed, r.cfg.Duration, r.out)
 	c, err := clustertest.New(clustertest.Options{ // builds lockd when Binary is empty
 		Mode: r.cfg.Mode, Members: 3, FailoverTimeout: r.cfg.FailoverTimeout, Proxied: true, Binary: r.cfg.Binary,
+		Secure: r.cfg.Secure,
 	})
 	if err != nil {
 		if strings.Contains(err.Error(), "not in this build") {
@@ -157,6 +158,7 @@ func (r *runner) prepare() error {
 		return err
 	}
 	r.c = c
+	r.cfg.clientTLS = c.ClientTLS()
 	lead, took, why := waitAgreement(c, startAgreement)
 	if lead < 0 {
 		return fmt.Errorf("chaos: no agreed active/leader %v after the start: %s", took, why)

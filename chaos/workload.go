@@ -123,7 +123,7 @@ func (w *workload) anomaly(format string, args ...any) {
 // partition) given every member's address through that location's
 // proxies, with the library's defaults.
 func (w *workload) newClient(loc int) (*client.Client, error) {
-	return client.New(client.Config{Addrs: w.addrs(loc)})
+	return client.New(client.Config{Addrs: w.addrs(loc), TLS: w.cfg.clientTLS})
 }
 
 // worker is one client process of the workload.

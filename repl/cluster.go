@@ -1,6 +1,8 @@
 package repl
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"strconv"
@@ -42,13 +44,70 @@ type ClusterConfig struct {
 	// TokenBlock is how many tokens one reservation covers (default
 	// DefaultTokenBlock).
 	TokenBlock uint64
+	// Join (raft mode): on the first start of an empty data directory,
+	// do not bootstrap a cluster from Peers but wait to be added to a
+	// running one (Membership.AddMember). Ignored once the data directory
+	// holds raft state.
+	Join bool
+	// ForceNewCluster (raft mode): restart this member, from its own log
+	// and snapshots, as a new cluster of which it is the only member
+	// (disaster recovery when a majority is lost for good; members are
+	// then added back). Needs raft state in the data directory.
+	ForceNewCluster bool
+	// MemberTLS, when not nil, makes every member connection mutual TLS
+	// (PROTOCOL.md §8.4): this member presents MemberTLS.Certificate() and
+	// accepts a peer whose certificate verifies against
+	// MemberTLS.PeerCAs() and names the host of the Peers entry it
+	// claims. Both are read per handshake, so a reload applies to the
+	// next connection. PeerCAs() must not be nil.
+	MemberTLS MemberTLS
+	// Secret, when not empty, is the cluster secret (PROTOCOL.md §8.4):
+	// every member connection proves both ways that its ends know it
+	// before anything else is read from it. At least MinSecret bytes.
+	Secret Secret
 }
+
+// MemberTLS is the member link's TLS material, read once per handshake
+// (tlsconf.Store has these methods).
+type MemberTLS interface {
+	// Certificate is this member's certificate chain and key.
+	Certificate() *tls.Certificate
+	// PeerCAs is the pool a member's certificate must verify against.
+	PeerCAs() *x509.CertPool
+}
+
+// Secret is the cluster secret's bytes. It formats as "(secret)" so that
+// a configuration printed by mistake does not show it.
+type Secret []byte
+
+// Refusal counts the member connections this member refused for one
+// reason (PROTOCOL.md §8.4; Status.MemberRefused).
+type Refusal struct {
+	Reason string // a word: "limit", "handshake", "config", "tls", "name", "secret"
+	N      uint64
+}
+
+// MinSecret is the shortest cluster secret Validate accepts (16 bytes: a
+// 128-bit random value written as raw bytes; `openssl rand -hex 32` gives
+// 64).
+const MinSecret = 16
+
+// String hides the secret.
+func (s Secret) String() string { return "(secret)" }
+
+// GoString hides the secret from %#v too.
+func (s Secret) GoString() string { return "(secret)" }
+
+// AuthOn reports whether the member link authenticates its members
+// (PROTOCOL.md §8.4): with TLS, a cluster secret, or both.
+func (c *ClusterConfig) AuthOn() bool { return c.MemberTLS != nil || len(c.Secret) > 0 }
 
 // FieldError is a configuration field out of bounds (Want says what it
 // must be), or one that could not be used (Err says why: a data
 // directory in use, a member port taken). Field is the Go name of a
 // ClusterConfig or LocalConfig field ("Peers", "Self", "Listen",
-// "PeerOffset", "FailoverTimeout", "DataDir", "TokenBlock"): the daemon
+// "PeerOffset", "FailoverTimeout", "DataDir", "TokenBlock", "MemberTLS",
+// "Secret"): the daemon
 // maps it onto its flag, so no message below cmd/ names a flag.
 type FieldError struct {
 	Field string
@@ -102,8 +161,17 @@ func (c *ClusterConfig) Validate() error {
 	if _, err := c.memberListen(); err != nil {
 		return &FieldError{Field: "Listen", Value: c.Listen, Want: err.Error()}
 	}
+	if c.MemberTLS != nil && c.MemberTLS.PeerCAs() == nil {
+		return &FieldError{Field: "MemberTLS", Value: "TLS", Want: "needs a CA bundle the members' certificates verify against"}
+	}
+	if len(c.Secret) > 0 && len(c.Secret) < MinSecret {
+		return &FieldError{Field: "Secret", Value: c.Secret, Want: fmt.Sprintf("must be at least %d bytes", MinSecret)}
+	}
 	if c.TokenBlock == 0 {
 		c.TokenBlock = DefaultTokenBlock
+	}
+	if c.Join && c.ForceNewCluster {
+		return &FieldError{Field: "ForceNewCluster", Value: true, Want: "a member that joins a cluster cannot also force a new one"}
 	}
 	return nil
 }

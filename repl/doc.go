@@ -11,7 +11,9 @@
 // local.go (Local), and the kernel the modes share: cluster.go (the
 // cluster configuration, member addresses, FieldError), datadir.go (the
 // one data-directory opener: token mark, shutdown snapshot, wall-clock
-// floor, cleanup after a failed start), reserve.go (the token reserver).
+// floor, cleanup after a failed start), reserve.go (the token reserver),
+// members.go (Membership: what a node whose members change while it runs
+// — raft's — offers the admin endpoint).
 //
 // # What it owns
 //

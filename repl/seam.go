@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -200,6 +201,11 @@ type Status struct {
 
 	Members []Member // the other members, in --peers order (empty for a single node)
 
+	// MemberRefused counts the member connections refused by the checks of
+	// PROTOCOL.md §8.4 and the member port's limits, every reason listed
+	// (empty for a single node).
+	MemberRefused []Refusal
+
 	// Cluster counters (priority mode).
 	InSync            bool    // a standby in sync with its active
 	LagSeconds        float64 // standby: its lag as its active last measured it (oldest unacknowledged batch)
@@ -225,6 +231,9 @@ type Status struct {
 	SnapshotBytes uint64  // the size of the last one
 	Elections     uint64  // times this member became a serving leader
 	Rebuilds      uint64  // times its table was rebuilt from the log (leadership lost, a change outside the log)
+	// Configuration is the raft configuration as this member knows it
+	// (raftnode's membership.go); nil in the other modes.
+	Configuration []api.RaftMember
 
 	// CommitCounts is every commit latency since start by CommitBuckets
 	// (not cumulative; the last counts those above every bound), and

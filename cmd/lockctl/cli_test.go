@@ -147,6 +147,9 @@ func TestHelpListsOnlyItsFlags(t *testing.T) {
 		{[]string{"status"}, with("admin")},
 		{[]string{"run"}, with("wait", "lease", "margin", "grace", "renew-every")},
 		{[]string{"acl", "hash"}, []string{"help", "output"}},
+		{[]string{"member", "list"}, with("admin")},
+		{[]string{"member", "add"}, with("admin", "wait")},
+		{[]string{"member", "remove"}, with("admin")},
 		{[]string{"completion", "bash"}, []string{"help", "no-descriptions"}},
 	}
 	for _, tc := range cases {

@@ -8,6 +8,7 @@
 //	lockctl run KEY [--wait 10s] [--lease 30s] [--margin 2s] [--grace 5s] -- CMD ARGS...
 //	lockctl ping
 //	lockctl status [KEY] [--admin HOST:PORT]
+//	lockctl member list|add ADDR|remove ID-OR-ADDR      a raft cluster's members
 //	lockctl acl hash < secret-file                     prints sha256:<hex>
 //	lockctl completion bash|zsh|fish
 //	lockctl --version
@@ -37,7 +38,7 @@
 // own flags, then a.outputFlag if it prints a result, then connFlags if it
 // talks to lockd, and adminFlag if it reads the admin endpoint (admin's
 // getJSON does HTTPS and basic authentication as PROTOCOL.md §8.5 wants).
-// A family of subcommands (acl; member list|add|remove later) is an
+// A family of subcommands (acl; member list|add|remove) is an
 // a.group whose children do the work: the group alone, or with an unknown
 // subcommand, is exit 2.
 //

@@ -88,8 +88,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return a.report(err, cmd)
 }
 
-// rootCmd builds the command tree. A group of subcommands (acl; member
-// later) is a command without RunE whose children do the work.
+// rootCmd builds the command tree. A group of subcommands (acl, member)
+// is a command without RunE whose children do the work.
 func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "lockctl",
@@ -136,7 +136,7 @@ func (a *app) rootCmd() *cobra.Command {
 		c.GroupID = "locks"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.pingCmd(), a.statusCmd()} {
+	for _, c := range []*cobra.Command{a.pingCmd(), a.statusCmd(), a.memberCmd()} {
 		c.GroupID = "servers"
 		root.AddCommand(c)
 	}

@@ -62,7 +62,13 @@ var (
 
 func startLockd(t *testing.T, extra ...string) *server {
 	t.Helper()
-	args := append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", t.TempDir(), "--loops", "1", "--drain", "1ms"}, extra...)
+	return startLockdArgs(t, append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", t.TempDir(), "--loops", "1", "--drain", "1ms"}, extra...))
+}
+
+// startLockdArgs starts lockd with exactly args and waits for its ready
+// line.
+func startLockdArgs(t *testing.T, args []string) *server {
+	t.Helper()
 	cmd := exec.Command(lockdBin, args...)
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw

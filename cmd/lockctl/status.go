@@ -285,22 +285,31 @@ func (ad *admin) getJSON(u string, v any) error {
 		return fmt.Errorf("admin endpoint: %v (lockd serves it on its port + 1 unless started with --admin; set --admin or %s)", err, envAdmin)
 	}
 	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusUnauthorized:
-		why := "it needs a monitor or admin identity: --identity and --secret-file (or " + envIdentity + ", " + envSecretFile + ")"
-		if ad.c.identity != "" {
-			why = "it refused identity " + strconv.Quote(ad.c.identity) + ": unknown identity or wrong secret"
-		}
-		return &exitErr{code: exitUnauthenticated, msg: "admin endpoint " + u + ": " + resp.Status + ": " + why}
-	case http.StatusForbidden:
-		return &exitErr{code: exitPermissionDenied, msg: "admin endpoint " + u + ": " + resp.Status + ": identity " + strconv.Quote(ad.c.identity) + " is not a monitor or admin identity"}
-	default:
+	if err := ad.refused(resp, u, "a monitor or admin identity"); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fmt.Errorf("admin endpoint: %s: %s", resp.Status, b)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		return fmt.Errorf("admin endpoint: bad answer: %v", err)
+	}
+	return nil
+}
+
+// refused maps a 401 or 403 of the admin endpoint at u to exit 15 or 16
+// (want says which identity the path needs); nil for any other status.
+func (ad *admin) refused(resp *http.Response, u, want string) error {
+	switch resp.StatusCode {
+	case http.StatusUnauthorized:
+		why := "it needs " + want + ": --identity and --secret-file (or " + envIdentity + ", " + envSecretFile + ")"
+		if ad.c.identity != "" {
+			why = "it refused identity " + strconv.Quote(ad.c.identity) + ": unknown identity or wrong secret"
+		}
+		return &exitErr{code: exitUnauthenticated, msg: "admin endpoint " + u + ": " + resp.Status + ": " + why}
+	case http.StatusForbidden:
+		return &exitErr{code: exitPermissionDenied, msg: "admin endpoint " + u + ": " + resp.Status + ": identity " + strconv.Quote(ad.c.identity) + " is not " + want}
 	}
 	return nil
 }

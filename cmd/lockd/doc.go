@@ -24,7 +24,8 @@
 // logging, signals and exit codes, and the wiring: it picks the node
 // (repl.NewLocal through the engine's default, priority.New or
 // raftnode.New) and hands it to engine (the server) and admin (the HTTP
-// endpoint, HTTPS with --tls-cert), with tlsconf's TLS material. It must
+// endpoint, HTTPS with --tls-cert), with tlsconf's TLS material; the raft
+// membership flags --join and --force-new-cluster are in members.go. It must
 // not import lockd/client: the daemon never talks to another lockd as a
 // client.
 package main

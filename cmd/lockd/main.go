@@ -102,6 +102,8 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	self := fs.String("self", "", "this member's entry in --peers, compared as text (default: --listen as written)")
 	fs.IntVar(&opt.member.PeerOffset, "peer-offset", repl.DefaultPeerOffset, "members talk on client port + this offset")
 	fs.DurationVar(&opt.member.FailoverTimeout, "failover-timeout", repl.DefaultFailoverTimeout, "priority: how long the active may be silent before a standby takes over; raft: the election timeout scale (100ms..60s)")
+	membershipFlags(fs, &opt.member) // members.go: --join, --force-new-cluster
+	secretFile := fs.String("cluster-secret", "", "file holding the cluster secret, the same on every member: every member connection proves it both ways (PROTOCOL.md §8.4)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
 	fs.StringVar(&opt.acl, "acl", "", "identity file (PROTOCOL.md §8.2): turns authentication and authorization on; SIGHUP re-reads it")
@@ -135,6 +137,9 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	}
 	if opt.tls != nil {
 		cfg.TLS = opt.tls.ServerConfig()
+	}
+	if err := memberSecurity(&opt, tlsFiles, *secretFile); err != nil {
+		return cfg, opt, err
 	}
 	if opt.acl != "" {
 		a, err := acl.Load(opt.acl)
@@ -180,7 +185,7 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch opt.cluster {
 	case "":
-		for _, name := range []string{"peers", "self", "peer-offset", "failover-timeout"} {
+		for _, name := range []string{"peers", "self", "peer-offset", "failover-timeout", "join", "force-new-cluster"} {
 			if set[name] {
 				return usageError{fmt.Sprintf("--%s needs --cluster priority or --cluster raft", name)}
 			}
@@ -209,6 +214,9 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 		return usageError{fmt.Sprintf("--self: --listen %q is not an entry of --peers %q; give --self as this member appears there", self, peers)}
 	}
 	m.Listen, m.DataDir, m.TokenBlock = cfg.Listen, cfg.DataDir, cfg.TokenBlock
+	if err := checkMembership(opt.cluster, m); err != nil {
+		return err
+	}
 	if err := m.Validate(); err != nil {
 		return usageError{flagError(err).Error()}
 	}
@@ -246,6 +254,10 @@ var flags = map[string]string{
 	"Self":                    "--self",
 	"PeerOffset":              "--peer-offset",
 	"FailoverTimeout":         "--failover-timeout",
+	"Join":                    "--join",
+	"ForceNewCluster":         "--force-new-cluster",
+	"MemberTLS":               "--tls-peer-ca",
+	"Secret":                  "--cluster-secret",
 }
 
 // flagError words an engine.ConfigError or a repl.FieldError with the

@@ -93,6 +93,14 @@ type Options struct {
 	// Deferred lists members New does not start (a standby that joins a
 	// loaded active later, say): start them with Member.Start.
 	Deferred []int
+	// Secure turns PROTOCOL.md §8's TLS and member authentication on
+	// (cluster modes only): a CA made for the cluster, a certificate per
+	// member naming 127.0.0.1 and a cluster secret, so every member runs
+	// with --tls-cert, --tls-key, --tls-peer-ca (the client port and the
+	// admin endpoint speak TLS, the member link is mutual TLS) and
+	// --cluster-secret. The harness's HTTP client and Cluster.Dial speak
+	// TLS then; ClientTLS is what other clients need.
+	Secure bool
 	// AdminUser and AdminPassword, when set, are the HTTP basic
 	// authentication of every request the harness makes to a member's
 	// admin endpoint (members run with --acl, PROTOCOL.md §8.5: a monitor
@@ -122,6 +130,9 @@ func (o *Options) fill() error {
 		maxMembers = 64
 		if o.Proxied {
 			return bad("Proxied needs a cluster mode")
+		}
+		if o.Secure {
+			return bad("Secure needs a cluster mode")
 		}
 	case ModePriority, ModeRaft:
 	default:
@@ -172,8 +183,10 @@ type Cluster struct {
 	plan    *plan
 	dir     string
 	ownDir  bool
+	mu      sync.Mutex // members: AddMember appends
 	members []*Member
-	links   [][]Link // proxied: links[from][to]
+	links   [][]Link  // proxied: links[from][to]
+	sec     *security // Secure: the TLS material and the secret
 	proxies []*faultproxy.Proxy
 	http    *http.Client
 
@@ -261,12 +274,20 @@ func start(opts Options, bin, dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	var rt http.RoundTripper = &http.Transport{DisableKeepAlives: true}
+	tr := &http.Transport{DisableKeepAlives: true}
+	var rt http.RoundTripper = tr
 	if opts.AdminUser != "" {
 		rt = basicAuth{opts.AdminUser, opts.AdminPassword, rt}
 	}
 	c := &Cluster{opts: opts, bin: bin, plan: pl, dir: dir,
 		http: &http.Client{Timeout: 2 * time.Second, Transport: rt}}
+	extra := opts.ExtraArgs
+	if opts.Secure {
+		if c.sec, err = newSecurity(dir, opts.Members); err != nil {
+			return nil, err
+		}
+		tr.TLSClientConfig = c.sec.clientTLS()
+	}
 	if err := c.openProxies(); err != nil {
 		c.Close()
 		return nil, err
@@ -284,7 +305,7 @@ func start(opts Options, bin, dir string) (*Cluster, error) {
 		c.members = append(c.members, &Member{
 			c: c, index: i, dir: d, logs: newLogBuf(),
 			addr: hostPort(pl.client[i]), memberAddr: hostPort(pl.client[i] + pl.offset),
-			args: pl.args(i, d, opts.LogFormat, opts.ExtraArgs),
+			args: pl.args(i, d, opts.LogFormat, c.memberArgs(i, extra)),
 		})
 	}
 	var started []*Member
@@ -342,30 +363,42 @@ func (c *Cluster) openProxies() error {
 }
 
 // Members returns the members in --peers order.
-func (c *Cluster) Members() []*Member { return append([]*Member(nil), c.members...) }
+func (c *Cluster) Members() []*Member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Member(nil), c.members...)
+}
 
 // Member returns member i (0 is the first entry of --peers: the highest
 // priority in priority mode).
-func (c *Cluster) Member(i int) *Member { return c.members[i] }
+func (c *Cluster) Member(i int) *Member { return c.Members()[i] }
 
 // Addrs returns every member's client address, as it listens, in --peers
 // order.
 func (c *Cluster) Addrs() []string {
-	out := make([]string, len(c.members))
-	for i, m := range c.members {
+	ms := c.Members()
+	out := make([]string, len(ms))
+	for i, m := range ms {
 		out[i] = m.addr
 	}
 	return out
 }
 
-// Peers returns member j's --peers list (nil in ModeSingle). Without proxies
-// it equals Addrs; with them, entry k ≠ j is the proxy member j dials for
-// member k, and that is the address j names in an M for k.
+// Peers returns member j's --peers list as its command line has it now
+// (nil in ModeSingle). Without proxies it equals Addrs, until AddMember or
+// SetPeers change it; with them, entry k ≠ j is the proxy member j dials
+// for member k, and that is the address j names in an M for k.
 func (c *Cluster) Peers(j int) []string {
 	if c.plan.mode == ModeSingle {
 		return nil
 	}
-	return c.plan.peers(j)
+	if p := c.Member(j).Peers(); p != nil {
+		return p
+	}
+	if j < len(c.plan.client) {
+		return c.plan.peers(j)
+	}
+	return nil
 }
 
 // Proxied reports whether the cluster has proxies between its members.
@@ -461,7 +494,7 @@ func (c *Cluster) Heal() {
 func (c *Cluster) Close() error {
 	c.closeOnce.Do(func() {
 		var errs []error
-		for _, m := range c.members {
+		for _, m := range c.Members() {
 			errs = append(errs, m.close())
 		}
 		for _, p := range c.proxies {
@@ -481,7 +514,7 @@ func (c *Cluster) Close() error {
 // then every proxy with its faults: what a failed test or chaos run needs
 // to see.
 func (c *Cluster) Dump(w io.Writer, lines int) {
-	for _, m := range c.members {
+	for _, m := range c.Members() {
 		tail := m.logs.tail(lines)
 		fmt.Fprintf(w, "--- member %d %s (%s): last %d log lines\n", m.index, m.addr, m.describe(), len(tail))
 		for _, l := range tail {

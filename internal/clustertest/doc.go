@@ -13,11 +13,18 @@
 //     start each with --listen, --data-dir, --admin 127.0.0.1:0 (the port
 //     read back from the log), --log-format json and, in a cluster mode,
 //     exactly the flags of PROTOCOL.md §6.1: --cluster, --peers (priority
-//     order), --self, --peer-offset, --failover-timeout; then
-//     Options.ExtraArgs. A member is ready when it logs msg=ready with its
-//     address. Options.Deferred members wait for Member.Start. Members run
-//     with --acl (in ExtraArgs) need Options.AdminUser and AdminPassword:
-//     the harness's admin requests then carry them (basic authentication).
+//     order), --self, --peer-offset, --failover-timeout; then, for a
+//     Secure cluster, §8's --tls-cert, --tls-key, --tls-peer-ca and
+//     --cluster-secret (a CA, a certificate per member naming 127.0.0.1
+//     and a secret made for the cluster); then Options.ExtraArgs. A
+//     member is ready when it logs msg=ready with its address.
+//     Options.Deferred members wait for Member.Start. Members run with
+//     --acl (in ExtraArgs) need Options.AdminUser and AdminPassword: the
+//     harness's admin requests then carry them (basic authentication).
+//   - Secure clusters: the harness reads /status over HTTPS;
+//     Cluster.Dial, Cluster.HTTPClient and Cluster.ClientTLS give tests
+//     and chaos connections that trust the cluster's CA (plain ones for
+//     another cluster).
 //   - Proxied clusters: for every ordered pair of members (j, k) a
 //     faultproxy pair — one on k's entry in j's --peers forwarding to k's
 //     client port, one on that entry's port + offset forwarding to k's
@@ -30,9 +37,14 @@
 //     finer faults (delay, pause).
 //   - Member: Kill (SIGKILL), Stop/Cont (SIGSTOP/SIGCONT, returning once
 //     the kernel reports the state), Term (SIGTERM, exit code, bounded),
-//     Signal, Wait, Restart (same flags, same data dir), WipeData, Addr,
-//     AdminURL, Status (/status decoded into package api's types),
+//     Signal, Wait, Restart (same flags, same data dir), RestartWith (a
+//     flag for one start), SetPeers (--peers for the next start: a rolling
+//     change), WipeData, Addr, AdminURL, Status (/status decoded into
+//     package api's types), Admin (a JSON request of its admin endpoint),
 //     WaitStatus, Logs, WaitLog, Alive.
+//   - Membership changes (members.go): AddMember and NewMember start (or
+//     prepare) one more member on a fresh port pair and data dir, with the
+//     cluster's flags and --peers of the test's choosing.
 //   - Cluster-level reads and waits, as hashicorp/raft's testing.go has
 //     them: Statuses reads the members an Among chooses (Every, or
 //     Running except the frozen ones), Agreed tells the member they all
@@ -63,7 +75,8 @@
 //
 // Only tests, the chaos command and the benchmark's cluster targets; lockd
 // itself never imports it. It drives the binary from outside: it may
-// import the standard library, api, proto and internal/faultproxy, and
+// import the standard library, api, proto, internal/faultproxy and
+// internal/testcerts, and
 // must not import engine, shard, store, repl, admin, client, bench or cmd
 // (internal/layers enforces it; tests that want the client library import
 // it themselves).

@@ -24,13 +24,14 @@ type Member struct {
 	addr       string // client address (--listen, --self)
 	memberAddr string // client port + offset
 	dir        string
-	args       []string
 	logs       *logBuf
 
 	op sync.Mutex // Restart, WipeData
 
 	mu     sync.Mutex
-	proc   *proc // the current or last process; nil before the first start
+	args   []string // the command line (SetPeers changes it)
+	once   []string // added to the next start's command line only (RestartWith)
+	proc   *proc    // the current or last process; nil before the first start
 	starts int
 	closed bool
 }
@@ -121,17 +122,19 @@ func (m *Member) start() error {
 	}
 	m.starts++
 	n := m.starts
+	args := append(append([]string(nil), m.args...), m.once...)
+	m.once = nil
 	m.mu.Unlock()
 
 	r, w, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("clustertest: %w", err)
 	}
-	cmd := exec.Command(m.c.bin, m.args...)
+	cmd := exec.Command(m.c.bin, args...)
 	cmd.Stdout, cmd.Stderr = w, w // an *os.File: Wait does not wait for the reader
 	cmd.Env = append(os.Environ(), m.c.opts.Env...)
 	cmd.SysProcAttr = sysProcAttr()
-	m.logs.add(fmt.Sprintf("=== clustertest: member %d, start %d: %s %s", m.index, n, m.c.bin, strings.Join(m.args, " ")))
+	m.logs.add(fmt.Sprintf("=== clustertest: member %d, start %d: %s %s", m.index, n, m.c.bin, strings.Join(args, " ")))
 	mark := m.logs.mark()
 	if err := cmd.Start(); err != nil {
 		r.Close()
@@ -312,8 +315,13 @@ func (m *Member) MemberAddr() string { return m.memberAddr }
 // DataDir is the member's --data-dir.
 func (m *Member) DataDir() string { return m.dir }
 
-// Args returns the member's command line, without the binary.
-func (m *Member) Args() []string { return append([]string(nil), m.args...) }
+// Args returns the member's command line, without the binary, as its next
+// start will have it.
+func (m *Member) Args() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.args...)
+}
 
 // PID is the current (or last) process's id, 0 before the first start.
 func (m *Member) PID() int {
@@ -331,7 +339,8 @@ func (m *Member) Alive() bool {
 }
 
 // AdminURL is the base URL of the current process's admin endpoint
-// ("http://127.0.0.1:port", the port read from its log), "" if not known.
+// ("http://127.0.0.1:port", https in a Secure cluster, the port read from
+// its log), "" if not known.
 func (m *Member) AdminURL() string {
 	p := m.current()
 	if p == nil {
@@ -341,6 +350,9 @@ func (m *Member) AdminURL() string {
 	defer p.mu.Unlock()
 	if p.admin == "" {
 		return ""
+	}
+	if m.c.sec != nil {
+		return "https://" + p.admin
 	}
 	return "http://" + p.admin
 }

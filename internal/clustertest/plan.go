@@ -49,12 +49,17 @@ func (pl *plan) peers(j int) []string {
 // --admin (a free port, read back from the log), --log-format, then in a
 // cluster mode the five flags of §6.1, then extra (last, so it can override).
 func (pl *plan) args(j int, dataDir, logFormat string, extra []string) []string {
-	self := hostPort(pl.client[j])
+	return pl.argsOf(hostPort(pl.client[j]), pl.peers(j), dataDir, logFormat, extra)
+}
+
+// argsOf is the command line of the member listening on self with peers
+// as its --peers.
+func (pl *plan) argsOf(self string, peers []string, dataDir, logFormat string, extra []string) []string {
 	a := []string{"--listen", self, "--data-dir", dataDir, "--admin", host + ":0", "--log-format", logFormat}
 	if pl.mode != ModeSingle {
 		a = append(a,
 			"--cluster", pl.mode,
-			"--peers", strings.Join(pl.peers(j), ","),
+			"--peers", strings.Join(peers, ","),
 			"--self", self,
 			"--peer-offset", strconv.Itoa(pl.offset),
 			"--failover-timeout", pl.failover.String())

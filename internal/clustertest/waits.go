@@ -38,7 +38,7 @@ func Running(skip ...int) Among {
 // answer.
 func (c *Cluster) Statuses(among Among) ([]Status, error) {
 	var sts []Status
-	for _, m := range c.members {
+	for _, m := range c.Members() {
 		if !among(m) {
 			continue
 		}
@@ -70,12 +70,12 @@ func (c *Cluster) Agreed(sts []Status) (int, error) {
 	if lead < 0 {
 		return -1, fmt.Errorf("%w: no member serves", ErrNoLeader)
 	}
-	addr := c.members[lead].addr
+	addr := c.Member(lead).addr
 	for _, st := range sts {
 		if st.Index == lead || st.Active == addr {
 			continue
 		}
-		if peers := c.Peers(st.Index); peers == nil || st.Active != peers[lead] {
+		if peers := c.Peers(st.Index); lead >= len(peers) || st.Active != peers[lead] {
 			return -1, fmt.Errorf("%w: member %d (%s) names %q, not member %d", ErrNoLeader, st.Index, st.Role, st.Active, lead)
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -65,7 +64,7 @@ func waitActiveIs(t *testing.T, c *clustertest.Cluster, want int, what string) {
 // dial connects a raw protocol client to member i.
 func dial(t *testing.T, c *clustertest.Cluster, i int) *clustertest.Conn {
 	t.Helper()
-	conn, err := clustertest.Dial(c.Member(i).Addr())
+	conn, err := c.Dial(c.Member(i).Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +96,7 @@ func grant(t *testing.T, conn *clustertest.Conn, key string, lease uint8, owner 
 // keyState reads /keys/{key} of member i: held and its token.
 func keyState(t *testing.T, c *clustertest.Cluster, i int, key string) (bool, uint64) {
 	t.Helper()
-	hc := http.Client{Timeout: 5 * time.Second}
+	hc := c.HTTPClient(5 * time.Second)
 	resp, err := hc.Get(c.Member(i).AdminURL() + api.PathKeys + api.KeyPath(key))
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +123,7 @@ var inSyncRE = regexp.MustCompile(`in sync: snapshot applied`)
 // dumpKeys reads member i's /debug/locks: every held key and its token.
 func dumpKeys(t *testing.T, c *clustertest.Cluster, i int) map[string]uint64 {
 	t.Helper()
-	hc := http.Client{Timeout: 30 * time.Second}
+	hc := c.HTTPClient(30 * time.Second)
 	resp, err := hc.Get(c.Member(i).AdminURL() + "/debug/locks")
 	if err != nil {
 		t.Fatal(err)

@@ -29,7 +29,7 @@ func waitServing(t *testing.T, c *clustertest.Cluster, within time.Duration, ski
 			return err
 		}
 		n++
-		conn, err := clustertest.Dial(c.Member(l).Addr())
+		conn, err := c.Dial(c.Member(l).Addr())
 		if err != nil {
 			return err
 		}

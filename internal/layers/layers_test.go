@@ -57,18 +57,23 @@ var rules = map[string]rule{
 	"repl": {allow: lockd("api", "shard", "store"),
 		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
 	// The priority mode: never the raft mode nor hashicorp's libraries.
-	"repl/priority": {allow: lockd("api", "shard", "store", "repl", "repl/records"),
+	"repl/priority": {allow: lockd("api", "shard", "store", "repl", "repl/records", "repl/memberauth"),
 		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
 	// The raft mode: the only importer of hashicorp's libraries.
-	"repl/raftnode": {allow: append(lockd("api", "shard", "store", "repl", "repl/records"), hashicorp),
+	"repl/raftnode": {allow: append(lockd("api", "shard", "store", "repl", "repl/records", "repl/memberauth"), hashicorp),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/internal")...)},
+	// Members that prove who they are (§8.4), for both modes: the
+	// cluster configuration and the standard library, nothing of either
+	// mode.
+	"repl/memberauth": {allow: lockd("repl"),
+		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/raftnode", "repl/records", "repl/internal")...)},
 	// The format both cluster modes replicate: the table's records and
 	// the compressor, no I/O.
 	"repl/records": {allow: append(lockd("shard"), "github.com/klauspost/compress/"), noStd: append(noNetOrOS, "io"),
 		noDeps: append([]string{gnet, "net"}, lockd("proto", "store", "engine", "repl")...)},
 	// Helpers for the tests of repl and its subpackages (only _test.go
 	// files import it).
-	"repl/internal/repltest": {allow: lockd("shard", "repl/records"),
+	"repl/internal/repltest": {allow: lockd("shard", "repl/records", "internal/testcerts"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "store")...)},
 	"engine": {allow: append(lockd("proto", "shard", "repl", "acl"), gnet+"gnet/v2", "golang.org/x/sys/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
@@ -108,7 +113,7 @@ var rules = map[string]rule{
 	// outside, so it imports no server package (nor client: the tests
 	// that use it bring their own).
 	"internal/faultproxy": {noDeps: []string{mod + "/"}},
-	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy"),
+	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy", "internal/testcerts"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
 	// The history checkers know nothing of the wire or the server: the
 	// standard library and porcupine only.

@@ -17,11 +17,14 @@
 //	link.go      the member link, transport only: dials, queues, writes,
 //	             accepts and reads frames
 //	roles.go     the role machine: pure, driven by a clock and heartbeats
+//	peers.go     member lists that differ (a rolling change of --peers):
+//	             who a connecting member is, what its indexes mean here
 //	wire.go      the member link's frames and messages (MEMBER-LINK.md)
 //
-// The lower files reach the node only through what it hands them: the
-// link's linkEvents callbacks, the standby's follower interface and the
-// stream's epoch and reservation-mark functions.
+// (link.go calls peers.go.) The lower files reach the node only through
+// what it hands them: the link's linkEvents callbacks, the standby's
+// follower interface and the stream's epoch and reservation-mark
+// functions.
 //
 // # Concurrency contract
 //

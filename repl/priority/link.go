@@ -2,6 +2,7 @@ package priority
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"log/slog"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/repl"
+	"github.com/lockd-dev/lockd/repl/memberauth"
 )
 
 // The member link: every member dials every other member (peer, one
@@ -35,10 +37,10 @@ type linkEvents struct {
 	// went down.
 	changed func(i int, up bool)
 	// accepted: member from connected with a Hello that agrees with this
-	// member's. It returns the handler of every later frame on that
-	// connection, called on the connection's reader goroutine; an error
-	// closes the connection.
-	accepted func(from int) func(t msgType, payload []byte) error
+	// member's; pm says how its --peers reads here (peers.go). It returns
+	// the handler of every later frame on that connection, called on the
+	// connection's reader goroutine; an error closes the connection.
+	accepted func(from int, pm peerMap) func(t msgType, payload []byte) error
 }
 
 // link is this member's side of the member link.
@@ -51,10 +53,16 @@ type link struct {
 	quit  <-chan struct{}
 	wg    *sync.WaitGroup
 	ln    net.Listener
+
+	auth   *memberauth.Auth // §8.4: every connection's exchange (auth.go)
+	ctx    context.Context  // the dials', cancelled by close
+	cancel context.CancelFunc
 }
 
 func newLink(cfg repl.ClusterConfig, h hello, log *slog.Logger, ev linkEvents, quit <-chan struct{}, wg *sync.WaitGroup) *link {
-	l := &link{cfg: cfg, hello: h, log: log, ev: ev, peers: make([]*peer, len(cfg.Peers)), quit: quit, wg: wg}
+	l := &link{cfg: cfg, hello: h, log: log, ev: ev, peers: make([]*peer, len(cfg.Peers)), quit: quit, wg: wg,
+		auth: newAuth(cfg, log)}
+	l.ctx, l.cancel = authContext()
 	for i := range cfg.Peers {
 		if i != cfg.Self {
 			l.peers[i] = &peer{l: l, i: i, addr: cfg.MemberAddr(i), wake: make(chan struct{}, 1), redial: make(chan struct{}, 1)}
@@ -65,7 +73,7 @@ func newLink(cfg repl.ClusterConfig, h hello, log *slog.Logger, ev linkEvents, q
 
 // start listens on ln for members and dials every other member.
 func (l *link) start(ln net.Listener) {
-	l.ln = ln
+	l.ln = l.listen(ln)
 	for _, pe := range l.peers {
 		if pe != nil {
 			l.wg.Add(1)
@@ -79,6 +87,7 @@ func (l *link) start(ln net.Listener) {
 // close closes the listener and every outbound connection; the goroutines
 // end once quit is closed.
 func (l *link) close() {
+	l.cancel()
 	if l.ln != nil {
 		l.ln.Close()
 	}
@@ -308,7 +317,7 @@ func (pe *peer) run() {
 			return
 		default:
 		}
-		c, err := net.DialTimeout("tcp", pe.addr, dialTimeout)
+		c, err := pe.l.dial(pe.i, pe.addr)
 		if err != nil {
 			select {
 			case <-pe.l.quit:
@@ -443,30 +452,35 @@ func (l *link) accept() {
 }
 
 // greeted reads a new inbound connection's Hello and returns the member it
-// comes from; a connection it refuses (ok false) is logged and must be
+// comes from (pm.from, its index here; mapPeers matches the members of a
+// --peers that differs by address); a connection it refuses (ok false) is logged and must be
 // closed before anything else is read from it.
-func (l *link) greeted(c net.Conn, r *frameReader) (from int, ok bool) {
+func (l *link) greeted(c net.Conn, r *frameReader) (pm peerMap, ok bool) {
 	_ = c.SetReadDeadline(time.Now().Add(l.cfg.FailoverTimeout))
 	t, payload, err := r.Next()
 	if err != nil || t != msgHello {
 		l.log.Warn("member link refused: no hello", "remote", c.RemoteAddr().String(), "err", err)
-		return 0, false
+		return peerMap{}, false
 	}
 	var h hello
 	if err := h.Decode(payload); err != nil {
 		l.log.Warn("member link refused: bad hello", "remote", c.RemoteAddr().String(), "err", err)
-		return 0, false
+		return peerMap{}, false
 	}
 	if err := h.Check(l.hello); err != nil {
 		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
-		return 0, false
+		return peerMap{}, false
 	}
-	from = int(h.Self)
-	if from == l.cfg.Self || from >= len(l.cfg.Peers) {
-		l.log.Error("member link refused: it says it is this member", "remote", c.RemoteAddr().String())
-		return 0, false
+	pm, err = mapPeers(&h, l.cfg.Peers, l.cfg.Self)
+	if err != nil {
+		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
+		return peerMap{}, false
 	}
-	return from, true
+	if pm.differs {
+		l.log.Info("member link from a member whose --peers differs (a change of --peers in progress): members matched by address",
+			"member", l.cfg.Peers[pm.from], "its_peers", h.Peers)
+	}
+	return pm, true
 }
 
 // serveInbound reads what one member says on its outbound link to us.
@@ -478,8 +492,13 @@ func (l *link) serveInbound(c net.Conn) {
 		c.Close()
 	}()
 	r := newFrameReader(c)
-	from, ok := l.greeted(c, r)
+	pm, ok := l.greeted(c, r)
 	if !ok {
+		return
+	}
+	from := pm.from
+	if err := provedAs(c, from); err != nil {
+		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
 		return
 	}
 	// The peer is up: dial it back now rather than at the end of a back-off,
@@ -491,7 +510,7 @@ func (l *link) serveInbound(c net.Conn) {
 		default:
 		}
 	}
-	handle := l.ev.accepted(from)
+	handle := l.ev.accepted(from, pm)
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(2 * l.cfg.FailoverTimeout))
 		t, payload, err := r.Next()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,7 +50,11 @@ type node struct {
 	// hold or a demotion cannot replace it.
 	gateSeq      uint64
 	reservedSeen uint64 // the highest reservation seen from an active (standby)
-	stopping     bool
+	// jump: a token this active's counter must pass before it serves
+	// again: the counter of a member back from a later epoch (a split
+	// active that stopped before the heal).
+	jump     uint64
+	stopping bool
 	// keepTable: this member shuts down as a single node (no successor
 	// took over) and writes its table at Close like the active it was.
 	keepTable bool
@@ -221,6 +226,7 @@ func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 		}
 	}
 	p.roles = newRoles(p.cfg.Self, len(p.cfg.Peers), p.timeout(), epoch, clock())
+	p.roles.setSelfName(p.cfg.Peers[p.cfg.Self])
 	p.link = newLink(p.cfg, p.hello(), p.log, linkEvents{changed: p.out.linkChanged, accepted: p.accepted}, p.quit, &p.wg)
 	p.out.attach(p.table, clock, p.link.peers)
 	p.standby = &standby{table: p.table, clock: clock, log: p.log, names: p.cfg.Peers, links: p.link.peers, node: p}
@@ -388,14 +394,13 @@ func (p *node) heartbeat() heartbeat {
 	return hb
 }
 
-// heardHeartbeat feeds a member's heartbeat to the role machine.
-func (p *node) heardHeartbeat(from int, hb *heartbeat) {
+// heardHeartbeat feeds a member's heartbeat to the role machine; the
+// active it follows is read through pm (its index in the sender's
+// --peers).
+func (p *node) heardHeartbeat(from int, hb *heartbeat, pm *peerMap) {
 	now := p.clock()
-	ps := peerState{epoch: hb.Epoch, role: hb.Role, follows: int(hb.Active), inSync: hb.InSync,
+	ps := peerState{epoch: hb.Epoch, role: hb.Role, follows: pm.index(hb.Active), inSync: hb.InSync,
 		echo: hb.Echo, storedEpoch: hb.StoredEpoch, token: hb.TokenLast, reserved: hb.Reserved, mark: hb.Mark}
-	if hb.Active == noActive {
-		ps.follows = -1
-	}
 	p.mu.Lock()
 	if hb.Role == roleActive && p.roles.role == roleStandby && p.roles.active == from {
 		p.stats.lagNs.Store(int64(hb.LagNS))
@@ -435,6 +440,24 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		p.table.Tokens().Observe(floor)
 		p.reservedSeen = max(p.reservedSeen, hb.Reserved)
 	}
+	jump := false
+	if p.roles.role == roleActive && hb.Role != roleActive && hb.StoredEpoch > p.roles.epoch &&
+		hb.TokenLast > max(p.table.Tokens().Last(), p.jump) && hb.TokenLast < math.MaxUint64/2 {
+		// A member whose data dir holds an epoch above this active's: it
+		// promoted on the other side of a partition and stopped before the
+		// heal, so the two never saw each other as actives. It restarted
+		// with its counter above its reservation mark, which every token
+		// it issued stayed below: tokens go on above it. The gate holds
+		// requests (rather than answering B) until the jump is reserved.
+		// (Not its Reserved: as a standby of this active it echoes this
+		// active's own reservations. A counter past 2^63 is no real
+		// member's — tokens start near the wall clock in ns, 2^60 — and
+		// the reservation above it would wrap: it is ignored.)
+		// A promotion or freeze check in progress ends before the
+		// actor gets to it (resumeServing serves only a serving role).
+		p.jump = hb.TokenLast
+		jump, p.ready = true, false
+	}
 	// A jump above the reserved range: every grant gets B until a
 	// reservation covers it; ask for one now.
 	tokens := p.table.Tokens()
@@ -456,6 +479,11 @@ func (p *node) heardHeartbeat(from int, hb *heartbeat) {
 		p.reserveSoon("reservation above another member's tokens")
 	}
 	p.act(c, "heartbeat")
+	if jump {
+		rc := noChange()
+		rc.resume = true
+		p.act(rc, "a member back from a later epoch")
+	}
 	p.publish(g)
 }
 
@@ -524,7 +552,7 @@ func (p *node) carryOut(a action) {
 	case c.took:
 		p.becomeActive(a.token, why)
 	case c.resume:
-		p.resumeServing()
+		p.resumeServing(why)
 	case c.promote:
 		p.stats.failovers.Add(1)
 		p.becomeActive(0, why)
@@ -593,7 +621,10 @@ func (p *node) becomeActive(handoffToken uint64, why string) {
 // may have been promoted meanwhile; its tokens are below that floor
 // (clocks agreeing within the timeout; docs/DESIGN.md "Tokens across a
 // failover").
-func (p *node) resumeServing() {
+//
+// A member back from a later epoch (heardHeartbeat) resumes it the same
+// way: its tokens jump above that member's too (p.jump).
+func (p *node) resumeServing(why string) {
 	// The gate holds while the counter jumps: a freeze check that ended
 	// after an earlier one's resumeServing opened the gate (two stalls in
 	// a row) must not leave it serving with no token reserved (B).
@@ -606,12 +637,15 @@ func (p *node) resumeServing() {
 	if !p.noWallFloor {
 		tokens.Observe(repl.WallFloor() + uint64(p.timeout()))
 	}
-	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check")
+	p.mu.Lock()
+	tokens.Observe(p.jump)
+	p.mu.Unlock()
+	p.reserveUpTo(max(tokens.Limit(), tokens.Last())+p.cfg.TokenBlock, "reservation after the freeze check or a token jump")
 	p.mu.Lock()
 	p.ready = p.roles.serving()
 	g = p.gateFor(p.clock())
 	p.mu.Unlock()
-	p.log.Info("serving again after the freeze check", "next_token", tokens.Last()+1)
+	p.log.Info("serving again", "why", why, "next_token", tokens.Last()+1)
 	p.publish(g)
 }
 
@@ -999,6 +1033,9 @@ func (p *node) Status() repl.Status {
 		st.Active = p.cfg.Peers[r.active]
 	}
 	st.Failovers = p.stats.failovers.Load()
+	if p.link != nil {
+		st.MemberRefused = p.link.auth.Refusals()
+	}
 	st.Handovers = p.stats.handovers.Load()
 	st.Demotions = p.stats.demotions.Load()
 	out, in := &p.out.stats, &p.standby.stats
@@ -1047,7 +1084,8 @@ func (p *node) Health() error {
 // hello is what this member says first on every link.
 func (p *node) hello() hello {
 	return hello{Version: protocolVersion, Mode: modePriority, Members: uint8(len(p.cfg.Peers)), Self: uint8(p.cfg.Self),
-		Offset: uint32(p.cfg.PeerOffset), Shards: uint32(p.table.Shards()), FailoverMS: uint32(p.cfg.FailoverTimeout / time.Millisecond)}
+		Offset: uint32(p.cfg.PeerOffset), Shards: uint32(p.table.Shards()), FailoverMS: uint32(p.cfg.FailoverTimeout / time.Millisecond),
+		Peers: p.cfg.Peers}
 }
 
 // echoFor is the highest heartbeat probe this member has received from
@@ -1069,17 +1107,22 @@ func (p *node) activeEpoch() (uint64, bool) {
 }
 
 // accepted is the handler of a connection from member from (linkEvents):
-// every message it carries goes to the part of this member it is for.
-func (p *node) accepted(from int) func(t msgType, payload []byte) error {
+// every message it carries goes to the part of this member it is for. The
+// role machine learns the member's own entry and whether its --peers
+// differs from this member's (peers.go).
+func (p *node) accepted(from int, pm peerMap) func(t msgType, payload []byte) error {
+	p.mu.Lock()
+	p.roles.setPeer(from, pm.name, pm.differs)
+	p.mu.Unlock()
 	in := p.standby.from(from)
-	return func(t msgType, payload []byte) error { return p.receive(in, from, t, payload) }
+	return func(t msgType, payload []byte) error { return p.receive(in, from, &pm, t, payload) }
 }
 
 // receive processes one message from member from, on its connection's
 // reader goroutine: what the standby side applies (batches, snapshots,
 // reservations) goes to in; what answers this member as the active (acks,
 // snapshot requests) to its stream; heartbeats and handoffs to the node.
-func (p *node) receive(in *replica, from int, t msgType, payload []byte) error {
+func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []byte) error {
 	p.busySince[from].Store(p.clock())
 	defer p.busySince[from].Store(0)
 	if t != msgHeartbeat {
@@ -1099,7 +1142,7 @@ func (p *node) receive(in *replica, from int, t msgType, payload []byte) error {
 		p.echoMu.Lock()
 		p.echoes[from] = max(p.echoes[from], hb.Probe)
 		p.echoMu.Unlock()
-		p.heardHeartbeat(from, &hb)
+		p.heardHeartbeat(from, &hb, pm)
 	case msgBatch:
 		return in.batch(payload)
 	case msgReserve:

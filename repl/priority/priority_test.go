@@ -3,6 +3,11 @@ package priority
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,10 +29,11 @@ func (h *fakeHost) Abandon(uint64) {}
 
 // member is one in-process priority node with its own table and clock.
 type member struct {
-	p     *node
-	table *shard.Table
-	host  *fakeHost
-	clock func() int64
+	p      *node
+	table  *shard.Table
+	host   *fakeHost
+	clock  func() int64
+	stalls atomic.Int64 // "frozen or stalled" log lines: a loaded test machine's ticker stalls
 }
 
 func startMembers(t *testing.T, n int, mod ...func(*node)) []*member {
@@ -57,7 +63,8 @@ func openMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 			f(p)
 		}
 		m := &member{p: p, host: &fakeHost{}, clock: repltest.Clock()}
-		m.table, err = p.Open(shard.Config{Shards: 8}, m.clock, repltest.Quiet())
+		log := slog.New(countingHandler{Handler: testLogger().Handler(), match: "frozen or stalled", n: &m.stalls})
+		m.table, err = p.Open(shard.Config{Shards: 8}, m.clock, log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,6 +232,86 @@ func TestPriorityFailoverInProcess(t *testing.T) {
 	t.Logf("%d of the last burst's grants were lost with the active; first token after: +%d", lost, tok-last)
 }
 
+// TestSplitActiveBackAsStandby: a member that comes back as a standby
+// with a stored epoch above the active's — it promoted on the other side
+// of a partition, granted above the active's counter and died before the
+// heal, so the two never saw each other as actives — makes the active's
+// tokens go on above its mark (DESIGN.md, "Tokens across a failover",
+// 6). Member 2 of three is that member: it is stopped, and its first
+// heartbeat after a restart is played on a raw connection.
+func TestSplitActiveBackAsStandby(t *testing.T) {
+	ms := startMembers(t, 3)
+	waitServing(t, ms, 0)
+	a := ms[0]
+	ms[2].p.Close(context.Background(), repl.Discard)
+	ms[2] = nil
+	epoch := a.p.Status().Epoch
+	mark := a.table.Tokens().Last() + 1e12 // what it reserved on its side
+	c, err := net.Dial("tcp", a.p.cfg.MemberAddr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := a.p.hello()
+	h.Self = 2
+	hb := heartbeat{Epoch: 0, Role: roleStandby, Active: noActive, Probe: 1, TokenLast: mark, StoredEpoch: epoch + 1}
+	if _, err := c.Write(hb.Append(h.Append(nil))); err != nil {
+		t.Fatal(err)
+	}
+	// The gate holds requests from the heartbeat until the jump is
+	// reserved: once it serves again, the counter is past the mark and the
+	// first acquire is granted above it (not B).
+	repltest.WaitFor(t, "the active to serve again above the returning member's mark", func() bool {
+		return a.table.Tokens().Last() >= mark && a.serving()
+	})
+	var out shard.Out
+	if st, tok := a.table.Acquire(a.clock(), []byte("after"), 0, 30, 0, nil, &out); st != shard.Granted || tok <= mark {
+		t.Fatalf("first acquire after the member came back: %v, token %d, want granted above %d", st, tok, mark)
+	}
+	if st := a.p.Status(); st.Role != "active" || st.Demotions != 0 {
+		t.Fatalf("the active changed: %+v", st)
+	}
+	// A counter near 2^64 is no real member's: the reservation above it
+	// would wrap. It is ignored.
+	hb.Probe, hb.StoredEpoch, hb.TokenLast = 2, epoch+2, math.MaxUint64-5
+	if _, err := c.Write(hb.Append(nil)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * a.p.cfg.FailoverTimeout / 10)
+	if last := a.table.Tokens().Last(); last >= 1<<63 || !a.serving() {
+		t.Fatalf("after a heartbeat claiming token %d: counter %d, serving %v", hb.TokenLast, last, a.serving())
+	}
+}
+
+// countingHandler counts the records whose message contains match.
+type countingHandler struct {
+	slog.Handler
+	match string
+	n     *atomic.Int64
+}
+
+func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		h.n.Add(1)
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h countingHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return countingHandler{h.Handler.WithAttrs(as), h.match, h.n}
+}
+
+func (h countingHandler) WithGroup(g string) slog.Handler {
+	return countingHandler{h.Handler.WithGroup(g), h.match, h.n}
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("LOCKD_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return repltest.Quiet()
+}
+
 // TestStaleGateNotInstalled (issue 18): gates are computed under the
 // node's lock and published after it: a Serve gate computed before a
 // handover's hold (or a demotion) and published after it must not reopen
@@ -291,12 +378,13 @@ func TestActiveRaisesAboveAMembersOwnMark(t *testing.T) {
 	if limit <= last {
 		t.Fatalf("reservation: limit %d, last %d", limit, last)
 	}
-	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, InSync: true, Mark: limit})
+	samePeers := &peerMap{from: 1, xlate: []int{0, 1}} // both members' --peers alike
+	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, InSync: true, Mark: limit}, samePeers)
 	if tokens.Last() != last {
 		t.Fatalf("a standby's mark at this active's reservation moved the counter from %d to %d", last, tokens.Last())
 	}
 	own := limit + 5<<30 // reserved on its own, elsewhere
-	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, Mark: own})
+	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, Mark: own}, samePeers)
 	if tokens.Last() < own {
 		t.Fatalf("counter %d after a member reported its own mark %d: its tokens could be undercut", tokens.Last(), own)
 	}

@@ -92,7 +92,9 @@ type roles struct {
 	refused   uint64
 
 	peers    []peerState
-	probe    uint64 // number of the last heartbeat this member sent
+	names    []string // each member's own --peers entry (its --self as it writes it), from its Hello
+	differs  []bool   // a member whose --peers differs from this one's (peers.go): priorities compare names
+	probe    uint64   // number of the last heartbeat this member sent
 	started  int64
 	lastTick int64
 
@@ -106,7 +108,8 @@ type roles struct {
 
 func newRoles(self, n int, timeout int64, storedEpoch uint64, now int64) *roles {
 	r := &roles{self: self, n: n, timeout: timeout, role: roleStandby, active: -1, handTo: -1, tookFrom: -1, handResult: -1,
-		maxEpoch: storedEpoch, peers: make([]peerState, n), started: now, lastTick: now}
+		maxEpoch: storedEpoch, peers: make([]peerState, n), names: make([]string, n), differs: make([]bool, n),
+		started: now, lastTick: now}
 	for i := range r.peers {
 		r.peers[i].follows = -1
 	}
@@ -120,10 +123,45 @@ func (r *roles) live(i int, now int64) bool {
 	return p.known && p.role != roleLeaving && now-p.heard < r.timeout
 }
 
+// setPeer records member i's own entry (its --self, as it writes it) and
+// whether its --peers differs from this member's (peers.go).
+func (r *roles) setPeer(i int, name string, differs bool) {
+	if i >= 0 && i < r.n && i != r.self {
+		r.names[i], r.differs[i] = name, differs
+	}
+}
+
+// setSelfName records this member's own entry (newRoles' caller).
+func (r *roles) setSelfName(name string) { r.names[r.self] = name }
+
+// mixed reports whether a live member's --peers differs from this
+// member's (a rolling change of --peers in progress, peers.go): the live
+// members may then disagree on priorities, so every decision that several
+// members must make alike orders members by their own entries instead
+// (before), and no active hands over for priority.
+func (r *roles) mixed(now int64) bool {
+	for i := range r.peers {
+		if i != r.self && r.differs[i] && r.live(i, now) {
+			return true
+		}
+	}
+	return false
+}
+
+// before reports whether member i comes before member j in priority: the
+// lower index; while the lists are mixed, the smaller own entry (text),
+// which every member computes alike whatever its list.
+func (r *roles) before(i, j int, mixed bool) bool {
+	if mixed && r.names[i] != "" && r.names[j] != "" {
+		return r.names[i] < r.names[j]
+	}
+	return i < j
+}
+
 // beats reports whether an active (epoch e1, member i1) became active later
 // than (e2, i2): higher epoch, or equal epochs and higher priority.
-func beats(e1 uint64, i1 int, e2 uint64, i2 int) bool {
-	return e1 > e2 || (e1 == e2 && i1 < i2)
+func (r *roles) beats(e1 uint64, i1 int, e2 uint64, i2 int, mixed bool) bool {
+	return e1 > e2 || (e1 == e2 && r.before(i1, i2, mixed))
 }
 
 // checking reports whether the freeze check is in progress.
@@ -221,11 +259,12 @@ func (r *roles) checkResumed(now int64) (ended bool) {
 // active last, or -1.
 func (r *roles) bestActive(now int64) int {
 	best := -1
+	mixed := r.mixed(now)
 	for i := range r.peers {
 		if i == r.self || !r.live(i, now) || r.peers[i].role != roleActive {
 			continue
 		}
-		if best < 0 || beats(r.peers[i].epoch, i, r.peers[best].epoch, best) {
+		if best < 0 || r.beats(r.peers[i].epoch, i, r.peers[best].epoch, best, mixed) {
 			best = i
 		}
 	}
@@ -240,8 +279,9 @@ func (r *roles) bestActive(now int64) int {
 // active itself is heard (its links reconnecting).
 func (r *roles) laterActive(now int64) (int, uint64) {
 	best, epoch := -1, uint64(0)
+	mixed := r.mixed(now)
 	consider := func(a int, e uint64) {
-		if a >= 0 && a < r.n && a != r.self && (best < 0 || beats(e, a, epoch, best)) {
+		if a >= 0 && a < r.n && a != r.self && (best < 0 || r.beats(e, a, epoch, best, mixed)) {
 			best, epoch = a, e
 		}
 	}
@@ -265,7 +305,7 @@ func (r *roles) decide(now int64, c change) change {
 	ended := r.checkResumed(now)
 	switch r.role {
 	case roleActive:
-		if a, e := r.laterActive(now); a >= 0 && beats(e, a, r.epoch, r.self) {
+		if a, e := r.laterActive(now); a >= 0 && r.beats(e, a, r.epoch, r.self, r.mixed(now)) {
 			// Two actives: this one became active earlier. Step down.
 			r.role, r.active, r.epoch, r.inSync = roleStandby, a, e, false
 			c.demote, c.follow = true, a
@@ -278,7 +318,12 @@ func (r *roles) decide(now int64, c change) change {
 			return c
 		}
 		// Priority order: hand over to a live, in-sync member of higher
-		// priority that follows this active.
+		// priority that follows this active — not while the live members'
+		// lists differ (they may disagree on the order: handovers would
+		// go back and forth; the order is restored once they agree).
+		if r.mixed(now) {
+			return c
+		}
 		for i := 0; i < r.self; i++ {
 			p := &r.peers[i]
 			if r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
@@ -326,6 +371,7 @@ func (r *roles) candidate(now int64) int {
 		}
 	}
 	best := -1
+	mixed := r.mixed(now)
 	for k, x := range list {
 		if best < 0 {
 			best = k
@@ -338,14 +384,14 @@ func (r *roles) candidate(now int64) int {
 				best = k
 			}
 		case x.inSync:
-			if x.i < b.i {
+			if r.before(x.i, b.i, mixed) {
 				best = k
 			}
 		case x.stored != b.stored:
 			if x.stored > b.stored {
 				best = k
 			}
-		case x.i < b.i:
+		case r.before(x.i, b.i, mixed):
 			best = k
 		}
 	}
@@ -446,7 +492,7 @@ func (r *roles) decideHandover(now int64) {
 		// The successor says it is the active at the epoch offered (or a
 		// later one): it took the handover, whether or not its Ack comes.
 		r.endHandover(handTaken, s, r.peers[s].epoch)
-	case a >= 0 && beats(r.peers[a].epoch, a, r.epoch, r.self):
+	case a >= 0 && r.beats(r.peers[a].epoch, a, r.epoch, r.self, r.mixed(now)):
 		r.endHandover(handSuperseded, a, r.peers[a].epoch)
 	case r.supersededSecondHand(now):
 	case !r.live(s, now):
@@ -469,7 +515,7 @@ func (r *roles) supersededSecondHand(now int64) bool {
 	switch {
 	case a == r.handTo && e >= r.handEpoch:
 		r.endHandover(handTaken, a, e)
-	case a >= 0 && a != r.handTo && beats(e, a, r.epoch, r.self):
+	case a >= 0 && a != r.handTo && r.beats(e, a, r.epoch, r.self, r.mixed(now)):
 		r.endHandover(handSuperseded, a, e)
 	default:
 		return false

@@ -30,9 +30,11 @@ const (
 	// 2 since grants carry their identity (records of kind 0x81,
 	// SnapShard entries in the format version 2); 3 since issue 18 (the
 	// snapshot's id, epoch, window acks and reservation mark, the
-	// heartbeat's mark, the handover's abort and refusal). A member of an
-	// older version would misread them, so the hello refuses it.
-	protocolVersion = 3
+	// heartbeat's mark, the handover's abort and refusal); 4 since the
+	// Hello carries the sender's --peers (peers.go: a rolling change of
+	// --peers). A member of an older version would misread them, so the
+	// hello refuses it.
+	protocolVersion = 4
 
 	frameHead    = 5 // length u32 + type u8
 	frameTail    = 4 // crc u32
@@ -268,7 +270,8 @@ func (m clusterMode) String() string { return nameOf(modeNames[:], uint8(m), "Cl
 var modeNames = [...]string{modePriority: api.ModePriority, modeRaft: api.ModeRaft}
 
 // hello opens every link in both directions; a member refuses a peer whose
-// Hello differs from its own (Check).
+// Hello differs from its own (Check), or that its --peers does not name
+// (peers.go: mapPeers).
 type hello struct {
 	Version    uint16      // protocolVersion
 	Mode       clusterMode // --cluster
@@ -277,9 +280,17 @@ type hello struct {
 	Offset     uint32      // --peer-offset
 	Shards     uint32      // the lock table's shard count
 	FailoverMS uint32      // --failover-timeout in milliseconds
+	// Peers is the sender's --peers as it writes it, Members entries
+	// (Peers[Self] is its --self).
+	Peers []string
 }
 
+// helloLen is the length of the Hello's fixed part; the Members entries of
+// Peers follow, each as len u16 | bytes.
 const helloLen = 2 + 1 + 1 + 1 + 4 + 4 + 4
+
+// maxPeerLen bounds an entry of Peers (a host name of 253 bytes, a port).
+const maxPeerLen = 1024
 
 // Append appends h as a complete frame to dst.
 func (h *hello) Append(dst []byte) []byte {
@@ -289,6 +300,10 @@ func (h *hello) Append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint32(dst, h.Offset)
 	dst = binary.BigEndian.AppendUint32(dst, h.Shards)
 	dst = binary.BigEndian.AppendUint32(dst, h.FailoverMS)
+	for _, p := range h.Peers {
+		dst = binary.BigEndian.AppendUint16(dst, uint16(len(p)))
+		dst = append(dst, p...)
+	}
 	return endFrame(dst, at)
 }
 
@@ -304,9 +319,10 @@ func (h *hello) Decode(p []byte) error {
 		*h = hello{Version: v}
 		return fmt.Errorf("%w: protocol version %d, here %d", errMismatch, v, protocolVersion)
 	}
-	if err := fixedLen(p, helloLen); err != nil {
-		return err
+	if len(p) < helloLen {
+		return errShortPayload
 	}
+	old := h.Peers // an entry decoded before is kept, not allocated again
 	*h = hello{
 		Version:    binary.BigEndian.Uint16(p),
 		Mode:       clusterMode(p[2]),
@@ -316,14 +332,39 @@ func (h *hello) Decode(p []byte) error {
 		Shards:     binary.BigEndian.Uint32(p[9:]),
 		FailoverMS: binary.BigEndian.Uint32(p[13:]),
 	}
+	rest := p[helloLen:]
+	peers := old[:0]
+	for i := range int(h.Members) {
+		if len(rest) < 2 {
+			return errShortPayload
+		}
+		n := int(binary.BigEndian.Uint16(rest))
+		if n == 0 || n > maxPeerLen {
+			return errBadField
+		}
+		if len(rest) < 2+n {
+			return errShortPayload
+		}
+		if e := rest[2 : 2+n]; i < len(old) && old[i] == string(e) {
+			peers = append(peers, old[i])
+		} else {
+			peers = append(peers, string(e))
+		}
+		rest = rest[2+n:]
+	}
+	h.Peers = peers
+	if len(rest) > 0 {
+		return errLongPayload
+	}
 	return nil
 }
 
 // Check compares a peer's Hello (h) with this node's (local). It returns
 // nil when they agree, else an error wrapping errMismatch that names every
-// field that differs, with both values: protocol version, mode, member
-// count, peer offset, shard count, failover timeout; and a peer index that
-// is outside the member list or equal to this node's own.
+// field that differs, with both values: protocol version, mode, peer
+// offset, shard count, failover timeout; and a peer index that is outside
+// its member list. The member lists may differ (a rolling change of
+// --peers): mapPeers decides who the peer is here.
 func (h *hello) Check(local hello) error {
 	var b strings.Builder
 	diff := func(format string, args ...any) {
@@ -338,9 +379,6 @@ func (h *hello) Check(local hello) error {
 	if h.Mode != local.Mode {
 		diff("mode %v (here %v)", h.Mode, local.Mode)
 	}
-	if h.Members != local.Members {
-		diff("%d members (here %d)", h.Members, local.Members)
-	}
 	if h.Offset != local.Offset {
 		diff("peer offset %d (here %d)", h.Offset, local.Offset)
 	}
@@ -350,11 +388,8 @@ func (h *hello) Check(local hello) error {
 	if h.FailoverMS != local.FailoverMS {
 		diff("failover timeout %dms (here %dms)", h.FailoverMS, local.FailoverMS)
 	}
-	switch {
-	case h.Self >= h.Members:
+	if h.Self >= h.Members {
 		diff("member index %d outside its %d members", h.Self, h.Members)
-	case h.Self == local.Self:
-		diff("member index %d is this node's own", h.Self)
 	}
 	if b.Len() == 0 {
 		return nil

@@ -23,7 +23,11 @@
 // (the log entry and snapshot formats, records in repl/records' format),
 // transport.go (raft's TCP stream layer on the member port), logstore.go
 // (raft-wal, or raft-boltdb for comparison), hclog.go (raft's logger onto
-// slog).
+// slog), membership.go (the raft configuration as the membership: member
+// IDs, client addresses, repl.Membership's add and remove, the leader's
+// handover before its own removal), recover.go (a forced new cluster from
+// one member's log: disaster recovery, its token floor, the members left
+// behind).
 //
 // # Concurrency contract
 //

@@ -3,7 +3,6 @@ package raftnode
 import (
 	"errors"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -66,36 +65,63 @@ func (a leaseAck) later(b leaseAck) bool {
 	return a.term > b.term || (a.term == b.term && a.sent > b.sent)
 }
 
-// lease is a leader's lease: the acknowledgements it is made of. Its
+// lease is a leader's lease: the acknowledgements it is made of, counted
+// over the voters of the current raft configuration (setVoters: the node
+// calls it whenever the configuration changes, membership.go). Its
 // methods are safe from any goroutine.
 type lease struct {
-	self   int
-	quorum int   // votes a leader needs, its own included
-	dur    int64 // how long an acknowledgement keeps the lease (ns)
+	self raft.ServerID
+	dur  int64 // how long an acknowledgement keeps the lease (ns)
 
 	mu     sync.Mutex
-	acks   []leaseAck // per member
-	commit leaseAck   // the newest committed entry: when it was proposed
+	voters []raft.ServerID // the configuration's voters, this member included if it votes
+	quorum int             // votes a leader needs: a majority of voters
+	acks   map[raft.ServerID]leaseAck
+	commit leaseAck // the newest committed entry: when it was proposed
 
 	deaf atomic.Bool // tests: acknowledgements renew nothing
 }
 
-func newLease(members, self int, dur int64) *lease {
-	return &lease{self: self, quorum: members/2 + 1, dur: dur, acks: make([]leaseAck, members)}
+func newLease(voters []raft.ServerID, self raft.ServerID, dur int64) *lease {
+	l := &lease{self: self, dur: dur, acks: map[raft.ServerID]leaseAck{}}
+	l.setVoters(voters)
+	return l
 }
 
-// acked records that member i acknowledged a request of term sent at sent.
-func (l *lease) acked(i int, term uint64, sent int64) {
-	if i < 0 || i >= len(l.acks) || i == l.self {
-		return
+// setVoters makes the lease count over voters from now on (a change of
+// the raft configuration): acknowledgements of members that no longer vote
+// count nothing, and a majority of the new voters is needed.
+//
+// Why that is safe across a change: hashicorp/raft changes one server at a
+// time and appends a change only once the previous one has committed, so a
+// candidate uses either the configuration this lease counts over or one
+// that differs from it by one server, and a majority of either meets a
+// majority of the other: the voters that acknowledged refuse it. The node
+// recomputes and republishes the gate as soon as the configuration moves
+// (membership.go: release), so a published end never counts over a
+// configuration two changes old.
+func (l *lease) setVoters(voters []raft.ServerID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.voters = slices.Clone(voters)
+	l.quorum = len(voters)/2 + 1
+	for id := range l.acks {
+		if !slices.Contains(voters, id) {
+			delete(l.acks, id)
+		}
 	}
-	if l.deaf.Load() {
+}
+
+// acked records that member id acknowledged a request of term sent at
+// sent.
+func (l *lease) acked(id raft.ServerID, term uint64, sent int64) {
+	if id == l.self || l.deaf.Load() {
 		return
 	}
 	a := leaseAck{term, sent}
 	l.mu.Lock()
-	if a.later(l.acks[i]) {
-		l.acks[i] = a
+	if slices.Contains(l.voters, id) && a.later(l.acks[id]) {
+		l.acks[id] = a
 	}
 	l.mu.Unlock()
 }
@@ -117,17 +143,20 @@ func (l *lease) committed(term uint64, sent int64) {
 // never ends (a member alone is its own quorum), 1 when nothing renewed it
 // yet (over at once).
 func (l *lease) until(term uint64) int64 {
-	need := l.quorum - 1 // acknowledgements besides this member's own
+	var buf [maxMembers + 1]int64
+	sent := buf[:0]
+	l.mu.Lock()
+	need := l.quorum // acknowledgements besides this member's own
+	if slices.Contains(l.voters, l.self) {
+		need--
+	}
 	if need <= 0 {
+		l.mu.Unlock()
 		return 0
 	}
-	var sent [maxMembers]int64
-	n := 0
-	l.mu.Lock()
-	for i, a := range l.acks {
-		if i != l.self && a.term == term {
-			sent[n] = a.sent
-			n++
+	for _, id := range l.voters {
+		if a, ok := l.acks[id]; ok && id != l.self && a.term == term {
+			sent = append(sent, a.sent)
 		}
 	}
 	base := int64(-1)
@@ -135,10 +164,9 @@ func (l *lease) until(term uint64) int64 {
 		base = l.commit.sent
 	}
 	l.mu.Unlock()
-	if n >= need {
-		s := sent[:n]
-		slices.Sort(s)
-		base = max(base, s[n-need]) // the need-th newest
+	if n := len(sent); n >= need {
+		slices.Sort(sent)
+		base = max(base, sent[n-need]) // the need-th newest
 	}
 	if base < 0 {
 		return 1
@@ -146,7 +174,7 @@ func (l *lease) until(term uint64) int64 {
 	return max(base+l.dur, 1)
 }
 
-// maxMembers bounds --peers (repl.ClusterConfig.Validate).
+// maxMembers bounds the voters (repl.ClusterConfig.Validate, AddMember).
 const maxMembers = 7
 
 // termLimit is the highest raft term this member accepts from another or
@@ -215,8 +243,14 @@ func (t *memberTransport) SetHeartbeatHandler(cb func(rpc raft.RPC)) {
 }
 
 // admit reports whether rpc's term is acceptable; if not, it answers it
-// with errTermTooHigh and logs.
+// with errTermTooHigh and logs. A request of a member that a forced
+// recovery left behind is refused too (recover.go).
 func (t *memberTransport) admit(rpc raft.RPC) bool {
+	if t.n.fromGone(rpc) {
+		t.n.refusedGone(rpc)
+		rpc.Respond(nil, errGoneMember)
+		return false
+	}
 	var term uint64
 	switch c := rpc.Command.(type) {
 	case *raft.AppendEntriesRequest:
@@ -241,9 +275,10 @@ func (t *memberTransport) admit(rpc raft.RPC) bool {
 func (t *memberTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	sent := t.n.clock()
 	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
-	if err == nil && resp.Success && resp.Term == args.Term {
-		if i, perr := strconv.Atoi(string(id)); perr == nil {
-			t.n.lease.acked(i, args.Term, sent)
+	if err == nil && resp.Term == args.Term {
+		t.n.heardFrom(id, resp.LastLog, sent) // membership.go
+		if resp.Success {
+			t.n.lease.acked(id, args.Term, sent)
 			t.n.renew(args.Term)
 		}
 	}

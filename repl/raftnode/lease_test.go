@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,9 +48,9 @@ func TestLeaseUntil(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newLease(tc.members, 0, 50)
+			l := newLease(ids(tc.members), "0", 50)
 			for _, a := range tc.acks {
-				l.acked(a.member, a.term, a.sent)
+				l.acked(raft.ServerID(strconv.Itoa(a.member)), a.term, a.sent)
 			}
 			if tc.commit != nil {
 				l.committed(tc.commit.term, tc.commit.sent)
@@ -58,6 +59,73 @@ func TestLeaseUntil(t *testing.T) {
 				t.Fatalf("until(%d) = %d, want %d", tc.term, got, tc.want)
 			}
 		})
+	}
+}
+
+// ids are the raft IDs of n members bootstrapped from --peers.
+func ids(n int) []raft.ServerID {
+	var out []raft.ServerID
+	for i := range n {
+		out = append(out, raft.ServerID(strconv.Itoa(i)))
+	}
+	return out
+}
+
+// TestLeaseFollowsTheConfiguration: the lease counts over the voters it
+// was last given (a membership change): acknowledgements of a member that
+// no longer votes count nothing, a new voter's do, and the quorum is a
+// majority of the new voters; a member alone is its own quorum until a
+// second voter comes, and a leader that does not vote (it is being
+// removed) needs a majority of the others.
+func TestLeaseFollowsTheConfiguration(t *testing.T) {
+	l := newLease(ids(3), "0", 50)
+	l.acked("1", 3, 100)
+	l.acked("2", 3, 200)
+	if got := l.until(3); got != 200+50 {
+		t.Fatalf("3 voters: until %d, want %d", got, 250)
+	}
+	// Member 2 is removed, a new member joins: 2's acknowledgement counts
+	// nothing, the newcomer's does, and three of four are needed.
+	l.setVoters([]raft.ServerID{"0", "1", "127.0.0.1:7100"})
+	if got := l.until(3); got != 100+50 {
+		t.Fatalf("after removing 2: until %d, want %d (only 1's ack counts)", got, 150)
+	}
+	l.acked("2", 3, 900) // not a voter: ignored
+	if got := l.until(3); got != 150 {
+		t.Fatalf("an ack of a removed member moved the lease to %d", got)
+	}
+	l.setVoters([]raft.ServerID{"0", "1", "127.0.0.1:7100", "127.0.0.1:7200"})
+	l.acked("127.0.0.1:7100", 3, 300)
+	if got := l.until(3); got != 100+50 {
+		t.Fatalf("4 voters, 2 others acked: until %d, want %d (two others needed: the older)", got, 150)
+	}
+	l.acked("127.0.0.1:7200", 3, 400)
+	if got := l.until(3); got != 300+50 {
+		t.Fatalf("4 voters, 3 others acked: until %d, want %d (the second newest)", got, 350)
+	}
+	// Alone (a forced recovery): never ends; then a second voter: its
+	// acknowledgement is needed.
+	a := newLease([]raft.ServerID{"0"}, "0", 50)
+	if got := a.until(7); got != 0 {
+		t.Fatalf("alone: until %d, want 0 (never ends)", got)
+	}
+	a.setVoters([]raft.ServerID{"0", "127.0.0.1:7100"})
+	if got := a.until(7); got != 1 {
+		t.Fatalf("two voters, no ack: until %d, want 1 (over)", got)
+	}
+	a.acked("127.0.0.1:7100", 7, 60)
+	if got := a.until(7); got != 110 {
+		t.Fatalf("two voters, the other acked: until %d, want 110", got)
+	}
+	// A leader that is no voter counts only the others.
+	b := newLease([]raft.ServerID{"1", "2"}, "0", 50)
+	b.acked("1", 4, 10)
+	if got := b.until(4); got != 1 {
+		t.Fatalf("non-voting leader, 1 of 2 acked: until %d, want 1", got)
+	}
+	b.acked("2", 4, 20)
+	if got := b.until(4); got != 10+50 {
+		t.Fatalf("non-voting leader, 2 of 2 acked: until %d, want 60", got)
 	}
 }
 
@@ -173,7 +241,7 @@ func TestRaftStreamHoldsAccepts(t *testing.T) {
 			}
 			const hold = 300 * time.Millisecond
 			began := time.Now()
-			s := newRaftStream(ln, ln.Addr(), hold)
+			s := newRaftStream(ln, ln.Addr(), hold, newMemberAuth(repl.ClusterConfig{Peers: []string{"127.0.0.1:1"}}, testLog()))
 			type accepted struct {
 				c   net.Conn
 				err error

@@ -50,7 +50,9 @@ type node struct {
 	tcfg       shard.Config
 	table      *shard.Table
 	host       repl.Host
-	self       string // this member's client address
+	self       string        // this member's client address
+	id         raft.ServerID // this member's raft server ID (membership.go)
+	ms         memberState   // the configuration and its changes (membership.go)
 	dir        *repl.DataDir
 
 	// The gate, and the lease that keeps a leader's open (lease.go):
@@ -123,10 +125,9 @@ type node struct {
 	closeMu     sync.Mutex
 	closed      bool
 
-	failing []atomic.Bool      // leader: heartbeats to member i failing
-	tune    func(*raft.Config) // tests: adjusts raft's configuration
-	res     repl.Reserver
-	stats   raftStats
+	tune  func(*raft.Config) // tests: adjusts raft's configuration
+	res   repl.Reserver
+	stats raftStats
 }
 
 // New returns a member of a raft cluster configured by cfg, its log in
@@ -146,7 +147,7 @@ func newNode(cfg repl.ClusterConfig, logStore logStoreKind) (*node, error) {
 	n := &node{cfg: cfg, store: logStore, self: cfg.Peers[cfg.Self],
 		kick: make(chan struct{}, 1), actKick: make(chan struct{}, 1), quit: make(chan struct{}),
 		slots: make(chan struct{}, raftPipeline), inflight: make(chan *proposal, raftPipeline+1),
-		events: make(chan raft.Observation, 64), failing: make([]atomic.Bool, len(cfg.Peers))}
+		events: make(chan raft.Observation, 64)}
 	n.gate.Store(&repl.Gate{State: repl.Redirect})
 	return n, nil
 }
@@ -160,7 +161,7 @@ func newNode(cfg repl.ClusterConfig, logStore logStoreKind) (*node, error) {
 func (n *node) raftConfig() *raft.Config {
 	c := raft.DefaultConfig()
 	half := n.cfg.FailoverTimeout / 2
-	c.LocalID = raft.ServerID(strconv.Itoa(n.cfg.Self))
+	c.LocalID = n.id
 	c.HeartbeatTimeout = half
 	c.ElectionTimeout = half
 	c.LeaderLeaseTimeout = half
@@ -201,6 +202,15 @@ func (n *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 	if err != nil {
 		return fail(err)
 	}
+	if n.cfg.ForceNewCluster {
+		// recover.go: above every reservation the lost members may have
+		// committed, durably before raft starts.
+		floor := n.forcedFloor()
+		if err := dir.Reserve(floor); err != nil {
+			return fail(err)
+		}
+		start = max(start, floor)
+	}
 	if err := cfg.Validate(); err != nil {
 		return fail(err)
 	}
@@ -238,24 +248,48 @@ func (n *node) openRaft() error {
 	if err != nil {
 		return fmt.Errorf("member address %s: %w", n.cfg.MemberAddr(n.cfg.Self), err)
 	}
+	existing, err := raft.HasExistingState(n.logs, n.stable, n.snaps)
+	if err != nil {
+		return err
+	}
+	id, bootstrap, err := n.memberID(base, existing)
+	if err != nil {
+		return err
+	}
+	n.id = id
+	if err := n.loadGone(base); err != nil {
+		return err
+	}
 	ln, err := n.cfg.ListenMembers()
 	if err != nil {
 		return err
 	}
 	conf := n.raftConfig()
 	dur := int64(float64(conf.HeartbeatTimeout) * leaseFraction)
-	n.lease = newLease(len(n.cfg.Peers), n.cfg.Self, dur)
+	n.lease = newLease(nil, n.id, dur) // the voters come with the configuration (refreshView)
 	n.leaseStep = max(dur/8, 1)
-	n.stream = newRaftStream(ln, adv, conf.HeartbeatTimeout)
+	n.stream = newRaftStream(ln, adv, conf.HeartbeatTimeout, newMemberAuth(n.cfg, n.log))
 	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing}
 	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second, netLog)
 	n.closers = append(n.closers, n.trans)
 	n.mt = newMemberTransport(n, n.trans)
-	existing, err := raft.HasExistingState(n.logs, n.stable, n.snaps)
-	if err != nil {
-		return err
+	switch {
+	case n.cfg.ForceNewCluster && !existing:
+		return &repl.FieldError{Field: "ForceNewCluster", Value: true, Want: "the data directory holds no raft state to recover from"}
+	case n.cfg.ForceNewCluster:
+		if err := n.forceNewCluster(conf, base, raft.ServerAddress(adv.String())); err != nil {
+			return err
+		}
+		if err := n.loadGone(base); err != nil {
+			return err
+		}
+	case n.cfg.Join && existing:
+		n.log.Info("joining: the data directory holds raft state already; the membership comes from its log", "id", n.id)
+	case n.cfg.Join:
+		n.log.Info("waiting to be added to a raft cluster: run member add with this member's address on the cluster's leader",
+			"id", n.id, "member_port", n.cfg.MemberAddr(n.cfg.Self))
 	}
-	if !existing {
+	if bootstrap {
 		var servers []raft.Server
 		for i := range n.cfg.Peers {
 			servers = append(servers, raft.Server{Suffrage: raft.Voter,
@@ -283,12 +317,20 @@ func (n *node) openRaft() error {
 	go n.mt.forward()
 	n.observer = raft.NewObserver(n.events, false, func(o *raft.Observation) bool {
 		switch o.Data.(type) {
-		case raft.LeaderObservation, raft.RaftState, raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation:
+		case raft.LeaderObservation, raft.RaftState, raft.PeerObservation:
 			return true
 		}
 		return false
 	})
 	n.r.RegisterObserver(n.observer)
+	v := n.refreshView()
+	if s, ok := v.server(n.id); existing && !ok {
+		n.log.Warn("this member is not in the raft configuration its log holds: it was removed (stop it), or it was not added yet",
+			"id", n.id, "members", len(v.servers))
+	} else if ok && string(s.Address) != n.cfg.MemberAddr(n.cfg.Self) {
+		n.log.Warn("the raft configuration knows this member at another address than --self's member port: the others dial that one",
+			"id", n.id, "configured", s.Address, "member_port", n.cfg.MemberAddr(n.cfg.Self))
+	}
 	return nil
 }
 
@@ -398,37 +440,12 @@ func (n *node) actor() {
 		select {
 		case <-n.quit:
 			return
-		case o := <-n.events:
-			switch d := o.Data.(type) {
-			case raft.FailedHeartbeatObservation:
-				n.markFailing(string(d.PeerID), true)
-			case raft.ResumedHeartbeatObservation:
-				n.markFailing(string(d.PeerID), false)
-			}
+		case <-n.events:
 		case <-n.actKick:
 		case <-t.C:
 		}
 		n.step()
 	}
-}
-
-func (n *node) markFailing(id string, v bool) {
-	if i, err := strconv.Atoi(id); err == nil && i >= 0 && i < len(n.failing) {
-		n.failing[i].Store(v)
-	}
-}
-
-// leader returns the current leader's member index, or -1.
-func (n *node) leader() int {
-	_, id := n.r.LeaderWithID()
-	if id == "" {
-		return -1
-	}
-	i, err := strconv.Atoi(string(id))
-	if err != nil || i < 0 || i >= len(n.cfg.Peers) {
-		return -1
-	}
-	return i
 }
 
 // step brings the node in line with raft: it gives up a leadership raft
@@ -451,6 +468,7 @@ func (n *node) stepLocked() {
 		n.log.Info("leader lease renewed after a lapse: requests were held meanwhile", "lapsed_for", time.Duration(gap))
 		n.host.GateChanged()
 	}
+	n.refreshView() // the configuration may have moved (membership.go)
 	state, term := n.r.State(), n.r.CurrentTerm()
 	if lt := n.leadTerm.Load(); lt != 0 && (state != raft.Leader || term != lt) {
 		n.lose(lt)
@@ -472,11 +490,7 @@ func (n *node) stepLocked() {
 	if dirty && !time.Now().Before(n.retryAt) {
 		_ = n.rebuild("the table changed outside the log")
 	}
-	if l := n.leader(); l >= 0 && l != n.cfg.Self {
-		n.publish(&repl.Gate{State: repl.Redirect, Addr: n.cfg.Peers[l]})
-	} else {
-		n.publish(&repl.Gate{State: repl.Redirect})
-	}
+	n.publish(&repl.Gate{State: repl.Redirect, Addr: n.otherLeader()})
 }
 
 // gain makes this member, raft's leader in term, serve: hold requests,
@@ -508,6 +522,7 @@ func (n *node) gain(term uint64) {
 	if n.r.State() != raft.Leader || n.r.CurrentTerm() != term {
 		return
 	}
+	n.refreshView() // the lease counts over the configuration the log now holds
 	n.fsmMu.Lock()
 	n.leading = term
 	n.leadTerm.Store(term)
@@ -543,10 +558,7 @@ func (n *node) gain(term uint64) {
 // in flight resolve, abandon those that did not commit, and rebuild the
 // table from the log.
 func (n *node) lose(term uint64) {
-	addr := ""
-	if l := n.leader(); l >= 0 && l != n.cfg.Self {
-		addr = n.cfg.Peers[l]
-	}
+	addr := n.otherLeader()
 	n.publish(&repl.Gate{State: repl.Redirect, Addr: addr}) // no batch runs from here on
 	n.mu.Lock()
 	n.proposing = false
@@ -632,42 +644,17 @@ func (n *node) Stop(ctx context.Context) string {
 	n.actMu.Lock() // a leadership change in progress finishes first
 	if n.leadTerm.Load() == 0 {
 		n.actMu.Unlock()
-		if l := n.leader(); l >= 0 && l != n.cfg.Self {
-			return n.cfg.Peers[l]
-		}
-		return ""
+		return n.otherLeader()
 	}
 	began := time.Now()
-	n.publish(&repl.Gate{State: repl.Hold})
-	deadline := time.Now().Add(n.cfg.FailoverTimeout)
-	for n.committed.Load() < n.barrier.Load() && time.Now().Before(deadline) && ctx.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
-	err := n.r.LeadershipTransfer().Error()
+	succ, err := n.handOverLocked(ctx) // membership.go
+	n.actMu.Unlock()
 	if err != nil {
-		if t := n.leadTerm.Load(); t != 0 && n.r.State() == raft.Leader {
-			n.serve(t)
-		}
-		n.actMu.Unlock()
 		n.log.Warn("leadership transfer failed: shutting down as a single node", "err", err)
 		return ""
 	}
-	// Wait for the new leader to be known, then give the leadership up:
-	// the queued acquires' M names it.
-	for ctx.Err() == nil && time.Now().Before(deadline.Add(n.cfg.FailoverTimeout)) {
-		if l := n.leader(); l >= 0 && l != n.cfg.Self {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	n.stepLocked()
-	n.actMu.Unlock()
-	g := n.Gate()
-	if g.State != repl.Redirect || g.Addr == "" {
-		return ""
-	}
-	n.log.Info("handed the leadership over", "successor", g.Addr, "took", time.Since(began))
-	return g.Addr
+	n.log.Info("handed the leadership over", "successor", succ, "took", time.Since(began))
+	return succ
 }
 
 // Close shuts raft down and closes the stores (the log and snapshots are
@@ -723,10 +710,8 @@ func (n *node) Status() repl.Status {
 	default:
 		st.Role = api.RoleFollower
 	}
-	l := n.leader()
-	if l >= 0 {
-		st.Active = n.cfg.Peers[l]
-	}
+	lid, laddr := n.leaderOf()
+	st.Active = laddr
 	st.Epoch = n.r.CurrentTerm()
 	st.CommitIndex = n.r.CommitIndex()
 	st.AppliedIndex = n.r.AppliedIndex()
@@ -738,25 +723,26 @@ func (n *node) Status() repl.Status {
 	st.Snapshots = n.stats.snapshots.Load()
 	st.Elections = n.stats.elections.Load()
 	st.Rebuilds = n.stats.rebuilds.Load()
-	st.InSync = l >= 0
-	lastContact := n.r.LastContact()
+	st.MemberRefused = n.stream.auth.Refusals()
+	st.InSync = lid != ""
+	st.Configuration = n.configuration(n.ms.view.Load()) // membership.go
 	leading := st.Role == api.RoleLeader
-	for i := range n.cfg.Peers {
-		if i == n.cfg.Self {
+	for _, c := range st.Configuration {
+		if c.Self {
 			continue
 		}
-		m := repl.Member{Addr: n.cfg.Peers[i]}
+		m := repl.Member{Addr: c.Addr, Live: c.Live != nil && *c.Live}
 		switch {
 		case leading:
-			m.Role, m.Live = api.RoleFollower, !n.failing[i].Load()
-		case i == l:
-			m.Role, m.Live = api.RoleLeader, time.Since(lastContact) < n.cfg.FailoverTimeout
+			m.Role = api.RoleFollower
+		case c.Leader:
+			m.Role = api.RoleLeader
 		default:
 			// A follower hears only from its leader: another member of the
 			// configuration follows the same leader as far as this one
 			// knows, and only the leader sees whether it is live.
 			m.Unobserved = true
-			if l >= 0 {
+			if lid != "" && c.Voter {
 				m.Role = api.RoleFollower
 			}
 		}
@@ -778,7 +764,7 @@ func (n *node) Health() error {
 	if n.leadTerm.Load() != 0 && n.Gate().State == repl.Serve {
 		return nil
 	}
-	if l := n.leader(); l >= 0 && l != n.cfg.Self {
+	if n.otherLeader() != "" {
 		return nil
 	}
 	return errors.New("raftnode: no raft leader known")

@@ -88,6 +88,11 @@ type raftCluster struct {
 	ms    []*raftMember
 	T     time.Duration
 	tune  func(*raft.Config)
+	// cfgs: the configuration of members that are not the --peers ones
+	// (membership_test.go: joiners, a forced recovery).
+	cfgs map[int]repl.ClusterConfig
+	// member, when set, adjusts member i's configuration at each start.
+	member func(i int, cfg *repl.ClusterConfig)
 }
 
 const raftTestOffset = 1000
@@ -98,6 +103,13 @@ func newRaftCluster(t *testing.T, size int, tune ...func(*raft.Config)) *raftClu
 	if len(tune) > 0 {
 		c.tune = tune[0]
 	}
+	return c.startAll(size)
+}
+
+// startAll starts size members on free ports (c's fields set).
+func (c *raftCluster) startAll(size int) *raftCluster {
+	t := c.t
+	t.Helper()
 	c.peers = repltest.FreeAddrs(t, size, raftTestOffset)
 	for range c.peers {
 		c.dirs = append(c.dirs, t.TempDir())
@@ -117,8 +129,15 @@ func newRaftCluster(t *testing.T, size int, tune ...func(*raft.Config)) *raftClu
 // start (re)starts member i on its data dir.
 func (c *raftCluster) start(i int) *raftMember {
 	c.t.Helper()
-	n, err := newNode(repl.ClusterConfig{Peers: c.peers, Self: i, Listen: c.peers[i], PeerOffset: raftTestOffset,
-		FailoverTimeout: c.T, DataDir: c.dirs[i], TokenBlock: 1 << 20}, logStoreWAL)
+	cfg, ok := c.cfgs[i]
+	if !ok {
+		cfg = repl.ClusterConfig{Peers: c.peers, Self: i, Listen: c.peers[i], PeerOffset: raftTestOffset,
+			FailoverTimeout: c.T, DataDir: c.dirs[i], TokenBlock: 1 << 20}
+	}
+	if c.member != nil {
+		c.member(i, &cfg)
+	}
+	n, err := newNode(cfg, logStoreWAL)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -128,7 +147,7 @@ func (c *raftCluster) start(i int) *raftMember {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	if err := n.Start(c.peers[i], m.host); err != nil {
+	if err := n.Start(cfg.Peers[cfg.Self], m.host); err != nil {
 		c.t.Fatal(err)
 	}
 	c.ms[i] = m

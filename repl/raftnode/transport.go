@@ -13,27 +13,46 @@ import (
 var errLinkCut = errors.New("raftnode: member link cut")
 
 // raftStream is raft's TCP stream layer on the member port: a listener
-// that advertises this member's address as the others dial it, and plain
-// TCP dials. It keeps its connections so that cut can sever them all and
+// that advertises this member's address as the others dial it, and TCP
+// dials, both through the exchange of §8.4 when it is on (auth.go). It keeps its connections so that cut can sever them all and
 // refuse new ones (an isolated member, for tests), and heal undo it.
 type raftStream struct {
 	ln        net.Listener
 	advertise net.Addr
 	until     time.Time     // accept nothing before (hold)
 	done      chan struct{} // closed by Close
+	auth      *memberAuth
 
 	mu     sync.Mutex
 	cut    bool
 	closed bool
 	conns  map[net.Conn]struct{}
+	// authLn serves ln through the exchange; the first Accept after the
+	// hold makes it, so that until then connections wait unread in the
+	// backlog, exchange included.
+	authLn net.Listener
 }
 
-// newRaftStream serves raft on ln, advertising advertise; it accepts no
-// connection for hold after it is made (lease.go: a member that restarts
-// must not vote while a lease it granted before may still run).
-func newRaftStream(ln net.Listener, advertise net.Addr, hold time.Duration) *raftStream {
+// newRaftStream serves raft on ln through auth, advertising advertise; it
+// accepts no connection for hold after it is made (lease.go: a member
+// that restarts must not vote while a lease it granted before may still
+// run).
+func newRaftStream(ln net.Listener, advertise net.Addr, hold time.Duration, auth *memberAuth) *raftStream {
 	return &raftStream{ln: ln, advertise: advertise, until: time.Now().Add(hold),
-		done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+		done: make(chan struct{}), auth: auth, conns: map[net.Conn]struct{}{}}
+}
+
+// listener is the member port through the exchange, made on first use.
+func (s *raftStream) listener() (net.Listener, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, net.ErrClosed
+	}
+	if s.authLn == nil {
+		s.authLn = s.auth.listen(s.ln)
+	}
+	return s.authLn, nil
 }
 
 // Accept returns the next member connection (one that arrives while the
@@ -49,8 +68,12 @@ func (s *raftStream) Accept() (net.Conn, error) {
 			return nil, net.ErrClosed
 		}
 	}
+	ln, err := s.listener()
+	if err != nil {
+		return nil, err
+	}
 	for {
-		c, err := s.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return nil, err
 		}
@@ -68,7 +91,7 @@ func (s *raftStream) Dial(address raft.ServerAddress, timeout time.Duration) (ne
 	if cut {
 		return nil, errLinkCut
 	}
-	c, err := net.DialTimeout("tcp", string(address), timeout)
+	c, err := s.auth.dial(string(address), timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -117,8 +140,13 @@ func (s *raftStream) Close() error {
 		s.closed = true
 		close(s.done)
 	}
+	ln := s.ln
+	if s.authLn != nil {
+		ln = s.authLn // closes s.ln and ends the exchanges in progress
+	}
 	s.mu.Unlock()
-	err := s.ln.Close()
+	s.auth.cancel()
+	err := ln.Close()
 	s.setCut(true)
 	return err
 }
