@@ -58,32 +58,32 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	s := h.s
 	bar := s.committer.Barrier()
 	if len(b.out) > 0 && (len(ss.hchunks) > 0 || bar > s.committedA.Load()) {
-		ss.held, ss.hgrants = appendAnswers(ss.held, ss.hgrants, b.out, b.grants)
+		if len(ss.held) == 0 && len(ss.hgrants) == 0 {
+			// Nothing held yet: the batch's buffers become the held ones
+			// (their offsets are the same), the scratch takes the
+			// session's empty ones. No copy.
+			ss.held, b.out = b.out, ss.held[:0]
+			ss.hgrants, b.grants = b.grants, ss.hgrants[:0]
+		} else {
+			ss.held, ss.hgrants = appendAnswers(ss.held, ss.hgrants, b.out, b.grants)
+		}
 		ss.hchunks = append(ss.hchunks, heldChunk{end: len(ss.held), upto: bar, spec: spec, gen: b.gen})
 		b.out, b.grants = b.out[:0], b.grants[:0]
 	}
 	if len(ss.hchunks) == 0 {
 		return false
 	}
-	s.heldMu.Lock()
-	committed := s.committed
-	n, poisoned := 0, false
-	for i, ch := range ss.hchunks {
-		if ch.spec && ch.gen < s.abandons && ch.upto > s.lostAfter(ch.gen) {
-			poisoned = true
-		}
-		if ch.upto <= committed && n == i {
-			n = i + 1
-		}
-	}
-	if poisoned || n == len(ss.hchunks) {
-		delete(s.heldSet, ss)
-	} else {
-		s.heldSet[ss] = struct{}{}
-	}
-	s.heldMu.Unlock()
+	n, poisoned := s.heldCommitted(ss)
 	if poisoned {
 		return true
+	}
+	if n == len(ss.hchunks) && len(b.out) == 0 && len(b.grants) == 0 {
+		// Everything held is committed and the batch has nothing of its
+		// own: the held buffers go out as the batch's, no copy.
+		b.out, ss.held = ss.held, b.out[:0]
+		b.grants, ss.hgrants = ss.hgrants, b.grants[:0]
+		ss.hchunks = ss.hchunks[:0]
+		return false
 	}
 	if n > 0 {
 		cut := ss.hchunks[n-1].end
@@ -107,6 +107,56 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	return len(ss.held) > s.cfg.MaxOutbound
 }
 
+// heldCommitted reports how many of ss's chunks (a prefix) are committed,
+// or that one is poisoned, and keeps ss in s.heldSet exactly while some
+// wait. The set changes only here and in forgetHeld, on ss's own loop, so
+// ss.inHeld mirrors ss's membership and heldMu is taken only when the
+// membership changes or a chunk may be poisoned: not for a connection
+// whose answers keep waiting, nor for one whose answers were committed
+// when it looked. The committed number is read before the Abandon count:
+// an Abandon raises the count before the number (both under heldMu), so a
+// number an Abandon raised comes with that Abandon counted, and a chunk
+// made after every Abandon counted cannot be poisoned by them.
+func (s *Server) heldCommitted(ss *session) (n int, poisoned bool) {
+	committed := s.committedA.Load()
+	abandons := s.abandonsA.Load()
+	fast := true
+	for i, ch := range ss.hchunks {
+		if ch.spec && ch.gen < abandons {
+			fast = false
+			break
+		}
+		if ch.upto <= committed && n == i {
+			n = i + 1
+		}
+	}
+	if fast && ss.inHeld == (n < len(ss.hchunks)) {
+		return n, false
+	}
+	n = 0
+	s.heldMu.Lock()
+	committed = s.committed
+	for i, ch := range ss.hchunks {
+		if ch.spec && ch.gen < s.abandons && ch.upto > s.lostAfter(ch.gen) {
+			poisoned = true
+		}
+		if ch.upto <= committed && n == i {
+			n = i + 1
+		}
+	}
+	if poisoned || n == len(ss.hchunks) {
+		if ss.inHeld {
+			delete(s.heldSet, ss)
+			ss.inHeld = false
+		}
+	} else if !ss.inHeld {
+		s.heldSet[ss] = struct{}{}
+		ss.inHeld = true
+	}
+	s.heldMu.Unlock()
+	return n, poisoned
+}
+
 // Committed implements repl.Host: records up to seq are committed; the
 // connections holding answers for them are woken to write them.
 func (s *Server) Committed(seq uint64) {
@@ -115,9 +165,12 @@ func (s *Server) Committed(seq uint64) {
 		s.committed = seq
 		s.committedA.Store(seq)
 	}
-	list := s.heldList()
+	s.wakeMu.Lock()
+	s.wakeList = s.appendHeld(s.wakeList[:0])
 	s.heldMu.Unlock()
-	wakeAll(list)
+	wakeAll(s.wakeList)
+	clear(s.wakeList) // keeps no closed session alive
+	s.wakeMu.Unlock()
 }
 
 // Abandon implements repl.Host: records above seq, up to the node's
@@ -136,7 +189,7 @@ func (s *Server) Abandon(seq uint64) {
 		s.committed = hi
 		s.committedA.Store(hi)
 	}
-	list := s.heldList()
+	list := s.appendHeld(nil)
 	s.heldMu.Unlock()
 	s.log.Warn("changes abandoned: closing the connections whose answers waited for them", "committed", seq, "abandoned_up_to", hi, "connections", len(list))
 	wakeAll(list)
@@ -152,12 +205,9 @@ func (s *Server) lostAfter(gen uint64) uint64 {
 	return s.lost[(gen+1)%lostKept]
 }
 
-// heldList copies the sessions holding answers (s.heldMu held).
-func (s *Server) heldList() []*session {
-	if len(s.heldSet) == 0 {
-		return nil
-	}
-	list := make([]*session, 0, len(s.heldSet))
+// appendHeld appends the sessions holding answers to list (s.heldMu
+// held).
+func (s *Server) appendHeld(list []*session) []*session {
 	for ss := range s.heldSet {
 		list = append(list, ss)
 	}
@@ -186,8 +236,12 @@ func (s *Server) releaseHeld(ss *session, b *scratch, now int64) {
 // forgetHeld drops ss's held answers (its connection closed).
 func (s *Server) forgetHeld(ss *session) {
 	ss.held, ss.hgrants, ss.hchunks = nil, nil, nil
+	if !ss.inHeld {
+		return
+	}
 	s.heldMu.Lock()
 	delete(s.heldSet, ss)
+	ss.inHeld = false
 	s.heldMu.Unlock()
 }
 

@@ -97,6 +97,8 @@ type Server struct {
 	abandons   uint64                // guarded by heldMu: Abandon calls so far
 	abandonsA  atomic.Uint64         // abandons, for stamping answers without the lock
 	lost       [lostKept]uint64      // guarded by heldMu: lost[k % lostKept] is the seq of Abandon number k
+	wakeMu     sync.Mutex            // Committed's wakes, one call at a time
+	wakeList   []*session            // guarded by wakeMu: reused by Committed
 }
 
 // ErrStopped is Serve's error when the engine stopped while no Shutdown

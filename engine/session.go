@@ -124,6 +124,7 @@ type session struct {
 	held    []byte
 	hgrants []grantRef // the A frames in held
 	hchunks []heldChunk
+	inHeld  bool // in Server.heldSet (commit.go: changed only on this loop, under heldMu)
 	// heldWake: a wake for committed answers is on its way.
 	heldWake atomic.Bool
 

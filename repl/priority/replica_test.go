@@ -412,3 +412,66 @@ func TestReplicaAppliesOnlyTheCurrentActive(t *testing.T) {
 		}
 	})
 }
+
+// TestReplicaMalformedBatch: the standby decodes, checks and applies a
+// batch in one pass, so a malformed record stops it after the records
+// before it. The batch is not acknowledged, the error closes the
+// connection, and the member leaves sync and ignores the batches after it
+// until a snapshot: a prefix it applied never counts as in sync.
+func TestReplicaMalformedBatch(t *testing.T) {
+	tab, err := shard.New(shard.Config{Shards: 1}, shard.NewTokens(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeFollower{from: 0, epoch: 1, standby: true}
+	s := &standby{table: tab, clock: func() int64 { return 2 }, log: repltest.Quiet(), names: []string{"a", "b"}, links: make([]*peer, 2), node: f}
+	in := s.from(0)
+	payload := func(f []byte) []byte { return f[frameHead : len(f)-frameTail] }
+	begin := payload((&snapBegin{ID: 1, Epoch: 1, Shards: 1}).Append(nil))
+	if err := in.snapBegin(begin); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.snapShard(payload(appendSnapShard(nil, 0, 0, true, nil))); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.snapEnd(payload((&snapEnd{ID: 1}).Append(nil))); err != nil {
+		t.Fatal(err)
+	}
+	if !f.insync {
+		t.Fatal("not in sync after the snapshot")
+	}
+	var w records.BatchWriter
+	for i := range 3 {
+		r := shard.Record{Kind: shard.RecordGrant, Seq: uint64(i + 1), Key: fmt.Appendf(nil, "k%d", i), Token: uint64(10 + i), Lease: 60}
+		if err := w.Add(&r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	good := len(w.Bytes())
+	r := shard.Record{Kind: shard.RecordGrant, Seq: 4, Key: []byte("k3"), Token: 13, Lease: 60}
+	if err := w.Add(&r); err != nil {
+		t.Fatal(err)
+	}
+	raw := w.Bytes()[:good+5] // the fourth record cut short
+	if err := in.batch(payload(appendBatch(nil, 1, raw))); err == nil {
+		t.Fatal("a malformed batch applied without an error")
+	}
+	if f.insync {
+		t.Fatal("still in sync after a malformed batch")
+	}
+	if got := tab.Stats().Keys; got != 3 {
+		t.Fatalf("%d keys after the batch, want the 3 before the malformed record", got)
+	}
+	// The batches after it wait for the next snapshot.
+	w.Reset()
+	r = shard.Record{Kind: shard.RecordGrant, Seq: 4, Key: []byte("k9"), Token: 19, Lease: 60}
+	if err := w.Add(&r); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.batch(payload(appendBatch(nil, 2, w.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if got := tab.Stats().Keys; got != 3 {
+		t.Fatalf("%d keys: a batch after the malformed one was applied", got)
+	}
+}

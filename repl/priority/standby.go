@@ -116,11 +116,14 @@ func (in *replica) batch(payload []byte) error {
 	if h.Codec == records.CodecS2 {
 		in.raw = raw[:0] // keep the grown buffer (raw data points into the frame)
 	}
-	if _, err := records.CheckRecords(raw); err != nil {
-		return err
-	}
+	// One pass decodes, validates and applies (the records are not
+	// checked whole first): a malformed record stops the batch after the
+	// records before it, a prefix of the stream, which a standby may hold
+	// as it may hold any batch boundary; it is not acknowledged, the
+	// standby leaves sync and the connection closes, so the next
+	// connection begins with a snapshot (malformed below).
 	n, cancelled := 0, 0
-	gap := false
+	gap, malformed := false, false
 	applied, err := s.node.apply(in.from, in.epoch, func() error {
 		now := s.clock()
 		var rec shard.Record
@@ -142,9 +145,17 @@ func (in *replica) batch(payload []byte) error {
 			n++
 		}
 		in.fx.Reset()
-		return it.Err()
+		if err := it.Err(); err != nil {
+			malformed = true
+			return err
+		}
+		return nil
 	})
 	switch {
+	case malformed:
+		in.gap = true
+		s.node.desync(0)
+		return err
 	case err != nil:
 		return err
 	case !applied:

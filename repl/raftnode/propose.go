@@ -21,7 +21,11 @@ const (
 	raftMaxEntry = 1 << 20
 	// raftPipeline is how many entries of records may be in flight
 	// (proposed, not yet committed) at once: one, by measurement
-	// (BENCHMARKS.md, "Why one entry in flight").
+	// (BENCHMARKS.md, "Why one entry in flight", measured again in
+	// "Raft: a leader that writes in parallel"): hashicorp/raft's leader
+	// loop writes a new entry to its own log (an fsync) in the goroutine
+	// that also handles commit notifications, so a second entry in flight
+	// delays the first one's commit by its own fsync.
 	raftPipeline = 1
 	// raftLatencies is how many commit latencies Status summarises.
 	raftLatencies = 1024

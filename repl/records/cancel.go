@@ -61,16 +61,41 @@ func (x *Indexed) AppendTo(dst *BatchWriter) { dst.addEncoded(x.w.Bytes(), x.w.C
 // Tokens are unique, so a grant and its end are matched by token alone; a
 // release of a token granted in an earlier batch stays.
 type Canceller struct {
-	grants map[uint64]int32 // token → its grant's index in the shard's ix
-	dead   []bool
+	// slots is the grants of the shard being cut, by token: an open-
+	// addressing table of indices into its ix (plus one; 0 is empty), sized
+	// to the shard's records and cleared per Cut, so a batch costs what its
+	// records do, not what the largest batch left (a map's clear costs its
+	// capacity).
+	slots []int32
+	shift uint // 64 - log2(len(slots))
+	dead  []bool
 }
 
-// Reset forgets the grants of the previous batch.
-func (c *Canceller) Reset() {
-	if c.grants == nil {
-		c.grants = make(map[uint64]int32)
+// Reset forgets the grants of the previous batch (each Cut has its own).
+func (c *Canceller) Reset() {}
+
+// grantOf returns the index in ix of the grant of token, or -1.
+func (c *Canceller) grantOf(ix []index, token uint64) int {
+	mask := len(c.slots) - 1
+	for h := int((token * 0x9E3779B97F4A7C15) >> c.shift); ; h = (h + 1) & mask {
+		j := int(c.slots[h]) - 1
+		if j < 0 {
+			return -1
+		}
+		if ix[j].token == token {
+			return j
+		}
 	}
-	clear(c.grants)
+}
+
+// addGrant notes grant k of ix.
+func (c *Canceller) addGrant(ix []index, k int) {
+	mask := len(c.slots) - 1
+	h := int((ix[k].token * 0x9E3779B97F4A7C15) >> c.shift)
+	for c.slots[h] != 0 {
+		h = (h + 1) & mask
+	}
+	c.slots[h] = int32(k + 1)
 }
 
 // Cut appends shard id's records src (in Seq order) to dst, with every
@@ -81,13 +106,20 @@ func (c *Canceller) Cut(dst *BatchWriter, id uint32, src *Indexed) int {
 	dead := slices.Grow(c.dead[:0], len(ix))[:len(ix)]
 	clear(dead)
 	c.dead = dead
+	bits := uint(4)
+	for 1<<bits < 2*len(ix) {
+		bits++
+	}
+	c.slots = slices.Grow(c.slots[:0], 1<<bits)[:1<<bits]
+	clear(c.slots)
+	c.shift = 64 - bits
 	cut := false
 	for k, r := range ix {
 		switch r.kind {
 		case shard.RecordGrant:
-			c.grants[r.token] = int32(k)
+			c.addGrant(ix, k)
 		case shard.RecordRelease, shard.RecordExpire:
-			if j, ok := c.grants[r.token]; ok && int(j) < k && ix[j].token == r.token && ix[j].kind == shard.RecordGrant {
+			if j := c.grantOf(ix, r.token); j >= 0 && j < k && ix[j].kind == shard.RecordGrant {
 				dead[j], dead[k], cut = true, true, true
 			}
 		}
@@ -98,7 +130,7 @@ func (c *Canceller) Cut(dst *BatchWriter, id uint32, src *Indexed) int {
 	}
 	for k, r := range ix {
 		if r.kind == shard.RecordRenew {
-			if j, ok := c.grants[r.token]; ok && int(j) < k && ix[j].token == r.token && dead[j] {
+			if j := c.grantOf(ix, r.token); j >= 0 && j < k && dead[j] {
 				dead[k] = true
 			}
 		}
