@@ -125,10 +125,12 @@ func TestRaftReplaceMember(t *testing.T) {
 			t.Fatalf("the new member holds %s with token %d, want %d", key, got[key].token, tok)
 		}
 	}
-	all, voters := c.members(j)
-	if len(all) != 3 || len(voters) != 3 {
-		t.Fatalf("the new member's configuration %v, voters %v", all, voters)
-	}
+	// A member learns the promotion to voter from the leader's log a round
+	// trip after the leader answered it.
+	repltest.WaitFor(t, "the new member to see three voters", func() bool {
+		all, voters := c.members(j)
+		return len(all) == 3 && len(voters) == 3
+	})
 	repltest.WaitFor(t, "the new member to name the leader", func() bool {
 		g := c.ms[j].n.Gate()
 		return g.State == repl.Redirect && g.Addr == c.peers[l]
