@@ -238,11 +238,18 @@ func (h *handler) traffic(ss *session) gnet.Action {
 	defer s.barrier.RUnlock()
 	b.gen = s.abandonsA.Load() // what this batch executes comes after these Abandon calls
 	spec := ss.takeMail(b)     // answers made from the table's state
-	now := s.now()
 	action := gnet.None
 
 	auth := s.acl.Load() != nil
 	buf, _ := c.Peek(-1)
+	// The clock is read after the bytes are: every request in buf arrived
+	// before now, so a freeze (SIGSTOP, a stall) that ended before one of
+	// them arrived ended before now too, and the gate, which expires half a
+	// failover timeout after the ticker's last tick, has expired for it
+	// (PROTOCOL.md §6.2: nothing executes from a frozen member's stale
+	// state). Read before Peek, a freeze between the two let requests
+	// queued during it run under the gate of before it.
+	now := s.now()
 	if auth && !s.refreshAuth(ss) {
 		// A reload removed this connection's identity: close, unread.
 		buf, action = nil, gnet.Close
