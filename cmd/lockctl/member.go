@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -272,24 +271,11 @@ func adminOf(addr string) (string, bool) {
 
 // send makes one change request and decodes its answer into v.
 func (ad *admin) send(method, u string, body []byte, v any) error {
-	req, err := http.NewRequest(method, u, bytes.NewReader(body))
+	resp, err := ad.do(method, u, body, "an admin identity")
 	if err != nil {
 		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if ad.c.identity != "" {
-		req.SetBasicAuth(ad.c.identity, string(ad.c.secret))
-	}
-	resp, err := ad.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("admin endpoint: %v (lockd serves it on its port + 1 unless started with --admin; set --admin or %s)", err, envAdmin)
 	}
 	defer resp.Body.Close()
-	if err := ad.refused(resp, u, "an admin identity"); err != nil {
-		return err
-	}
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	switch resp.StatusCode {
 	case http.StatusOK:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -273,21 +274,11 @@ func seconds(s float64) string {
 // getJSON reads u's JSON into v, authenticating when an identity is
 // given. 401 and 403 map to exit 15 and 16.
 func (ad *admin) getJSON(u string, v any) error {
-	req, err := http.NewRequest(http.MethodGet, u, nil)
+	resp, err := ad.do(http.MethodGet, u, nil, "a monitor or admin identity")
 	if err != nil {
 		return err
-	}
-	if ad.c.identity != "" {
-		req.SetBasicAuth(ad.c.identity, string(ad.c.secret))
-	}
-	resp, err := ad.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("admin endpoint: %v (lockd serves it on its port + 1 unless started with --admin; set --admin or %s)", err, envAdmin)
 	}
 	defer resp.Body.Close()
-	if err := ad.refused(resp, u, "a monitor or admin identity"); err != nil {
-		return err
-	}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fmt.Errorf("admin endpoint: %s: %s", resp.Status, b)
@@ -296,6 +287,36 @@ func (ad *admin) getJSON(u string, v any) error {
 		return fmt.Errorf("admin endpoint: bad answer: %v", err)
 	}
 	return nil
+}
+
+// do sends one request to the admin endpoint (JSON body when body is not
+// nil), with the identity as basic authentication when one is given. A
+// 401 or 403 is returned as refused's error (want: the identity the path
+// needs), the body closed; otherwise the caller closes resp.Body.
+func (ad *admin) do(method, u string, body []byte, want string) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, u, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if ad.c.identity != "" {
+		req.SetBasicAuth(ad.c.identity, string(ad.c.secret))
+	}
+	resp, err := ad.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("admin endpoint: %v (lockd serves it on its port + 1 unless started with --admin; set --admin or %s)", err, envAdmin)
+	}
+	if err := ad.refused(resp, u, want); err != nil {
+		resp.Body.Close()
+		return nil, err
+	}
+	return resp, nil
 }
 
 // refused maps a 401 or 403 of the admin endpoint at u to exit 15 or 16
