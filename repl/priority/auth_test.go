@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/api"
-	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/memberauth"
 	"github.com/lockd-dev/lockd/shard"
@@ -94,31 +93,12 @@ func (s clusterState) equal(o clusterState) bool {
 // every lock held with its token, the token counter unmoved, the
 // refusals counted.
 func TestForgedMember(t *testing.T) {
-	ca, mats := repltest.MemberTLS(t, []string{"127.0.0.1", "127.0.0.1", "127.0.0.1"})
-	_, strangers := repltest.MemberTLS(t, []string{"127.0.0.1"})
-	elsewhere, err := ca.Issue("elsewhere", "10.9.9.9")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sec := repltest.Secret(7)
-	for _, tc := range []struct {
-		name     string
-		secret   []byte
-		tls      bool
-		impostor repl.MemberTLS // runs the exchange with this material and the secret
-	}{
-		{name: "off"},
-		{name: "secret", secret: sec},
-		{name: "tls", tls: true},
-		{name: "tls+secret", secret: sec, tls: true},
-		{name: "tls+secret, certificate of another CA", secret: sec, tls: true, impostor: strangers[0]},
-		{name: "tls+secret, certificate naming another host", secret: sec, tls: true,
-			impostor: repltest.NewTLSMaterial(elsewhere.TLS, ca.Pool())},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	mats, cases := repltest.ForgeryCases(t, 7)
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
 			ms := startMembers(t, 3, func(p *node) {
-				p.cfg.Secret = tc.secret
-				if tc.tls {
+				p.cfg.Secret = tc.Secret
+				if tc.TLS {
 					p.cfg.MemberTLS = mats[p.cfg.Self]
 				}
 			})
@@ -151,9 +131,9 @@ func TestForgedMember(t *testing.T) {
 			h := a.p.hello()
 			forge := func(to int) net.Conn {
 				addr := a.p.cfg.MemberAddr(to)
-				if tc.impostor != nil {
+				if tc.Impostor != nil {
 					cfg := a.p.cfg
-					cfg.Self, cfg.MemberTLS = 2, tc.impostor
+					cfg.Self, cfg.MemberTLS = 2, tc.Impostor
 					c, err := memberauth.New(cfg, memberauth.Options{Mode: memberauth.ModePriority}, repltest.Quiet()).
 						Dial(context.Background(), to, addr, time.Second)
 					if err == nil {
@@ -177,11 +157,11 @@ func TestForgedMember(t *testing.T) {
 			}
 			first, second := <-done, <-done
 			closed := first && second
-			if tc.name != "off" {
+			if tc.Name != "off" {
 				time.Sleep(d) // what a forged heartbeat did would show by now
 			}
 			after := stateOf(ms, keys)
-			if tc.name == "off" {
+			if tc.Name == "off" {
 				// The takeover: the real active stepped down (discarding its
 				// table for a snapshot), and the forged epoch is the cluster's.
 				repltest.WaitFor(t, "the real active to step down", func() bool { return ms[0].p.Status().Demotions > 0 })

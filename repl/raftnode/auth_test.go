@@ -67,31 +67,12 @@ func (s raftState) equal(o raftState) bool {
 // the RPC fails, and the leader, every term, role and election count,
 // every lock with its token and the token counter are as they were.
 func TestForeignAppendEntries(t *testing.T) {
-	ca, mats := repltest.MemberTLS(t, []string{"127.0.0.1", "127.0.0.1", "127.0.0.1"})
-	_, strangers := repltest.MemberTLS(t, []string{"127.0.0.1"})
-	elsewhere, err := ca.Issue("elsewhere", "10.9.9.9")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sec := repltest.Secret(9)
-	for _, tc := range []struct {
-		name     string
-		secret   []byte
-		tls      bool
-		impostor repl.MemberTLS
-	}{
-		{name: "off"},
-		{name: "secret", secret: sec},
-		{name: "tls", tls: true},
-		{name: "tls+secret", secret: sec, tls: true},
-		{name: "tls+secret, certificate of another CA", secret: sec, tls: true, impostor: strangers[0]},
-		{name: "tls+secret, certificate naming another host", secret: sec, tls: true,
-			impostor: repltest.NewTLSMaterial(elsewhere.TLS, ca.Pool())},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	mats, cases := repltest.ForgeryCases(t, 9)
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
 			c := &raftCluster{t: t, T: 400 * time.Millisecond, member: func(i int, cfg *repl.ClusterConfig) {
-				cfg.Secret = tc.secret
-				if tc.tls {
+				cfg.Secret = tc.Secret
+				if tc.TLS {
 					cfg.MemberTLS = mats[i]
 				}
 			}}
@@ -111,8 +92,8 @@ func TestForeignAppendEntries(t *testing.T) {
 			dial := func(address string, timeout time.Duration) (net.Conn, error) {
 				return net.DialTimeout("tcp", address, timeout)
 			}
-			if tc.impostor != nil {
-				cfg.Self, cfg.MemberTLS = forger, tc.impostor
+			if tc.Impostor != nil {
+				cfg.Self, cfg.MemberTLS = forger, tc.Impostor
 				a := memberauth.New(cfg, memberauth.Options{Mode: memberauth.ModeRaft}, repltest.Quiet())
 				dial = func(address string, timeout time.Duration) (net.Conn, error) {
 					return a.Dial(context.Background(), l, address, timeout)
@@ -132,7 +113,7 @@ func TestForeignAppendEntries(t *testing.T) {
 			}
 			var resp raft.AppendEntriesResponse
 			rpcErr := trans.AppendEntries(raft.ServerID(fmt.Sprint(l)), raft.ServerAddress(lm.n.cfg.MemberAddr(l)), req, &resp)
-			if tc.name == "off" {
+			if tc.Name == "off" {
 				if rpcErr != nil {
 					t.Fatalf("the foreign AppendEntries failed without §8.4: %v", rpcErr)
 				}

@@ -63,3 +63,37 @@ func Secret(b byte) []byte {
 	}
 	return s
 }
+
+// Forgery is one way a stranger tries a member port (ForgeryCases): the
+// cluster's §8.4 setting (Secret, TLS with the members' material) and,
+// when not nil, the material the stranger runs the exchange with.
+type Forgery struct {
+	Name     string
+	Secret   []byte
+	TLS      bool
+	Impostor *TLSMaterial
+}
+
+// ForgeryCases returns the members' TLS material (three members on
+// 127.0.0.1) and the cases both modes' forged-member tests run: §8.4 off,
+// a secret, TLS, both, and both with a certificate of another CA or of
+// the right CA naming another host. secret seeds the cluster secret.
+func ForgeryCases(tb testing.TB, secret byte) ([]*TLSMaterial, []Forgery) {
+	tb.Helper()
+	ca, mats := MemberTLS(tb, []string{"127.0.0.1", "127.0.0.1", "127.0.0.1"})
+	_, strangers := MemberTLS(tb, []string{"127.0.0.1"})
+	elsewhere, err := ca.Issue("elsewhere", "10.9.9.9")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sec := Secret(secret)
+	return mats, []Forgery{
+		{Name: "off"},
+		{Name: "secret", Secret: sec},
+		{Name: "tls", TLS: true},
+		{Name: "tls+secret", Secret: sec, TLS: true},
+		{Name: "tls+secret, certificate of another CA", Secret: sec, TLS: true, Impostor: strangers[0]},
+		{Name: "tls+secret, certificate naming another host", Secret: sec, TLS: true,
+			Impostor: NewTLSMaterial(elsewhere.TLS, ca.Pool())},
+	}
+}
