@@ -184,7 +184,7 @@ func (b *bigPhase) run() {
 	if !b.restartStandby(s) {
 		return
 	}
-	if !b.leaderHoldsAll("the active/leader after a standby synced") || !b.syncedHoldsAll(s, lead, "the standby that synced") {
+	if !b.leaderHoldsAll("the active/leader after a standby synced") || !b.syncedHoldsAll(s, "the standby that synced") {
 		return
 	}
 	// 2. The active/leader terminated: a planned handover of the table.
@@ -232,7 +232,7 @@ func (b *bigPhase) run() {
 			b.bad("member %d not in sync at the end: %v", m, err)
 			continue
 		}
-		if !b.syncedHoldsAll(m, lead, fmt.Sprintf("member %d, in sync, at the end", m)) {
+		if !b.syncedHoldsAll(m, fmt.Sprintf("member %d, in sync, at the end", m)) {
 			return
 		}
 	}
@@ -704,33 +704,14 @@ func (b *bigPhase) leaderHoldsAll(who string) bool {
 }
 
 // syncedHoldsAll checks that member m, a standby or follower found in
-// sync (waitSynced) with lead, holds every lock of the phase with its
-// token (missing). A stall of the machine can make the active resync an
-// in-sync standby right after that check (a new snapshot
-// replaces its table shard by shard), and a dump read meanwhile shows the
-// table half restored: when the member's log says a snapshot was applied
-// after the dump began, the sync is waited for and the check made again
-// (noted, at most three times; priority mode, whose standbys log it).
-// Anything else missing is a violation.
-func (b *bigPhase) syncedHoldsAll(m, lead int, who string) bool {
-	resynced := regexp.MustCompile(`"in sync: snapshot applied"`)
-	for attempt := 1; ; attempt++ {
-		mark := b.c.Member(m).LogMark()
-		_, problem := b.missing(m, who)
-		if problem == "" {
-			return true
-		}
-		if attempt < 3 && b.cfg.Mode == api.ModePriority {
-			if _, err := b.c.Member(m).WaitLogSince(mark, resynced, bigStepWithin); err == nil {
-				b.note("%s: resynced while its table was read (%s); read again once in sync", who, problem)
-				if err := b.waitSynced(m, lead); err == nil {
-					continue
-				}
-			}
-		}
+// sync, holds every lock of the phase with its token, on a settled
+// reading (checkTable: a resync during the reading is read again).
+func (b *bigPhase) syncedHoldsAll(m int, who string) bool {
+	if _, problem := b.missing(m, who); problem != "" {
 		b.bad("%s: %s", who, problem)
 		return false
 	}
+	return true
 }
 
 // missing compares member m's table, on a settled reading (checkTable),
@@ -848,6 +829,11 @@ type tableSource interface {
 	Status() (clustertest.Status, error)
 	Ready() bool
 	Locks() (map[string]heldLock, error)
+	// LogMark marks the member's log now; ResyncedSince reports whether
+	// it applied a snapshot after mark (priority standbys log each): one
+	// applied during a reading replaced the table while it was read.
+	LogMark() int
+	ResyncedSince(mark int) bool
 }
 
 // memberTable is a member of the phase's cluster as a tableSource.
@@ -856,6 +842,16 @@ type memberTable struct{ m *clustertest.Member }
 func (t memberTable) Status() (clustertest.Status, error) { return t.m.Status() }
 
 func (t memberTable) Locks() (map[string]heldLock, error) { return dumpLocks(t.m.AdminURL()) }
+
+// snapshotApplied is a priority standby's log line for an applied snapshot.
+var snapshotApplied = regexp.MustCompile(`"in sync: snapshot applied"`)
+
+func (t memberTable) LogMark() int { return t.m.LogMark() }
+
+func (t memberTable) ResyncedSince(mark int) bool {
+	_, err := t.m.WaitLogSince(mark, snapshotApplied, 0)
+	return err == nil
+}
 
 // Ready reports whether the member's /readyz answers 200: for a raft
 // leader, that it serves (it has applied the log and rebuilt its table).
@@ -878,6 +874,7 @@ func (t memberTable) Ready() bool {
 type tableReading struct {
 	before, after           clustertest.Status
 	readyBefore, readyAfter bool
+	resynced                bool // the member applied a snapshot during the reading
 	keys                    map[string]heldLock
 	at                      int64 // when the locks were read (unix ns, once read)
 }
@@ -890,6 +887,7 @@ func readTable(src tableSource) (tableReading, error) {
 		return r, err
 	}
 	r.readyBefore = src.Ready()
+	mark := src.LogMark()
 	if r.keys, err = src.Locks(); err != nil {
 		return r, fmt.Errorf("/debug/locks: %w", err)
 	}
@@ -898,6 +896,7 @@ func readTable(src tableSource) (tableReading, error) {
 	if r.after, err = src.Status(); err != nil {
 		return r, err
 	}
+	r.resynced = src.ResyncedSince(mark)
 	return r, nil
 }
 
@@ -920,6 +919,10 @@ func (r *tableReading) unsettled(serving bool) string {
 		return fmt.Sprintf("it was %s at epoch %d, then %s at %d", b.Role, b.Epoch, a.Role, a.Epoch)
 	case serving && !b.Serving():
 		return fmt.Sprintf("%s at epoch %d: it does not serve", b.Role, b.Epoch)
+	case r.resynced:
+		// A stall of the machine can make the active resync an in-sync
+		// standby: the new snapshot replaces its table shard by shard.
+		return "a snapshot replaced its table during the reading"
 	}
 	for _, side := range []struct {
 		st    *clustertest.Status

@@ -23,10 +23,11 @@ type fakeTable struct {
 }
 
 type fakeState struct {
-	st    clustertest.Status
-	ready bool
-	keys  map[string]heldLock
-	err   error // of Status
+	st      clustertest.Status
+	ready   bool
+	keys    map[string]heldLock
+	err     error // of Status
+	resyncs int   // snapshots applied so far
 }
 
 func (f *fakeTable) cur() fakeState {
@@ -38,6 +39,10 @@ func (f *fakeTable) cur() fakeState {
 func (f *fakeTable) Status() (clustertest.Status, error) { s := f.cur(); return s.st, s.err }
 
 func (f *fakeTable) Ready() bool { return f.cur().ready }
+
+func (f *fakeTable) LogMark() int { return f.cur().resyncs }
+
+func (f *fakeTable) ResyncedSince(mark int) bool { return f.cur().resyncs > mark }
 
 func (f *fakeTable) Locks() (map[string]heldLock, error) {
 	f.mu.Lock()
@@ -89,6 +94,11 @@ func TestBigCheckTable(t *testing.T) {
 	}
 	follower := func(epoch uint64, keys int, rebuilds uint64) clustertest.Status {
 		return raftSt(api.RoleFollower, epoch, keys, rebuilds, true)
+	}
+	standby := func(keys int) clustertest.Status { // a priority standby in sync
+		var st clustertest.Status
+		st.Role, st.Epoch, st.Keys, st.InSync = api.RoleStandby, 3, keys, true
+		return st
 	}
 	tests := []struct {
 		name    string
@@ -153,6 +163,14 @@ func TestBigCheckTable(t *testing.T) {
 				st.Role, st.Keys = api.RoleStandby, n
 				return st
 			}(), keys: full},
+		}},
+		{name: "a priority standby resynced during the reading (the priority long run)", pass: true, reads: 2, states: []fakeState{
+			{st: standby(n), keys: partial, resyncs: 3},
+			{st: standby(n), keys: full, resyncs: 4}, // the new snapshot applied as the reading ended
+			{st: standby(n), keys: full, resyncs: 4},
+		}},
+		{name: "a priority standby in sync that lost locks", why: "3 of 1000 locks lost", states: []fakeState{
+			{st: standby(n - 3), keys: partial, resyncs: 2},
 		}},
 		{name: "a status error, then a settled reading", serving: true, pass: true, reads: 1, states: []fakeState{
 			{err: errors.New("connection refused")},
