@@ -128,3 +128,55 @@ func TestPrioritySIGTERMHandoverDelayedLinks(t *testing.T) {
 		}
 	}
 }
+
+// TestPrioritySIGTERMJustAfterTakingOver (issue 18, hole 3, the residual
+// chaos found): the first member restarts, syncs and takes the active role
+// back by a planned handover; the old active, now its standby, applies its
+// snapshot — and the new active is terminated within milliseconds, before
+// that standby's next heartbeat (every tenth of the failover timeout) says
+// it follows the new active. The standby's Ack(snapshot) already says so:
+// the SIGTERM must hand over to it (M naming it, never E 4), not shut down
+// as a single node.
+func TestPrioritySIGTERMJustAfterTakingOver(t *testing.T) {
+	c, _ := startPriority(t, 3, false)
+	if err := c.Member(0).Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitActive(t, c, 3*time.Second, 0)
+	if err := c.Member(0).Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// Member 1 in sync with member 0 as the active: read as often as the
+	// admin endpoint answers, to signal inside the heartbeat's interval.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		st, err := c.Member(1).Status()
+		if err == nil && st.InSync && st.Active == c.Peers(1)[0] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("member 1 never in sync with the restarted member 0: %+v, %v", st, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	holder, waiter := dial(t, c, 0), dial(t, c, 0)
+	grant(t, holder, "held", 60, 1)
+	if err := waiter.Send(proto.AppendAcquire(nil, 30, 10, 2, "held")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Member(0).Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r, err := waiter.Read()
+	if err != nil {
+		t.Fatalf("the queued acquire was not answered: %v", err)
+	}
+	if succ := c.Peers(0)[1]; r.Op != proto.OpMoved || string(r.Tail) != succ {
+		t.Fatalf("queued acquire at the SIGTERM just after taking over: %c code %d %q, want M naming %s\n%s",
+			r.Op, r.Code, r.Tail, succ, c.Member(0).Logs())
+	}
+	if code, err := c.Member(0).Wait(20 * time.Second); err != nil || code != 0 {
+		t.Fatalf("member 0's exit: %d, %v", code, err)
+	}
+	waitActiveIs(t, c, 1, "member 1 is not the active after the handover")
+}

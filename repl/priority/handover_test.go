@@ -124,6 +124,70 @@ func TestRolesHandoverRefused(t *testing.T) {
 	}
 }
 
+// answerFrame is successor s's answer to an offer (or an abort) at e, as
+// takeOver and abortAsked send it: Ack(handoff) of e, or Ack(refused) of
+// the epoch up to which s refuses.
+func answerFrame(s *roles, taken bool, e uint64) frameAt {
+	if taken {
+		return frameAt{msg: "taken", e: e}
+	}
+	return frameAt{msg: "refused", e: s.refusedUpTo()}
+}
+
+// TestRolesHandoverReofferAboveRefused: the successor refused the epoch
+// offered because another member had offered it the same one before (a
+// handover this active never heard of). Its Ack(refused) says up to which
+// epoch it refuses; this active's next offer is above it and is taken.
+// Before, every offer of this active stopped at the same epoch, and a
+// SIGTERM shut it down as a single node (E 4) beside a live, in-sync
+// standby (chaos, seed 7, handovers only).
+func TestRolesHandoverReofferAboveRefused(t *testing.T) {
+	for _, refusedBefore := range []uint64{0, 1, 5} { // above the epoch this active offers next
+		a, s, now := pair(t)
+		first, _ := a.nextEpoch()
+		s.refuse(first + refusedBefore) // offered by a third member, refused
+		e, _ := a.offer(1, now)
+		taken, _ := s.takeHandoff(0, e, true)
+		if taken {
+			t.Fatalf("refused %d before: took %d", first+refusedBefore, e)
+		}
+		a.handoffAnswer(1, s.refusedUpTo(), false)
+		if o, _ := a.handover(); o != handRefused || a.role != roleActive {
+			t.Fatalf("refused %d before: the refusal up to %d did not settle the offer of %d: %v, %v", first+refusedBefore, s.refusedUpTo(), e, o, a.role)
+		}
+		e2, _ := a.offer(1, now)
+		if e2 <= s.refusedUpTo() {
+			t.Fatalf("refused up to %d: offered %d next", s.refusedUpTo(), e2)
+		}
+		if taken, _ := s.takeHandoff(0, e2, true); !taken {
+			t.Fatalf("the second offer, %d, refused (refused up to %d)", e2, s.refusedUpTo())
+		}
+		a.handoffAnswer(1, e2, true)
+		if o, to := a.handover(); o != handTaken || to != 1 {
+			t.Fatalf("second offer: %v/%d", o, to)
+		}
+	}
+}
+
+// TestRolesHandoverStaleRefusal: a refusal below the epoch offered answers
+// an earlier offer, not this one; one at it or above settles it.
+func TestRolesHandoverStaleRefusal(t *testing.T) {
+	a, _, now := pair(t)
+	e, _ := a.offer(1, now)
+	a.handoffAnswer(1, e-1, false)
+	if o, _ := a.handover(); o != handOffered {
+		t.Fatalf("a refusal up to %d ended the offer of %d: %v", e-1, e, o)
+	}
+	a.handoffAnswer(1, e-1, true)
+	if o, _ := a.handover(); o != handOffered {
+		t.Fatalf("an Ack(handoff) of %d ended the offer of %d: %v", e-1, e, o)
+	}
+	a.handoffAnswer(1, e+3, false)
+	if o, _ := a.handover(); o != handRefused || a.maxEpoch < e+3 {
+		t.Fatalf("a refusal up to %d: %v, max epoch %d", e+3, o, a.maxEpoch)
+	}
+}
+
 // TestRolesHandoverRestartedSuccessor: a successor that took the handoff
 // and restarted (its data dir holds the epoch, its memory does not) still
 // answers a HandoffAbort with taken: the old active must not serve.
@@ -295,10 +359,10 @@ func handoverUnderLoss(t *testing.T, name string, as, sa *lossyLink) {
 			case "handoff":
 				taken, _ := s.takeHandoff(0, f.e, true)
 				took = took || taken
-				sa.send(now, frameAt{msg: map[bool]string{true: "taken", false: "refused"}[taken], e: f.e})
+				sa.send(now, answerFrame(s, taken, f.e))
 			case "abort":
 				taken := s.abortHandoff(0, f.e)
-				sa.send(now, frameAt{msg: map[bool]string{true: "taken", false: "refused"}[taken], e: f.e})
+				sa.send(now, answerFrame(s, taken, f.e))
 			}
 		}
 		for _, f := range sa.due(now) {
@@ -338,19 +402,63 @@ func handoverUnderLoss(t *testing.T, name string, as, sa *lossyLink) {
 	}
 }
 
-// TestRolesSnapshotAckMakesASuccessor: a standby's Ack(snapshot) makes it
-// in sync in its active's view at once: a SIGTERM right after hands over
-// to it instead of shutting down as a single node (E 4).
+// TestRolesSnapshotAckMakesASuccessor: a standby's Ack(snapshot) of this
+// active's snapshot makes it in sync in the active's view at once, whatever
+// its last heartbeat from before this epoch said: a SIGTERM right after
+// hands over to it instead of shutting down as a single node (E 4). A
+// heartbeat newer than the acknowledgement stands.
 func TestRolesSnapshotAckMakesASuccessor(t *testing.T) {
-	now := 1000 * ms
-	a := newRoles(0, 2, 1000*ms, 0, now)
-	a.promote()
-	a.heard(now, 1, peerState{epoch: a.epoch, role: roleStandby, follows: 0, inSync: false})
-	if a.successor(now, 0) != -1 {
-		t.Fatal("a successor before the standby applied the snapshot")
+	cases := []struct {
+		name    string
+		last    func(e uint64) peerState // the standby's last heartbeat; e: the active's epoch
+		ackAt   func(e uint64) uint64    // the epoch the acknowledged snapshot was sent at
+		want    int                      // successor after the ack
+		keepsAt func(e uint64) uint64    // the epoch the active keeps for it
+	}{
+		{"standby of this epoch, not in sync yet",
+			func(e uint64) peerState { return peerState{epoch: e, role: roleStandby, follows: 0} },
+			func(e uint64) uint64 { return e }, 1, func(e uint64) uint64 { return e }},
+		// The failure chaos found (seed 7, handovers only): member 1 handed
+		// over to 0, followed it and applied its snapshot; 0 was signalled
+		// before 1's next heartbeat, which still said "active at e-1".
+		{"the old active that just handed over to this one",
+			func(e uint64) peerState { return peerState{epoch: e - 1, role: roleActive, follows: 1, inSync: false} },
+			func(e uint64) uint64 { return e }, 1, func(e uint64) uint64 { return e }},
+		{"a standby of the previous active",
+			func(e uint64) peerState { return peerState{epoch: e - 1, role: roleStandby, follows: 2, inSync: true} },
+			func(e uint64) uint64 { return e }, 1, func(e uint64) uint64 { return e }},
+		{"an acknowledgement of a snapshot of another epoch",
+			func(e uint64) peerState { return peerState{epoch: e - 1, role: roleStandby, follows: 2, inSync: true} },
+			func(e uint64) uint64 { return e - 1 }, -1, func(e uint64) uint64 { return e - 1 }},
+		{"a heartbeat of a later epoch stands",
+			func(e uint64) peerState { return peerState{epoch: e + 1, role: roleActive, follows: 1} },
+			func(e uint64) uint64 { return e }, -1, func(e uint64) uint64 { return e + 1 }},
+		{"a leaving member stays leaving",
+			func(e uint64) peerState { return peerState{epoch: e - 1, role: roleLeaving, follows: 2} },
+			func(e uint64) uint64 { return e }, -1, func(e uint64) uint64 { return e - 1 }},
+		{"a heartbeat of this epoch following another member stands",
+			func(e uint64) peerState { return peerState{epoch: e, role: roleStandby, follows: 2} },
+			func(e uint64) uint64 { return e }, -1, func(e uint64) uint64 { return e }},
 	}
-	a.snapshotApplied(1)
-	if a.successor(now, 0) != 1 {
-		t.Fatal("no successor after the standby's Ack(snapshot)")
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			now := 1000 * ms
+			a := newRoles(0, 3, 1000*ms, 0, now)
+			a.promote()
+			a.promote() // epoch 2: an epoch below it exists
+			e := a.epoch
+			a.heard(now, 1, tc.last(e))
+			if a.successor(now, 0) != -1 {
+				t.Fatal("a successor before the standby applied the snapshot")
+			}
+			a.snapshotApplied(1, tc.ackAt(e))
+			if got := a.successor(now, 0); got != tc.want {
+				t.Fatalf("successor after the Ack(snapshot): %d, want %d (%v)", got, tc.want, a.successorViews(now))
+			}
+			p := a.peers[1]
+			if p.epoch != tc.keepsAt(e) || (tc.want == 1 && (!p.inSync || p.role != roleStandby || p.follows != 0)) {
+				t.Fatalf("member 1 kept as %+v", p)
+			}
+		})
 	}
 }

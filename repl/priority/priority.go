@@ -758,8 +758,12 @@ func (p *node) Stop(ctx context.Context) string {
 // address requests are sent to from then on, or "" when none is left and
 // this member shuts down as a single node.
 func (p *node) stopActive(ctx context.Context) string {
-	var refused uint64 // members that refused: not asked again
-	for range len(p.cfg.Peers) {
+	// A member that refused is offered once more, above every epoch it
+	// said it refuses: the epoch first offered may be one it refused
+	// before, offered by another member this one never heard of. A member
+	// that refused twice is not asked again.
+	var once, refused uint64
+	for range 2 * len(p.cfg.Peers) {
 		// A handover begun before the signal (to a member of higher
 		// priority) ends first; this member executes nothing meanwhile.
 		if p.waitHandover(ctx) {
@@ -795,7 +799,13 @@ func (p *node) stopActive(ctx context.Context) string {
 			}
 			return p.lastMember()
 		}
-		refused |= 1 << succ // refused: serving again; try the next
+		// Refused: serving again; this successor once more, then the next.
+		if once&(1<<succ) == 0 {
+			once |= 1 << succ
+			p.log.Info("the successor refused the handover: offering it once more, above the epochs it refuses", "standby", p.cfg.Peers[succ])
+			continue
+		}
+		refused |= 1 << succ
 	}
 	return p.lastMember()
 }
@@ -805,8 +815,9 @@ func (p *node) stopActive(ctx context.Context) string {
 func (p *node) lastMember() string {
 	p.mu.Lock()
 	p.keepTable = true
+	views := p.roles.successorViews(p.clock())
 	p.mu.Unlock()
-	p.log.Info("no live in-sync standby: shutting down as a single node")
+	p.log.Info("no live in-sync standby: shutting down as a single node", "members", views)
 	return ""
 }
 
@@ -948,11 +959,12 @@ func (p *node) takeOver(from int, h *handoff) {
 	if fresh {
 		p.reservedSeen = max(p.reservedSeen, h.Reserved)
 	}
+	upTo := p.roles.refusedUpTo()
 	p.mu.Unlock()
 	pe := p.link.peers[from]
 	if !taken {
-		p.log.Warn("handover refused: not a willing standby in sync with that active, or an epoch refused before", "from", p.cfg.Peers[from], "epoch", h.Epoch)
-		pe.send(appendAck(nil, ackRefused, h.Epoch))
+		p.log.Warn("handover refused: not a willing standby in sync with that active, or an epoch refused before", "from", p.cfg.Peers[from], "epoch", h.Epoch, "refused_up_to", upTo)
+		pe.send(appendAck(nil, ackRefused, upTo))
 		return
 	}
 	pe.send(appendAck(nil, ackHandoff, h.Epoch))
@@ -969,13 +981,13 @@ func (p *node) takeOver(from int, h *handoff) {
 func (p *node) abortAsked(from int, h *handoffAbort) {
 	p.mu.Lock()
 	taken := p.roles.abortHandoff(from, h.Epoch)
+	kind, v := ackRefused, p.roles.refusedUpTo()
 	p.mu.Unlock()
-	kind := ackRefused
 	if taken {
-		kind = ackHandoff
+		kind, v = ackHandoff, h.Epoch
 	}
 	p.log.Info("the old active asked to decide its handover", "from", p.cfg.Peers[from], "epoch", h.Epoch, "taken", taken)
-	p.link.peers[from].send(appendAck(nil, kind, h.Epoch))
+	p.link.peers[from].send(appendAck(nil, kind, v))
 }
 
 // Close stops the member: its goroutines end; after a shutdown or a crash
@@ -1167,9 +1179,11 @@ func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []
 			// The standby applied the snapshot: in sync from now, before
 			// its next heartbeat says so (a SIGTERM meanwhile hands over
 			// to it rather than shutting down as a single node).
-			p.mu.Lock()
-			p.roles.snapshotApplied(from)
-			p.mu.Unlock()
+			if e, ok := p.out.snapshotEnded(from, a.Value); ok {
+				p.mu.Lock()
+				p.roles.snapshotApplied(from, e)
+				p.mu.Unlock()
+			}
 		case ackHandoff, ackRefused:
 			p.mu.Lock()
 			p.roles.handoffAnswer(from, a.Value, a.Kind == ackHandoff)

@@ -1,6 +1,11 @@
 package priority
 
-import "math"
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
 
 // peerState is what a member said in its last heartbeat, and when.
 type peerState struct {
@@ -468,19 +473,25 @@ func (r *roles) offer(i int, now int64) (uint64, bool) {
 	return e, true
 }
 
-// handoffAnswer applies the successor's verdict on the offer of epoch e
-// (Ack(handoff) when taken, Ack(refused) otherwise); an answer to anything
-// but the handover in progress is ignored.
-func (r *roles) handoffAnswer(from int, e uint64, taken bool) {
-	if r.role != roleHandover || from != r.handTo || e != r.handEpoch {
+// handoffAnswer applies the successor's verdict on the offer in progress:
+// Ack(handoff) of its epoch when taken; Ack(refused) otherwise, whose value
+// is the epoch up to which the successor refuses every handoff (at least
+// the one it refused: it never takes one at or below it again, so a
+// refusal up to the offered epoch or above settles this offer, whichever
+// offer it answered). This member's next offer is above it. Anything else
+// is ignored.
+func (r *roles) handoffAnswer(from int, v uint64, taken bool) {
+	if r.role != roleHandover || from != r.handTo {
 		return
 	}
-	if taken {
-		r.endHandover(handTaken, from, e)
-		return
+	switch {
+	case taken && v == r.handEpoch:
+		r.endHandover(handTaken, from, v)
+	case !taken && v >= r.handEpoch:
+		r.maxEpoch = max(r.maxEpoch, v)
+		r.role, r.handTo = roleActive, -1
+		r.handOutcome, r.handResult = handRefused, from
 	}
-	r.role, r.handTo = roleActive, -1
-	r.handOutcome, r.handResult = handRefused, from
 }
 
 // decideHandover is decide for a member handing over: what the others say
@@ -564,6 +575,7 @@ func (r *roles) handover() (handState, int) { return r.handOutcome, r.handResult
 // refused — then for good. It takes it only as a standby of from in sync
 // with it, willing (not shutting down), for an epoch above the one it
 // follows and above every epoch it refused.
+// A refusal is answered with refusedUpTo.
 func (r *roles) takeHandoff(from int, e uint64, willing bool) (taken, fresh bool) {
 	if r.tookFrom == from && r.tookEpoch == e && r.role == roleActive && r.epoch == e {
 		return true, false
@@ -589,6 +601,10 @@ func (r *roles) abortHandoff(from int, e uint64) (taken bool) {
 	return false
 }
 
+// refusedUpTo is the epoch up to which this member refuses every handoff:
+// what its Ack(refused) says (handoffAnswer).
+func (r *roles) refusedUpTo() uint64 { return r.refused }
+
 // refuse swears off epoch e: it is never taken, and every later promotion
 // of this member is above it.
 func (r *roles) refuse(e uint64) {
@@ -603,14 +619,25 @@ func (r *roles) handedOver(i int, e uint64) {
 }
 
 // snapshotApplied records that member from applied this active's snapshot
-// (its Ack(snapshot)): it is in sync now, as its next heartbeat will say.
-// An active about to hand over must not wait for that heartbeat to know.
-func (r *roles) snapshotApplied(from int) {
-	if from == r.self || from < 0 || from >= r.n || (r.role != roleActive && r.role != roleHandover) {
+// sent at epoch e (its Ack(snapshot)): it is a standby of this member at e,
+// in sync, as its next heartbeat will say. An active about to hand over
+// must not wait for that heartbeat to know: a member that was just handed
+// the role (or that just came back) has standbys whose last heartbeats
+// still name the active before it. A heartbeat at an epoch above e, or one
+// at e that says something else (leaving, say), is newer than the
+// acknowledgement and stands; so does a member's leaving.
+func (r *roles) snapshotApplied(from int, e uint64) {
+	if from == r.self || from < 0 || from >= r.n || (r.role != roleActive && r.role != roleHandover) || e != r.epoch {
 		return
 	}
-	if p := &r.peers[from]; p.known && p.role == roleStandby && p.follows == r.self {
-		p.inSync, p.epoch = true, r.epoch
+	p := &r.peers[from]
+	switch {
+	case !p.known || p.epoch > e || p.role == roleLeaving:
+		return
+	case p.epoch < e:
+		p.role, p.follows, p.inSync, p.epoch = roleStandby, r.self, true, e
+	case p.role == roleStandby && p.follows == r.self:
+		p.inSync = true
 	}
 }
 
@@ -637,4 +664,45 @@ func (r *roles) successor(now int64, skip uint64) int {
 		}
 	}
 	return -1
+}
+
+// successorViews says, for each other member, what this member knows of it
+// as a successor at now (why it is not one, or "successor"): the log line
+// a shutdown without a successor writes.
+func (r *roles) successorViews(now int64) []string {
+	var out []string
+	for i := range r.peers {
+		if i == r.self {
+			continue
+		}
+		p := &r.peers[i]
+		var why []string
+		switch {
+		case !p.known:
+			why = append(why, "never heard")
+		case p.role == roleLeaving:
+			why = append(why, "leaving")
+		case now-p.heard >= r.timeout:
+			why = append(why, fmt.Sprintf("silent %v", time.Duration(now-p.heard)))
+		}
+		if p.known {
+			if p.role != roleStandby && p.role != roleLeaving {
+				why = append(why, "role "+p.role.String())
+			}
+			if p.follows != r.self {
+				why = append(why, fmt.Sprintf("follows %d", p.follows))
+			}
+			if !p.inSync {
+				why = append(why, "not in sync")
+			}
+			if p.epoch != r.epoch {
+				why = append(why, fmt.Sprintf("epoch %d, not %d", p.epoch, r.epoch))
+			}
+		}
+		if len(why) == 0 {
+			why = append(why, "successor")
+		}
+		out = append(out, fmt.Sprintf("%d: %s", i, strings.Join(why, ", ")))
+	}
+	return out
 }

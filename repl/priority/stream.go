@@ -102,6 +102,11 @@ type target struct {
 	snapSent uint64        // SnapShard frames of snapshot snapGen sent
 	snapAck  uint64        // … and acknowledged (SnapAck)
 	snapCond chan struct{} // closed and replaced on each SnapAck and when snapGen moves
+	// endGen is the snapshot whose SnapEnd was last sent, endEpoch the
+	// epoch it was sent at: its Ack(snapshot) says the standby follows
+	// this member at that epoch, in sync (snapshotEnded).
+	endGen   uint64
+	endEpoch uint64
 }
 
 // sentBatch is a batch sent to a standby and not yet acknowledged.
@@ -329,6 +334,21 @@ func (o *outStream) acked(i int, seq uint64) {
 	}
 	t.unacked = t.unacked[k:]
 	t.mu.Unlock()
+}
+
+// snapshotEnded reports the epoch snapshot id was sent to member i at, when
+// id is the newest snapshot of i and its SnapEnd was sent: an
+// Ack(snapshot) of id means i applied all of it as a standby of this
+// member at that epoch (a standby applies only the snapshot of the active
+// it follows, at the epoch it follows it).
+func (o *outStream) snapshotEnded(i int, id uint64) (uint64, bool) {
+	t := &o.members[i]
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if id != t.snapGen || id != t.endGen {
+		return 0, false
+	}
+	return t.endEpoch, true
 }
 
 // snapAcked records member i's progress through snapshot id.
@@ -637,6 +657,7 @@ func (o *outStream) writeSnapshot(w *itemWriter, i int, gen uint64) error {
 	}
 	end := snapEnd{ID: gen, TokenLast: tokens.Last(), Reserved: max(tokens.Limit(), o.mark())}
 	t.snapping, t.synced = false, time.Now()
+	t.endGen, t.endEpoch = gen, epoch
 	t.mu.Unlock()
 	if err := w.frame(end.Append(nil)); err != nil {
 		return err

@@ -32,9 +32,10 @@ const (
 	// snapshot's id, epoch, window acks and reservation mark, the
 	// heartbeat's mark, the handover's abort and refusal); 4 since the
 	// Hello carries the sender's --peers (peers.go: a rolling change of
-	// --peers). A member of an older version would misread them, so the
-	// hello refuses it.
-	protocolVersion = 4
+	// --peers); 5 since Ack(refused) carries the epoch up to which the
+	// sender refuses handoffs. A member of an older version would misread
+	// them, so the hello refuses it.
+	protocolVersion = 5
 
 	frameHead    = 5 // length u32 + type u8
 	frameTail    = 4 // crc u32
@@ -578,9 +579,10 @@ const (
 	ackReserve  ackKind = 2 // Value: the Reserve's ID
 	ackSnapshot ackKind = 3 // snapshot applied, in sync; Value: the snapshot's ID
 	ackHandoff  ackKind = 4 // handoff taken: this member is the active at Value, the epoch
-	// ackRefused: the handoff at epoch Value is refused, now and forever:
-	// this member will never take that epoch (an answer to a Handoff it
-	// cannot take, or to a HandoffAbort that arrived before the Handoff).
+	// ackRefused: handoffs at every epoch up to Value are refused, now and
+	// forever: this member will never take such an epoch (an answer to a
+	// Handoff it cannot take, or to a HandoffAbort that arrived before the
+	// Handoff; Value is at least the epoch refused).
 	ackRefused ackKind = 5
 )
 
