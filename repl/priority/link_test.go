@@ -112,3 +112,54 @@ func TestItemWriterKeepsHeartbeats(t *testing.T) {
 		t.Fatalf("%d heartbeats while the item ran %v, the longest gap %v: the item held them back", len(gaps)+1, time.Since(began), worst)
 	}
 }
+
+// TestSnapshotWindowByBytes (issue 18): the snapshot window counts raw
+// bytes, not frames. A small table's shards — a frame each, nearly empty —
+// all go before the first SnapAck, where a window of eight frames needed a
+// round trip per eight shards (over 6 s for one lock's 64 shards with the
+// member links delayed 1.5 s, with a handover queued behind it). Full
+// frames still stop at 512 KiB in flight, and each SnapAck reopens it.
+func TestSnapshotWindowByBytes(t *testing.T) {
+	cases := []struct {
+		name   string
+		raw    int // each frame's raw bytes
+		frames int // frames offered
+		before int // frames sent before the window closes (no SnapAck)
+	}{
+		{"64 empty shards", 0, 64, 64},
+		{"64 shards of one lock each", 40, 64, 64},
+		{"full frames", snapChunk, 20, snapWindow},
+		{"frames a little over a chunk", snapChunk + 100, 20, snapWindow - 1},
+		{"one frame always goes", 2 * snapWindow * snapChunk, 3, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var tg target
+			tg.snapCond = make(chan struct{})
+			tg.newSnapshot()
+			sent := 0
+			for range tc.frames {
+				if !windowOpen(tg.inFlight(), tc.raw) {
+					break
+				}
+				tg.snapFrameSent(tc.raw)
+				sent++
+			}
+			if sent != tc.before {
+				t.Fatalf("sent %d frames before the first SnapAck, want %d", sent, tc.before)
+			}
+			if sent == tc.frames {
+				return
+			}
+			// One frame acknowledged: exactly room for one more of the same size.
+			tg.snapAck = 1
+			if !windowOpen(tg.inFlight(), tc.raw) {
+				t.Fatalf("after a SnapAck of 1 frame, %d in flight: the window stays closed", tg.inFlight())
+			}
+			tg.snapFrameSent(tc.raw)
+			if windowOpen(tg.inFlight(), tc.raw) {
+				t.Fatalf("after one SnapAck, two more frames fit: %d in flight", tg.inFlight())
+			}
+		})
+	}
+}

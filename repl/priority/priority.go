@@ -556,17 +556,30 @@ func (p *node) carryOut(a action) {
 	case c.promote:
 		p.stats.failovers.Add(1)
 		p.becomeActive(0, why)
-	case c.demote:
-		p.stats.demotions.Add(1)
+	case c.demote || c.follow >= 0:
+		// Carried out after the role machine decided it: meanwhile this
+		// member may have taken a handover (it is the active again, its
+		// table the snapshot of the member it followed) — a step-down
+		// carried out now would discard that table and reopen the stream.
+		// It follows whom the role machine follows now.
 		p.mu.Lock()
-		a := p.roles.active
+		role, a := p.roles.role, p.roles.active
 		p.mu.Unlock()
-		p.log.Warn("stepping down: another member became active later; discarding this state and following it",
-			"active", p.cfg.Peers[a], "why", why)
+		// With no active known (it went silent since), the table stays: it
+		// is what a failover promotes with.
+		if role != roleStandby || a == p.cfg.Self || a < 0 {
+			p.log.Info("a step-down or change of active the role machine has moved past: not carried out", "role", role.String(), "active", a, "why", why)
+			return
+		}
+		name := p.cfg.Peers[a]
+		if c.demote {
+			p.stats.demotions.Add(1)
+			p.log.Warn("stepping down: another member became active later; discarding this state and following it",
+				"active", name, "why", why)
+		} else {
+			p.log.Info("following the active", "active", name)
+		}
 		p.follow(a)
-	case c.follow >= 0:
-		p.log.Info("following the active", "active", p.cfg.Peers[c.follow])
-		p.follow(c.follow)
 	case c.handover >= 0:
 		p.mu.Lock()
 		active := p.roles.role == roleActive
@@ -736,6 +749,7 @@ func (p *node) reserve(limit uint64) error {
 func (p *node) Stop(ctx context.Context) string {
 	p.mu.Lock()
 	p.stopping = true
+	p.roles.leaving = true
 	role, active := p.roles.role, p.roles.active
 	p.mu.Unlock()
 	if role == roleActive || role == roleHandover {
@@ -769,10 +783,11 @@ func (p *node) stopActive(ctx context.Context) string {
 		if p.waitHandover(ctx) {
 			break
 		}
+		syncing := p.out.snapshotting()
 		p.mu.Lock()
 		role, active, succ := p.roles.role, p.roles.active, -1
 		if role == roleActive {
-			succ = p.roles.successor(p.clock(), refused)
+			succ = p.roles.successor(p.clock(), refused|syncing)
 		}
 		p.mu.Unlock()
 		switch {
@@ -789,8 +804,9 @@ func (p *node) stopActive(ctx context.Context) string {
 			// The successor went silent before it decided. Another live,
 			// in-sync standby promotes by failover once this member is gone
 			// (its heartbeats say it is leaving): requests go there.
+			syncing := p.out.snapshotting()
 			p.mu.Lock()
-			next := p.roles.successor(p.clock(), refused|1<<succ)
+			next := p.roles.successor(p.clock(), refused|syncing|1<<succ)
 			p.mu.Unlock()
 			if next >= 0 {
 				p.log.Info("the successor went silent before deciding the handover: another in-sync standby takes over once this member has left",
@@ -813,11 +829,12 @@ func (p *node) stopActive(ctx context.Context) string {
 // lastMember makes this member shut down as a single node: no successor
 // takes over, so its table is written at Close as the active's would be.
 func (p *node) lastMember() string {
+	syncing := p.out.snapshotting()
 	p.mu.Lock()
 	p.keepTable = true
 	views := p.roles.successorViews(p.clock())
 	p.mu.Unlock()
-	p.log.Info("no live in-sync standby: shutting down as a single node", "members", views)
+	p.log.Info("no live in-sync standby: shutting down as a single node", "members", views, "being_sent_a_snapshot", syncing)
 	return ""
 }
 

@@ -109,6 +109,10 @@ type roles struct {
 	// epochSpent: this member refused to promote or hand over because no
 	// epoch is left above the highest it has seen (nextEpoch).
 	epochSpent bool
+	// leaving: this member is shutting down (Stop): it never promotes
+	// itself, whatever the failover rules say — a shutdown whose handover
+	// was left undecided or lost must not come back as the active.
+	leaving bool
 }
 
 func newRoles(self, n int, timeout int64, storedEpoch uint64, now int64) *roles {
@@ -352,7 +356,7 @@ func (r *roles) decide(now int64, c change) change {
 		if r.active >= 0 && r.active != r.self && r.live(r.active, now) && r.peers[r.active].role == roleHandover {
 			return c // the active is handing over: wait for it
 		}
-		if r.candidate(now) == r.self && r.promote() {
+		if !r.leaving && r.candidate(now) == r.self && r.promote() {
 			c.promote = true
 		}
 	}

@@ -37,6 +37,9 @@ func (s *sim) heartbeat(i int) peerState {
 	r := s.m[i]
 	hb := peerState{epoch: r.epoch, role: r.role, follows: r.active, inSync: r.inSync,
 		storedEpoch: r.peers[i].storedEpoch}
+	if r.leaving && r.role == roleStandby {
+		hb.role = roleLeaving // as node.heartbeat says it
+	}
 	return hb
 }
 
@@ -550,5 +553,42 @@ func TestRolesSupersededSecondHand(t *testing.T) {
 	c := a.heard(now+10*ms, 2, peerState{epoch: a.epoch + 1, role: roleStandby, follows: 1, inSync: true, echo: a.probe + 1})
 	if a.role == roleActive || c.resume || !c.demote || a.active != 1 {
 		t.Fatalf("resumed member: %v following %d, change %+v: it served on", a.role, a.active, c)
+	}
+}
+
+// TestRolesLeavingNeverPromotes (issue 18, hole 3): a member shutting down
+// never promotes itself. In chaos (priority, 10 min, seed 20261201) an
+// active whose SIGTERM handover was left undecided became a standby with
+// no active and, being first in priority, promoted itself by the failover
+// rules 7 ms later, then shut down as the active: E 4 beside a live
+// successor. The others promote instead, as they would after its exit.
+// (The second case, a leaving first successor after a crash, promotes
+// without the rule; the first pins the shape of the chaos case.)
+func TestRolesLeavingNeverPromotes(t *testing.T) {
+	for _, leaving := range []int{0, 1} {
+		s := newSim(t, 3)
+		s.step(2 * time.Second)
+		s.wantActive(0)
+		s.m[leaving].leaving = true
+		if leaving == 0 {
+			// The active's handover was left undecided: a standby with no
+			// active, its standbys still following it.
+			s.m[0].role, s.m[0].active, s.m[0].inSync = roleStandby, -1, false
+		} else {
+			s.down[0] = true // the active crashed while the first successor shuts down
+		}
+		for range 30 {
+			s.step(100 * time.Millisecond)
+		}
+		if s.m[leaving].role == roleActive {
+			t.Fatalf("leaving member %d promoted itself (epoch %d)", leaving, s.m[leaving].epoch)
+		}
+		want := 1
+		if leaving == 1 {
+			want = 2
+		}
+		if s.m[want].role != roleActive {
+			t.Fatalf("leaving member %d: member %d is %v, want the active", leaving, want, s.m[want].role)
+		}
 	}
 }

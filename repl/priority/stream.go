@@ -26,10 +26,14 @@ const (
 	batchEvery = time.Millisecond
 	batchBytes = 64 << 10
 	snapChunk  = 64 << 10
-	// snapWindow is how many SnapShard frames a snapshot sends ahead of the
-	// standby's SnapAck: at most snapWindow × snapChunk raw bytes (512 KiB)
-	// of a snapshot are in flight, whatever the table's size.
-	snapWindow = 8
+	// snapWindow bounds what a snapshot sends ahead of the standby's
+	// SnapAck: at most snapWindow × snapChunk raw bytes (512 KiB) of a
+	// snapshot are in flight, whatever the table's size. A frame counts its
+	// raw bytes, at least snapMinWeight: the shards of a small table, a
+	// frame each, go in one window rather than one round trip per eight
+	// (on a slow link, each round trip is seconds).
+	snapWindow    = 8
+	snapMinWeight = 1 << 10
 	// snapRecheck bounds a wait for the window: the sender looks again at
 	// whether its snapshot is still wanted at least this often.
 	snapRecheck = 50 * time.Millisecond
@@ -101,6 +105,7 @@ type target struct {
 	snapGen  uint64
 	snapSent uint64        // SnapShard frames of snapshot snapGen sent
 	snapAck  uint64        // … and acknowledged (SnapAck)
+	snapCum  []int         // raw bytes (weighted, snapMinWeight at least) of the first k+1 frames sent
 	snapCond chan struct{} // closed and replaced on each SnapAck and when snapGen moves
 	// endGen is the snapshot whose SnapEnd was last sent, endEpoch the
 	// epoch it was sent at: its Ack(snapshot) says the standby follows
@@ -232,6 +237,7 @@ func (o *outStream) linkChanged(i int, up bool) {
 func (t *target) newSnapshot() {
 	t.snapGen++
 	t.snapSent, t.snapAck = 0, 0
+	t.snapCum = t.snapCum[:0]
 	close(t.snapCond)
 	t.snapCond = make(chan struct{})
 }
@@ -244,6 +250,20 @@ func (o *outStream) inSnapshot(i int) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.pending || t.snapping
+}
+
+// snapshotting is the set of members (a bit each) being sent a snapshot,
+// queued or begun: whatever their last heartbeat says, their tables are
+// being replaced, so none is a successor (a handover offered to one is
+// refused, or waits behind the snapshot on the link).
+func (o *outStream) snapshotting() uint64 {
+	var set uint64
+	for i := range o.members {
+		if o.inSnapshot(i) {
+			set |= 1 << i
+		}
+	}
+	return set
 }
 
 // streaming reports whether member i gets this active's batches.
@@ -532,7 +552,7 @@ func (o *outStream) snapshotTo(i int) outItem {
 // snapshot. A snapshot that is no longer wanted stops where it is; the
 // standby never counts one without its SnapEnd (and discards one whose
 // sender is no longer its active at that epoch).
-func (o *outStream) snapshotWanted(i int, gen, epoch uint64) (bool, chan struct{}, uint64) {
+func (o *outStream) snapshotWanted(i int, gen, epoch uint64) (bool, chan struct{}, int) {
 	// The role, not o.active: a member that just promoted sends snapshots
 	// before its stream opens (its table changes only once it serves,
 	// after setActive).
@@ -542,7 +562,42 @@ func (o *outStream) snapshotWanted(i int, gen, epoch uint64) (bool, chan struct{
 	t := &o.members[i]
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.snapGen == gen && t.stream, t.snapCond, t.snapSent - t.snapAck
+	return t.snapGen == gen && t.stream, t.snapCond, t.inFlight()
+}
+
+// inFlight is the weight of the frames of the current snapshot sent and
+// not acknowledged yet (t.mu held).
+func (t *target) inFlight() int {
+	at := func(k uint64) int {
+		if k == 0 || int(k) > len(t.snapCum) {
+			return 0
+		}
+		return t.snapCum[k-1]
+	}
+	if t.snapSent == 0 {
+		return 0
+	}
+	return at(t.snapSent) - at(t.snapAck)
+}
+
+// snapWeight is what a SnapShard frame of raw bytes counts in the window.
+func snapWeight(raw int) int { return max(raw, snapMinWeight) }
+
+// windowOpen reports whether a SnapShard frame of raw bytes may be sent
+// with inFlight unacknowledged: one frame always may.
+func windowOpen(inFlight, raw int) bool {
+	return inFlight == 0 || inFlight+snapWeight(raw) <= snapWindow*snapChunk
+}
+
+// snapFrameSent counts a SnapShard frame of raw bytes of the current
+// snapshot as sent (t.mu held).
+func (t *target) snapFrameSent(raw int) {
+	prev := 0
+	if len(t.snapCum) > 0 {
+		prev = t.snapCum[len(t.snapCum)-1]
+	}
+	t.snapCum = append(t.snapCum, prev+snapWeight(raw))
+	t.snapSent++
 }
 
 // writeSnapshot sends the whole table to member i as snapshot gen, shard by
@@ -623,7 +678,7 @@ func (o *outStream) writeSnapshot(w *itemWriter, i int, gen uint64) error {
 				if !ok {
 					return stopped("no longer wanted")
 				}
-				if inFlight < snapWindow {
+				if windowOpen(inFlight, to-from) {
 					break
 				}
 				if err := w.wait(ready, snapRecheck); err != nil {
@@ -633,7 +688,7 @@ func (o *outStream) writeSnapshot(w *itemWriter, i int, gen uint64) error {
 			frame = appendSnapShard(frame[:0], uint32(s), seq, k == len(cuts)-1, buf[from:to])
 			t.mu.Lock()
 			if t.snapGen == gen {
-				t.snapSent++ // before the frame: its SnapAck may be back before this returns
+				t.snapFrameSent(to - from) // before the frame: its SnapAck may be back before this returns
 			}
 			t.mu.Unlock()
 			if err := w.frame(frame); err != nil {

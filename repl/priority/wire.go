@@ -759,8 +759,9 @@ func (s *snapEnd) Decode(p []byte) error {
 
 // snapAck is a standby's progress through snapshot ID: it has applied (or
 // discarded) the snapshot's first Frames SnapShard frames. The active sends
-// at most snapWindow frames ahead of it, so a snapshot in flight holds a
-// bounded number of bytes in the link and in the standby.
+// at most snapWindow × snapChunk raw bytes ahead of it (stream.go), so a
+// snapshot in flight holds a bounded number of bytes in the link and in the
+// standby.
 type snapAck struct {
 	ID     uint64
 	Frames uint64
