@@ -105,7 +105,7 @@ type node struct {
 	standby *standby   // what it applies as a standby
 
 	echoMu sync.Mutex
-	echoes []uint64 // the highest heartbeat probe received from each member
+	echoes []uint64 // the heartbeat probe received last from each member
 
 	res   repl.Reserver
 	resID atomic.Uint64
@@ -176,6 +176,16 @@ type gate struct {
 
 func (p *node) timeout() int64 { return int64(p.cfg.FailoverTimeout) }
 
+// probeBase is where a member's heartbeat probes start: the wall clock in
+// ns, so every life of a member numbers its probes above its earlier
+// lives' (ten probes a second never catch up with the clock). The others
+// echo the probe they heard last; a member restarted with probes from 1
+// would find its freeze check answered at once by echoes of its earlier
+// life (chaos, priority, 10 min, seed 20261201: a restarted active frozen
+// for 2–4 s ended its check in the tick that began it and answered from
+// its stale state).
+func probeBase() uint64 { return uint64(time.Now().UnixNano()) }
+
 // Open takes the data directory and builds the table. Tokens start above
 // the reserved mark and the wall clock; a snapshot left by a shutdown as
 // the last live member is reloaded (it is kept only if this member ends up
@@ -226,6 +236,7 @@ func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 		}
 	}
 	p.roles = newRoles(p.cfg.Self, len(p.cfg.Peers), p.timeout(), epoch, clock())
+	p.roles.probe = probeBase()
 	p.roles.setSelfName(p.cfg.Peers[p.cfg.Self])
 	p.link = newLink(p.cfg, p.hello(), p.log, linkEvents{changed: p.out.linkChanged, accepted: p.accepted}, p.quit, &p.wg)
 	p.out.attach(p.table, clock, p.link.peers)
@@ -1169,7 +1180,11 @@ func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []
 			return err
 		}
 		p.echoMu.Lock()
-		p.echoes[from] = max(p.echoes[from], hb.Probe)
+		// The probe it sent last, not the highest ever: a member that
+		// restarted numbers its probes afresh (above its earlier lives',
+		// probeBase), and an echo kept from an earlier life must never
+		// answer its freeze check.
+		p.echoes[from] = hb.Probe
 		p.echoMu.Unlock()
 		p.heardHeartbeat(from, &hb, pm)
 	case msgBatch:

@@ -493,3 +493,14 @@ func TestPriorityTakeoverKeepsIdentities(t *testing.T) {
 		t.Fatalf("the owner's release after the takeover: %v", r)
 	}
 }
+
+// TestOpenNumbersProbesFromTheClock: Open starts the heartbeat probes at
+// probeBase, so a restarted member's probes are above every probe of its
+// earlier lives that the others may still echo (TestRolesFreezeCheckAfterRestart).
+func TestOpenNumbersProbesFromTheClock(t *testing.T) {
+	before := probeBase()
+	m := openMembers(t, 1)[0]
+	if got := m.p.roles.probe; got < before {
+		t.Fatalf("probes start at %d, below the clock's %d before Open", got, before)
+	}
+}

@@ -592,3 +592,44 @@ func TestRolesLeavingNeverPromotes(t *testing.T) {
 		}
 	}
 }
+
+// TestRolesFreezeCheckAfterRestart (issue 18, hole 2's guarantee in priority
+// mode): a member that restarted numbers its heartbeat probes from
+// probeBase, above its earlier lives'; the others echo the probe they
+// heard last, and an echo of an earlier life still in their heartbeats must
+// not end its freeze check. With probes from 1 (before), the check begun by
+// a freeze ended in the same tick (chaos, priority, 10 min, seed 20261201:
+// a restarted active frozen 2–4 s answered P, A and N from its stale
+// state); TestOpenNumbersProbesFromTheClock checks that Open starts there.
+func TestRolesFreezeCheckAfterRestart(t *testing.T) {
+	// The highest probe of the member's earlier life, which began a minute
+	// ago (and sent fewer probes than nanoseconds passed), echoed by the
+	// others.
+	oldLife := uint64(time.Now().Add(-time.Minute).UnixNano()) + 600
+	now := 1000 * ms
+	r := newRoles(0, 3, 1000*ms, 0, now)
+	r.probe = probeBase() // as Open does
+	r.promote()
+	for i := 1; i < 3; i++ {
+		r.heard(now, i, peerState{epoch: r.epoch, role: roleStandby, follows: 0, inSync: true, echo: oldLife})
+	}
+	r.tick(now + 100*ms)
+	r.nextProbe()
+	now += 2 * time.Second.Nanoseconds() // frozen
+	if c := r.tick(now); !r.checking() || c.resume {
+		t.Fatalf("after a 2 s freeze: checking %v, resume %v: the check ended in the tick that began it", r.checking(), c.resume)
+	}
+	// Echoes of the earlier life still arrive: the check goes on.
+	r.heard(now+10*ms, 1, peerState{epoch: r.epoch, role: roleStandby, follows: 0, inSync: true, echo: oldLife})
+	if !r.checking() {
+		t.Fatal("an echo of an earlier life ended the freeze check")
+	}
+	// Fresh echoes of a probe sent after resuming end it.
+	p := r.nextProbe()
+	for i := 1; i < 3; i++ {
+		r.heard(now+50*ms, i, peerState{epoch: r.epoch, role: roleStandby, follows: 0, inSync: true, echo: p})
+	}
+	if r.checking() {
+		t.Fatal("echoes of a probe sent after resuming did not end the check")
+	}
+}
