@@ -228,3 +228,31 @@ func (e *erringOnce) Status() (clustertest.Status, error) {
 	}
 	return e.fakeTable.Status()
 }
+
+// TestParseRoleLine: the frozen-answers check reads, from a member's log,
+// when it took the active or leader role again after resuming and that
+// role's first token; a line of before the freeze (read late from the
+// member's output) or another line does not count.
+func TestParseRoleLine(t *testing.T) {
+	frozen := time.Date(2026, 12, 1, 20, 39, 30, 0, time.UTC)
+	cases := []struct {
+		name  string
+		line  string
+		ok    bool
+		token uint64
+	}{
+		{"priority active after the freeze", `{"time":"2026-12-01T20:39:34.084228272Z","level":"INFO","msg":"active","member":2,"epoch":50,"why":"tick","token_start":1796157575080488900}`, true, 1796157575080488900},
+		{"raft leader after the freeze", `{"time":"2026-12-01T20:39:31Z","level":"INFO","msg":"leader","term":7,"token_start":42,"leases_extended":0}`, true, 42},
+		{"active before the freeze, read late", `{"time":"2026-12-01T20:39:29.9Z","level":"INFO","msg":"active","member":2,"epoch":50,"why":"tick","token_start":7}`, false, 0},
+		{"another line", `{"time":"2026-12-01T20:39:34Z","level":"INFO","msg":"serving again","member":0,"why":"tick","next_token":5}`, false, 0},
+		{"not JSON", `"msg":"active" "token_start":5`, false, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, tok, ok := parseRoleLine(tc.line, frozen)
+			if ok != tc.ok || tok != tc.token {
+				t.Fatalf("parseRoleLine: token %d ok %v, want %d %v", tok, ok, tc.token, tc.ok)
+			}
+		})
+	}
+}

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,6 +178,37 @@ type freezeProbe struct {
 	newLead int
 	sent    []int // requests sent on each connection
 	frames  []rawFrame
+	mark    int       // the member's log mark while frozen: what it logs after resuming
+	frozen  time.Time // when whileFrozen began (the member stopped)
+}
+
+// tookRole matches the line a member logs when it takes the active or
+// leader role, with the first token of that role.
+var tookRole = regexp.MustCompile(`"msg":"(?:active|leader)".*"token_start":(\d+)`)
+
+// laterRole reads, from what member m logged since mark, when it first took
+// the active (leader) role after resuming (a line stamped after frozen) and
+// that role's first token: ok false when it did not.
+func laterRole(c *clustertest.Cluster, m, mark int, frozen time.Time) (at time.Time, tokenStart uint64, ok bool) {
+	line, err := c.Member(m).WaitLogSince(mark, tookRole, 10*time.Millisecond)
+	if err != nil {
+		return time.Time{}, 0, false
+	}
+	return parseRoleLine(line, frozen)
+}
+
+// parseRoleLine reads a tookRole line: when it was logged and the role's
+// first token; ok false for another line or one logged before frozen.
+func parseRoleLine(line string, frozen time.Time) (at time.Time, tokenStart uint64, ok bool) {
+	var head struct {
+		Time time.Time `json:"time"`
+	}
+	sub := tookRole.FindStringSubmatch(line)
+	if sub == nil || json.Unmarshal([]byte(line), &head) != nil || !head.Time.After(frozen) {
+		return time.Time{}, 0, false // a line of before the freeze, read late
+	}
+	tokenStart, err := strconv.ParseUint(sub[1], 10, 64)
+	return head.Time, tokenStart, err == nil
 }
 
 // rawFrame is a request sent to a frozen member, for the report.
@@ -222,6 +256,7 @@ func (fp *freezeProbe) whileFrozen(stop <-chan struct{}, deadline time.Time) {
 	if len(fp.conns) == 0 {
 		return
 	}
+	fp.frozen = time.Now()
 	for time.Now().Before(deadline) {
 		if l, st := fp.rc.leader(fp.m); l >= 0 && st.Epoch > fp.before.Epoch {
 			fp.newLead = l
@@ -257,6 +292,7 @@ func (fp *freezeProbe) whileFrozen(stop <-chan struct{}, deadline time.Time) {
 		{"an acquire (wait 1) of the held key", proto.OpAcquire, k<<8 | 5, proto.AppendAcquire(nil, 1, rawLease, k<<8|5, fp.held)},
 	}
 	fp.frames = append(append([]rawFrame(nil), quiet...), acting...)
+	fp.mark = fp.rc.c.Member(fp.m).LogMark() // frozen: everything after it is logged after resuming
 	// The requests go shortly before SIGCONT: what the resumed member
 	// finds first.
 	select {
@@ -322,6 +358,11 @@ func (fp *freezeProbe) afterResume(excused bool) {
 	case wasLeader:
 		rc.add(r, "not_superseded", 1)
 	}
+	type readAnswer struct {
+		resp proto.Response
+		at   time.Time
+	}
+	var read []readAnswer
 	for i, conn := range fp.conns {
 		conn.SetTimeout(rawAnswerWait)
 		for range fp.sent[i] {
@@ -330,26 +371,39 @@ func (fp *freezeProbe) afterResume(excused bool) {
 				rc.add(r, "closed", 1)
 				break
 			}
-			rc.add(r, "answers", 1)
-			if resp.Op == proto.OpMoved {
-				rc.add(r, "answers_m", 1)
-				continue
+			read = append(read, readAnswer{resp, time.Now()})
+		}
+	}
+	// A member that took the active (leader) role again after resuming —
+	// synced as a standby first, or promoted by the rules once its check
+	// ended — answers from that role's state, not from its stale one. An
+	// answer read before it logged taking the role was made before it, so
+	// from the stale state; one read after may come from either, and a
+	// grant from the new role carries a token from its range.
+	roleAt, roleStart, retook := laterRole(rc.c, fp.m, fp.mark, fp.frozen)
+	for _, ra := range read {
+		resp := ra.resp
+		rc.add(r, "answers", 1)
+		if resp.Op == proto.OpMoved {
+			rc.add(r, "answers_m", 1)
+			continue
+		}
+		f := rawFrame{what: "a request"}
+		for _, g := range fp.frames {
+			if resp.ID == g.id && (resp.ReqOp == 0 || resp.ReqOp == g.op) {
+				f = g
 			}
-			f := rawFrame{what: "a request"}
-			for _, g := range fp.frames {
-				if resp.ID == g.id && (resp.ReqOp == 0 || resp.ReqOp == g.op) {
-					f = g
-				}
-			}
-			switch {
-			case !asserted:
-				rc.noteOn(r, "member %d (%s at epoch %d before its freeze, not superseded or during a network fault) answered %c to %s", fp.m, fp.before.Role, fp.before.Epoch, resp.Op, f.what)
-			case fp.allowed(f, resp):
-				rc.add(r, "answers_new_state", 1)
-			default:
-				rc.bad(r, "member %d, %s at epoch %d before its freeze%s, answered %c (id %d, token %d) to %s queued during the freeze: from its stale state",
-					fp.m, fp.before.Role, fp.before.Epoch, supersededBy(fp.newLead), resp.Op, resp.ID, resp.Token, f.what)
-			}
+		}
+		switch {
+		case !asserted:
+			rc.noteOn(r, "member %d (%s at epoch %d before its freeze, not superseded or during a network fault) answered %c to %s", fp.m, fp.before.Role, fp.before.Epoch, resp.Op, f.what)
+		case fp.allowed(f, resp):
+			rc.add(r, "answers_new_state", 1)
+		case retook && !ra.at.Before(roleAt) && (resp.Op != proto.OpAcquire || resp.Token >= roleStart):
+			rc.add(r, "answers_after_taking_the_role_again", 1)
+		default:
+			rc.bad(r, "member %d, %s at epoch %d before its freeze%s, answered %c (id %d, token %d) to %s queued during the freeze: from its stale state",
+				fp.m, fp.before.Role, fp.before.Epoch, supersededBy(fp.newLead), resp.Op, resp.ID, resp.Token, f.what)
 		}
 	}
 }
