@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -184,7 +183,7 @@ type freezeProbe struct {
 
 // tookRole matches the line a member logs when it takes the active or
 // leader role, with the first token of that role.
-var tookRole = regexp.MustCompile(`"msg":"(?:active|leader)".*"token_start":(\d+)`)
+var tookRole = regexp.MustCompile(`"msg":"(?:active|leader)".*"token_start":\d+`)
 
 // laterRole reads, from what member m logged since mark, when it first took
 // the active (leader) role after resuming (a line stamped after frozen) and
@@ -200,15 +199,15 @@ func laterRole(c *clustertest.Cluster, m, mark int, frozen time.Time) (at time.T
 // parseRoleLine reads a tookRole line: when it was logged and the role's
 // first token; ok false for another line or one logged before frozen.
 func parseRoleLine(line string, frozen time.Time) (at time.Time, tokenStart uint64, ok bool) {
-	var head struct {
-		Time time.Time `json:"time"`
+	var rec struct {
+		Time       time.Time `json:"time"`
+		Msg        string    `json:"msg"`
+		TokenStart uint64    `json:"token_start"`
 	}
-	sub := tookRole.FindStringSubmatch(line)
-	if sub == nil || json.Unmarshal([]byte(line), &head) != nil || !head.Time.After(frozen) {
-		return time.Time{}, 0, false // a line of before the freeze, read late
+	if json.Unmarshal([]byte(line), &rec) != nil || (rec.Msg != "active" && rec.Msg != "leader") || rec.TokenStart == 0 || !rec.Time.After(frozen) {
+		return time.Time{}, 0, false // another line, or one of before the freeze read late
 	}
-	tokenStart, err := strconv.ParseUint(sub[1], 10, 64)
-	return head.Time, tokenStart, err == nil
+	return rec.Time, rec.TokenStart, true
 }
 
 // rawFrame is a request sent to a frozen member, for the report.

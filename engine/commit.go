@@ -118,30 +118,23 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 // number an Abandon raised comes with that Abandon counted, and a chunk
 // made after every Abandon counted cannot be poisoned by them.
 func (s *Server) heldCommitted(ss *session) (n int, poisoned bool) {
-	committed := s.committedA.Load()
+	n = committedPrefix(ss.hchunks, s.committedA.Load())
 	abandons := s.abandonsA.Load()
 	fast := true
-	for i, ch := range ss.hchunks {
+	for _, ch := range ss.hchunks {
 		if ch.spec && ch.gen < abandons {
 			fast = false
 			break
-		}
-		if ch.upto <= committed && n == i {
-			n = i + 1
 		}
 	}
 	if fast && ss.inHeld == (n < len(ss.hchunks)) {
 		return n, false
 	}
-	n = 0
 	s.heldMu.Lock()
-	committed = s.committed
-	for i, ch := range ss.hchunks {
+	n = committedPrefix(ss.hchunks, s.committed)
+	for _, ch := range ss.hchunks {
 		if ch.spec && ch.gen < s.abandons && ch.upto > s.lostAfter(ch.gen) {
 			poisoned = true
-		}
-		if ch.upto <= committed && n == i {
-			n = i + 1
 		}
 	}
 	if poisoned || n == len(ss.hchunks) {
@@ -155,6 +148,16 @@ func (s *Server) heldCommitted(ss *session) (n int, poisoned bool) {
 	}
 	s.heldMu.Unlock()
 	return n, poisoned
+}
+
+// committedPrefix is how many of chunks, from the first, wait for records
+// up to committed at most.
+func committedPrefix(chunks []heldChunk, committed uint64) int {
+	n := 0
+	for n < len(chunks) && chunks[n].upto <= committed {
+		n++
+	}
+	return n
 }
 
 // Committed implements repl.Host: records up to seq are committed; the

@@ -125,7 +125,6 @@ func TestSinkAndCancelAllocs(t *testing.T) {
 	var w records.BatchWriter
 	cut := func() {
 		w.Reset()
-		rig.o.canceller.Reset()
 		for i := range rig.o.bufs {
 			b := &rig.o.bufs[i]
 			rig.o.canceller.Cut(&w, uint32(i), &b.w)

@@ -334,8 +334,7 @@ func (r *roles) decide(now int64, c change) change {
 			return c
 		}
 		for i := 0; i < r.self; i++ {
-			p := &r.peers[i]
-			if r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
+			if r.inSyncStandby(i, now) {
 				c.handover = i
 				return c
 			}
@@ -662,12 +661,19 @@ func (r *roles) heardFrom(now int64, from int) {
 // member: those that refused already), or -1.
 func (r *roles) successor(now int64, skip uint64) int {
 	for i := range r.peers {
-		p := &r.peers[i]
-		if i != r.self && skip&(1<<i) == 0 && r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch {
+		if i != r.self && skip&(1<<i) == 0 && r.inSyncStandby(i, now) {
 			return i
 		}
 	}
 	return -1
+}
+
+// inSyncStandby reports whether member i is, in this active's view at now,
+// a live standby following it at its epoch, in sync: one it may hand over
+// to (successorViews says why another is not).
+func (r *roles) inSyncStandby(i int, now int64) bool {
+	p := &r.peers[i]
+	return r.live(i, now) && p.role == roleStandby && p.follows == r.self && p.inSync && p.epoch == r.epoch
 }
 
 // successorViews says, for each other member, what this member knows of it

@@ -482,7 +482,6 @@ func (o *outStream) flushNow() {
 	o.flushMu.Lock()
 	defer o.flushMu.Unlock()
 	o.raw.Reset()
-	o.canceller.Reset()
 	records, cancelled := 0, 0
 	for i := range o.bufs {
 		o.table.Locked(i, o.swapFn)

@@ -22,7 +22,7 @@ const (
 	// raftPipeline is how many entries of records may be in flight
 	// (proposed, not yet committed) at once: one, by measurement
 	// (BENCHMARKS.md, "Why one entry in flight", measured again in
-	// "Raft: a leader that writes in parallel"): hashicorp/raft's leader
+	// "Priority cluster and raft: the per-change work"): hashicorp/raft's leader
 	// loop writes a new entry to its own log (an fsync) in the goroutine
 	// that also handles commit notifications, so a second entry in flight
 	// delays the first one's commit by its own fsync.

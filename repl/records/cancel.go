@@ -71,13 +71,10 @@ type Canceller struct {
 	dead  []bool
 }
 
-// Reset forgets the grants of the previous batch (each Cut has its own).
-func (c *Canceller) Reset() {}
-
 // grantOf returns the index in ix of the grant of token, or -1.
 func (c *Canceller) grantOf(ix []index, token uint64) int {
 	mask := len(c.slots) - 1
-	for h := int((token * 0x9E3779B97F4A7C15) >> c.shift); ; h = (h + 1) & mask {
+	for h := c.home(token); ; h = (h + 1) & mask {
 		j := int(c.slots[h]) - 1
 		if j < 0 {
 			return -1
@@ -88,10 +85,13 @@ func (c *Canceller) grantOf(ix []index, token uint64) int {
 	}
 }
 
+// home is token's first slot (Fibonacci hashing over len(slots)).
+func (c *Canceller) home(token uint64) int { return int((token * 0x9E3779B97F4A7C15) >> c.shift) }
+
 // addGrant notes grant k of ix.
 func (c *Canceller) addGrant(ix []index, k int) {
 	mask := len(c.slots) - 1
-	h := int((ix[k].token * 0x9E3779B97F4A7C15) >> c.shift)
+	h := c.home(ix[k].token)
 	for c.slots[h] != 0 {
 		h = (h + 1) & mask
 	}
