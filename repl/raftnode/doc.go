@@ -22,7 +22,8 @@
 // Restore, and the replay that rebuilds a table), entry.go and snapshot.go
 // (the log entry and snapshot formats, records in repl/records' format),
 // transport.go (raft's TCP stream layer on the member port), logstore.go
-// (raft-wal, or raft-boltdb for comparison), hclog.go (raft's logger onto
+// (raft-wal, or raft-boltdb for comparison), durable.go (the leader's log
+// fsync in parallel with replication, and what keeps that safe), hclog.go (raft's logger onto
 // slog), membership.go (the raft configuration as the membership: member
 // IDs, client addresses, repl.Membership's add and remove, the leader's
 // handover before its own removal), recover.go (a forced new cluster from

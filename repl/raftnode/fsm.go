@@ -14,9 +14,19 @@ import (
 type raftFSM node
 
 // Apply applies a committed entry to the table; the leader skips the
-// records of the entries of its own term (it executed them).
+// records of the entries of its own term (it executed them). It first
+// waits for the entry to be durable in this member's log (a leader's
+// fsync runs in parallel with replication, durable.go): until then the
+// apply future, and every answer behind it, waits; an entry the log could
+// not make durable, or one still waiting when the node closes, is not
+// applied and its future answers the error.
 func (f *raftFSM) Apply(l *raft.Log) any {
 	n := (*node)(f)
+	if n.dur != nil {
+		if err := n.dur.await(l.Index, n.quit); err != nil {
+			return err
+		}
+	}
 	var e logEntry
 	n.fsmMu.Lock()
 	defer n.fsmMu.Unlock()

@@ -271,8 +271,12 @@ func (t *memberTransport) admit(rpc raft.RPC) bool {
 }
 
 // AppendEntries sends a heartbeat or entries; a success in the same term
-// renews the lease from the instant it was sent.
+// renews the lease from the instant it was sent. The commit index it
+// carries is at most this member's durable index (clampCommit).
 func (t *memberTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if err := t.n.clampCommit(args); err != nil {
+		return err
+	}
 	sent := t.n.clock()
 	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
 	if err == nil && resp.Term == args.Term {
@@ -283,6 +287,50 @@ func (t *memberTransport) AppendEntries(id raft.ServerID, target raft.ServerAddr
 		}
 	}
 	return err
+}
+
+// AppendEntriesPipeline is the transport's pipeline, its requests' commit
+// index clamped as AppendEntries's.
+func (t *memberTransport) AppendEntriesPipeline(id raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
+	p, err := t.NetworkTransport.AppendEntriesPipeline(id, target)
+	if err != nil {
+		return nil, err
+	}
+	return &clampedPipeline{AppendPipeline: p, n: t.n}, nil
+}
+
+// clampedPipeline is an AppendPipeline whose requests carry a commit index
+// no higher than the leader's durable index.
+type clampedPipeline struct {
+	raft.AppendPipeline
+	n *node
+}
+
+// AppendEntries sends args down the pipeline.
+func (p *clampedPipeline) AppendEntries(args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) (raft.AppendFuture, error) {
+	if err := p.n.clampCommit(args); err != nil {
+		return nil, err
+	}
+	return p.AppendPipeline.AppendEntries(args, resp)
+}
+
+// clampCommit lowers the commit index a leader sends to the last index of
+// its log that is durable (durable.go): raft counts the leader's copy of an
+// entry as soon as it is written, and a follower must not apply an entry
+// before that copy is durable. A member whose log failed sends nothing
+// (errLogNotDurable): no acknowledgement renews its lease, and raft steps
+// down.
+func (n *node) clampCommit(args *raft.AppendEntriesRequest) error {
+	if n.dur == nil {
+		return nil
+	}
+	if n.dur.mute.Load() {
+		return errLogNotDurable
+	}
+	if d := n.dur.durable.Load(); args.LeaderCommitIndex > d {
+		args.LeaderCommitIndex = d
+	}
+	return nil
 }
 
 // RequestVote asks for a vote; an answer carrying a term above termLimit

@@ -11,6 +11,10 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/fs"
+	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/segment"
+	"github.com/hashicorp/raft-wal/types"
 )
 
 // logStoreKind names a raft log store.
@@ -33,10 +37,12 @@ type logStore interface {
 }
 
 // openLogStore opens the raft log and stable store of kind under base
-// (base/wal or base/raft.db), fsync on every append, and registers it for
-// closing.
-func (n *node) openLogStore(kind logStoreKind, base string) (logStore, error) {
-	s, err := openStore(kind, base, n.log)
+// (base/wal or base/raft.db) and registers it for closing. raft-wal's
+// appends are durable when they return except a leader's, whose fsync d
+// runs in parallel with replication (durable.go); bolt's are always
+// synchronous (d unused).
+func (n *node) openLogStore(kind logStoreKind, base string, d *durability, vfs types.VFS) (logStore, error) {
+	s, err := openStore(kind, base, n.log, d, vfs)
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +50,10 @@ func (n *node) openLogStore(kind logStoreKind, base string) (logStore, error) {
 	return s, nil
 }
 
-func openStore(kind logStoreKind, base string, log *slog.Logger) (logStore, error) {
+// openStore opens the store of kind under base; with d, raft-wal's file
+// system (vfs, nil: the real one) and metadata go through d (durable.go),
+// and everything it holds is made durable before it returns.
+func openStore(kind logStoreKind, base string, log *slog.Logger, d *durability, vfs types.VFS) (logStore, error) {
 	switch kind {
 	case logStoreBolt:
 		return raftboltdb.New(raftboltdb.Options{Path: filepath.Join(base, "raft.db")})
@@ -53,7 +62,44 @@ func openStore(kind logStoreKind, base string, log *slog.Logger) (logStore, erro
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
-		return wal.Open(dir, wal.WithLogger(newHclog(log.With("component", "raft-wal"), hclog.Warn)))
+		if d == nil {
+			return wal.Open(dir, wal.WithLogger(newHclog(log.With("component", "raft-wal"), hclog.Warn)))
+		}
+		if vfs == nil {
+			vfs = fs.New()
+		}
+		w, err := openWAL(dir, log, d, vfs, 0, nil)
+		if err != nil {
+			return nil, err
+		}
+		return w, nil
 	}
 	return nil, fmt.Errorf("raftnode: unknown raft log store %q", kind)
+}
+
+// openWAL opens raft-wal in dir on vfs through d (segments of segSize
+// bytes, 0: raft-wal's default; its metadata in meta, nil: raft-wal's
+// bolt file) and makes everything it holds durable before it returns:
+// what a killed process left in the page cache was never synced.
+func openWAL(dir string, log *slog.Logger, d *durability, vfs types.VFS, segSize int, meta types.MetaStore) (*wal.WAL, error) {
+	if meta == nil {
+		meta = &metadb.BoltMetaDB{}
+	}
+	w, err := wal.Open(dir, wal.WithLogger(newHclog(log.With("component", "raft-wal"), hclog.Warn)),
+		wal.WithSegmentFiler(segment.NewFiler(dir, &syncFS{VFS: vfs, d: d})),
+		wal.WithMetaStore(flushingMeta{MetaStore: meta, d: d}),
+		wal.WithSegmentSize(segSize))
+	if err != nil {
+		return nil, err
+	}
+	last, err := w.LastIndex()
+	if err == nil {
+		d.written.Store(last)
+		err = d.flush()
+	}
+	if err != nil {
+		_ = w.Close()
+		return nil, err
+	}
+	return w, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"github.com/hashicorp/raft-wal/types"
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/records"
@@ -71,7 +72,9 @@ type node struct {
 	trans    *raft.NetworkTransport
 	mt       *memberTransport
 	stream   *raftStream
-	logs     raft.LogStore
+	logs     raft.LogStore // raft-wal (or bolt) itself; raft writes through the log cache and dur
+	dur      *durability   // raft-wal's deferred leader fsyncs (durable.go); nil with bolt
+	vfs      types.VFS     // tests: raft-wal's file system (nil: the real one)
 	stable   raft.StableStore
 	snaps    *raft.FileSnapshotStore
 	closers  []io.Closer
@@ -235,7 +238,10 @@ func (n *node) openRaft() error {
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return err
 	}
-	ls, err := n.openLogStore(n.store, base)
+	if n.store == logStoreWAL {
+		n.dur = newDurability(n.log, n.logFailed)
+	}
+	ls, err := n.openLogStore(n.store, base, n.dur, n.vfs)
 	if err != nil {
 		return fmt.Errorf("raft log in %s: %w", base, err)
 	}
@@ -305,9 +311,18 @@ func (n *node) openRaft() error {
 	if err != nil {
 		return err
 	}
-	n.r, err = raft.NewRaft(conf, (*raftFSM)(n), cache, n.stable, n.snaps, n.mt)
+	var logs raft.LogStore = cache
+	if n.dur != nil {
+		logs = &parallelLog{LogStore: cache, d: n.dur}
+	}
+	n.r, err = raft.NewRaft(conf, (*raftFSM)(n), logs, n.stable, n.snaps, n.mt)
 	if err != nil {
 		return fmt.Errorf("starting raft: %w", err)
+	}
+	if n.dur != nil {
+		n.dur.raft.Store(n.r)
+		n.wg.Add(1)
+		go n.dur.syncer(n.quit, n.wg.Done)
 	}
 	if t := n.r.CurrentTerm(); t > termLimit {
 		_ = n.r.Shutdown().Error()
@@ -657,6 +672,20 @@ func (n *node) Stop(ctx context.Context) string {
 	return succ
 }
 
+// logFailed is the raft log's answer to a failed fsync (durable.go): the
+// member says so and gives the leadership away; its appends fail from
+// now on, so it cannot take it back.
+func (n *node) logFailed(err error) {
+	n.log.Error("the raft log cannot be made durable: this member applies and answers nothing more from it and gives up the leadership; restart it once its disk is repaired",
+		"err", err, "data_dir", n.cfg.DataDir)
+	if r := n.dur.raft.Load(); r != nil && r.State() == raft.Leader {
+		if err := r.LeadershipTransfer().Error(); err != nil {
+			n.log.Warn("handing the leadership over after the raft log failed: it did not succeed; the leadership ends with the lease", "err", err)
+		}
+	}
+	n.dur.mute.Store(true)
+}
+
 // Close shuts raft down and closes the stores (the log and snapshots are
 // durable as they are written: nothing more to write).
 func (n *node) Close(ctx context.Context, why repl.CloseReason) error {
@@ -760,6 +789,11 @@ func (n *node) Health() error {
 	}
 	if n.stale.Load() {
 		return errors.New("raftnode: the table could not be rebuilt from the raft log")
+	}
+	if n.dur != nil {
+		if err := n.dur.err(); err != nil {
+			return err
+		}
 	}
 	if n.leadTerm.Load() != 0 && n.Gate().State == repl.Serve {
 		return nil

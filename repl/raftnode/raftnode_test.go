@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hashicorp/raft-wal/types"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
@@ -93,6 +94,8 @@ type raftCluster struct {
 	cfgs map[int]repl.ClusterConfig
 	// member, when set, adjusts member i's configuration at each start.
 	member func(i int, cfg *repl.ClusterConfig)
+	// vfs, when set, is member i's raft-wal file system (durable_test.go).
+	vfs func(i int) types.VFS
 }
 
 const raftTestOffset = 1000
@@ -142,6 +145,9 @@ func (c *raftCluster) start(i int) *raftMember {
 		c.t.Fatal(err)
 	}
 	n.tune = c.tune
+	if c.vfs != nil {
+		n.vfs = c.vfs(i)
+	}
 	m := &raftMember{n: n, host: &raftHost{gate: n.Gate}, clock: repltest.Clock()}
 	m.table, err = n.Open(shard.Config{Shards: 8}, m.clock, testLog())
 	if err != nil {
