@@ -99,6 +99,10 @@ var rules = map[string]rule{
 	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "acl", "tlsconf", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
+	// The handoff cycle's breakdown (issue 22): raw frames against a lockd
+	// started apart; its test serves one in process (lockdtest).
+	"bench/cycle": {allow: append(lockd("proto", "engine", "internal/lockdtest"), "go.uber.org/goleak"),
+		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
 	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"internal/layers": {},
