@@ -29,6 +29,14 @@ const (
 	raftPipeline = 1
 	// raftLatencies is how many commit latencies Status summarises.
 	raftLatencies = 1024
+	// lingerFor bounds how long after a commit the proposer waits for
+	// the records that commit's answers bring back (linger): 200 µs, by
+	// measurement (BENCHMARKS.md, "The proposer's linger"; 150 and 300 µs
+	// did as well with handoffs, 600 µs lost everywhere).
+	lingerFor = 200 * time.Microsecond
+	// lingerMax: the proposer never waits for more records than this (a
+	// buffer this full goes at once).
+	lingerMax = 64
 )
 
 // errClosed: the raft node closed while a token reservation waited for a
@@ -124,6 +132,13 @@ func (n *node) sink(r shard.Record) {
 	// The proposer takes everything buffered when it wakes: wake it for
 	// the first record after it took the buffer, and for a sealed entry.
 	wake := n.buf.Count() == 1
+	if n.lingerWant > 0 && n.buf.Count() >= n.lingerWant {
+		n.lingerWant = 0
+		select {
+		case n.lingered <- struct{}{}:
+		default:
+		}
+	}
 	if n.buf.Len() >= raftMaxEntry {
 		n.full = append(n.full, sealed{w: n.buf, first: n.first, last: n.num})
 		n.buf = records.BatchWriter{}
@@ -154,6 +169,8 @@ func (n *node) poke() {
 func (n *node) proposer() {
 	defer n.wg.Done()
 	var spare records.BatchWriter
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
 	for {
 		select {
 		case <-n.quit:
@@ -168,6 +185,11 @@ func (n *node) proposer() {
 			}
 			n.mu.Lock()
 			if !n.proposing || (n.buf.Count() == 0 && len(n.full) == 0) {
+				n.mu.Unlock()
+				<-n.slots
+				break
+			}
+			if n.lingerLocked(linger) && (!n.proposing || (n.buf.Count() == 0 && len(n.full) == 0)) {
 				n.mu.Unlock()
 				<-n.slots
 				break
@@ -196,6 +218,46 @@ func (n *node) proposer() {
 	}
 }
 
+// lingerLocked (under mu, which it may release and take again) waits,
+// right after a commit, for the records that commit's answers bring back:
+// until the buffer holds as many more records than it held at the commit
+// as the committed entry carried (lingerTo, at most lingerMax), or
+// lingerFor after the commit. A client whose
+// answer just left sends its next request within a round trip; without
+// the wait the first one to arrive goes out alone and the rest wait a
+// whole commit for the next entry, so a chain of handoffs on a hot key
+// moved only every other entry. A buffer already that full, a sealed
+// entry, or a request arriving later than lingerFor after the commit goes
+// at once: a lone sequential client (one record per entry) never waits.
+// It reports whether it waited (the caller looks at the buffer again).
+func (n *node) lingerLocked(t *time.Timer) bool {
+	want := n.lingerTo
+	if len(n.full) > 0 || n.buf.Count() >= want {
+		return false
+	}
+	wait := time.Duration(n.lastCommit.Load() + int64(n.lingerFor) - time.Now().UnixNano())
+	if wait <= 0 {
+		return false
+	}
+	n.lingerWant = want
+	n.mu.Unlock()
+	t.Reset(wait) // Go 1.23+ timers: no stale tick survives Stop or Reset
+	select {
+	case <-t.C:
+	case <-n.lingered:
+		t.Stop()
+	case <-n.quit:
+		t.Stop()
+	}
+	n.mu.Lock()
+	n.lingerWant = 0
+	select { // a signal that came after the timer fired
+	case <-n.lingered:
+	default:
+	}
+	return true
+}
+
 // committer waits for the entries in flight, in order: a committed entry
 // lets its answers leave (Host.Committed); a failed one means the
 // leadership is gone (the actor takes it from there).
@@ -210,6 +272,10 @@ func (n *node) committer() {
 		}
 		err := applied(p.f)
 		if err == nil {
+			n.mu.Lock()
+			n.lingerTo = min(n.buf.Count()+p.records, lingerMax)
+			n.mu.Unlock()
+			n.lastCommit.Store(time.Now().UnixNano())
 			n.committedIn(p.term, p.sent)
 			n.stats.addLatency(time.Since(p.proposed))
 			n.stats.entries.Add(1)

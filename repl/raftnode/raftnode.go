@@ -95,9 +95,18 @@ type node struct {
 	barrier   atomic.Uint64 // = num (Committer.Barrier)
 	committed atomic.Uint64 // the last number whose entry committed
 	busy      atomic.Int64  // entries taken by the proposer and not resolved yet
-	kick      chan struct{} // wakes the proposer
-	slots     chan struct{} // pipeline slots
-	inflight  chan *proposal
+	// The proposer's linger (lingerLocked): when the last entry committed
+	// (unix ns); under mu, the buffer's count it waits for after that
+	// commit (lingerTo) and, while it waits, the count that ends the wait
+	// early (lingerWant), signalled on lingered.
+	lastCommit atomic.Int64
+	lingerFor  time.Duration // lingerFor (tests change it before Open)
+	lingerTo   int
+	lingerWant int
+	lingered   chan struct{}
+	kick       chan struct{} // wakes the proposer
+	slots      chan struct{} // pipeline slots
+	inflight   chan *proposal
 
 	// FSM side, under fsmMu: held by every apply, snapshot cut and rebuild.
 	// snapMu is held by a rebuild throughout and by Persist while it makes
@@ -148,7 +157,7 @@ func newNode(cfg repl.ClusterConfig, logStore logStoreKind) (*node, error) {
 		return nil, fmt.Errorf("raftnode: unknown raft log store %q", logStore)
 	}
 	n := &node{cfg: cfg, store: logStore, self: cfg.Peers[cfg.Self],
-		kick: make(chan struct{}, 1), actKick: make(chan struct{}, 1), quit: make(chan struct{}),
+		kick: make(chan struct{}, 1), actKick: make(chan struct{}, 1), quit: make(chan struct{}), lingered: make(chan struct{}, 1), lingerFor: lingerFor,
 		slots: make(chan struct{}, raftPipeline), inflight: make(chan *proposal, raftPipeline+1),
 		events: make(chan raft.Observation, 64)}
 	n.gate.Store(&repl.Gate{State: repl.Redirect})
