@@ -87,20 +87,21 @@ func measure(c config) ([]hop, error) {
 	)
 	deadline := time.Now().Add(c.timeout)
 	conns := make([]*net.TCPConn, 2)
+	defer func() { // also on an early error; the turns close theirs too
+		for _, nc := range conns {
+			if nc != nil {
+				nc.Close()
+			}
+		}
+	}()
 	for i := range conns {
 		nc, err := net.DialTimeout("tcp", c.addr, 10*time.Second)
 		if err != nil {
-			for _, o := range conns[:i] {
-				o.Close()
-			}
 			return nil, err
 		}
 		conns[i] = nc.(*net.TCPConn)
 		_ = conns[i].SetDeadline(deadline)
 		if err := setTimestamps(conns[i]); err != nil {
-			for _, o := range conns[:i+1] {
-				o.Close()
-			}
 			return nil, err
 		}
 	}
@@ -109,14 +110,12 @@ func measure(c config) ([]hop, error) {
 	if _, err := conns[0].Write(proto.AppendAcquire(nil, 255, 60, 0, c.key)); err != nil {
 		return nil, err
 	}
-	var first [256]byte
-	n, err := io.ReadAtLeast(conns[0], first[:], 1)
+	r, err := firstAnswer(conns[0])
 	if err != nil {
 		return nil, err
 	}
-	var r proto.Response
-	if _, err := proto.ParseResponse(first[:n], &r); err != nil || r.Op != proto.OpAcquire {
-		return nil, fmt.Errorf("the first acquire of %q was not granted: %q", c.key, first[:n])
+	if r.Op != proto.OpAcquire {
+		return nil, fmt.Errorf("the first acquire of %q was not granted: answer %q", c.key, r.Op)
 	}
 	if _, err := conns[1].Write(proto.AppendAcquire(nil, 255, 60, 1, c.key)); err != nil {
 		return nil, err
@@ -157,6 +156,25 @@ func measure(c config) ([]hop, error) {
 		return 0
 	})
 	return hops, nil
+}
+
+// firstAnswer reads one whole answer from nc.
+func firstAnswer(nc net.Conn) (proto.Response, error) {
+	var (
+		buf [256]byte
+		n   int
+		r   proto.Response
+	)
+	for {
+		m, err := nc.Read(buf[n:])
+		n += m
+		if _, perr := proto.ParseResponse(buf[:n], &r); !errors.Is(perr, proto.ErrIncomplete) || n == len(buf) {
+			return r, perr
+		}
+		if err != nil {
+			return r, err
+		}
+	}
 }
 
 // turns reads grants on nc; each one is answered at once with its

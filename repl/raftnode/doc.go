@@ -35,7 +35,9 @@
 // The seam's contract (repl.Node) holds. Goroutines: raft's own; the
 // actor (leadership changes, gates, rebuilds, a gate whose lapsed lease
 // was renewed); the proposer; the committer; the token reserver; the
-// transport's forwarder (requests that pass the term check, to raft). The
+// transport's forwarder (requests that pass the term check, to raft); the
+// log's syncer (the leader's deferred fsyncs, durable.go: its syncMu, then
+// its own mu, taken inside raft-wal's calls and never around one). The
 // Sink takes the node's own mutex (mu) under the caller's shard lock;
 // FSM.Apply, snapshots and rebuilds take fsmMu, a rebuild then snapMu;
 // every gate is published under gateMu (the actor, and the transport's

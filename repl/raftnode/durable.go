@@ -3,7 +3,6 @@ package raftnode
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -79,16 +78,15 @@ type durability struct {
 	moved  chan struct{} // closed (and replaced) when durable moves or the log fails
 
 	kick   chan struct{} // wakes the syncer
-	log    *slog.Logger
-	onFail func(error) // once, on the first failed fsync
+	onFail func(error)   // once, on the first failed fsync
 	// Tests: hold runs before each of the syncer's rounds; leadsHook, when
 	// set, answers leads.
 	hold      atomic.Pointer[func()]
 	leadsHook func() bool
 }
 
-func newDurability(log *slog.Logger, onFail func(error)) *durability {
-	return &durability{moved: make(chan struct{}), kick: make(chan struct{}, 1), log: log, onFail: onFail}
+func newDurability(onFail func(error)) *durability {
+	return &durability{moved: make(chan struct{}), kick: make(chan struct{}, 1), onFail: onFail}
 }
 
 // leads reports whether the member appends as the leader. raft sets its
@@ -290,12 +288,9 @@ func (p *parallelLog) StoreLogs(logs []*raft.Log) error {
 	if len(logs) == 0 {
 		return nil
 	}
+	// A synchronous append needs no flush first: raft-wal's Sync of it
+	// runs syncNow, which syncs every deferred file with it.
 	deferred := d.leads() && !slices.ContainsFunc(logs, func(l *raft.Log) bool { return l.Type != raft.LogCommand })
-	if !deferred && d.pending() {
-		if err := d.flush(); err != nil {
-			return err
-		}
-	}
 	d.deferring.Store(deferred)
 	err := p.LogStore.StoreLogs(logs)
 	d.deferring.Store(false)

@@ -87,7 +87,7 @@ type testDurable struct {
 func openTestDurable(t *testing.T, syncer bool, segSize int, meta func(*durability) types.MetaStore) *testDurable {
 	t.Helper()
 	td := &testDurable{fs: &testFS{VFS: fs.New()}, quit: make(chan struct{})}
-	td.d = newDurability(testLog(), func(error) { td.fails.Add(1) })
+	td.d = newDurability(func(error) { td.fails.Add(1) })
 	td.d.leadsHook = td.leads.Load
 	var m types.MetaStore
 	if meta != nil {
@@ -127,6 +127,14 @@ func commands(from, to uint64) []*raft.Log {
 	return logs
 }
 
+// marks fails t unless written and durable are w and d.
+func (td *testDurable) marks(t *testing.T, when string, w, d uint64) {
+	t.Helper()
+	if gw, gd := td.d.written.Load(), td.d.durable.Load(); gw != w || gd != d {
+		t.Fatalf("%s: written %d durable %d, want %d and %d", when, gw, gd, w, d)
+	}
+}
+
 func (td *testDurable) dirty() int {
 	td.d.mu.Lock()
 	defer td.d.mu.Unlock()
@@ -151,9 +159,7 @@ func TestParallelLogLeaderAppendsWithoutWaiting(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the leader's append waited for its fsync")
 	}
-	if w, d := td.d.written.Load(), td.d.durable.Load(); w != 3 || d != 0 {
-		t.Fatalf("written %d durable %d, want 3 and 0 while the fsync is blocked", w, d)
-	}
+	td.marks(t, "while the fsync is blocked", 3, 0)
 	var l raft.Log
 	if err := td.log.GetLog(2, &l); err != nil || string(l.Data) != "entry 2" {
 		t.Fatalf("GetLog(2) before the fsync: %v %q", err, l.Data)
@@ -237,9 +243,7 @@ func TestParallelLogTruncation(t *testing.T) {
 	if err := td.log.DeleteRange(4, 5); err != nil {
 		t.Fatal(err)
 	}
-	if w, d := td.d.written.Load(), td.d.durable.Load(); w != 3 || d != 3 {
-		t.Fatalf("after the tail's deletion: written %d durable %d, want 3 and 3", w, d)
-	}
+	td.marks(t, "after the tail's deletion", 3, 3)
 	td.leads.Store(true)
 	if err := td.log.StoreLogs(commands(4, 4)); err != nil {
 		t.Fatal(err)
@@ -249,9 +253,7 @@ func TestParallelLogTruncation(t *testing.T) {
 	}
 	// The prefix's deletion commits raft-wal's metadata, which flushes
 	// first (flushingMeta): everything is durable, nothing went back.
-	if w, d := td.d.written.Load(), td.d.durable.Load(); w != 4 || d != 4 {
-		t.Fatalf("after the prefix's deletion: written %d durable %d, want 4 and 4", w, d)
-	}
+	td.marks(t, "after the prefix's deletion", 4, 4)
 	if first, err := td.log.FirstIndex(); err != nil || first != 3 {
 		t.Fatalf("first index %d %v, want 3", first, err)
 	}

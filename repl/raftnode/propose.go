@@ -184,12 +184,8 @@ func (n *node) proposer() {
 				return
 			}
 			n.mu.Lock()
-			if !n.proposing || (n.buf.Count() == 0 && len(n.full) == 0) {
-				n.mu.Unlock()
-				<-n.slots
-				break
-			}
-			if n.lingerLocked(linger) && (!n.proposing || (n.buf.Count() == 0 && len(n.full) == 0)) {
+			// A linger releases mu: look again after one.
+			if n.idleLocked() || (n.lingerLocked(linger) && n.idleLocked()) {
 				n.mu.Unlock()
 				<-n.slots
 				break
@@ -216,6 +212,12 @@ func (n *node) proposer() {
 			n.inflight <- p
 		}
 	}
+}
+
+// idleLocked (under mu) reports whether there is nothing to propose: this
+// member does not propose, or nothing is buffered.
+func (n *node) idleLocked() bool {
+	return !n.proposing || (n.buf.Count() == 0 && len(n.full) == 0)
 }
 
 // lingerLocked (under mu, which it may release and take again) waits,

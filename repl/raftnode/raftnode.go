@@ -248,7 +248,7 @@ func (n *node) openRaft() error {
 		return err
 	}
 	if n.store == logStoreWAL {
-		n.dur = newDurability(n.log, n.logFailed)
+		n.dur = newDurability(n.logFailed)
 	}
 	ls, err := n.openLogStore(n.store, base, n.dur, n.vfs)
 	if err != nil {
