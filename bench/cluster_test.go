@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -372,6 +375,59 @@ func TestParseCPU(t *testing.T) {
 	}
 	if v := cpuTimes([]int{os.Getpid(), -5}); len(v) != 2 || v[0] < 0 || v[1] != -1 {
 		t.Errorf("cpuTimes(self, bad pid) = %v", v)
+	}
+}
+
+func TestRunqWaits(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want uint64
+		ok   bool
+	}{
+		{"1004000000 1190000000 17253\n", 1190000000, true},
+		{"0 0 0", 0, true},
+		{"12 34", 0, false},
+		{"12 x 5", 0, false},
+		{"", 0, false},
+	} {
+		got, ok := parseSchedstat(c.line)
+		if ok != c.ok || got != c.want {
+			t.Errorf("parseSchedstat(%q) = %v, %v; want %v, %v", c.line, got, ok, c.want, c.ok)
+		}
+	}
+	for _, c := range []struct {
+		before, after, want []float64
+	}{
+		{[]float64{1, 2}, []float64{1.5, 4}, []float64{0.5, 2}},
+		{[]float64{1, -1}, []float64{2, 3}, []float64{1, -1}}, // unreadable before
+		{[]float64{3}, []float64{2}, []float64{-1}},           // went down: an exited thread, a restart
+		{[]float64{1}, []float64{2, 5}, []float64{1, -1}},     // a process more than before
+		{[]float64{1, 1}, []float64{-1, 1}, []float64{-1, 0}}, // unreadable after
+	} {
+		if got := deltas(c.before, c.after); !slices.Equal(got, c.want) {
+			t.Errorf("deltas(%v, %v) = %v; want %v", c.before, c.after, got, c.want)
+		}
+	}
+	// This process, made to wait: four processors per CPU, each spinning
+	// for a while, leave their threads queued for the CPUs.
+	self := []int{os.Getpid(), -5}
+	before := runqWaits(self)
+	if before[0] < 0 || before[1] != -1 {
+		t.Fatalf("runqWaits(self, bad pid) = %v", before)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4 * runtime.NumCPU()))
+	var wg sync.WaitGroup
+	for range 4 * runtime.NumCPU() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+			}
+		}()
+	}
+	wg.Wait()
+	if d := deltas(before, runqWaits(self)); d[0] <= 0 {
+		t.Errorf("threads spinning on more than every CPU waited %v s for one; want > 0", d[0])
 	}
 }
 

@@ -460,6 +460,12 @@ func oneLine(r *Result) string {
 	if len(r.ServerCPU) > 0 {
 		s += "  server CPU " + cpuText(r.ServerCPU) + " s"
 	}
+	if len(r.ServerWait) > 0 {
+		s += ", waited for a CPU " + cpuText(r.ServerWait) + " s"
+	}
+	if r.ClientWait > 0 {
+		s += fmt.Sprintf("  load generator waited for a CPU %.2f s", r.ClientWait)
+	}
 	if p := r.Repl; p != nil {
 		s += "  " + replLine(p)
 	}

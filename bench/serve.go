@@ -208,6 +208,65 @@ func cpuTimes(pids []int) []float64 {
 	return out
 }
 
+// runqWaits returns the time each process's threads have spent runnable,
+// waiting for a CPU, so far (seconds; -1 for a process it cannot read):
+// the second field of /proc/PID/task/TID/schedstat, summed over the
+// threads. A thread that exits takes its share with it, so a later sum can
+// be smaller; the caller reports such a difference as unknown.
+func runqWaits(pids []int) []float64 {
+	out := make([]float64, len(pids))
+	for i, pid := range pids {
+		out[i] = -1
+		dir := "/proc/" + strconv.Itoa(pid) + "/task"
+		tasks, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		var sum uint64
+		n := 0
+		for _, t := range tasks {
+			b, err := os.ReadFile(dir + "/" + t.Name() + "/schedstat")
+			if err != nil {
+				continue // the thread exited meanwhile
+			}
+			if w, ok := parseSchedstat(string(b)); ok {
+				sum += w
+				n++
+			}
+		}
+		if n > 0 {
+			out[i] = float64(sum) / 1e9
+		}
+	}
+	return out
+}
+
+// parseSchedstat reads the run-queue wait (nanoseconds) from a schedstat
+// line: time on a CPU, time runnable and waiting for one, and the number of
+// times the thread ran.
+func parseSchedstat(line string) (uint64, bool) {
+	f := strings.Fields(line)
+	if len(f) != 3 {
+		return 0, false
+	}
+	w, err := strconv.ParseUint(f[1], 10, 64)
+	return w, err == nil
+}
+
+// deltas returns after[i] - before[i] for each process, -1 where either
+// reading failed or the value went down (a restarted process, an exited
+// thread).
+func deltas(before, after []float64) []float64 {
+	out := make([]float64, len(after))
+	for i, a := range after {
+		out[i] = -1
+		if i < len(before) && before[i] >= 0 && a >= before[i] {
+			out[i] = a - before[i]
+		}
+	}
+	return out
+}
+
 // parseCPU reads utime + stime from a /proc/PID/stat line: the fields
 // after the command, which is in parentheses and may hold anything.
 func parseCPU(stat string) (float64, bool) {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -109,6 +110,15 @@ type Result struct {
 	// and drain — in the order the target started them (a cluster: in
 	// --peers order). Empty when the harness did not start the server.
 	ServerCPU []float64 `json:"server_cpu_s,omitempty"`
+	// ServerWait is, over the same span and per server process like
+	// ServerCPU, the time the process's threads were runnable but waited
+	// for a CPU (Linux schedstat; -1 where unknown): how oversubscribed
+	// the cores were while the server had work.
+	ServerWait []float64 `json:"server_runq_wait_s,omitempty"`
+	// ClientWait is the same for the load generator (this process): time
+	// its goroutines' threads waited for a CPU, which every latency it
+	// measures includes.
+	ClientWait float64 `json:"client_runq_wait_s,omitempty"`
 
 	hist, hand *Hist
 	from, to   time.Time // the measured window
@@ -178,10 +188,12 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 			}()
 		}
 	}
-	var cpu0 []float64
+	var cpu0, wait0 []float64
 	if t.pids != nil {
-		cpu0 = cpuTimes(t.pids())
+		cpu0, wait0 = cpuTimes(t.pids()), runqWaits(t.pids())
 	}
+	self := []int{os.Getpid()}
+	selfWait0 := runqWaits(self)
 	var err error
 	switch wl {
 	case wlUncontended:
@@ -198,13 +210,11 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		err = fmt.Errorf("unknown workload %q", wl)
 	}
 	if cpu0 != nil {
-		for i, c := range cpuTimes(t.pids()) {
-			if i < len(cpu0) && cpu0[i] >= 0 && c >= cpu0[i] {
-				res.ServerCPU = append(res.ServerCPU, c-cpu0[i])
-			} else {
-				res.ServerCPU = append(res.ServerCPU, -1) // restarted or gone
-			}
-		}
+		res.ServerCPU = deltas(cpu0, cpuTimes(t.pids()))
+		res.ServerWait = deltas(wait0, runqWaits(t.pids()))
+	}
+	if w := deltas(selfWait0, runqWaits(self)); w[0] >= 0 {
+		res.ClientWait = w[0]
 	}
 	if run != nil {
 		var rerr error
