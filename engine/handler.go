@@ -242,13 +242,15 @@ func (h *handler) traffic(ss *session) gnet.Action {
 
 	auth := s.acl.Load() != nil
 	buf, _ := c.Peek(-1)
-	// The clock is read after the bytes are: every request in buf arrived
-	// before now, so a freeze (SIGSTOP, a stall) that ended before one of
-	// them arrived ended before now too, and the gate, which expires half a
+	// The clock is read after the bytes were: the event loop (or the TLS
+	// reader) read them from the socket before it called traffic, and Peek
+	// only returns what it read. So every request in buf arrived before
+	// now, a freeze (SIGSTOP, a stall) that ended before one of them
+	// arrived ended before now too, and the gate, which expires half a
 	// failover timeout after the ticker's last tick, has expired for it
 	// (PROTOCOL.md §6.2: nothing executes from a frozen member's stale
-	// state). Read before Peek, a freeze between the two let requests
-	// queued during it run under the gate of before it.
+	// state). Any clock read inside traffic has this property; reading it
+	// next to the bytes keeps that visible.
 	now := s.now()
 	if auth && !s.refreshAuth(ss) {
 		// A reload removed this connection's identity: close, unread.
