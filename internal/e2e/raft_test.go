@@ -381,12 +381,23 @@ func TestRaftLeaseAcrossLeaderChange(t *testing.T) {
 // TestRaftPhantomRelease: a queued acquire whose connection closes as the
 // key is handed to it: the grant it can no longer receive is released by
 // a command (not only on the leader's table), and the key goes to the
-// next waiter, on every member.
+// next waiter, on every member — at once, not when the grant's lease
+// ends.
+//
+// The release is sent just before the close, so that lockd mostly hands
+// the key over before it sees the close. A test goroutine paused between
+// the two (a loaded machine) lets the grant commit and reach b's socket
+// before the close: lockd then counts it delivered (the kernel took it),
+// and it ends with its lease, as PROTOCOL.md §4 says of any delivered
+// grant. Such a trial is told apart by the time the two sends took and
+// waits for b's short lease; the others must see the key handed on well
+// before that lease could end.
 func TestRaftPhantomRelease(t *testing.T) {
 	c, l := startRaft(t, false)
 	holder := dial(t, c, l)
 	want := map[string]uint64{}
-	handedOver := 0
+	handedOver, late := 0, 0
+	const bLease = 3 // seconds: b's grant, if it was delivered, ends by then
 	for i := range 20 {
 		key := fmt.Sprintf("phantom/%d", i)
 		a := grant(t, holder, key, 60, uint64(i+1))
@@ -394,7 +405,7 @@ func TestRaftPhantomRelease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := b.Send(proto.AppendAcquire(nil, 30, 60, 100, key)); err != nil {
+		if err := b.Send(proto.AppendAcquire(nil, 30, bLease, 100, key)); err != nil {
 			t.Fatal(err)
 		}
 		next := dial(t, c, l)
@@ -406,13 +417,18 @@ func TestRaftPhantomRelease(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		// Release and close b at once: the handoff grant to b is made and
 		// cannot be delivered.
-		if err := holder.Send(proto.AppendRelease(nil, a, key)); err != nil {
-			t.Fatal(err)
-		}
 		if tc, ok := b.NetConn().(*net.TCPConn); ok {
 			tc.SetLinger(0)
 		}
+		sent := time.Now()
+		if err := holder.Send(proto.AppendRelease(nil, a, key)); err != nil {
+			t.Fatal(err)
+		}
 		b.Close()
+		// A raft commit (a follower's fsync and two hops between
+		// processes) takes far longer than this: the grant cannot have
+		// reached b's socket within it.
+		paused := time.Since(sent) > 200*time.Microsecond
 		if r, err := holder.Read(); err != nil || r.Op != proto.OpRelease {
 			t.Fatalf("release of %s: %c %v", key, r.Op, err)
 		}
@@ -420,12 +436,21 @@ func TestRaftPhantomRelease(t *testing.T) {
 		if err != nil || r.Op != proto.OpAcquire || r.ID != 200 {
 			t.Fatalf("the next waiter of %s: %c id=%d %v", key, r.Op, r.ID, err)
 		}
+		if took := time.Since(sent); took > bLease*time.Second/2 {
+			if !paused {
+				t.Fatalf("the next waiter of %s was granted %v after the release: b's undeliverable grant was not released, it ran out", key, took)
+			}
+			late++
+		}
 		if r.Token > a+1 {
 			handedOver++ // b was granted a token in between, and released it
 		}
 		want[key] = r.Token
 	}
-	t.Logf("%d of 20 keys were handed to the closed connection first", handedOver)
+	t.Logf("%d of 20 keys were handed to the closed connection first; %d trials paused between the release and the close and waited for b's lease", handedOver, late)
+	if late > 10 {
+		t.Fatalf("%d of 20 trials paused between two sends: too few were a test of the release", late)
+	}
 	settleKeys(t, c, want)
 }
 
