@@ -511,7 +511,7 @@ func (n *node) stepLocked() {
 	n.mu.Lock()
 	dirty := n.dirty
 	n.mu.Unlock()
-	if dirty && !time.Now().Before(n.retryAt) {
+	if dirty && !time.Now().Before(n.retryAt) && !n.stopping.Load() {
 		_ = n.rebuild("the table changed outside the log")
 	}
 	n.publish(&repl.Gate{State: repl.Redirect, Addr: n.otherLeader()})
@@ -606,7 +606,29 @@ func (n *node) lose(term uint64) {
 	}
 	n.log.Warn("no longer the leader", "term", term, "leader", addr,
 		"records_abandoned", last-committed, "state", n.r.State().String())
+	if n.stopping.Load() {
+		n.leaveTable()
+		return
+	}
 	_ = n.rebuild("leadership lost")
+}
+
+// leaveTable ends the leadership without a rebuild, once the member is
+// shutting down (Stop has handed the leadership over): the table goes with
+// the process, answers are M from here on, and a rebuild of millions of
+// locks (seconds) would only hold the shutdown past its deadline. The
+// table stays as it is, marked not the committed state (stale: Health
+// says so).
+func (n *node) leaveTable() {
+	n.fsmMu.Lock()
+	defer n.fsmMu.Unlock()
+	n.mu.Lock()
+	n.dirty = true
+	n.mu.Unlock()
+	n.stale.Store(true)
+	n.leading = 0
+	n.leadTerm.Store(0)
+	n.log.Info("the table is not rebuilt: shutting down")
 }
 
 // rebuild replaces the table with the committed state: the newest
