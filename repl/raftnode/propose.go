@@ -265,6 +265,7 @@ func (n *node) lingerLocked(t *time.Timer) bool {
 // leadership is gone (the actor takes it from there).
 func (n *node) committer() {
 	defer n.wg.Done()
+	defer close(n.committerDone)
 	for {
 		var p *proposal
 		select {

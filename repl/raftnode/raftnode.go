@@ -133,9 +133,11 @@ type node struct {
 	stopping    atomic.Bool
 	closing     atomic.Bool // mutes the transport's log while it closes
 	quit        chan struct{}
-	wg          sync.WaitGroup
-	closeMu     sync.Mutex
-	closed      bool
+	// committerDone is closed when the committer returns (nil before Start).
+	committerDone chan struct{}
+	wg            sync.WaitGroup
+	closeMu       sync.Mutex
+	closed        bool
 
 	tune  func(*raft.Config) // tests: adjusts raft's configuration
 	res   repl.Reserver
@@ -373,6 +375,7 @@ func (n *node) Start(addr string, host repl.Host) error {
 	n.host = host
 	n.log.Info("raft member", "peers", n.cfg.Peers, "self", n.self, "member_port", n.cfg.MemberAddr(n.cfg.Self), "log_store", string(n.store))
 	n.wg.Add(3)
+	n.committerDone = make(chan struct{})
 	go n.actor()
 	go n.proposer()
 	go n.committer()
@@ -736,6 +739,19 @@ func (n *node) Close(ctx context.Context, why repl.CloseReason) error {
 			"commit_p50", time.Duration(p50*1e9), "commit_p99", time.Duration(p99*1e9))
 	}
 	n.res.Stop(ctx)
+	if n.committerDone != nil {
+		// The committer ends first, while raft still runs: raft drops the
+		// committed entries still queued for its FSM when it shuts down,
+		// without answering their futures, and the committer waits on
+		// the future of the entry it holds. With quit closed, FSM.Apply
+		// answers at once and no new entry is proposed.
+		select {
+		case <-n.committerDone:
+		case <-ctx.Done():
+		case <-time.After(2 * n.cfg.FailoverTimeout):
+			n.log.Warn("closing: an entry in flight did not resolve; raft shuts down under it")
+		}
+	}
 	var err error
 	if n.r != nil {
 		n.r.DeregisterObserver(n.observer)
