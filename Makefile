@@ -3,10 +3,16 @@ GO          ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME    ?= 15s
 BENCHTIME   ?= 1s
-PKGS        := ./...
+## PKGS: every module of the repository — the root one (library, server,
+## CLI) and bench/, a module of its own so that the bench's dependencies
+## (etcd's client, gRPC, gonum) stay out of the root go.mod that importers
+## of the client inherit. go.work puts both in one workspace, so the
+## patterns, `go run ./bench` and `go test ./bench/...` all resolve from
+## here; internal/layers' TestWorkspace checks PKGS names each module.
+PKGS        := ./... ./bench/...
 PYTHON      ?= /usr/bin/python3
 
-.PHONY: all build test test-ops test-short lint check-tracked vet fmt-check staticcheck bench fuzz clean chaos chaos-short test-python lint-python
+.PHONY: all build test test-ops test-short lint check-tracked tidy-check vet fmt-check staticcheck bench fuzz clean chaos chaos-short test-python lint-python
 
 all: build
 
@@ -46,7 +52,14 @@ test-ops:
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
-lint: check-tracked fmt-check vet staticcheck lint-python
+lint: check-tracked fmt-check tidy-check vet staticcheck lint-python
+
+## tidy-check: each module of the workspace (go list -m) is `go mod tidy`
+## clean on its own (GOWORK=off: what a user of that module resolves).
+tidy-check:
+	@set -e; for d in $$($(GO) list -m -f '{{.Dir}}'); do \
+		(cd "$$d" && GOWORK=off $(GO) mod tidy -diff) || { echo "go mod tidy needed in $$d"; exit 1; }; \
+	done
 
 ## test-python: the Python client's tests (clients/python), with Debian's
 ## interpreter and python3-pytest; they build cmd/lockd and run it.

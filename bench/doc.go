@@ -44,6 +44,13 @@
 // with LOCKD_BENCH_SERVE set), so their memory and CPU profiles are their
 // own, as Redis's and etcd's are.
 //
+// bench is a Go module of its own (bench/go.mod) so that etcd's client,
+// gRPC, gonum/plot and hdrhistogram-go stay out of the root module, which
+// every program importing the client inherits; the root's go.work joins
+// the two, so `go run ./bench` works from the root. Its go.mod replaces
+// the root module with ../, so this checkout is what it measures, in the
+// workspace or not (GOWORK=off).
+//
 // What bench owns: bench/ and BENCHMARKS.md. What it may import: the
 // standard library, proto (the wire codec), engine (to start a server),
 // gnet (the echo server), hdrhistogram-go (latency histograms), etcd's

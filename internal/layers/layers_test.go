@@ -42,8 +42,9 @@ var (
 	noNetOrOS = []string{"net", "os", "syscall"}
 )
 
-// rules has one entry per package of the module (a package without a rule
-// fails the test: a new package states its layer when it is added).
+// rules has one entry per package of the repository's modules (a package
+// without a rule fails the test: a new package states its layer when it is
+// added; a rule without a package fails too).
 var rules = map[string]rule{
 	"proto": {noStd: []string{"net", "os", "syscall", "io/fs", "time", "sync", "runtime", "unsafe", "fmt"}, noDeps: noNetOrOS},
 	"shard": {allow: []string{"github.com/cespare/xxhash/v2"}, noStd: []string{"net", "os", "syscall", "io"},
@@ -96,6 +97,9 @@ var rules = map[string]rule{
 	// The binaries' version line: the standard library only, so every
 	// command may import it.
 	"internal/version": {noStd: []string{"net", "os", "syscall"}, noDeps: []string{mod + "/"}},
+	// The bench, a module of its own (bench/go.mod) so that its peers'
+	// clients (etcd, gRPC) and its plots (gonum) stay out of the root
+	// go.mod, which every importer of the client inherits.
 	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "acl", "tlsconf", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
@@ -139,13 +143,20 @@ var owners = map[string]string{
 	"github.com/klauspost/compress/": "repl/records",
 }
 
-// goList runs go list with format f over pkgs.
-func goList(t *testing.T, f string, pkgs ...string) []string {
+// goList runs go list with format f over pkgs in the module directory dir
+// (in the workspace when go.work is present, as make test runs it).
+func goList(t *testing.T, dir, f string, pkgs ...string) []string {
 	t.Helper()
 	args := append([]string{"list", "-f", f}, pkgs...)
-	out, err := exec.Command("go", args...).Output()
+	cmd := exec.Command("go", args...)
+	cmd.Dir = dir
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list %v: %v", pkgs, err)
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list %v in %s: %v\n%s", pkgs, dir, err, stderr)
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }
@@ -162,22 +173,35 @@ func hasPrefix(path string, prefixes []string) bool {
 	return false
 }
 
-// TestImportRules checks every package of the module against its rule.
+// TestImportRules checks every package of the repository's modules (the
+// root module and the bench's, see repoModules) against its rule, and that
+// every rule still names a package.
 func TestImportRules(t *testing.T) {
-	for _, line := range goList(t, "{{.ImportPath}}|{{.Dir}}|{{join .Imports \" \"}}|{{join .GoFiles \" \"}}", mod+"/...") {
-		f := strings.Split(line, "|")
-		path, dir, imports, files := f[0], f[1], strings.Fields(f[2]), strings.Fields(f[3])
-		name := strings.TrimPrefix(strings.TrimPrefix(path, mod), "/")
-		r, ok := rules[name]
-		if !ok {
-			t.Errorf("package %s has no layering rule: add one to internal/layers", name)
-			continue
+	root, dirs := repoModules(t)
+	seen := map[string]bool{}
+	for _, d := range dirs {
+		modDir := filepath.Join(root, d)
+		for _, line := range goList(t, modDir, "{{.ImportPath}}|{{.Dir}}|{{join .Imports \" \"}}|{{join .GoFiles \" \"}}", "./...") {
+			f := strings.Split(line, "|")
+			path, dir, imports, files := f[0], f[1], strings.Fields(f[2]), strings.Fields(f[3])
+			name := strings.TrimPrefix(strings.TrimPrefix(path, mod), "/")
+			seen[name] = true
+			r, ok := rules[name]
+			if !ok {
+				t.Errorf("package %s has no layering rule: add one to internal/layers", name)
+				continue
+			}
+			t.Run(name, func(t *testing.T) { check(t, name, modDir, dir, imports, files, r) })
 		}
-		t.Run(name, func(t *testing.T) { check(t, name, dir, imports, files, r) })
+	}
+	for name := range rules {
+		if !seen[name] {
+			t.Errorf("the rule for %s names no package of the modules %v: remove it, or list the module that holds it", name, dirs)
+		}
 	}
 }
 
-func check(t *testing.T, name, dir string, imports, files []string, r rule) {
+func check(t *testing.T, name, modDir, dir string, imports, files []string, r rule) {
 	for _, imp := range imports {
 		first, _, _ := strings.Cut(imp, "/")
 		std := !strings.Contains(first, ".")
@@ -194,7 +218,7 @@ func check(t *testing.T, name, dir string, imports, files []string, r rule) {
 		}
 	}
 	if len(r.noDeps) > 0 {
-		for _, dep := range goList(t, "{{.ImportPath}}", "-deps", mod+"/"+name) {
+		for _, dep := range goList(t, modDir, "{{.ImportPath}}", "-deps", mod+"/"+name) {
 			if dep != mod+"/"+name && hasPrefix(dep, r.noDeps) {
 				t.Errorf("%s depends on %s, which its layer forbids", name, dep)
 			}
