@@ -6,6 +6,8 @@ renewals follow the new active, and the release at the end executes there."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Iterator
@@ -14,7 +16,7 @@ import pytest
 
 import lockd
 from conftest import cluster_fixture
-from harness import Cluster
+from harness import Cluster, Node, pool
 
 
 @pytest.fixture
@@ -39,7 +41,7 @@ async def test_moved_followed_to_the_active(priority: Cluster) -> None:
     standby = next(nd for nd in priority.nodes if nd is not active)
     async with lockd.Client([standby.addr]) as c:
         lk = await c.acquire("cluster/moved", wait=5, lease=30)
-        assert c._preferred == active.addr
+        assert pool(c).preferred == active.addr
         assert active.key_state("cluster/moved")["held"] is True
         await c.release(lk)
         assert active.key_state("cluster/moved")["held"] is False
@@ -86,3 +88,52 @@ async def test_raft_kill_leader_while_lock_held(raft: Cluster) -> None:
         lk = await other.acquire("cluster/r", wait=5)
         assert lk.token > lock.token
         await other.release(lk)
+
+
+def _serving(cluster: Cluster, frozen: Node, timeout: float) -> Node:
+    """The member other than ``frozen`` that reports itself active/leader."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for nd in cluster.nodes:
+            if nd is frozen:
+                continue
+            try:
+                if nd.status().get("role") in ("active", "leader"):
+                    return nd
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"no member took over from the frozen one in {timeout} s\n{cluster.dump()}")
+
+
+FROZEN_LEASE = 3  # renewed every second: a renewal stuck on the frozen member must be retried elsewhere in time
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["priority", "raft"])
+async def test_frozen_active_costs_no_short_lease_lock(
+    mode: str, lockd_bin: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """SIGSTOP of the active/leader while a lock with a 3 s lease is held:
+    the renewals stop waiting on the frozen member early enough (the
+    transport timeout scales with the lease), find the new active, and the
+    lock stays held there with its token for several leases."""
+    gen = cluster_fixture(mode, lockd_bin, tmp_path, request)
+    cluster = next(gen)
+    active = await asyncio.to_thread(cluster.wait_leader)
+    assert active.proc is not None
+    try:
+        async with lockd.Client(cluster.addrs) as c:
+            async with c.lock("frozen/short", wait=5, lease=FROZEN_LEASE) as lock:
+                await asyncio.sleep(0.5)  # replicated
+                os.kill(active.proc.pid, signal.SIGSTOP)
+                new = await asyncio.to_thread(_serving, cluster, active, 15)
+                end = time.monotonic() + 3 * FROZEN_LEASE
+                while time.monotonic() < end:
+                    await asyncio.sleep(0.25)  # the block is cancelled here if the lock is lost
+                st = await asyncio.to_thread(new.key_state, "frozen/short")
+                assert st["held"] is True and st["token"] == str(lock.token), st
+    finally:
+        os.kill(active.proc.pid, signal.SIGCONT)
+        for _ in gen:
+            pass
