@@ -668,6 +668,22 @@ def make_certs(d: Path) -> Certs:
     return Certs(d, d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key", d / "other-ca.pem")
 
 
+def loop_lag(when: float) -> Callable[[], float]:
+    """Schedule a callback on the running loop at ``when`` (loop clock) and
+    return a function telling how late it ran, in seconds (if it has not
+    run yet: how late it is now). A timing assertion adds it to its bound:
+    on a loaded machine the loop itself runs late, and the client cannot
+    answer before the loop runs it."""
+    loop = asyncio.get_running_loop()
+    ran: list[float] = []
+    loop.call_at(when, lambda: ran.append(loop.time()))
+
+    def lag() -> float:
+        return max(0.0, (ran[0] if ran else loop.time()) - when)
+
+    return lag
+
+
 async def wait_for(what: str, cond: Callable[[], bool], timeout: float = 5.0) -> None:
     """Poll cond every 5 ms until it holds; fail after timeout."""
     deadline = time.monotonic() + timeout

@@ -106,33 +106,49 @@ def _serving(cluster: Cluster, frozen: Node, timeout: float) -> Node:
     raise AssertionError(f"no member took over from the frozen one in {timeout} s\n{cluster.dump()}")
 
 
-FROZEN_LEASE = 3  # renewed every second: a renewal stuck on the frozen member must be retried elsewhere in time
+# The lease of the frozen test per mode: renewed every third of it, each
+# attempt waiting at most a quarter, so a renewal stuck on the frozen
+# member is retried elsewhere with 5/12 of the lease left. That half must cover the
+# failover: priority promotes after one failover timeout (1 s) of silence;
+# raft's election timeout is drawn from one to two failover timeouts, then
+# a vote round and the new leader's catch-up, so it gets a longer lease.
+FROZEN_LEASE = {"priority": 3, "raft": 6}
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["priority", "raft"])
 async def test_frozen_active_costs_no_short_lease_lock(
     mode: str, lockd_bin: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """SIGSTOP of the active/leader while a lock with a 3 s lease is held:
+    """SIGSTOP of the active/leader while a lock with a short lease is held:
     the renewals stop waiting on the frozen member early enough (the
     transport timeout scales with the lease), find the new active, and the
     lock stays held there with its token for several leases."""
+    lease = FROZEN_LEASE[mode]
     gen = cluster_fixture(mode, lockd_bin, tmp_path, request)
     cluster = next(gen)
     active = await asyncio.to_thread(cluster.wait_leader)
     assert active.proc is not None
     try:
         async with lockd.Client(cluster.addrs) as c:
-            async with c.lock("frozen/short", wait=5, lease=FROZEN_LEASE) as lock:
-                await asyncio.sleep(0.5)  # replicated
+            async with c.lock("frozen/short", wait=5, lease=lease) as lock:
+                # Freeze right after a renewal: the whole lease is then the
+                # budget for the failover and the client's move, which the
+                # old client (stuck on the frozen member for its 5 s
+                # transport timeout) overran in every mode.
+                renewed = lock.expires
+                while lock.expires == renewed:
+                    await asyncio.sleep(0.005)
                 os.kill(active.proc.pid, signal.SIGSTOP)
                 new = await asyncio.to_thread(_serving, cluster, active, 15)
-                end = time.monotonic() + 3 * FROZEN_LEASE
+                end = time.monotonic() + 3 * lease
                 while time.monotonic() < end:
                     await asyncio.sleep(0.25)  # the block is cancelled here if the lock is lost
                 st = await asyncio.to_thread(new.key_state, "frozen/short")
                 assert st["held"] is True and st["token"] == str(lock.token), st
+    except BaseException:
+        print(cluster.dump())
+        raise
     finally:
         os.kill(active.proc.pid, signal.SIGCONT)
         for _ in gen:

@@ -68,7 +68,7 @@ async def test_lock_lost_reported_at_once_when_the_server_dies(lockd_bin: str, t
                     srv.close()
                     await asyncio.sleep(30)  # cancelled when the lock is lost
             late = time.monotonic() - lost_at[0]
-            assert late < 0.5, f"LockLost raised {late:.2f} s after the loss"
+            assert late < 1, f"LockLost raised {late:.2f} s after the loss (release retries take 5 s)"
     finally:
         srv.close()
 
@@ -85,7 +85,7 @@ def test_sync_lock_lost_reported_at_once_when_the_server_dies(lockd_bin: str, tm
                     assert held.lost.wait(10)
                     lost_at = time.monotonic()
             late = time.monotonic() - lost_at
-            assert late < 0.5, f"LockLost raised {late:.2f} s after the loss"
+            assert late < 1, f"LockLost raised {late:.2f} s after the loss (release retries take 5 s)"
     finally:
         srv.close()
 

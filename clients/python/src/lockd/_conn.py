@@ -14,7 +14,9 @@ The deadlines of a sent request (see :mod:`lockd._request`):
 - **The caller's deadline** (an acquire with a wait): the caller is told
   :class:`~lockd.Timeout` at that instant and the request leaves a stand-in;
   the connection stays. A ``T`` that comes later is dropped; a grant is
-  released at once (:meth:`Owner.late_grant`).
+  released at once (:meth:`Owner.late_grant`). A renewal's attempt timeout
+  works the same way: the caller tries another member, the connection
+  stays.
 - **The transport deadline** (send + wire wait + allowance for an acquire
   with a wait; send + the transport timeout otherwise): a server that works
   has answered by then. If it has not, the connection is taken to be broken
@@ -220,9 +222,11 @@ class Conn(asyncio.Protocol):
             r.state = SENT
             r.sent_at = now
             self._add_pending(pend[r.op], r)
-            r.timer = call_at(r.answer_by(), self._transport_deadline, r)
-            if r.op == OP_ACQUIRE and not r.wait0:
-                r.ctimer = call_at(r.wait_end, self._caller_deadline, r)
+            by = r.answer_by()
+            r.timer = call_at(by, self._transport_deadline, r)
+            give_up = r.give_up_at()
+            if give_up and give_up < by:
+                r.ctimer = call_at(give_up, self._caller_deadline, r)
         if parts:
             assert self.transport is not None
             self.transport.write(b"".join(parts))
@@ -238,8 +242,9 @@ class Conn(asyncio.Protocol):
         head.next = r
 
     def _caller_deadline(self, r: Req) -> None:
-        """The caller's deadline passed before the answer: the caller is
-        told so; the request's stand-in takes whatever answer still comes."""
+        """The caller stops waiting before the answer (its deadline, or a
+        renewal's attempt timeout): it is told so; the request's stand-in
+        takes whatever answer still comes, until the transport deadline."""
         r.ctimer = None
         if r.conn is not self or r.state != SENT:
             return

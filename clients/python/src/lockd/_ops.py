@@ -205,7 +205,8 @@ class Core:
         r = Req(OP_RENEW, lock.key, kb, lock.token, ls)
         limit = self.loop.time() + self.st.transport_timeout
         r.hard_by = r.send_by = limit
-        r.timeout = self.st.renew_timeout(ls)
+        r.timeout = self.st.transport_timeout
+        r.attempt = self.st.renew_timeout(ls)
         await self._retrying(r, limit, self.st.retry_pause)
         return Lock(lock.key, lock.token, r.sent_at + ls, ls)
 
@@ -246,18 +247,18 @@ class Core:
                 raise closed()
             elif o == OUT_LOST:
                 maybe = True
-            elif o == OUT_ABANDONED:
+            elif o == OUT_ABANDONED or o == OUT_DEADLINE:
                 maybe = True
                 # That member did not answer in time (frozen, say): ask
                 # another, which knows the active or is it.
                 r.avoid = r.from_addr
                 pool.unprefer(r.from_addr)
                 log.warning(
-                    "lockd: %s of %r got no answer from %s in %g s; trying another member",
+                    "lockd: %s of %r got no answer from %s in %.2f s; trying another member",
                     op_name(r.op),
                     r.key,
                     r.from_addr,
-                    r.timeout,
+                    loop.time() - r.sent_at,
                 )
             elif o == OUT_REFUSED:
                 assert r.rerr is not None

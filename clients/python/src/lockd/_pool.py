@@ -389,10 +389,14 @@ class Pool:
                 split_addr(addr)
             except errors.InvalidArgument:
                 addr = ""
-        if addr and addr == r.avoid:
+        if addr and addr == r.avoid and not r.held_back:
             # It names the member that did not answer this request in time
-            # (frozen, say): the one that answered may not know yet.
+            # (frozen, say): the one that answered may not know yet. Pause
+            # and ask again; the next M naming it is followed (it may only
+            # have been slow).
+            r.held_back = True
             return False
+        r.held_back = False
         if addr:
             self._follow(addr)
             if self._unreachable_addr(addr):

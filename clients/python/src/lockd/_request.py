@@ -7,7 +7,8 @@ these states (see :mod:`lockd._conn` for who moves it):
 - ``SENT``: encoded (the wire wait computed at that instant) and handed to
   the transport: **possibly sent**, awaiting its answer in the connection's
   pending table, with a timer for its answer (transport) deadline and, for
-  an acquire with a wait, one for the caller's deadline.
+  an acquire with a wait, one for the caller's deadline (for a renewal, one
+  for the attempt's own, shorter, timeout: see :meth:`Req.give_up_at`).
 - ``DONE``: the attempt ended; ``res`` says how, and the waiter reads the
   answer fields.
 
@@ -73,6 +74,7 @@ class Req:
         "allowance",
         "moved",
         "avoid",
+        "held_back",
         "from_addr",
         "tomb",
         "conn",
@@ -83,6 +85,7 @@ class Req:
         "fut",
         "timer",
         "ctimer",
+        "attempt",
         "res",
         "rop",
         "rtoken",
@@ -105,6 +108,7 @@ class Req:
         self.allowance = 0.0  # wait > 0 acquires: added to the wire wait for the transport deadline
         self.moved = ""  # address an M pointed to: send there next
         self.avoid = ""  # address to pass over next: it answered M without an address, or did not answer
+        self.held_back = False  # an M named avoid and was not followed: the next one is
         self.from_addr = ""  # address of the last attempt's connection
         self.tomb = False  # a stand-in for a request whose caller stopped waiting
         self.conn: Conn | None = None
@@ -114,7 +118,8 @@ class Req:
         self.wire_wait = 0
         self.fut: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None  # the transport deadline
-        self.ctimer: asyncio.TimerHandle | None = None  # the caller's deadline (acquire with wait > 0)
+        self.ctimer: asyncio.TimerHandle | None = None  # see give_up_at
+        self.attempt = 0.0  # if set, one attempt's answer is awaited this long before the caller moves on
         self.res = RES_NONE
         self.rop = 0
         self.rtoken = 0
@@ -149,6 +154,17 @@ class Req:
         if self.hard_by and self.hard_by < d:
             d = self.hard_by
         return d
+
+    def give_up_at(self) -> float:
+        """When the caller stops waiting for the attempt sent at ``sent_at``
+        and leaves it a stand-in, the connection staying (0: never before
+        the transport deadline): the caller's deadline of an acquire with a
+        wait; ``sent_at + attempt`` for a renewal."""
+        if self.op == OP_ACQUIRE and not self.wait0:
+            return self.wait_end
+        if self.attempt:
+            return self.sent_at + self.attempt
+        return 0.0
 
     def stand_in(self) -> Req:
         """A stand-in for this request in the pending table (see the module

@@ -15,11 +15,13 @@ from .proto import MAX_SECRET, MAX_WAIT
 
 _IDENTITY_RE = re.compile(rb"[A-Za-z0-9._@-]{1,64}\Z")
 
-# A renewal's transport timeout is at most this part of its lease (and at
-# least MIN_RENEW_TIMEOUT): renewing every third of the lease, a renewal
-# stuck on a frozen member then gives up after half the lease has gone and
-# leaves the other half for another member to answer.
-RENEW_TIMEOUT_SHARE = 1 / 6
+# A renewal attempt's answer is awaited at most this part of its lease (at
+# least MIN_RENEW_TIMEOUT) before the renewal goes to another member:
+# renewing every third of the lease, a renewal stuck on a frozen member then
+# moves on with 5/12 of the lease left for the failover and the new active's
+# answer, while a live active slowed down by load has a quarter of the lease
+# to answer before it is passed over (its connection stays either way).
+RENEW_TIMEOUT_SHARE = 1 / 4
 MIN_RENEW_TIMEOUT = 0.25
 
 
@@ -44,10 +46,10 @@ class Settings:
     fail_fast: bool
 
     def renew_timeout(self, lease: int) -> float:
-        """The transport timeout of one renewal attempt of a ``lease``-second
-        lease: it scales with the lease, so that a renewal sent to a member
-        that froze is tried on another early enough to land before the
-        lease ends."""
+        """How long one renewal attempt of a ``lease``-second lease waits for
+        its answer before the renewal goes to another member: it scales with
+        the lease, so that a renewal sent to a member that froze is tried on
+        another early enough to land before the lease ends."""
         return min(self.transport_timeout, max(MIN_RENEW_TIMEOUT, lease * RENEW_TIMEOUT_SHARE))
 
 

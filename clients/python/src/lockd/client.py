@@ -102,11 +102,11 @@ class Client:
       ``release_retry_interval`` (200 ms), across connections, on the exact
       token only, so a resend is harmless; if an earlier attempt may have
       executed, a later ``N`` counts as success. Renew retries the same way
-      until ``transport_timeout``, each attempt with a transport timeout
-      that scales with the lease (a sixth of it, 0.25 s at least, at most
-      ``transport_timeout``): an attempt a member does not answer in time
-      (frozen, say) is sent to another member, early enough for the renewal
-      to land before the lease ends.
+      until ``transport_timeout``; each attempt's answer is awaited for a
+      time that scales with the lease (a quarter of it, 0.25 s at least, at
+      most ``transport_timeout``): an attempt a member does not answer in
+      time (frozen, say) is sent to another member, early enough for the
+      renewal to land before the lease ends, and the connection stays.
     - **M** (not executed): the address named becomes preferred (connections
       are opened to it if it is not in ``addrs``; at most
       :data:`MAX_REDIRECT_ADDRS` such addresses are kept) and the request is
