@@ -62,13 +62,16 @@ tidy-check:
 	done
 
 ## test-python: the Python client's tests (clients/python), with Debian's
-## interpreter and python3-pytest; they build cmd/lockd and run it.
+## interpreter, python3-pytest and python3-venv (the install test makes
+## venvs; LOCKD_TEST_PYTHONS=/path/python3.12:... adds interpreters to it);
+## they build cmd/lockd and run it.
 test-python:
 	cd clients/python && $(PYTHON) -m pytest -q -p no:cacheprovider
 
-## lint-python: mypy --strict on the Python client (Debian's python3-mypy).
+## lint-python: mypy --strict on the Python client and its build backend
+## (Debian's python3-mypy).
 lint-python:
-	$(PYTHON) -m mypy --strict --cache-dir clients/python/.mypy_cache clients/python/src/lockd
+	$(PYTHON) -m mypy --strict --cache-dir clients/python/.mypy_cache clients/python/src/lockd clients/python/_build/lockd_build.py
 
 ## check-tracked: no tracked executable, no tracked file over 1 MiB outside testdata/.
 check-tracked:

@@ -87,11 +87,14 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 @pytest.fixture(scope="session")
 def lockd_bin(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The lockd binary: $LOCKD_BIN, else ``go build ./cmd/lockd`` of this
-    checkout into a temporary directory."""
+    """The lockd binary: $LOCKD_BIN, else ``go build ./cmd/lockd`` of the
+    repository (the checkout holding these tests, or $LOCKD_REPO) into a
+    temporary directory."""
     env = os.environ.get("LOCKD_BIN")
     if env:
         return str(Path(env).resolve())
+    if REPO is None:
+        raise RuntimeError("no lockd binary: set LOCKD_BIN, or LOCKD_REPO to a checkout to build one from")
     go = shutil.which("go") or "/usr/local/go/bin/go"
     out = tmp_path_factory.mktemp("bin") / "lockd"
     subprocess.run([go, "build", "-o", str(out), "./cmd/lockd"], cwd=REPO, check=True, timeout=600)

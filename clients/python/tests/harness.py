@@ -18,9 +18,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from typing import TYPE_CHECKING
+
+import lockd
 from lockd import proto
 
-REPO = Path(__file__).resolve().parents[3]
+if TYPE_CHECKING:
+    from lockd._pool import Pool
+
+
+def _find_repo() -> Path | None:
+    """The lockd repository these tests belong to: $LOCKD_REPO, else the
+    nearest directory above this file holding lockd's go.mod (None when the
+    tests run from a copy of the package outside the repository)."""
+    env = os.environ.get("LOCKD_REPO")
+    if env:
+        return Path(env).resolve()
+    for d in Path(__file__).resolve().parents:
+        gm = d / "go.mod"
+        if gm.is_file() and gm.read_text("utf-8", "replace").startswith("module github.com/lockd-dev/lockd"):
+            return d
+    return None
+
+
+REPO = _find_repo()
+
+
+def repo_path(rel: str) -> Path:
+    """A file of the lockd repository that the tests share with the Go
+    suite (test vectors, conformance cases). From a copy of the package
+    outside the repository, set LOCKD_REPO to a checkout."""
+    if REPO is None:
+        raise RuntimeError(
+            f"{rel}: these tests share data with the lockd repository; run them inside a checkout "
+            "or set LOCKD_REPO to one"
+        )
+    return REPO / rel
+
+
+def pool(c: lockd.Client) -> Pool:
+    """The connections of a started client, for tests that look inside."""
+    core = c._core
+    assert core is not None, "the client has not started"
+    return core.pool
 
 
 # Ports.
@@ -312,13 +352,18 @@ Handler = Callable[[FConn, FReq], Awaitable[None] | None]
 class Fake:
     """A scripted lockd server: it records every request (``reqs``, in
     arrival order) and answers each with ``handler(conn, req)`` (default:
-    ``conn.auto``; hellos are answered automatically unless ``hello`` is set)."""
+    ``conn.auto``). A connection's first frame — the client's hello, or the
+    ping a client without a hello sends first — is answered automatically
+    and not queued: hellos are kept in ``hellos`` and answered by ``hello``
+    if set, those pings in ``probes`` and answered by ``probe`` if set."""
 
-    def __init__(self, handler: Handler | None = None, hello: Handler | None = None) -> None:
+    def __init__(self, handler: Handler | None = None, hello: Handler | None = None, probe: Handler | None = None) -> None:
         self.handler = handler
         self.hello = hello
+        self.probe = probe
         self.reqs: asyncio.Queue[FReq] = asyncio.Queue()
         self.hellos: list[FReq] = []
+        self.probes: list[FReq] = []
         self.conns: list[FConn] = []
         self.accepts: asyncio.Queue[tuple[FConn, float]] = asyncio.Queue()
         self.token = 1000
@@ -340,6 +385,7 @@ class Fake:
         self.conns.append(fc)
         self.accepts.put_nowait((fc, time.monotonic()))
         buf = b""
+        first = True
         try:
             while True:
                 data = await reader.read(65536)
@@ -357,9 +403,10 @@ class Fake:
                         break
                     pos, r, _code = f
                     req = FReq(fc, r.op, r.wait, r.lease, r.id, r.key.decode("utf-8", "replace"), time.monotonic())
-                    if r.op == proto.OP_HELLO:
-                        self.hellos.append(req)
-                        h = self.hello
+                    probe, first = first and r.op == proto.OP_PING, False
+                    if r.op == proto.OP_HELLO or probe:
+                        (self.hellos if r.op == proto.OP_HELLO else self.probes).append(req)
+                        h = self.hello if r.op == proto.OP_HELLO else self.probe
                         if h is None:
                             fc.auto(req)
                             continue
@@ -619,6 +666,22 @@ def make_certs(d: Path) -> Certs:
         run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
             "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem")
     return Certs(d, d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key", d / "other-ca.pem")
+
+
+def loop_lag(when: float) -> Callable[[], float]:
+    """Schedule a callback on the running loop at ``when`` (loop clock) and
+    return a function telling how late it ran, in seconds (if it has not
+    run yet: how late it is now). A timing assertion adds it to its bound:
+    on a loaded machine the loop itself runs late, and the client cannot
+    answer before the loop runs it."""
+    loop = asyncio.get_running_loop()
+    ran: list[float] = []
+    loop.call_at(when, lambda: ran.append(loop.time()))
+
+    def lag() -> float:
+        return max(0.0, (ran[0] if ran else loop.time()) - when)
+
+    return lag
 
 
 async def wait_for(what: str, cond: Callable[[], bool], timeout: float = 5.0) -> None:

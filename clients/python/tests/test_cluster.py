@@ -6,6 +6,8 @@ renewals follow the new active, and the release at the end executes there."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Iterator
@@ -14,7 +16,7 @@ import pytest
 
 import lockd
 from conftest import cluster_fixture
-from harness import Cluster
+from harness import Cluster, Node, pool
 
 
 @pytest.fixture
@@ -39,7 +41,7 @@ async def test_moved_followed_to_the_active(priority: Cluster) -> None:
     standby = next(nd for nd in priority.nodes if nd is not active)
     async with lockd.Client([standby.addr]) as c:
         lk = await c.acquire("cluster/moved", wait=5, lease=30)
-        assert c._preferred == active.addr
+        assert pool(c).preferred == active.addr
         assert active.key_state("cluster/moved")["held"] is True
         await c.release(lk)
         assert active.key_state("cluster/moved")["held"] is False
@@ -86,3 +88,68 @@ async def test_raft_kill_leader_while_lock_held(raft: Cluster) -> None:
         lk = await other.acquire("cluster/r", wait=5)
         assert lk.token > lock.token
         await other.release(lk)
+
+
+def _serving(cluster: Cluster, frozen: Node, timeout: float) -> Node:
+    """The member other than ``frozen`` that reports itself active/leader."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for nd in cluster.nodes:
+            if nd is frozen:
+                continue
+            try:
+                if nd.status().get("role") in ("active", "leader"):
+                    return nd
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"no member took over from the frozen one in {timeout} s\n{cluster.dump()}")
+
+
+# The lease of the frozen test per mode: renewed every third of it, each
+# attempt waiting at most a quarter, so a renewal stuck on the frozen
+# member is retried elsewhere with 5/12 of the lease left. That half must cover the
+# failover: priority promotes after one failover timeout (1 s) of silence;
+# raft's election timeout is drawn from one to two failover timeouts, then
+# a vote round and the new leader's catch-up, so it gets a longer lease.
+FROZEN_LEASE = {"priority": 3, "raft": 6}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["priority", "raft"])
+async def test_frozen_active_costs_no_short_lease_lock(
+    mode: str, lockd_bin: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """SIGSTOP of the active/leader while a lock with a short lease is held:
+    the renewals stop waiting on the frozen member early enough (the
+    transport timeout scales with the lease), find the new active, and the
+    lock stays held there with its token for several leases."""
+    lease = FROZEN_LEASE[mode]
+    gen = cluster_fixture(mode, lockd_bin, tmp_path, request)
+    cluster = next(gen)
+    active = await asyncio.to_thread(cluster.wait_leader)
+    assert active.proc is not None
+    try:
+        async with lockd.Client(cluster.addrs) as c:
+            async with c.lock("frozen/short", wait=5, lease=lease) as lock:
+                # Freeze right after a renewal: the whole lease is then the
+                # budget for the failover and the client's move, which the
+                # old client (stuck on the frozen member for its 5 s
+                # transport timeout) overran in every mode.
+                renewed = lock.expires
+                while lock.expires == renewed:
+                    await asyncio.sleep(0.005)
+                os.kill(active.proc.pid, signal.SIGSTOP)
+                new = await asyncio.to_thread(_serving, cluster, active, 15)
+                end = time.monotonic() + 3 * lease
+                while time.monotonic() < end:
+                    await asyncio.sleep(0.25)  # the block is cancelled here if the lock is lost
+                st = await asyncio.to_thread(new.key_state, "frozen/short")
+                assert st["held"] is True and st["token"] == str(lock.token), st
+    except BaseException:
+        print(cluster.dump())
+        raise
+    finally:
+        os.kill(active.proc.pid, signal.SIGCONT)
+        for _ in gen:
+            pass

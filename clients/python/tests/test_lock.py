@@ -105,7 +105,8 @@ async def test_keep_alive_lost_at_stop_time() -> None:
         await asyncio.wait_for(held.lost.wait(), 5)
         now = asyncio.get_running_loop().time()
         assert stop_by <= now <= stop_by + 0.3, f"lost {now - stop_by:.2f} s after the stop time"
-        assert held.error is not None and held.error.reason is not None
+        assert held.error is not None and held.error.reason is None, "a stop time passed: reason None"
+        assert held.error.__cause__ is not None, "the last renewal's error is the cause"
         assert errs, "retried renewal errors are reported"
         assert await held.stop() is held.error
     await f.close()

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import lockd
-from harness import Fake, FConn, FReq, dead_addr, wait_for
+from harness import Fake, FConn, FReq, dead_addr, loop_lag, pool, wait_for
 from lockd import proto
-from lockd._conn import _Conn
+from lockd._conn import Conn
 
 
 def fast(*addrs: str, **over: Any) -> lockd.Client:
@@ -303,30 +303,29 @@ async def test_deadline_before_send_never_sent() -> None:
         await f.close()
 
 
-async def test_retry_while_definitely_unsent() -> None:
+async def test_retry_while_definitely_unsent(monkeypatch: pytest.MonkeyPatch) -> None:
     """A connection that dies before the batch is written: the same request
     (owner, deadline) goes out on another one, once."""
     killed: list[int] = []
+    flush = Conn._flush
 
-    def hook(conn: _Conn) -> bool:
+    def fail_first_acquire_batch(conn: Conn) -> None:
         if conn.queue and conn.queue[0].op == proto.OP_ACQUIRE and not killed:
             killed.append(conn.queue[0].id)
-            return False
-        return True
+            conn.fail(ConnectionResetError("failed by the test before the write"))
+            return
+        flush(conn)
 
+    monkeypatch.setattr(Conn, "_flush", fail_first_acquire_batch)
     f = await Fake().start()
-    _Conn.hook_before_write = hook
-    try:
-        async with fast(f.addr) as c:
-            await up(c, 2)
-            await c.acquire("unsent", wait=2)
-            assert killed, "hook did not run"
-            r = await f.next()
-            assert r.id == killed[0]
-            await f.none(0.1)
-    finally:
-        _Conn.hook_before_write = None
-        await f.close()
+    async with fast(f.addr) as c:
+        await up(c, 2)
+        await c.acquire("unsent", wait=2)
+        assert killed, "the batch was not failed"
+        r = await f.next()
+        assert r.id == killed[0]
+        await f.none(0.1)
+    await f.close()
 
 
 async def test_no_resend_after_possible_send() -> None:
@@ -341,29 +340,80 @@ async def test_no_resend_after_possible_send() -> None:
     async with fast(f.addr) as c:
         await up(c, 2)
         for wait in (2, 0):
-            with pytest.raises(lockd.Indeterminate):
+            with pytest.raises(lockd.Indeterminate) as ei:
                 await c.acquire("dropped", wait=wait)
+            assert "connection" in str(ei.value)
             await f.next()
             await f.none(0.2)
             await up(c, 2)
     await f.close()
 
 
-async def test_answer_deadline_closes_exact_connection() -> None:
-    """No answer by send + wire wait + allowance: Indeterminate, and that
-    connection, only it, is closed."""
+async def test_refused_before_the_first_answer_is_no_connection() -> None:
+    """A server that closes a connection before answering its first frame
+    (the ping a client without a hello sends first; lockd at --max-conns)
+    read nothing behind it: the acquire written behind it is NoConnection
+    with cause Rejected, not Indeterminate, and is not sent again."""
+    refused = 0
+
+    def slam(fc: FConn, r: FReq) -> None:
+        nonlocal refused
+        refused += 1
+        fc.close()
+
+    f = await Fake(probe=slam).start()
+    async with fast(f.addr, conns_per_addr=1, reconnect_interval=5) as c:
+        await c.connect()
+        for wait in (2, 0):
+            with pytest.raises(lockd.NoConnection) as en:
+                await c.acquire(f"refused-{wait}", wait=wait)
+            assert isinstance(en.value.cause, lockd.Rejected), repr(en.value.cause)
+        assert refused >= 1
+        await f.none(0.2)
+    await f.close()
+
+
+async def test_caller_deadline_then_transport_deadline() -> None:
+    """A server that answers nothing: the caller gets Timeout at its own
+    deadline, to the millisecond, and the connection stays; when the
+    transport deadline (send + wire wait + allowance) passes too, that
+    connection, only it, is closed, and a release pending on it is reported
+    as lost, retried on the other connection."""
     f = await Fake(silent).start()
     async with fast(f.addr) as c:  # allowance 0.3 s
         await up(c, 2)
-        start = time.monotonic()
-        with pytest.raises(lockd.Indeterminate):
-            await c.acquire("unanswered", wait=1)
-        assert time.monotonic() - start >= 1.3, "gave up before wait + allowance"
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        lag = loop_lag(start + 0.5)
+        with pytest.raises(lockd.Timeout):
+            await c.acquire("unanswered", wait=0.5)
+        el = loop.time() - start
+        assert 0.5 <= el < 0.55 + lag(), f"Timeout after {el:.3f} s, want the caller's 0.5 s (the loop ran {lag():.3f} s late)"
         r = await f.next()
+        assert r.wait == 1
+        assert not r.conn.closed.is_set() and c.live_connections() == 2, "the caller's deadline cost a connection"
         await asyncio.wait_for(r.conn.closed.wait(), 2)
+        closed_at = loop.time() - start
+        assert closed_at >= 1.3, f"closed {closed_at:.2f} s in, before wire wait + allowance"
         for fc in f.conns:
             if fc is not r.conn:
                 assert not fc.closed.is_set(), "another connection was closed too"
+    await f.close()
+
+
+async def test_transport_deadline_reports_the_others_truthfully() -> None:
+    """wait=0 gets no answer within the transport timeout: Indeterminate,
+    the connection is closed, and another acquire waiting on it is
+    Indeterminate too, saying that its connection was closed."""
+    f = await Fake(silent).start()
+    async with fast(f.addr, conns_per_addr=1, transport_timeout=0.5) as c:
+        await up(c, 1)
+        other = asyncio.ensure_future(c.acquire("waiting", wait=10))
+        with pytest.raises(lockd.Indeterminate):
+            await c.acquire("unanswered")
+        with pytest.raises(lockd.Indeterminate) as ei:
+            await other
+        assert "no answer from" in str(ei.value), ei.value
     await f.close()
 
 
@@ -420,8 +470,9 @@ async def test_wait_zero_transport_deadline() -> None:
 
 
 async def test_late_grant_compensated() -> None:
-    """An A that reaches the caller after the call's deadline is released
-    (exact token) and reported as Indeterminate."""
+    """An A that comes after the caller's deadline: the call raised Timeout
+    at its deadline; the grant is released (exact token); the connection
+    stays."""
 
     def late_a(fc: FConn, r: FReq) -> None:
         if r.op == proto.OP_ACQUIRE:
@@ -431,14 +482,19 @@ async def test_late_grant_compensated() -> None:
 
     f = await Fake(late_a).start()
     async with fast(f.addr) as c:
-        # wait 0.2 s goes out as wire wait 1 s; the client listens until
-        # 1 s + allowance so that a T stays definitive; an A at 0.4 s is
-        # past the call's deadline.
-        with pytest.raises(lockd.Indeterminate):
+        await up(c, 2)
+        # wait 0.2 s goes out as wire wait 1 s; the A at 0.4 s is past the
+        # caller's deadline.
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        lag = loop_lag(start + 0.2)
+        with pytest.raises(lockd.Timeout):
             await c.acquire("late-grant", wait=0.2)
-        await f.next()
+        assert loop.time() - start < 0.3 + lag(), "Timeout came after the caller's deadline"
+        a = await f.next()
         r = await f.next()
         assert (r.op, r.id, r.key) == (proto.OP_RELEASE, 777, "late-grant")
+        assert not a.conn.closed.is_set() and c.live_connections() == 2
     await f.close()
 
 
@@ -447,14 +503,14 @@ async def test_cancelled_after_grant_compensated(monkeypatch: pytest.MonkeyPatch
     cancelled, is released again (exact token)."""
     f = await Fake(grant_777).start()
     target: list[asyncio.Task[lockd.Lock]] = []
-    orig = _Conn.data_received
+    orig = Conn.data_received
 
-    def then_cancel(self: _Conn, data: bytes) -> None:
+    def then_cancel(self: Conn, data: bytes) -> None:
         orig(self, data)  # the A is handed to the request here...
         if target and not target[0].done():
             target[0].cancel()  # ...and the caller is cancelled before it runs
 
-    monkeypatch.setattr(_Conn, "data_received", then_cancel)
+    monkeypatch.setattr(Conn, "data_received", then_cancel)
     async with fast(f.addr) as c:
         await up(c, 2)
         target.append(asyncio.ensure_future(c.acquire("late-grant", wait=3)))
@@ -466,13 +522,14 @@ async def test_cancelled_after_grant_compensated(monkeypatch: pytest.MonkeyPatch
     await f.close()
 
 
-async def test_late_timeout_and_busy_definitive() -> None:
-    """T and B stay definitive at the delivery gate, even after the deadline."""
+async def test_timeout_and_busy_definitive() -> None:
+    """T and B before the caller's deadline are definitive; after it, the
+    caller has had its Timeout, and the late answer changes nothing."""
 
     def handler(fc: FConn, r: FReq) -> None:
         kb = r.key.encode()
-        frame = proto.encode_timeout(r.id, kb) if r.key == "t" else proto.encode_busy(r.id, kb)
-        asyncio.get_running_loop().call_later(0.4, fc.send, frame)
+        frame = proto.encode_timeout(r.id, kb) if r.key.startswith("t") else proto.encode_busy(r.id, kb)
+        asyncio.get_running_loop().call_later(0.4 if r.key.endswith("late") else 0.05, fc.send, frame)
 
     f = await Fake(handler).start()
     async with fast(f.addr) as c:
@@ -480,6 +537,11 @@ async def test_late_timeout_and_busy_definitive() -> None:
             await c.acquire("t", wait=0.2)
         with pytest.raises(lockd.Busy):
             await c.acquire("b", wait=0.2)
+        for key in ("t-late", "b-late"):
+            with pytest.raises(lockd.Timeout):
+                await c.acquire(key, wait=0.2)
+        await asyncio.sleep(0.3)  # the late answers arrive
+        assert c.live_connections() == 2
         f.drain()
         await f.none(0.1)
     await f.close()
@@ -487,7 +549,7 @@ async def test_late_timeout_and_busy_definitive() -> None:
 
 async def test_cancel() -> None:
     """Cancelled before the send: nothing is sent. After a possible send:
-    the acquire's connection is closed."""
+    the connection stays (its answer is awaited in the background)."""
     addr = dead_addr()
     async with fast(addr) as c:
         task = asyncio.ensure_future(c.acquire("ctx", wait=5))
@@ -506,7 +568,8 @@ async def test_cancel() -> None:
             async with asyncio.timeout(0.2):
                 await c.acquire("ctx", wait=5)
         r = await f.next()
-        await asyncio.wait_for(r.conn.closed.wait(), 2)
+        await asyncio.sleep(0.3)
+        assert not r.conn.closed.is_set() and c.live_connections() == 2, "the cancellation closed the connection"
     await f.close()
 
 
@@ -670,7 +733,7 @@ async def test_moved_without_address_drops_preference() -> None:
         await up(c, 1)
         lk = await c.acquire("moved", wait=2)
         assert lk.token == 777 and len(lost.conns) > 0
-        assert c._preferred == "", "still preferring the node that knows no active"
+        assert pool(c).preferred == "", "still preferring the node that knows no active"
     await lost.close()
     await node.close()
 
@@ -739,7 +802,7 @@ async def test_redirect_slots_bounded() -> None:
         owner = (await head.next()).id
         for i, f in enumerate(chain[:-1]):
             assert (await f.next()).id == owner, f"hop {i}"
-        assert len(c._slots) <= 1 + lockd.MAX_REDIRECT_ADDRS
+        assert len(pool(c).slots) <= 1 + lockd.MAX_REDIRECT_ADDRS
         await wait_for("evicted connections closed", lambda: sum(f.open_conns() for f in chain) <= 1 + lockd.MAX_REDIRECT_ADDRS)
         await c.release(lk)
     for f in chain:
@@ -848,3 +911,31 @@ async def test_lease_rounded_up_and_expires_conservative() -> None:
         lk2 = await c.renew(lk, 10)
         assert (await f.next()).lease == 10 and lk2.expires >= after + 10
     await f.close()
+
+
+async def test_renewal_attempt_moves_on_with_the_lease() -> None:
+    """A renewal the preferred member does not answer within a quarter of
+    the lease goes to another member, which answers; the silent member's
+    connection stays until the transport timeout passes without an answer,
+    and is closed then."""
+    frozen = await Fake(lambda fc, r: None if r.op == proto.OP_RENEW else fc.auto(r)).start()
+    other = await Fake(lambda fc, r: fc.send(proto.encode_moved(r.op, r.id, frozen.addr.encode())) if r.op == proto.OP_ACQUIRE else fc.auto(r)).start()
+    async with fast(other.addr, frozen.addr, conns_per_addr=1, transport_timeout=2.0) as c:
+        await up(c, 2)
+        lk = await c.acquire("moves-on", wait=1, lease=2)  # M from other: frozen is preferred
+        assert pool(c).preferred == frozen.addr
+        frozen.drain()
+        other.drain()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        lk2 = await c.renew(lk)
+        el = loop.time() - start
+        assert 0.5 <= el < 1.0, f"renewed after {el:.2f} s, want the 0.5 s attempt timeout and a resend"
+        assert lk2.lease == 2
+        stuck = await frozen.next()
+        assert stuck.op == proto.OP_RENEW and (await other.next()).id == stuck.id
+        assert not stuck.conn.closed.is_set(), "the attempt timeout closed the connection"
+        await asyncio.wait_for(stuck.conn.closed.wait(), 3)
+        assert loop.time() - stuck.at >= 1.9, "closed before the transport timeout"
+    await frozen.close()
+    await other.close()

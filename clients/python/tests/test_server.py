@@ -122,8 +122,8 @@ async def test_drop_after_send_indeterminate_nothing_resent(shared_server: Clust
 
 
 async def test_late_grant_compensating_release_seen_by_server(shared_server: Cluster) -> None:
-    """An A that arrives after the call's deadline: the client releases that
-    exact token, and the server frees the key."""
+    """An A that arrives after the caller's deadline: the client releases
+    that exact token, and the server frees the key."""
     key = "fault/late-grant"
 
     def delay(conn: int, resp: proto.Response) -> float:
@@ -132,10 +132,10 @@ async def test_late_grant_compensating_release_seen_by_server(shared_server: Clu
     px = await Proxy(shared_server.addrs[0], delay_response=delay).start()
     node = shared_server.nodes[0]
     async with lockd.Client([px.addr]) as c:
-        # wait 0.2 s: the wire wait is 1 s and the answer is awaited until
-        # 1 s + 1 s; the grant, held back 0.6 s by the proxy, comes after
-        # the call's 0.2 s deadline.
-        with pytest.raises(lockd.Indeterminate):
+        # wait 0.2 s: the wire wait is 1 s; the grant, held back 0.6 s by
+        # the proxy, comes after the call's 0.2 s deadline, at which the
+        # call raised Timeout.
+        with pytest.raises(lockd.Timeout):
             await c.acquire(key, wait=0.2, lease=60)
         grants = px.responses(proto.OP_ACQUIRE)
         assert len(grants) == 1

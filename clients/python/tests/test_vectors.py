@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from harness import REPO
+from harness import repo_path
 from lockd import proto
-from lockd._conn import RES_ANSWER, SENT, _Conn, _Req
+from lockd._conn import Conn
+from lockd._request import RES_ANSWER, SENT, Req
 
-VECTORS: dict[str, Any] = json.loads((REPO / "proto" / "testdata" / "vectors.json").read_text("utf-8"))
+VECTORS: dict[str, Any] = json.loads(repo_path("proto/testdata/vectors.json").read_text("utf-8"))
 
 
 def _id(v: dict[str, Any]) -> str:
@@ -53,10 +54,10 @@ def test_request(v: dict[str, Any]) -> None:
     assert enc == raw
     # The client's own encoder (the wire wait aside) writes the same bytes.
     if op in (proto.OP_RELEASE, proto.OP_RENEW, proto.OP_PING):
-        q = _Req(op, v["key"], key, v["id"], v["lease"])
+        q = Req(op, v["key"], key, v["id"], v["lease"])
         assert q.encode(0.0) == raw
     if op == proto.OP_ACQUIRE and v["wait"] == 0:
-        q = _Req(op, v["key"], key, v["id"], v["lease"])
+        q = Req(op, v["key"], key, v["id"], v["lease"])
         q.wait0 = True
         assert q.encode(0.0) == raw
 
@@ -119,23 +120,27 @@ def test_incomplete_response(h: str) -> None:
     assert proto.parse_response(bytes.fromhex(h)) is None
 
 
-class _StubClient:
-    """What a _Conn needs of its client, for feeding it bytes directly."""
+class _StubOwner:
+    """A connection's owner (lockd._conn.Owner) that records nothing, for
+    feeding the connection bytes directly."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._established = False
-        self._transport_timeout = 5.0
-        self.compensated: list[tuple[str, int]] = []
-
-    def _compensate(self, key: str, token: int) -> None:
-        self.compensated.append((key, token))
-
-    def _hello_ok(self) -> None:
+    def conn_heard(self, conn: Conn) -> None:
         pass
 
-    def _auth_refused(self, err: BaseException) -> None:
+    def conn_welcomed(self, conn: Conn) -> None:
         pass
+
+    def conn_refused(self, conn: Conn, err: BaseException) -> None:
+        pass
+
+    def conn_wrote(self, conn: Conn) -> None:
+        pass
+
+    def conn_ended(self, conn: Conn) -> None:
+        pass
+
+    def late_grant(self, key: str, token: int) -> None:
+        raise AssertionError("no grant here is late")
 
 
 async def test_reader_split_at_every_offset() -> None:
@@ -146,12 +151,11 @@ async def test_reader_split_at_every_offset() -> None:
     stream = b"".join(bytes.fromhex(v["hex"]) for v in answers)
     table_op = {"A": "A", "T": "A", "B": "A", "R": "R", "K": "K", "P": "P"}
     for cut in range(len(stream) + 1):
-        cl = _StubClient(loop)
-        c = _Conn(cl, "test", None)  # type: ignore[arg-type]
+        c = Conn(_StubOwner(), loop, "test", None, 0, 5.0)
         reqs = []
         for v in answers:
             op = table_op.get(v["op"]) or v["req_op"]
-            r = _Req(ord(op), "k", b"k", v["id"], 1)
+            r = Req(ord(op), "k", b"k", v["id"], 1)
             r.conn = c
             r.state = SENT
             r.fut = loop.create_future()

@@ -14,7 +14,15 @@ or, without an event loop, :class:`SyncClient` with ``with c.lock(...)``.
 (PROTOCOL.md §7, §8.6) is kept; :mod:`lockd.errors` the exceptions;
 :mod:`lockd.fence` the resource side of fencing; :mod:`lockd.proto` the wire
 codec.
+
+The client logs to the ``"lockd"`` logger of :mod:`logging` (connections
+lost or refused, failed renewals and lost locks at WARNING; a new active
+member followed and compensating releases at INFO). The package adds only a
+:class:`logging.NullHandler`, as a library should: configure logging
+(``logging.basicConfig()``) to see it.
 """
+
+import logging as _logging
 
 from . import errors, fence, proto
 from .client import MAX_REDIRECT_ADDRS, Client, HeldLock, Lock, LockContext, tls_context
@@ -38,6 +46,8 @@ from .errors import (
     Unauthenticated,
 )
 from .sync import SyncClient, SyncHeldLock, SyncLockContext
+
+_logging.getLogger("lockd").addHandler(_logging.NullHandler())
 
 __version__ = "0.1.0"
 """The package's version."""

@@ -1,31 +1,73 @@
 """One connection of the client: the write path, the reader, the pending table.
 
 Everything here runs on the client's event loop; nothing is thread-safe and
-nothing needs to be. A request (:class:`_Req`) is attached to at most one
-connection at a time and moves through these states:
+nothing needs to be. A connection knows nothing of the client: it reports
+what its pool must know through the :class:`Owner` interface.
 
-- ``QUEUED``: in ``_Conn.queue``, **definitely unsent**. The batch is written
-  by one ``transport.write`` in a callback scheduled with ``call_soon`` when
-  the first request of the batch is queued, so every request queued in the
-  same turn of the loop leaves in one write. A connection that dies now hands
-  the request back as ``UNSENT``: the client sends it on another connection
-  with the same owner and deadline.
-- ``SENT``: encoded (the wire wait computed at that instant) and handed to
-  the transport: **possibly sent**. It waits in the pending table, keyed by
-  its id per op, for its answer, with one timer for its answer deadline.
-  A connection that dies now gives ``LOST`` (Indeterminate); the deadline
-  gives ``ABANDONED`` and closes this exact connection for an acquire.
-- ``DONE``: finished; the waiter reads the result fields.
+The write path: every request queued in one turn of the loop leaves in one
+``transport.write``, by a callback scheduled with ``call_soon`` when the first
+request of the batch is queued. A request past its send deadline at that
+moment is dropped unsent. The wire wait is computed there.
+
+The deadlines of a sent request (see :mod:`lockd._request`):
+
+- **The caller's deadline** (an acquire with a wait): the caller is told
+  :class:`~lockd.Timeout` at that instant and the request leaves a stand-in;
+  the connection stays. A ``T`` that comes later is dropped; a grant is
+  released at once (:meth:`Owner.late_grant`). A renewal's attempt timeout
+  works the same way: the caller tries another member, the connection
+  stays.
+- **The transport deadline** (send + wire wait + allowance for an acquire
+  with a wait; send + the transport timeout otherwise): a server that works
+  has answered by then. If it has not, the connection is taken to be broken
+  and closed — for an acquire always, since the server releases a grant it
+  has not yet written when its connection closes; for other requests once
+  they have waited at least half their transport timeout (an attempt cut
+  short by its call's overall limit says nothing about the connection).
+- **Cancellation** by the caller: a queued request is taken back unsent; a
+  sent one leaves a stand-in, and the connection stays.
+
+The first frame of every connection is one the server answers at once: the
+hello when the client has an identity and a secret, else a ping sent for
+this alone (its pong is matched to nothing; :attr:`Conn.ready` is done when
+it comes). Without a hello, the pool offers a connection to requests only
+once that first answer came, so a connection the server refuses — lockd at
+``--max-conns`` closes it unread, a TLS port closes a plaintext client or
+answers it one ``E`` 1 saying it speaks TLS, a TLS alert refuses a missing
+client certificate — never carried a request: it is a failed dial, and its
+cause says why. With a hello, requests are pipelined behind it (PROTOCOL.md
+§8.6); lockd answers the hello before it executes anything behind it, so a
+connection the server closes before any byte came executed nothing either.
+
+When a connection ends, its queued requests are definitely unsent and go
+elsewhere; its sent ones are lost (possibly executed), or, when the server
+refused the connection as above, rejected (not executed; the refusal is
+their error). Neither is resent: a byte of them was written.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import ssl
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import Protocol
 
 from . import errors
+from ._request import (
+    DONE,
+    IDLE,
+    QUEUED,
+    RES_ABANDONED,
+    RES_ANSWER,
+    RES_DEADLINE,
+    RES_EXPIRED,
+    RES_LOST,
+    RES_NONE,
+    RES_REFUSED,
+    RES_REJECTED,
+    RES_UNSENT,
+    SENT,
+    Req,
+)
 from .proto import (
     CODE_BAD_FRAME,
     CODE_UNAUTHENTICATED,
@@ -41,175 +83,62 @@ from .proto import (
     OP_TIMEOUT,
     FrameError,
     _scan_response,
-    encode_acquire,
     encode_hello,
     encode_ping,
-    encode_release,
-    encode_renew,
 )
 
-if TYPE_CHECKING:
-    from .client import Client
+class Owner(Protocol):
+    """What a connection tells the pool that owns it (all on the loop)."""
 
-# Request states.
-IDLE = 0
-QUEUED = 1
-SENT = 2
-DONE = 3
+    def conn_heard(self, conn: Conn) -> None:
+        """The first bytes came from the server."""
 
-# Results of one attempt.
-RES_NONE = 0
-RES_ANSWER = 1  # an answer: rop, rtoken, rcode, rtail
-RES_UNSENT = 2  # the connection died before the request was written
-RES_LOST = 3  # the connection died with the request possibly sent
-RES_EXPIRED = 4  # the send deadline had passed at the write: not sent
-RES_ABANDONED = 5  # the answer deadline passed with the request possibly sent
-RES_REFUSED = 6  # the server refused the connection's hello (E 5, or no H): rerr
+    def conn_welcomed(self, conn: Conn) -> None:
+        """The server accepted the connection's hello."""
 
-# How soon after the dial a connection that ends without a byte from the
-# server counts as rejected by it (lockd at --max-conns accepts and closes).
-REJECTED_WITHIN = 1.0
+    def conn_refused(self, conn: Conn, err: BaseException) -> None:
+        """The server refused the connection's identity (E 5)."""
 
+    def conn_wrote(self, conn: Conn) -> None:
+        """A batch was written: the next one goes to the next connection."""
 
-class _Req:
-    """One request of a call, across its attempts (see the module doc)."""
+    def conn_ended(self, conn: Conn) -> None:
+        """The connection died; :meth:`Conn.end_cause` says why."""
 
-    __slots__ = (
-        "op",
-        "key",
-        "kb",
-        "id",
-        "lease",
-        "wait0",
-        "wait_end",
-        "send_by",
-        "hard_by",
-        "timeout",
-        "allowance",
-        "moved",
-        "avoid",
-        "from_addr",
-        "tomb",
-        "conn",
-        "state",
-        "next",
-        "sent_at",
-        "wire_wait",
-        "fut",
-        "timer",
-        "res",
-        "rop",
-        "rtoken",
-        "rcode",
-        "rtail",
-        "rerr",
-    )
-
-    def __init__(self, op: int, key: str, kb: bytes, ident: int, lease: int) -> None:
-        self.op = op
-        self.key = key
-        self.kb = kb
-        self.id = ident
-        self.lease = lease
-        self.wait0 = False
-        self.wait_end = 0.0  # acquire with wait > 0: the end of the caller's wait
-        self.send_by = 0.0  # not sent at or after this instant
-        self.hard_by = 0.0  # if set, the answer deadline is at most this
-        self.timeout = 0.0  # answer deadline after the send (not for wait > 0 acquires)
-        self.allowance = 0.0  # wait > 0 acquires: added to the wire wait
-        self.moved = ""  # address an M pointed to: send there next
-        self.avoid = ""  # address whose node answered M without an address
-        self.from_addr = ""  # address of the last attempt's connection
-        self.tomb = False  # a stand-in for an abandoned request
-        self.conn: _Conn | None = None
-        self.state = IDLE
-        self.next: _Req | None = None  # chain of pending requests with the same id
-        self.sent_at = 0.0
-        self.wire_wait = 0
-        self.fut: asyncio.Future[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.res = RES_NONE
-        self.rop = 0
-        self.rtoken = 0
-        self.rcode = 0
-        self.rtail = ""
-        self.rerr: BaseException | None = None
-
-    def encode(self, now: float) -> bytes:
-        """The request's frame, its wire wait computed from the time left at
-        ``now`` (rounded up, 1..255; 0 for a wait-0 acquire)."""
-        op = self.op
-        if op == OP_ACQUIRE:
-            w = 0
-            if not self.wait0:
-                w = math.ceil(self.wait_end - now)
-                if w > 255:
-                    w = 255
-                elif w < 1:
-                    w = 1
-            self.wire_wait = w
-            return encode_acquire(w, self.lease, self.id, self.kb)
-        if op == OP_RELEASE:
-            return encode_release(self.id, self.kb)
-        if op == OP_RENEW:
-            return encode_renew(self.lease, self.id, self.kb)
-        return encode_ping(self.id)
-
-    def call_end(self) -> float:
-        """The call's deadline: a grant taken after it is compensated."""
-        return self.send_by if self.wait0 else self.wait_end
-
-    def answer_by(self) -> float:
-        """The deadline for the answer of the attempt sent at ``sent_at``."""
-        if self.op == OP_ACQUIRE and not self.wait0:
-            d = self.sent_at + self.wire_wait + self.allowance
-        else:
-            d = self.sent_at + self.timeout
-        if self.hard_by and self.hard_by < d:
-            d = self.hard_by
-        return d
-
-    def finish(self, res: int) -> None:
-        """Record an attempt's result and wake the waiter."""
-        self.res = res
-        self.state = DONE
-        t = self.timer
-        if t is not None:
-            t.cancel()
-            self.timer = None
-        f = self.fut
-        if f is not None and not f.done():
-            f.set_result(None)
+    def late_grant(self, key: str, token: int) -> None:
+        """A grant came for a request whose caller stopped waiting: release it."""
 
 
-class _Conn(asyncio.Protocol):
+class Conn(asyncio.Protocol):
     """One TCP (or TLS) connection to one address."""
 
-    # Tests set this: it runs before a batch is taken for writing; returning
-    # False fails the connection there, every queued request definitely unsent.
-    hook_before_write: ClassVar[Callable[[_Conn], bool] | None] = None
-
-    def __init__(self, cl: Client, addr: str, hello: bytes | None) -> None:
-        self.cl = cl
+    def __init__(
+        self,
+        owner: Owner,
+        loop: asyncio.AbstractEventLoop,
+        addr: str,
+        hello: bytes | None,
+        nonce: int,
+        transport_timeout: float,
+    ) -> None:
+        self.owner = owner
+        self.loop = loop
         self.addr = addr
-        self.loop = cl._loop
+        self.transport_timeout = transport_timeout
         self.transport: asyncio.Transport | None = None
-        self.queue: list[_Req] = []
-        self.pend: dict[int, dict[int, _Req]] = {
-            OP_ACQUIRE: {},
-            OP_RELEASE: {},
-            OP_RENEW: {},
-            OP_PING: {},
-        }
+        self.queue: list[Req] = []
+        self.pend: dict[int, dict[int, Req]] = {OP_ACQUIRE: {}, OP_RELEASE: {}, OP_RENEW: {}, OP_PING: {}}
         self.dead = False
         self.flushing = False  # a flush is scheduled
         self.rbuf = b""
-        self.gone: asyncio.Future[None] = self.loop.create_future()
+        self.gone: asyncio.Future[None] = loop.create_future()
+        self.ready: asyncio.Future[None] = loop.create_future()  # the first answer came (or the cause it never will)
         self.cause: BaseException | None = None
-        self.opened = self.loop.time()
-        self.heard = False
+        self.refused_at_setup = False  # the server refused the connection before reading from it
+        self.heard = False  # a byte came from the server
+        self.answered = False  # a whole frame came from the server
         self.hello = hello  # the H frame's tail, None without an identity and secret
-        self.hello_nonce = 0
+        self.hello_nonce = nonce  # of the first frame: the hello or the ping
         self.hello_pending = False
         self.identity = ""  # the identity the server's H named
         self.write_timer: asyncio.TimerHandle | None = None
@@ -217,23 +146,32 @@ class _Conn(asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Store the transport and send the hello first, before any request."""
+        """Store the transport and send the first frame (the hello, or a
+        ping) before any request."""
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         transport.set_write_buffer_limits(high=1 << 20)
         if self.hello is not None:
-            self.hello_nonce = self.cl._rand64()
             self.hello_pending = True
             transport.write(encode_hello(self.hello_nonce, self.hello))
+        else:
+            transport.write(encode_ping(self.hello_nonce))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Fail every request on the connection (unsent ones are resent)."""
-        self.fail(exc if exc is not None else ConnectionResetError("server closed the connection"))
+        """Fail every request on the connection. A connection the server
+        refused before answering anything executed nothing: its requests
+        are rejected, not lost."""
+        if self.dead:
+            return
+        if not self.heard:
+            self.fail(exc if isinstance(exc, ssl.SSLError) else errors.Rejected(self.addr), setup=True)
+            return
+        self.fail(exc if exc is not None else ConnectionResetError("the server closed the connection"))
 
     def pause_writing(self) -> None:
         """The server stopped reading: fail after a whole transport timeout."""
         if self.write_timer is None:
-            self.write_timer = self.loop.call_later(self.cl._transport_timeout, self._write_blocked)
+            self.write_timer = self.loop.call_later(self.transport_timeout, self._write_blocked)
 
     def resume_writing(self) -> None:
         """The server reads again."""
@@ -243,17 +181,18 @@ class _Conn(asyncio.Protocol):
 
     def _write_blocked(self) -> None:
         self.write_timer = None
-        self.fail(TimeoutError(f"write to {self.addr} blocked for the transport timeout"))
+        self.fail(TimeoutError(f"the server stopped reading for the transport timeout ({self.transport_timeout:g} s)"))
 
     # The write path.
 
-    def enqueue(self, r: _Req) -> bool:
+    def enqueue(self, r: Req) -> bool:
         """Queue ``r`` for the next batch; False if the connection is dead."""
         if self.dead:
             return False
         r.conn = self
         r.state = QUEUED
         r.res = RES_NONE
+        r.rerr = None
         r.fut = self.loop.create_future()
         self.queue.append(r)
         if not self.flushing:
@@ -267,20 +206,14 @@ class _Conn(asyncio.Protocol):
         self.flushing = False
         if self.dead or not self.queue:
             return
-        h = _Conn.hook_before_write
-        if h is not None and not h(self):
-            self.fail(errors.LockdError("test hook: connection failed before the write"))
-            return
         q = self.queue
         self.queue = []
-        cl = self.cl
-        cl._rr += 1  # round-robin by batch: the next requests go to the next connection
+        self.owner.conn_wrote(self)
         loop = self.loop
         now = loop.time()
         parts = []
         pend = self.pend
         call_at = loop.call_at
-        expire = self._expire
         for r in q:
             if now >= r.send_by:
                 r.finish(RES_EXPIRED)
@@ -288,60 +221,101 @@ class _Conn(asyncio.Protocol):
             parts.append(r.encode(now))
             r.state = SENT
             r.sent_at = now
-            table = pend[r.op]
-            head = table.get(r.id)
-            if head is None:
-                table[r.id] = r
-            else:
-                while head.next is not None:
-                    head = head.next
-                head.next = r
-            r.timer = call_at(r.answer_by(), expire, r)
+            self._add_pending(pend[r.op], r)
+            by = r.answer_by()
+            r.timer = call_at(by, self._transport_deadline, r)
+            give_up = r.give_up_at()
+            if give_up and give_up < by:
+                r.ctimer = call_at(give_up, self._caller_deadline, r)
         if parts:
             assert self.transport is not None
             self.transport.write(b"".join(parts))
 
-    def _expire(self, r: _Req) -> None:
-        """The answer deadline of ``r`` passed with the request possibly sent."""
-        r.timer = None
+    @staticmethod
+    def _add_pending(table: dict[int, Req], r: Req) -> None:
+        head = table.get(r.id)
+        if head is None:
+            table[r.id] = r
+            return
+        while head.next is not None:
+            head = head.next
+        head.next = r
+
+    def _caller_deadline(self, r: Req) -> None:
+        """The caller stops waiting before the answer (its deadline, or a
+        renewal's attempt timeout): it is told so; the request's stand-in
+        takes whatever answer still comes, until the transport deadline."""
+        r.ctimer = None
         if r.conn is not self or r.state != SENT:
             return
-        self._abandon(r)
-        r.finish(RES_ABANDONED)
-        if r.op == OP_ACQUIRE:
-            # Close that exact connection: a grant not yet handed to its
-            # socket is released by the server at once.
-            self.fail(errors.LockdError("acquire abandoned with its answer outstanding"))
-        elif self.loop.time() >= r.sent_at + r.timeout / 2:
-            # No answer for half a transport timeout or more: the
-            # connection is taken to be broken.
-            self.fail(errors.LockdError("request abandoned with its answer outstanding"))
+        self._stand_in(r)
+        r.finish(RES_DEADLINE)
 
-    def _abandon(self, r: _Req) -> None:
-        """Put a stand-in in ``r``'s place in its chain: the answer ``r``
-        gave up on may still come and must not be matched to a later request
-        with the same id. A stand-in acquire releases a grant it receives."""
+    def _transport_deadline(self, r: Req) -> None:
+        """No answer by the transport deadline of ``r`` (a request, or a
+        stand-in) with it possibly sent: the server is not answering."""
+        r.timer = None
+        if r.state != SENT:
+            return
+        if r.tomb:
+            self._unlink(r)
+        elif r.conn is self:
+            self._stand_in(r, timer=False)
+            r.finish(RES_ABANDONED)
+        else:
+            return
+        waited = self.loop.time() - r.sent_at
+        if r.op == OP_ACQUIRE or waited >= r.timeout / 2:
+            self.fail(
+                errors.LockdError(
+                    f"no answer from {self.addr} to a request {waited:.2f} s after it was sent: "
+                    "the connection is taken to be broken and was closed"
+                )
+            )
+
+    def _unlink(self, r: Req) -> None:
+        """Take ``r`` out of its chain in the pending table."""
         table = self.pend[r.op]
-        stand = _Req(r.op, r.key, r.kb, r.id, 0)
-        stand.tomb = True
-        stand.state = SENT
         head = table.get(r.id)
         if head is r:
-            stand.next = r.next
-            table[r.id] = stand
+            if r.next is None:
+                del table[r.id]
+            else:
+                table[r.id] = r.next
         else:
             while head is not None and head.next is not r:
                 head = head.next
             if head is not None:
-                stand.next = r.next
-                head.next = stand
+                head.next = r.next
         r.next = None
+        r.state = DONE
 
-    def cancel_attempt(self, r: _Req) -> None:
+    def _stand_in(self, r: Req, timer: bool = True) -> None:
+        """Put a stand-in in ``r``'s place in its chain (see
+        :mod:`lockd._request`), with ``r``'s transport deadline if
+        ``timer``."""
+        table = self.pend[r.op]
+        t = r.stand_in()
+        head = table.get(r.id)
+        if head is r:
+            t.next = r.next
+            table[r.id] = t
+        else:
+            while head is not None and head.next is not r:
+                head = head.next
+            if head is not None:
+                t.next = r.next
+                head.next = t
+        r.next = None
+        r.stop_timers()
+        if timer:
+            t.timer = self.loop.call_at(t.answer_by(), self._transport_deadline, t)
+
+    def cancel_attempt(self, r: Req) -> None:
         """The waiter of ``r`` was cancelled: take ``r`` back. A queued
-        request is removed (never sent); a sent one leaves a stand-in, and an
-        acquire closes this connection; a grant that arrived before the
-        waiter could take it is released again."""
+        request is removed (never sent); a sent one leaves a stand-in, and
+        the connection stays; a grant that reached ``r`` before its waiter
+        could take it is released again."""
         st = r.state
         if st == QUEUED:
             try:
@@ -349,14 +323,10 @@ class _Conn(asyncio.Protocol):
             except ValueError:
                 pass
         elif st == SENT:
-            if r.timer is not None:
-                r.timer.cancel()
-                r.timer = None
-            self._abandon(r)
-            if r.op == OP_ACQUIRE:
-                self.fail(errors.LockdError("acquire cancelled with its answer outstanding"))
+            self._stand_in(r)
         elif st == DONE and r.res == RES_ANSWER and r.op == OP_ACQUIRE and r.rop == OP_ACQUIRE:
-            self.cl._compensate(r.key, r.rtoken)
+            self.owner.late_grant(r.key, r.rtoken)
+        r.stop_timers()
         r.state = IDLE
         r.conn = None
 
@@ -369,7 +339,7 @@ class _Conn(asyncio.Protocol):
             self.rbuf = b""
         if not self.heard:
             self.heard = True
-            self.cl._established = True
+            self.owner.conn_heard(self)
         pos = 0
         n = len(data)
         pend = self.pend
@@ -380,15 +350,22 @@ class _Conn(asyncio.Protocol):
                     break
                 end, op, req_op, ident, token, code, ts, te = f
                 pos = end
+                first = not self.answered
+                self.answered = True
                 if op == OP_ERROR:
+                    msg = data[ts:te].decode("utf-8", "replace")
+                    if code == CODE_BAD_FRAME and first and "tls" in msg.lower():
+                        # A TLS port's only answer to a plaintext client:
+                        # it read no request.
+                        self.fail(errors.Rejected(self.addr, f"the server's port speaks TLS ({msg})"), setup=True)
+                        return
                     if req_op == OP_HELLO:
-                        self._hello_refused(code, data[ts:te].decode("utf-8", "replace"))
+                        self._hello_refused(code, msg)
                         return
                     if code == CODE_BAD_FRAME:
-                        self.fail(errors.LockdError("server reported a bad frame (E 1)"))
+                        self.fail(errors.LockdError(f"{self.addr} reported a bad frame (E 1) and closed: {msg}"))
                         return
                     if code == CODE_UNAUTHENTICATED:
-                        msg = data[ts:te].decode("utf-8", "replace")
                         self._refuse(
                             errors.Unauthenticated(
                                 f"lockd: {self.addr} requires authentication: {msg}"
@@ -407,7 +384,7 @@ class _Conn(asyncio.Protocol):
                     if self.hello_pending and ident == self.hello_nonce:
                         self.hello_pending = False
                         self.identity = data[ts:te].decode("utf-8", "replace")
-                        self.cl._hello_ok()
+                        self.owner.conn_welcomed(self)
                     continue
                 else:
                     t = op
@@ -421,22 +398,25 @@ class _Conn(asyncio.Protocol):
                 if nx is not None:
                     table[ident] = nx
                     r.next = None
+                if r.tomb:
+                    r.stop_timers()
+                    r.state = DONE
+                    if op == OP_ACQUIRE:
+                        self.owner.late_grant(r.key, token)
+                    continue
                 r.rop = op
                 r.rtoken = token
                 r.rcode = code
                 if op == OP_MOVED or op == OP_ERROR:
                     r.rtail = data[ts:te].decode("utf-8", "replace")
-                if r.tomb:
-                    if op == OP_ACQUIRE:
-                        # A grant to an acquire whose caller gave up: release it.
-                        self.cl._compensate(r.key, token)
-                    continue
                 r.finish(RES_ANSWER)
         except FrameError as e:
-            self.fail(errors.LockdError(f"server sent a bad frame: {e}"))
+            self.fail(errors.LockdError(f"{self.addr} sent a bad frame: {e}"))
             return
         if pos < n:
             self.rbuf = data[pos:]
+        if self.answered and not self.ready.done():
+            self.ready.set_result(None)
 
     def _hello_refused(self, code: int, msg: str) -> None:
         if code == CODE_UNAUTHENTICATED:
@@ -461,7 +441,7 @@ class _Conn(asyncio.Protocol):
         for op in (OP_ACQUIRE, OP_RELEASE, OP_RENEW):
             table = self.pend[op]
             for head in list(table.values()):
-                r: _Req | None = head
+                r: Req | None = head
                 while r is not None:
                     nx = r.next
                     r.next = None
@@ -470,18 +450,21 @@ class _Conn(asyncio.Protocol):
                         r.finish(RES_REFUSED)
                     r = nx
             table.clear()
-        self.cl._auth_refused(err)
+        self.owner.conn_refused(self, err)
         self.fail(err)
 
     # Ending.
 
-    def fail(self, cause: BaseException) -> None:
+    def fail(self, cause: BaseException, setup: bool = False) -> None:
         """Close the connection once: queued requests are finished as
-        definitely unsent, sent ones as lost."""
+        definitely unsent, sent ones as lost — or, with ``setup`` (the server
+        refused the connection before reading from it), as rejected. Their
+        ``rerr`` is ``cause``."""
         if self.dead:
             return
         self.dead = True
         self.cause = cause
+        self.refused_at_setup = setup
         if self.write_timer is not None:
             self.write_timer.cancel()
             self.write_timer = None
@@ -489,21 +472,30 @@ class _Conn(asyncio.Protocol):
         self.queue = []
         for qr in q:
             qr.finish(RES_UNSENT)
+        lost = RES_REJECTED if setup else RES_LOST
         for table in self.pend.values():
             heads = list(table.values())
             table.clear()
             for head in heads:
-                r: _Req | None = head
+                r: Req | None = head
                 while r is not None:
                     nx = r.next
                     r.next = None
-                    if not r.tomb:
-                        r.finish(RES_LOST)
+                    if r.tomb:
+                        r.stop_timers()
+                        r.state = DONE
+                    else:
+                        r.rerr = cause
+                        r.finish(lost)
                     r = nx
         if self.transport is not None:
             self.transport.abort()
         if not self.gone.done():
             self.gone.set_result(None)
+        if not self.ready.done():
+            self.ready.set_exception(self.end_cause())
+            self.ready.exception()  # retrieved: only a dial waits for it
+        self.owner.conn_ended(self)
 
     def idle(self) -> bool:
         """Nothing is queued or awaits an answer here (stand-ins aside)."""
@@ -511,7 +503,7 @@ class _Conn(asyncio.Protocol):
             return False
         for table in self.pend.values():
             for head in table.values():
-                r: _Req | None = head
+                r: Req | None = head
                 while r is not None:
                     if not r.tomb:
                         return False
@@ -519,11 +511,9 @@ class _Conn(asyncio.Protocol):
         return True
 
     def end_cause(self) -> BaseException:
-        """Why the connection ended: :class:`errors.Rejected` if the server
-        closed it at once without a frame, else the failure with the address."""
+        """Why the connection ended, with its address."""
         c = self.cause
-        if isinstance(c, (errors.Closed, errors.Unauthenticated, errors.ServerError, ssl.SSLError)):
+        if self.refused_at_setup or isinstance(c, (errors.Closed, errors.Unauthenticated, errors.ServerError)):
+            assert c is not None
             return c
-        if not self.heard and self.loop.time() - self.opened < REJECTED_WITHIN:
-            return errors.Rejected(self.addr)
         return ConnectionError(f"connection to {self.addr} lost: {c}")

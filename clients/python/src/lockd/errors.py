@@ -7,11 +7,13 @@ acquire means that nothing was granted to the caller.
 ==========================  ==================================================
 exception                   meaning
 ==========================  ==================================================
-:class:`Timeout`            lockd answered ``T`` (or the wait ran out with a
-                            connection up and nothing executed): held elsewhere
+:class:`Timeout`            the caller's wait ran out with lockd reachable
+                            (``T``, or no answer by the deadline): not granted;
+                            also a :class:`TimeoutError`
 :class:`Busy`               lockd answered ``B``: its queue or capacity is full
-:class:`NoConnection`       no server could be reached before the deadline;
-                            nothing was sent. ``cause`` says why
+:class:`NoConnection`       no server could be reached before the deadline
+                            (or every one refused the connection before reading
+                            a request); nothing executed. ``cause`` says why
 :class:`Indeterminate`      the request may or may not have executed: do not
                             assume the lock is held (its lease frees it)
 :class:`NotHeld`            ``N``: the token is not the key's current grant
@@ -51,13 +53,16 @@ class LockdError(Exception):
     """The base class of every exception the lockd client raises."""
 
 
-class Timeout(LockdError):
-    """A definitive "not granted" while lockd was reachable.
+class Timeout(LockdError, TimeoutError):
+    """A definitive "not granted" while lockd was reachable; also a
+    :class:`TimeoutError`.
 
-    The server answered ``T`` (the wait ended with the key still held), or the
-    wait ran out with a connection up and the request not sent or not executed
-    (``M`` without an address, ``E`` 4). A wait that ran out with no connection
-    is :class:`NoConnection`, never :class:`Timeout`: an outage is not a busy
+    The caller's wait ran out: the server answered ``T``, or had not answered
+    when the caller's deadline passed (a grant that arrives for that request
+    later is released at once by the client, so nothing is left held), or
+    the request could not be executed in time (``M`` without an address,
+    ``E`` 4). A wait that ran out with no connection is
+    :class:`NoConnection`, never :class:`Timeout`: an outage is not a busy
     lock. (``ping`` raises it for a pong that did not come back in time.)
     """
 
@@ -69,10 +74,16 @@ class Busy(LockdError):
 
 class NoConnection(LockdError):
     """No connection to any server was available before the call's deadline
-    (or, with ``fail_fast``, none could be made at all); nothing was sent.
+    (or, with ``fail_fast``, none could be made at all; or every server
+    refused the client's TLS); nothing was executed.
 
     ``cause`` (also ``__cause__``) is the reason when one is known: the last
-    dial error, :class:`Rejected`, or why the last connection ended.
+    dial error, :class:`Rejected` (the server closed the connection before
+    reading a request), the :class:`ssl.SSLError` of a refused handshake (a
+    missing or unknown client certificate, an unverifiable server), or why
+    the last connection ended. A request written on a connection that the
+    server refused this way was not executed, so the call goes on with
+    another connection, if one comes up within its deadline.
     """
 
     def __init__(self, msg: str = "lockd: no connection to lockd", cause: BaseException | None = None) -> None:
@@ -84,17 +95,26 @@ class NoConnection(LockdError):
 
 
 class Rejected(LockdError):
-    """The reason given with :class:`NoConnection` when a server accepted a
-    connection and closed it at once without sending a frame: what lockd does
-    at its connection limit (``--max-conns``) or while shutting down (and
-    what a TLS port does to a plaintext client)."""
+    """The reason given with :class:`NoConnection` when a server refused a
+    connection before executing anything sent on it: it closed the
+    connection before answering the client's first frame (which lockd
+    answers at once) — what lockd does at its connection limit
+    (``--max-conns``), and what an older lockd's TLS port does to a
+    plaintext client — or its only answer was an ``E`` 1 saying the port
+    speaks TLS. ``addr`` is the server's address; ``reason`` the server's
+    own words, if it gave any."""
 
-    def __init__(self, addr: str) -> None:
-        super().__init__(
-            f"lockd at {addr} accepted the connection and closed it at once without a frame: "
-            "it may be at its connection limit (--max-conns) or shutting down, or expect TLS"
-        )
+    def __init__(self, addr: str, reason: str = "") -> None:
+        if reason:
+            msg = f"lockd at {addr} refused the connection: {reason}"
+        else:
+            msg = (
+                f"lockd at {addr} accepted the connection and closed it without answering anything: "
+                "it may be at its connection limit (--max-conns), or its port speaks TLS"
+            )
+        super().__init__(msg)
         self.addr = addr
+        self.reason = reason
 
 
 class Indeterminate(LockdError):
@@ -116,16 +136,19 @@ class NotHeld(LockdError):
 class LockLost(LockdError):
     """A held lock could no longer be shown to be held.
 
-    A renewal was answered ``N`` (``reason`` is a :class:`NotHeld`), the client
-    was closed (a :class:`Closed`), or no renewal succeeded before the
-    holder's stop time (``reason`` is ``None``). Work under the lock must stop.
+    A renewal (or the release at the end of a ``lock()`` block) was answered
+    ``N`` (``reason`` is a :class:`NotHeld`), the client was closed
+    (``reason`` is a :class:`Closed`), or no renewal succeeded before the
+    holder's stop time (``reason`` is ``None``; ``__cause__`` is the last
+    renewal's error, if one failed). Work under the lock must stop.
     """
 
-    def __init__(self, msg: str, reason: BaseException | None = None) -> None:
+    def __init__(self, msg: str, reason: BaseException | None = None, last_error: BaseException | None = None) -> None:
         super().__init__(msg)
         self.reason = reason
-        if reason is not None:
-            self.__cause__ = reason
+        cause = reason if reason is not None else last_error
+        if cause is not None:
+            self.__cause__ = cause
 
 
 class Closed(LockdError):

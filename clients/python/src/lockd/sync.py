@@ -3,19 +3,25 @@
 A :class:`SyncClient` runs the asyncio :class:`~lockd.Client` on an event loop
 of its own, in a background thread ("lockd-client"), and every method hands
 its call to that loop and waits for the result, so it keeps exactly the same
-rules (PROTOCOL.md §7). It is safe for use from any number of threads.
+rules (PROTOCOL.md §7). It is safe for use from any number of threads. Its
+held locks share their code with the asyncio ones (``lockd._held``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
+import ssl as _ssl
 import threading
 from types import TracebackType
 from typing import Any, Callable, Coroutine, TypeVar
 
 from . import errors
-from .client import Client, HeldLock, Lock, _check_key
+from ._held import HeldBase, Renewer, begin_hold, end_hold, keep_alive
+from ._ops import Core
+from ._types import Lock, check_key
+from .client import Client
 
 __all__ = ["SyncClient", "SyncHeldLock", "SyncLockContext"]
 
@@ -35,18 +41,53 @@ class SyncClient:
     (or leaving the ``with``) stops it. ``Lock.expires`` values are
     :func:`time.monotonic` readings. A call interrupted in the calling thread
     (``KeyboardInterrupt``) is cancelled on the loop under the rules of
-    :class:`lockd.Client` (a possibly sent acquire closes its connection and a
-    late grant is released).
+    :class:`lockd.Client` (the connection stays, a late grant is released).
     """
 
-    def __init__(self, addrs: list[str] | tuple[str, ...], **options: Any) -> None:
-        self._client = Client(addrs, **options)
+    def __init__(
+        self,
+        addrs: list[str] | tuple[str, ...],
+        *,
+        ssl: _ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        identity: str | None = None,
+        secret: str | bytes | None = None,
+        secret_file: str | os.PathLike[str] | None = None,
+        conns_per_addr: int = 0,
+        dial_timeout: float = 5.0,
+        reconnect_interval: float = 3.0,
+        transport_timeout: float = 5.0,
+        answer_allowance: float = 1.0,
+        release_retry: float = 5.0,
+        release_retry_interval: float = 0.2,
+        retry_pause: float = 0.1,
+        default_lease: float = 30.0,
+        fail_fast: bool = False,
+    ) -> None:
+        self._client = Client(
+            addrs,
+            ssl=ssl,
+            server_hostname=server_hostname,
+            identity=identity,
+            secret=secret,
+            secret_file=secret_file,
+            conns_per_addr=conns_per_addr,
+            dial_timeout=dial_timeout,
+            reconnect_interval=reconnect_interval,
+            transport_timeout=transport_timeout,
+            answer_allowance=answer_allowance,
+            release_retry=release_retry,
+            release_retry_interval=release_retry_interval,
+            retry_pause=retry_pause,
+            default_lease=default_lease,
+            fail_fast=fail_fast,
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="lockd-client", daemon=True)
         self._closed = False
         self._close_lock = threading.Lock()
         self._thread.start()
-        self._call(self._client.connect())
+        self._core: Core = self._call(_start(self._client))
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -124,12 +165,20 @@ class SyncClient:
 
         ``on_renew_error`` runs on the client's loop thread and must not block.
         """
-        held = self._call(
-            self._client.keep_alive(
-                lock, lease=lease, every=every, retry=retry, margin=margin, on_renew_error=on_renew_error
-            )
-        )
-        return SyncHeldLock(self, held)
+        check_key(lock.key)
+        return self._held(keep_alive(self._core, lock, lease, every, retry, margin, on_renew_error))
+
+    def _held(self, start: Coroutine[Any, Any, Renewer]) -> SyncHeldLock:
+        """Run ``start`` on the loop and wrap its renewer, its loss watched
+        from the moment it starts."""
+
+        async def wrapped() -> SyncHeldLock:
+            return SyncHeldLock(self, await start)
+
+        try:
+            return self._call(wrapped())
+        finally:
+            start.close()  # a no-op once it ran; if it never did, no "never awaited" warning
 
     def lock(self, key: str, *, wait: float = 0.0, lease: float | None = None, margin: float = 0.0) -> SyncLockContext:
         """A context manager that holds ``key`` for its block::
@@ -141,11 +190,12 @@ class SyncClient:
         stops the renewals and releases. A thread cannot be interrupted, so
         when the lock is lost the block is not stopped: ``lock.lost`` (a
         :class:`threading.Event`) is set, :meth:`SyncHeldLock.check` raises
-        :class:`LockLost`, and the exit raises it if the block itself did not
-        raise. Check before each action on the protected resource, and pass
+        :class:`LockLost`, and the exit raises it at once if the block itself
+        did not raise (a release that may still help runs in the background).
+        Check before each action on the protected resource, and pass
         ``lock.token`` to it.
         """
-        _check_key(key)
+        check_key(key)
         return SyncLockContext(self, key, wait, lease, margin)
 
     def close(self) -> None:
@@ -163,64 +213,36 @@ class SyncClient:
             self._loop.close()
 
 
+async def _start(c: Client) -> Core:
+    return c._started()
+
+
 async def _value(fn: Callable[[], T]) -> T:
     return fn()
 
 
-class SyncHeldLock:
+class SyncHeldLock(HeldBase):
     """A lock renewed in the background, from :meth:`SyncClient.keep_alive` or
-    :meth:`SyncClient.lock`. It mirrors :class:`lockd.HeldLock`; ``lost`` is a
-    :class:`threading.Event`."""
+    :meth:`SyncClient.lock`. It has the properties of :class:`lockd.HeldLock`
+    (``lock``, ``key``, ``token``, ``lease``, ``expires``, ``stop_by``,
+    ``error``); ``lost`` is a :class:`threading.Event`. Made on the loop."""
 
-    def __init__(self, sc: SyncClient, held: HeldLock) -> None:
+    def __init__(self, sc: SyncClient, r: Renewer) -> None:
         self._sc = sc
-        self._held = held
+        self._r = r
         self.lost = threading.Event()
         """Set (from the loop thread) when the lock is lost."""
-        sc._loop.call_soon_threadsafe(held.add_lost_callback, lambda _err: self.lost.set())
-
-    def __repr__(self) -> str:
-        return f"lockd.SyncHeldLock(key={self.key!r}, token={self.token}, lost={self.lost.is_set()})"
-
-    @property
-    def lock(self) -> Lock:
-        """The lock, with the ``expires`` of its latest renewal."""
-        return self._held.lock
-
-    @property
-    def key(self) -> str:
-        """The key."""
-        return self._held.key
-
-    @property
-    def token(self) -> int:
-        """The fencing token: pass it to the protected resource."""
-        return self._held.token
-
-    @property
-    def expires(self) -> float:
-        """The conservative end of the lease (:func:`time.monotonic`)."""
-        return self._held.expires
-
-    @property
-    def stop_by(self) -> float:
-        """When the holder must have stopped unless a renewal moves it."""
-        return self._held.stop_by
-
-    @property
-    def error(self) -> errors.LockLost | None:
-        """None while the lock is not lost; then why."""
-        return self._held.error
+        r.add_lost_callback(lambda _err: self.lost.set())
 
     def check(self) -> None:
         """Raise :class:`LockLost` if the lock is lost."""
-        if self.lost.is_set() or self._held.error is not None:
-            err = self._held.error
-            raise err if err is not None else errors.LockLost("lockd: lock lost")
+        err = self._r.error
+        if err is not None:
+            raise err
 
     def stop(self) -> errors.LockLost | None:
         """End the renewals and return :attr:`error`; it does not release."""
-        return self._sc._call(self._held.stop())
+        return self._sc._call(self._r.stop())
 
 
 class SyncLockContext:
@@ -236,32 +258,14 @@ class SyncLockContext:
 
     def __enter__(self) -> SyncHeldLock:
         sc = self._sc
-        lock = sc.acquire(self._key, self._wait, self._lease)
-        try:
-            held = sc.keep_alive(lock, lease=self._lease, margin=self._margin)
-        except BaseException:
-            try:
-                sc.release(lock)
-            except errors.LockdError:
-                pass
-            raise
-        self._held = held
-        return held
+        self._held = sc._held(begin_hold(sc._core, self._key, self._wait, self._lease, self._margin))
+        return self._held
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         held = self._held
         assert held is not None
-        lost = held.stop()
-        rerr: BaseException | None = None
-        try:
-            self._sc.release(held.lock)
-        except errors.LockdError as e:
-            rerr = e
+        err = self._sc._call(end_hold(self._sc._core, held._r))
         if et is not None:
             return
-        if lost is not None:
-            raise lost
-        if isinstance(rerr, errors.NotHeld):
-            raise errors.LockLost("lockd: lock lost: the release was answered N (not held)", rerr)
-        if rerr is not None:
-            raise rerr
+        if err is not None:
+            raise err
