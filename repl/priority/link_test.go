@@ -1,6 +1,7 @@
 package priority
 
 import (
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"net"
 	"sync"
 	"testing"
@@ -63,7 +64,7 @@ func TestItemWriterKeepsHeartbeats(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			pe.setHeartbeat(&heartbeat{Role: roleActive, Probe: probe})
+			pe.setHeartbeat(&heartbeat{Role: machine.RoleActive, Probe: probe})
 		}
 	})
 
