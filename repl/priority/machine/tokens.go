@@ -95,6 +95,9 @@ func (m *Member) reserved(now int64, msg *Msg) {
 			m.limit = msg.Limit
 			m.emit(Action{Kind: ActExtend, Limit: msg.Limit})
 		}
+		// Durable in the data dir now: the mark the last tick measured is
+		// below it (a standby that recorded it reports it as its own).
+		m.local.Mark = max(m.local.Mark, msg.Limit)
 		m.floor = max(m.floor, msg.Token)
 		if m.resErr != "" {
 			m.logf(slog.LevelInfo, "reserving tokens works again", "reserved", msg.Limit)
@@ -146,7 +149,7 @@ func (m *Member) tokensHeard(now int64, hb *Heartbeat) {
 	if m.role != RoleActive && m.role != RoleHandover {
 		return
 	}
-	if hb.Mark > m.local.Mark {
+	if hb.Mark > max(m.local.Mark, m.limit) {
 		// Whatever the member is now, its data dir's mark is above every
 		// token it ever issued. A mark above this active's own (written
 		// before any standby is sent the reservation) is one the member

@@ -64,3 +64,25 @@ func TestBusyMemberIsLive(t *testing.T) {
 		t.Fatal("live with no frame in hand and nothing heard for over a failover timeout")
 	}
 }
+
+// TestOwnReservationReportedBackMovesNothing: right after its first
+// reservation, before its next tick measures the data dir's mark again, a
+// new active hears a standby report that reservation as its mark (the
+// snapshot's end carried it). It is this active's own: the counter must
+// not jump to it (every acquire got B until the next reservation: found by
+// ops' metrics test, a priority cluster's first acquire answered B).
+func TestOwnReservationReportedBackMovesNothing(t *testing.T) {
+	now := 1000 * ms
+	m := New(Config{Self: 0, Peers: []string{"m0", "m1"}, Timeout: int64(time.Second), TokenBlock: 1 << 20, Start: 5000, Now: now, NoWallFloor: true})
+	m.Tick(now, Local{TokenLast: 5000, TokenLimit: 5000, Mark: 5000}) // the mark before the reservation
+	m.promoteAt(1)
+	m.begin()
+	m.becomeActive(now, "a test", Base{From: None}, 0, false)
+	r := find(m.out, ActReserve)[0].Reserve
+	limit := uint64(5000 + 1<<20)
+	m.Step(now, Msg{Kind: MsgReserved, Op: r.Op, Limit: limit, Token: 5000})
+	acts := m.Step(now+ms, Msg{Kind: MsgHeartbeat, From: 1, HB: Heartbeat{Epoch: 1, Role: RoleStandby, Active: 0, InSync: true, Mark: limit}})
+	if o := find(acts, ActObserve); len(o) != 0 {
+		t.Fatalf("the active's own reservation, reported back as a standby's mark, moved its counter: %+v", o)
+	}
+}
