@@ -3,18 +3,20 @@ package priority
 import (
 	"context"
 	"fmt"
-	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"log/slog"
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -54,6 +56,12 @@ func openMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 	const offset = 1000
 	peers := repltest.FreeAddrs(t, n, offset)
 	var ms []*member
+	keys := &keysOnce{}
+	t.Cleanup(func() { // after the members' Close (cleanups run last first)
+		if bad := keys.repeats(); len(bad) > 0 {
+			t.Errorf("log lines repeat a key (one key, one meaning): %q", bad)
+		}
+	})
 	for i := range n {
 		p, err := newNode(repl.ClusterConfig{Peers: peers, Self: i, Listen: peers[i], PeerOffset: offset,
 			FailoverTimeout: 300 * time.Millisecond, DataDir: t.TempDir(), TokenBlock: 1 << 20})
@@ -64,7 +72,7 @@ func openMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 			f(p)
 		}
 		m := &member{p: p, host: &fakeHost{}, clock: repltest.Clock()}
-		log := slog.New(countingHandler{Handler: testLogger().Handler(), match: "frozen or stalled", n: &m.stalls})
+		log := slog.New(countingHandler{Handler: keysOnceHandler{Handler: testLogger().Handler(), seen: keys}, match: "frozen or stalled", n: &m.stalls})
 		m.table, err = p.Open(shard.Config{Shards: 8}, m.clock, log)
 		if err != nil {
 			t.Fatal(err)
@@ -452,4 +460,61 @@ func TestOpenNumbersProbesFromTheClock(t *testing.T) {
 			t.Fatalf("probes start at %d, below the clock's %d before Open", a.HB.Probe, before)
 		}
 	}
+}
+
+// keysOnce collects the log lines of the members of a test that name a
+// key twice: every JSON line must give each key one meaning (the member's
+// own index is member; another member is peer, active, successor, …).
+type keysOnce struct {
+	mu  sync.Mutex
+	bad []string
+}
+
+func (k *keysOnce) add(line string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.bad) < 10 {
+		k.bad = append(k.bad, line)
+	}
+}
+
+func (k *keysOnce) repeats() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.bad
+}
+
+// keysOnceHandler reports to seen every record that repeats a key,
+// counting the attributes the logger was made With.
+type keysOnceHandler struct {
+	slog.Handler
+	with []string
+	seen *keysOnce
+}
+
+func (h keysOnceHandler) Handle(ctx context.Context, r slog.Record) error {
+	keys := map[string]bool{}
+	for _, k := range h.with {
+		keys[k] = true
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if keys[a.Key] {
+			h.seen.add(r.Message + ": " + a.Key)
+		}
+		keys[a.Key] = true
+		return true
+	})
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h keysOnceHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	with := slices.Clone(h.with)
+	for _, a := range as {
+		with = append(with, a.Key)
+	}
+	return keysOnceHandler{Handler: h.Handler.WithAttrs(as), with: with, seen: h.seen}
+}
+
+func (h keysOnceHandler) WithGroup(g string) slog.Handler {
+	return keysOnceHandler{Handler: h.Handler.WithGroup(g), seen: h.seen}
 }
