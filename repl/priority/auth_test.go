@@ -3,7 +3,6 @@ package priority
 import (
 	"context"
 	"fmt"
-	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"net"
 	"runtime"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/memberauth"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"github.com/lockd-dev/lockd/shard"
 )
 

@@ -1,7 +1,6 @@
 package priority
 
 import (
-	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"net"
 	"sync"
 	"testing"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 )
 
 // TestItemWriterKeepsHeartbeats (issue 18, hole 1): an item written in

@@ -68,6 +68,9 @@ type node struct {
 	// by this member's own work (a table reset, an fsync, the engine's
 	// barrier) does not make that member look silent.
 	busySince []atomic.Int64
+	// heardAt is, for each member, when its last frame other than a
+	// heartbeat was reported to the machine as heard (receive).
+	heardAt []atomic.Int64
 
 	link    *link
 	out     *outStream // what this member sends as the active
@@ -105,7 +108,7 @@ func newNode(cfg repl.ClusterConfig) (*node, error) {
 		return nil, err
 	}
 	p := &node{cfg: cfg, self: cfg.Peers[cfg.Self], quit: make(chan struct{}), inbox: make(chan machine.Msg, 256),
-		stops: make(chan stopRequest), busySince: make([]atomic.Int64, len(cfg.Peers))}
+		stops: make(chan stopRequest), busySince: make([]atomic.Int64, len(cfg.Peers)), heardAt: make([]atomic.Int64, len(cfg.Peers))}
 	p.reserves.init()
 	p.gate.Store(&gate{Gate: repl.Gate{State: repl.Hold}})
 	return p, nil

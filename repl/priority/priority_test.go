@@ -518,3 +518,25 @@ func (h keysOnceHandler) WithAttrs(as []slog.Attr) slog.Handler {
 func (h keysOnceHandler) WithGroup(g string) slog.Handler {
 	return keysOnceHandler{Handler: h.Handler.WithGroup(g), seen: h.seen}
 }
+
+// TestHeardOncePerInterval: every frame shows its sender is live, but the
+// readers tell the machine so at most once every twentieth of the
+// failover timeout per member: a stream of batches and acknowledgements
+// (a thousand a second) must not fill run's inbox, which would hold up
+// the readers and the standbys' acknowledgements behind it (a bench run
+// saw a standby's lag reach 415 ms).
+func TestHeardOncePerInterval(t *testing.T) {
+	m := openMembers(t, 2)[0] // not started: nothing drains the inbox
+	p := m.p
+	pm := &peerMap{from: 1, xlate: []int{0, 1}}
+	in := p.standby.from(1)
+	ack := (&snapAck{ID: 1, Frames: 1}).Append(nil)[frameHead : len((&snapAck{}).Append(nil))-frameTail]
+	for range 100 {
+		if err := p.receive(in, 1, pm, msgSnapAck, ack); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(p.inbox); n != 1 {
+		t.Fatalf("%d messages in run's inbox after 100 frames within a twentieth of the failover timeout, want 1", n)
+	}
+}

@@ -26,12 +26,16 @@ func (p *node) accepted(from int, pm peerMap) func(t msgType, payload []byte) er
 // receive processes one message from member from, on its connection's
 // reader goroutine.
 func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []byte) error {
-	p.busySince[from].Store(p.clock())
+	now := p.clock()
+	p.busySince[from].Store(now)
 	defer p.busySince[from].Store(0)
-	if t != msgHeartbeat {
+	if last := p.heardAt[from].Load(); t != msgHeartbeat && (last == 0 || now-last >= p.timeout()/20) {
 		// Any frame shows the sender is live (PROTOCOL.md §6.1: heard from
 		// within the failover timeout), whatever is queued before its next
-		// heartbeat: a snapshot's size must not decide liveness.
+		// heartbeat: a snapshot's size must not decide liveness. Once every
+		// twentieth of the timeout is enough for that, and keeps run's
+		// inbox free of a message per batch and per acknowledgement.
+		p.heardAt[from].Store(now)
 		p.tell(machine.Msg{Kind: machine.MsgHeard, From: from})
 	}
 	switch t {

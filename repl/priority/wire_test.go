@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"hash/crc32"
 	"io"
 	"reflect"
@@ -13,6 +12,7 @@ import (
 	"testing/iotest"
 
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"github.com/lockd-dev/lockd/repl/records"
 )
 
