@@ -478,7 +478,11 @@ func (l *link) greeted(c net.Conn, r *frameReader) (pm peerMap, ok bool) {
 			// version of the member link.
 			l.log.Error("member link refused: the peer speaks another version of the member link (a cluster mixes lockd versions: run one version on every member)",
 				"remote", c.RemoteAddr().String(), "its_version", h.Version, "version", protocolVersion)
-			l.ev.refused(l.provenMember(c))
+			from := l.provenMember(c)
+			if i := helloSelf(payload); from < 0 && i >= 0 && i < len(l.cfg.Peers) && i != l.cfg.Self {
+				from = i // as it says: every version's Hello starts version, mode, members, self
+			}
+			l.ev.refused(from)
 			return peerMap{}, false
 		}
 		l.log.Warn("member link refused: bad hello", "remote", c.RemoteAddr().String(), "err", err)

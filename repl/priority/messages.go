@@ -135,6 +135,15 @@ func (h *hello) Decode(p []byte) error {
 	return nil
 }
 
+// helloSelf is the sender's index in a Hello of any version (they all
+// begin version u16, mode u8, members u8, self u8), -1 if too short.
+func helloSelf(p []byte) int {
+	if len(p) < 5 {
+		return -1
+	}
+	return int(p[4])
+}
+
 // Check compares a peer's Hello (h) with this node's (local). It returns
 // nil when they agree, else an error wrapping errMismatch that names every
 // field that differs, with both values: protocol version, mode, peer

@@ -2,7 +2,9 @@ package priority
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"math"
 	"net"
@@ -539,4 +541,35 @@ func TestHeardOncePerInterval(t *testing.T) {
 	if n := len(p.inbox); n != 1 {
 		t.Fatalf("%d messages in run's inbox after 100 frames within a twentieth of the failover timeout, want 1", n)
 	}
+}
+
+// TestOtherVersionRefused: a member that speaks another version of the
+// member link (a cluster that mixes lockd versions) is refused at its
+// Hello, with an error that names both versions; a member that then hears
+// no one is not ready, and says why (docs/PROTOCOL.md decisions 36, 37).
+func TestOtherVersionRefused(t *testing.T) {
+	var refusals atomic.Int64
+	ms := openMembers(t, 2)
+	m := ms[0]
+	m.p.log = slog.New(countingHandler{Handler: m.p.log.Handler(), match: "another version of the member link", n: &refusals})
+	m.p.link.log = m.p.log
+	m.start(t)
+	c, err := net.Dial("tcp", m.p.cfg.MemberAddr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := m.p.hello()
+	h.Self = 1
+	old := h.Append(nil)
+	binary.BigEndian.PutUint16(old[frameHead:], protocolVersion-1) // a version-5 member
+	binary.BigEndian.PutUint32(old[len(old)-frameTail:], crc32.Checksum(old[4:len(old)-frameTail], castagnoli))
+	if _, err := c.Write(old); err != nil {
+		t.Fatal(err)
+	}
+	repltest.WaitFor(t, "the refusal logged", func() bool { return refusals.Load() > 0 })
+	repltest.WaitFor(t, "member 0 unready, naming the refused link", func() bool {
+		err := m.p.Health()
+		return err != nil && strings.Contains(err.Error(), "refused") && strings.Contains(err.Error(), m.p.cfg.Peers[1])
+	})
 }
