@@ -256,3 +256,41 @@ func TestParseRoleLine(t *testing.T) {
 		})
 	}
 }
+
+// TestStallAndContestLines: what the large-state checks read in the
+// members' logs to tell a change of active the rules allow (a stall of
+// some member around it) from one they do not, and the step-downs that
+// resolved two actives by what each would lose.
+func TestStallAndContestLines(t *testing.T) {
+	at := time.Date(2026, 12, 4, 20, 41, 53, 0, time.UTC)
+	logs := strings.Join([]string{
+		`{"time":"2026-12-04T20:41:52.990Z","level":"WARN","msg":"this member was frozen or stalled: executing nothing until the others answer","member":1,"gap":115000000}`,
+		`{"time":"2026-12-04T20:41:52.995Z","level":"WARN","msg":"stepping down: another member became active earlier and would lose more than this one by stepping down: discarding this state and following it","member":2}`,
+		`{"time":"2026-12-04T20:41:53.500Z","level":"WARN","msg":"stepping down: another member became active later and would lose more than this one by stepping down: discarding this state and following it","member":0}`,
+	}, "\n")
+	for _, tc := range []struct {
+		name string
+		at   time.Time
+		ok   bool
+	}{
+		{"a 115 ms stall just before", at, true},
+		{"long before the event", at.Add(2 * time.Second), false},
+		{"after the event", at.Add(-200 * time.Millisecond), false},
+	} {
+		if _, ok := stallInLog(logs, tc.at, 100*time.Millisecond); ok != tc.ok {
+			t.Errorf("%s: stall found %v, want %v", tc.name, ok, tc.ok)
+		}
+	}
+	if _, ok := stallInLog(`{"time":"2026-12-04T20:41:52.990Z","msg":"this member was frozen or stalled","gap":40000000}`, at, 100*time.Millisecond); ok {
+		t.Error("a 40 ms gap (below half of a 100 ms failover timeout) counted as a stall")
+	}
+	if got, ok := activeLineAt(`{"time":"2026-12-04T20:41:52.984Z","level":"INFO","msg":"active","member":0,"epoch":3,"why":"planned handover"}`, 3); !ok || !got.Equal(time.Date(2026, 12, 4, 20, 41, 52, 984e6, time.UTC)) {
+		t.Errorf("the active line at epoch 3: %v %v", got, ok)
+	}
+	if _, ok := activeLineAt(`{"time":"2026-12-04T20:41:52.984Z","msg":"active","epoch":3}`, 4); ok {
+		t.Error("an active line at epoch 3 found for epoch 4")
+	}
+	if later, earlier := contestLines(logs); later != 1 || earlier != 1 {
+		t.Errorf("contest lines: later yielded %d, earlier yielded %d, want 1 and 1", later, earlier)
+	}
+}

@@ -44,8 +44,10 @@
 //   - The large-state phase (bigstate.go): before the workload, a cluster
 //     of its own with a short failover timeout filled with -big-locks held
 //     locks, a standby restarted and the active terminated and restarted,
-//     checked for changes of active no step asked for, a client of the
-//     active answered throughout, and every lock kept with its token
+//     checked for changes of active no step asked for (one a stall of
+//     some member explains is counted, not asserted: PROTOCOL.md §6.3
+//     allows it), a client of the active answered throughout, and every
+//     lock kept with its token, whatever changed the active
 //     (judged on a settled reading of a member's table: serving, or
 //     following in sync, throughout the read — never a table being rebuilt
 //     or restored; a lock whose lease may have ended by then is not

@@ -180,3 +180,65 @@ func TestPrioritySIGTERMJustAfterTakingOver(t *testing.T) {
 	}
 	waitActiveIs(t, c, 1, "member 1 is not the active after the handover")
 }
+
+// TestPrioritySuccessorServesAtTheM: PROTOCOL.md §6.2, the planned
+// handover: the old active has the successor take over "and only then"
+// answers with M naming it. A client that follows that M at once — a fresh
+// connection to the successor, right after the M — must be served there,
+// never sent back by an M naming the old active (the successor had said it
+// took the handover before it served, and its gate still named the old
+// active for a few milliseconds). Each round: SIGTERM of the active holding
+// a lock and queued acquires, the M read on the queued acquire, a ping on a
+// new connection to the member it names; then the old active restarts and
+// takes over again by priority.
+func TestPrioritySuccessorServesAtTheM(t *testing.T) {
+	c, a := startPriority(t, 3, false)
+	if a != 0 {
+		t.Fatalf("active %d at start, want the first member", a)
+	}
+	rounds := env("LOCKD_HANDOVER_ROUNDS", 4)
+	for round := range rounds {
+		conn := dial(t, c, 0)
+		key := fmt.Sprintf("held/%d", round)
+		grant(t, conn, key, 60, 1)
+		const queued = 4
+		for i := range queued {
+			if err := conn.Send(proto.AppendAcquire(nil, 30, 10, uint64(2+i), key)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // replicated, the acquires queued
+		if err := c.Member(0).Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		r, err := conn.Read()
+		if err != nil {
+			t.Fatalf("round %d: the queued acquire was not answered: %v", round, err)
+		}
+		if r.Op != proto.OpMoved || len(r.Tail) == 0 {
+			t.Fatalf("round %d: queued acquire at the handover: %c code %d %q, want M naming the successor", round, r.Op, r.Code, r.Tail)
+		}
+		succ := string(r.Tail)
+		nc, err := c.Dial(succ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.SetTimeout(10 * time.Second)
+		p, err := nc.Do(proto.AppendPing(nil, 7))
+		nc.Close()
+		if err != nil {
+			t.Fatalf("round %d: ping on the successor %s right after the M: %v", round, succ, err)
+		}
+		if p.Op != proto.OpPing {
+			t.Fatalf("round %d: ping on the successor %s right after the M naming it: %c %q, want P (the old active answered M before the successor served)",
+				round, succ, p.Op, p.Tail)
+		}
+		if code, err := c.Member(0).Wait(20 * time.Second); err != nil || code != 0 {
+			t.Fatalf("round %d: the old active's exit: %d, %v", round, code, err)
+		}
+		if err := c.Member(0).Restart(); err != nil {
+			t.Fatal(err)
+		}
+		waitActiveIs(t, c, 0, "the restarted first member did not take over again")
+	}
+}

@@ -8,8 +8,10 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -217,4 +219,70 @@ func TestSecureRaft(t *testing.T) {
 	l3, took := waitServing(t, c, 5*time.Second, l2)
 	t.Logf("member %d serving %v after SIGTERM of %d", l3, took, l2)
 	check(l3, "after the SIGTERM handover")
+}
+
+// TestPriorityMismatchedSecretNotReady: a member started with another
+// --cluster-secret than the others is refused by every one of them (and
+// refuses them): it hears nobody, promotes itself after the failover
+// timeout, and serves beside the real active — a second active that
+// cannot learn the others' tokens. It must not say it is ready: /readyz
+// and /healthz answer 503 naming the refused link, while the real active
+// and its standby stay ready, and the refusals are counted in
+// lockd_member_link_refused_total (the alert's metric).
+func TestPriorityMismatchedSecretNotReady(t *testing.T) {
+	short(t)
+	dir := t.TempDir()
+	secret := func(name, value string) string {
+		p := dir + "/" + name
+		if err := os.WriteFile(p, []byte(value+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	right, wrong := secret("right", "4c6f636b64207465737420736563726574206f6e65"), secret("wrong", "616e6f74686572206f6e65")
+	c := clustertest.Start(t, clustertest.Options{Mode: clustertest.ModePriority, Members: 3, Deferred: []int{2},
+		ExtraArgs: []string{"--cluster-secret", right}})
+	noRaces(t, c)
+	if err := c.Member(2).RestartWith("--cluster-secret", wrong); err != nil {
+		t.Fatal(err)
+	}
+	waitActiveAmong := func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st0, err0 := c.Member(0).Status()
+			st2, err2 := c.Member(2).Status()
+			if err0 == nil && err2 == nil && st0.Serving() && st2.Role == "active" {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("member 0 %+v (%v), member 2 %+v (%v): want both active", st0.Status, err0, st2.Status, err2)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitActiveAmong()
+	hc := c.HTTPClient(5 * time.Second)
+	probe := func(i int, path string) (int, string) {
+		resp, err := hc.Get(c.Member(i).AdminURL() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for _, path := range []string{"/readyz", "/healthz"} {
+		code, body := probe(2, path)
+		if code == 200 || !strings.Contains(body, "refused") {
+			t.Errorf("%s on member 2, whose --cluster-secret differs: %d %q, want 503 naming the refused link", path, code, body)
+		}
+	}
+	for _, i := range []int{0, 1} {
+		if code, body := probe(i, "/readyz"); code != 200 {
+			t.Errorf("/readyz on member %d (the others' secret): %d %q, want 200", i, code, body)
+		}
+	}
+	if n := refused(t, c, 2, "secret") + refused(t, c, 2, "peer"); n < 1 {
+		t.Errorf("member 2 counted no refusal (secret or peer): %d", n)
+	}
 }

@@ -60,6 +60,12 @@ var rules = map[string]rule{
 	// The priority mode: never the raft mode nor hashicorp's libraries.
 	"repl/priority": {allow: lockd("api", "shard", "store", "repl", "repl/records", "repl/memberauth"),
 		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
+	// The priority member's decisions as a pure state machine: the api's
+	// names and the standard library; no I/O, no clock, no lock, no
+	// goroutine (its driver, repl/priority, does all of that).
+	"repl/priority/machine": {allow: lockd("api"), noStd: append(noNetOrOS, "io", "sync", "time/tzdata", "math/rand"),
+		noDeps:  append([]string{gnet, cmds, hashicorp}, lockd("shard", "store", "engine", "proto", "client", "admin", "repl", "repl/records", "repl/memberauth", "repl/raftnode")...),
+		noCalls: []string{"time.Now(", "time.Since(", "time.Until(", "time.Sleep(", "time.After", "time.NewTimer", "time.NewTicker", "time.Tick", "go func", "sync.Mutex", "sync.RWMutex", "atomic."}},
 	// The raft mode: the only importer of hashicorp's libraries.
 	"repl/raftnode": {allow: append(lockd("api", "shard", "store", "repl", "repl/records", "repl/memberauth"), hashicorp),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/internal")...)},

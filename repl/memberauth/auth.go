@@ -116,6 +116,16 @@ var ErrRefused = errors.New("memberauth: member connection refused")
 
 func (e *refusal) Is(target error) bool { return target == ErrRefused }
 
+// ReasonOf is the reason of a refusal that Dial returned; ok is false for
+// an error that is no refusal (a connection that could not be made).
+func ReasonOf(err error) (r Reason, ok bool) {
+	var rf *refusal
+	if errors.As(err, &rf) {
+		return rf.reason, true
+	}
+	return 0, false
+}
+
 // Auth is one member's side of the exchange: it dials members (Dial) and
 // serves its member port (Listen), counting and logging every refusal.
 // Safe for concurrent use.
@@ -192,7 +202,7 @@ func (a *Auth) note(side int, remote net.Addr, member int, err error) {
 		args = append(args, "remote", remote.String())
 	}
 	if member >= 0 && member < len(a.cfg.Peers) {
-		args = append(args, "member", a.cfg.Peers[member])
+		args = append(args, "peer", a.cfg.Peers[member])
 	}
 	if n > 1 {
 		args = append(args, "refusals_since_last_line", n)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/memberauth"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 )
 
 // Members that prove who they are (PROTOCOL.md §8.4): the link dials and
@@ -43,6 +44,31 @@ func provedAs(c net.Conn, from int) error {
 		return fmt.Errorf("%w: its Hello says member %d, it proved to be member %d", errMismatch, from, m)
 	}
 	return nil
+}
+
+// provenMember is the member the exchange proved on c, None without one.
+func (l *link) provenMember(c net.Conn) int {
+	if m, ok := memberauth.MemberOf(c); ok {
+		return m
+	}
+	return machine.None
+}
+
+// lasting reports whether a failed dial is a refusal that lasts until an
+// operator acts: the members disagree on the cluster secret, the
+// certificates or the cluster's parameters (or the peer refused this
+// member for such a reason). A peer that is slow or frozen (the
+// exchange's deadline) or a full member port is no such refusal.
+func lasting(err error) bool {
+	r, ok := memberauth.ReasonOf(err)
+	if !ok {
+		return false
+	}
+	switch r {
+	case memberauth.ReasonConfig, memberauth.ReasonTLS, memberauth.ReasonName, memberauth.ReasonSecret, memberauth.ReasonPeer:
+		return true
+	}
+	return false
 }
 
 // authContext is the context of the link's dials: cancelled by close.

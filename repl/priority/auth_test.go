@@ -11,16 +11,19 @@ import (
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/memberauth"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"github.com/lockd-dev/lockd/shard"
 )
 
 // forgeHeartbeats plays member 2 on c: a Hello that matches the cluster's
 // and, every 20 ms for d, a heartbeat that says "active at epoch 2^40,
-// tokens up to 2^62". It returns whether the member closed c.
-func forgeHeartbeats(c net.Conn, h hello, d time.Duration) (closed bool) {
+// tokens up to 2^62, serving, and you, the active at epoch verdict, step
+// down". It returns whether the member closed c.
+func forgeHeartbeats(c net.Conn, h hello, d time.Duration, verdict uint64) (closed bool) {
 	defer c.Close()
 	h.Self = 2
-	hb := heartbeat{Epoch: 1 << 40, Role: roleActive, Active: 2, InSync: true, TokenLast: 1 << 62, Reserved: 1 << 62}
+	hb := heartbeat{Epoch: 1 << 40, Role: machine.RoleActive, Active: 2, InSync: true, Serving: true, TokenLast: 1 << 62, Reserved: 1 << 62,
+		Verdict: verdict}
 	out := h.Append(nil)
 	for end := time.Now().Add(d); time.Now().Before(end); {
 		hb.Probe++
@@ -151,9 +154,10 @@ func TestForgedMember(t *testing.T) {
 			// forged active for three failover timeouts.
 			d := 3 * a.p.cfg.FailoverTimeout
 			done := make(chan bool, 2)
+			epoch := a.p.Status().Epoch
 			for _, to := range []int{0, 1} {
 				c := forge(to)
-				go func() { done <- forgeHeartbeats(c, h, d) }()
+				go func() { done <- forgeHeartbeats(c, h, d, epoch) }()
 			}
 			first, second := <-done, <-done
 			closed := first && second

@@ -41,6 +41,11 @@ type linkEvents struct {
 	// the handler of every later frame on that connection, called on the
 	// connection's reader goroutine; an error closes the connection.
 	accepted func(from int, pm peerMap) func(t msgType, payload []byte) error
+	// refused: a connection with member i (None: one whose member is not
+	// known) was refused for a reason that lasts — a cluster secret,
+	// certificate, configuration or version that differs — not one that
+	// passes (a slow or frozen peer, the port's limits).
+	refused func(i int)
 }
 
 // link is this member's side of the member link.
@@ -319,6 +324,9 @@ func (pe *peer) run() {
 		}
 		c, err := pe.l.dial(pe.i, pe.addr)
 		if err != nil {
+			if lasting(err) {
+				pe.l.ev.refused(pe.i)
+			}
 			select {
 			case <-pe.l.quit:
 				return
@@ -347,7 +355,7 @@ func (pe *peer) run() {
 		pe.l.ev.changed(pe.i, false)
 		c.Close()
 		if err != nil && !errors.Is(err, net.ErrClosed) {
-			pe.l.log.Debug("member link down", "member", pe.l.cfg.Peers[pe.i], "err", err)
+			pe.l.log.Debug("member link down", "peer", pe.l.cfg.Peers[pe.i], "err", err)
 		}
 	}
 }
@@ -464,21 +472,36 @@ func (l *link) greeted(c net.Conn, r *frameReader) (pm peerMap, ok bool) {
 	}
 	var h hello
 	if err := h.Decode(payload); err != nil {
+		if h.Version != 0 && h.Version != protocolVersion {
+			// Another lockd version: it would misread this one's messages
+			// (and this one its). Every member of a cluster runs one
+			// version of the member link.
+			l.log.Error("member link refused: the peer speaks another version of the member link (a cluster mixes lockd versions: run one version on every member)",
+				"remote", c.RemoteAddr().String(), "its_version", h.Version, "version", protocolVersion)
+			from := l.provenMember(c)
+			if i := helloSelf(payload); from < 0 && i >= 0 && i < len(l.cfg.Peers) && i != l.cfg.Self {
+				from = i // as it says: every version's Hello starts version, mode, members, self
+			}
+			l.ev.refused(from)
+			return peerMap{}, false
+		}
 		l.log.Warn("member link refused: bad hello", "remote", c.RemoteAddr().String(), "err", err)
 		return peerMap{}, false
 	}
 	if err := h.Check(l.hello); err != nil {
 		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
+		l.ev.refused(l.provenMember(c))
 		return peerMap{}, false
 	}
 	pm, err = mapPeers(&h, l.cfg.Peers, l.cfg.Self)
 	if err != nil {
 		l.log.Error("member link refused", "remote", c.RemoteAddr().String(), "err", err)
+		l.ev.refused(l.provenMember(c))
 		return peerMap{}, false
 	}
 	if pm.differs {
 		l.log.Info("member link from a member whose --peers differs (a change of --peers in progress): members matched by address",
-			"member", l.cfg.Peers[pm.from], "its_peers", h.Peers)
+			"peer", l.cfg.Peers[pm.from], "its_peers", h.Peers)
 	}
 	return pm, true
 }
@@ -518,7 +541,7 @@ func (l *link) serveInbound(c net.Conn) {
 			return
 		}
 		if err := handle(t, payload); err != nil {
-			l.log.Warn("member link: bad message; closing it", "member", l.cfg.Peers[from], "type", t.String(), "err", err)
+			l.log.Warn("member link: bad message; closing it", "peer", l.cfg.Peers[from], "type", t.String(), "err", err)
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 )
 
 // TestItemWriterKeepsHeartbeats (issue 18, hole 1): an item written in
@@ -63,7 +64,7 @@ func TestItemWriterKeepsHeartbeats(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			pe.setHeartbeat(&heartbeat{Role: roleActive, Probe: probe})
+			pe.setHeartbeat(&heartbeat{Role: machine.RoleActive, Probe: probe})
 		}
 	})
 

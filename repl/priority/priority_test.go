@@ -2,18 +2,23 @@ package priority
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -53,6 +58,12 @@ func openMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 	const offset = 1000
 	peers := repltest.FreeAddrs(t, n, offset)
 	var ms []*member
+	keys := &keysOnce{}
+	t.Cleanup(func() { // after the members' Close (cleanups run last first)
+		if bad := keys.repeats(); len(bad) > 0 {
+			t.Errorf("log lines repeat a key (one key, one meaning): %q", bad)
+		}
+	})
 	for i := range n {
 		p, err := newNode(repl.ClusterConfig{Peers: peers, Self: i, Listen: peers[i], PeerOffset: offset,
 			FailoverTimeout: 300 * time.Millisecond, DataDir: t.TempDir(), TokenBlock: 1 << 20})
@@ -63,7 +74,7 @@ func openMembers(t *testing.T, n int, mod ...func(*node)) []*member {
 			f(p)
 		}
 		m := &member{p: p, host: &fakeHost{}, clock: repltest.Clock()}
-		log := slog.New(countingHandler{Handler: testLogger().Handler(), match: "frozen or stalled", n: &m.stalls})
+		log := slog.New(countingHandler{Handler: keysOnceHandler{Handler: testLogger().Handler(), seen: keys}, match: "frozen or stalled", n: &m.stalls})
 		m.table, err = p.Open(shard.Config{Shards: 8}, m.clock, log)
 		if err != nil {
 			t.Fatal(err)
@@ -254,7 +265,7 @@ func TestSplitActiveBackAsStandby(t *testing.T) {
 	defer c.Close()
 	h := a.p.hello()
 	h.Self = 2
-	hb := heartbeat{Epoch: 0, Role: roleStandby, Active: noActive, Probe: 1, TokenLast: mark, StoredEpoch: epoch + 1}
+	hb := heartbeat{Epoch: 0, Role: machine.RoleStandby, Active: noActive, Probe: 1, TokenLast: mark, StoredEpoch: epoch + 1}
 	if _, err := c.Write(hb.Append(h.Append(nil))); err != nil {
 		t.Fatal(err)
 	}
@@ -310,116 +321,6 @@ func testLogger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	return repltest.Quiet()
-}
-
-// TestStaleGateNotInstalled (issue 18): gates are computed under the
-// node's lock and published after it: a Serve gate computed before a
-// handover's hold (or a demotion) and published after it must not reopen
-// the gate.
-func TestStaleGateNotInstalled(t *testing.T) {
-	p, err := newNode(repl.ClusterConfig{Peers: []string{"127.0.0.1:1", "127.0.0.1:2"}, Self: 0, Listen: "127.0.0.1:1",
-		PeerOffset: 1000, FailoverTimeout: time.Second, DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	host := &fakeHost{}
-	now := int64(1e9)
-	p.host, p.clock = host, func() int64 { return now }
-	for _, tc := range []struct {
-		name  string
-		after func()
-		want  repl.GateState
-	}{
-		{"handover", func() { p.roles.offer(1, now) }, repl.Hold},
-		{"demotion", func() { p.roles.heard(now, 1, peerState{epoch: 5, role: roleActive, follows: 1}) }, repl.Redirect},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p.roles = newRoles(0, 2, p.timeout(), 0, now)
-			p.roles.promote()
-			p.ready = true
-			p.mu.Lock()
-			stale := p.gateFor(now) // what the ticker computed last
-			tc.after()
-			later := p.gateFor(now)
-			p.mu.Unlock()
-			if stale.State != repl.Serve || later.State != tc.want {
-				t.Fatalf("gates %v then %v: the test proves nothing", stale.State, later.State)
-			}
-			p.publish(later)
-			p.publish(stale) // the ticker's publish comes late
-			if g := p.Gate(); g.State != tc.want {
-				t.Fatalf("gate %v after a stale %v was published late, want %v", g.State, stale.State, tc.want)
-			}
-		})
-	}
-}
-
-// TestActiveRaisesAboveAMembersOwnMark (issue 18, found by the chaos run):
-// a member that served on its own (the isolated side of a split), was
-// killed before the heal and restarted reports its data dir's mark in its
-// heartbeats as a standby; the active's counter goes above it, so no token
-// of the active undercuts one the member issued. A standby's mark that is
-// only this active's reservation moves nothing.
-func TestActiveRaisesAboveAMembersOwnMark(t *testing.T) {
-	p, err := newNode(repl.ClusterConfig{Peers: []string{"127.0.0.1:1", "127.0.0.1:2"}, Self: 0, Listen: "127.0.0.1:1",
-		PeerOffset: 1000, FailoverTimeout: time.Second, DataDir: t.TempDir(), TokenBlock: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := repltest.Clock()
-	if _, err := p.Open(shard.Config{Shards: 4}, clock, repltest.Quiet()); err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close(context.Background(), repl.Discard)
-	p.roles.promote()
-	tokens := p.table.Tokens()
-	p.reserveUpTo(tokens.Last()+1<<20, "a test's reservation") // durable, then extended
-	last, limit := tokens.Last(), tokens.Limit()
-	if limit <= last {
-		t.Fatalf("reservation: limit %d, last %d", limit, last)
-	}
-	samePeers := &peerMap{from: 1, xlate: []int{0, 1}} // both members' --peers alike
-	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, InSync: true, Mark: limit}, samePeers)
-	if tokens.Last() != last {
-		t.Fatalf("a standby's mark at this active's reservation moved the counter from %d to %d", last, tokens.Last())
-	}
-	own := limit + 5<<30 // reserved on its own, elsewhere
-	p.heardHeartbeat(1, &heartbeat{Role: roleStandby, Active: 0, Mark: own}, samePeers)
-	if tokens.Last() < own {
-		t.Fatalf("counter %d after a member reported its own mark %d: its tokens could be undercut", tokens.Last(), own)
-	}
-}
-
-// TestBusyReaderKeepsSenderLive (issue 18): while this member processes a
-// frame of a member's (held up by its own work: a table reset under the
-// apply lock, an fsync, the engine's barrier), that member counts as
-// heard, for at most ten failover timeouts.
-func TestBusyReaderKeepsSenderLive(t *testing.T) {
-	p, err := newNode(repl.ClusterConfig{Peers: []string{"127.0.0.1:1", "127.0.0.1:2"}, Self: 1, Listen: "127.0.0.1:2",
-		PeerOffset: 1000, FailoverTimeout: time.Second, DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := int64(100 * time.Second)
-	p.roles = newRoles(1, 2, p.timeout(), 0, now)
-	p.roles.heard(now, 0, peerState{epoch: 1, role: roleActive, follows: 0})
-	p.busySince[0].Store(now)
-	for _, tc := range []struct {
-		at   time.Duration
-		live bool
-	}{{2 * time.Second, true}, {9 * time.Second, true}, {11 * time.Second, false}} {
-		at := now + int64(tc.at)
-		p.busyHeard(at)
-		if got := p.roles.live(0, at); got != tc.live {
-			t.Fatalf("%v into one frame: live %v, want %v", tc.at, got, tc.live)
-		}
-	}
-	p.busySince[0].Store(0)
-	at := now + int64(22*time.Second)
-	p.busyHeard(at)
-	if p.roles.live(0, at) {
-		t.Fatal("live with no frame in hand and nothing heard for 11 s")
-	}
 }
 
 // TestPriorityTakeoverKeepsIdentities: every grant's identity
@@ -494,13 +395,181 @@ func TestPriorityTakeoverKeepsIdentities(t *testing.T) {
 	}
 }
 
+// TestStaleGateNotInstalled: a gate is installed only if no gate the
+// machine numbered later is: one published out of order cannot reopen a
+// gate closed by a handover's hold or a demotion.
+func TestStaleGateNotInstalled(t *testing.T) {
+	p, err := newNode(repl.ClusterConfig{Peers: []string{"127.0.0.1:1", "127.0.0.1:2"}, Self: 0, Listen: "127.0.0.1:1",
+		PeerOffset: 1000, FailoverTimeout: time.Second, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := &fakeHost{}
+	now := int64(1e9)
+	p.host, p.clock = host, func() int64 { return now }
+	for _, tc := range []struct {
+		name  string
+		later machine.Gate
+		want  repl.GateState
+	}{
+		{"handover", machine.Gate{State: machine.Hold, To: machine.None}, repl.Hold},
+		{"demotion", machine.Gate{State: machine.Redirect, To: 1}, repl.Redirect},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := p.gate.Load().seq
+			stale := machine.Gate{State: machine.Serve, To: machine.None, Until: now + 1e9, Seq: base + 1}
+			tc.later.Seq = base + 2
+			p.publish(tc.later)
+			p.publish(stale) // published late
+			if g := p.Gate(); g.State != tc.want {
+				t.Fatalf("gate %v after a stale %v was published late, want %v", g.State, stale.State, tc.want)
+			}
+		})
+	}
+}
+
+// TestBusyReaderKeepsSenderLive: while this member processes a frame of a
+// member's (held up by its own work: a table reset under the apply lock,
+// an fsync, the engine's barrier), the tick counts that member as heard
+// (machine.Local.Busy), for at most ten failover timeouts.
+func TestBusyReaderKeepsSenderLive(t *testing.T) {
+	m := openMembers(t, 2)[1]
+	p := m.p
+	at := m.clock()
+	p.busySince[0].Store(at)
+	if l := p.measure(); l.Busy != 1 {
+		t.Fatalf("busy %b with a frame of member 0 in hand, want 1", l.Busy)
+	}
+	p.busySince[0].Store(at - 11*p.timeout())
+	if l := p.measure(); l.Busy != 0 {
+		t.Fatalf("busy %b with a frame in hand for 11 failover timeouts, want 0", l.Busy)
+	}
+	p.busySince[0].Store(0)
+	if l := p.measure(); l.Busy != 0 {
+		t.Fatalf("busy %b with no frame in hand", l.Busy)
+	}
+}
+
 // TestOpenNumbersProbesFromTheClock: Open starts the heartbeat probes at
 // probeBase, so a restarted member's probes are above every probe of its
-// earlier lives that the others may still echo (TestRolesFreezeCheckAfterRestart).
+// earlier lives that the others may still echo
+// (machine.TestRolesFreezeCheckAfterRestart).
 func TestOpenNumbersProbesFromTheClock(t *testing.T) {
 	before := probeBase()
-	m := openMembers(t, 1)[0]
-	if got := m.p.roles.probe; got < before {
-		t.Fatalf("probes start at %d, below the clock's %d before Open", got, before)
+	m := openMembers(t, 2)[0]
+	for _, a := range m.p.m.Tick(m.clock(), m.p.measure()) {
+		if a.Kind == machine.ActHeartbeat && a.HB.Probe <= before {
+			t.Fatalf("probes start at %d, below the clock's %d before Open", a.HB.Probe, before)
+		}
 	}
+}
+
+// keysOnce collects the log lines of the members of a test that name a
+// key twice: every JSON line must give each key one meaning (the member's
+// own index is member; another member is peer, active, successor, …).
+type keysOnce struct {
+	mu  sync.Mutex
+	bad []string
+}
+
+func (k *keysOnce) add(line string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.bad) < 10 {
+		k.bad = append(k.bad, line)
+	}
+}
+
+func (k *keysOnce) repeats() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.bad
+}
+
+// keysOnceHandler reports to seen every record that repeats a key,
+// counting the attributes the logger was made With.
+type keysOnceHandler struct {
+	slog.Handler
+	with []string
+	seen *keysOnce
+}
+
+func (h keysOnceHandler) Handle(ctx context.Context, r slog.Record) error {
+	keys := map[string]bool{}
+	for _, k := range h.with {
+		keys[k] = true
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if keys[a.Key] {
+			h.seen.add(r.Message + ": " + a.Key)
+		}
+		keys[a.Key] = true
+		return true
+	})
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h keysOnceHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	with := slices.Clone(h.with)
+	for _, a := range as {
+		with = append(with, a.Key)
+	}
+	return keysOnceHandler{Handler: h.Handler.WithAttrs(as), with: with, seen: h.seen}
+}
+
+func (h keysOnceHandler) WithGroup(g string) slog.Handler {
+	return keysOnceHandler{Handler: h.Handler.WithGroup(g), seen: h.seen}
+}
+
+// TestHeardOncePerInterval: every frame shows its sender is live, but the
+// readers tell the machine so at most once every twentieth of the
+// failover timeout per member: a stream of batches and acknowledgements
+// (a thousand a second) must not fill run's inbox, which would hold up
+// the readers and the standbys' acknowledgements behind it (a bench run
+// saw a standby's lag reach 415 ms).
+func TestHeardOncePerInterval(t *testing.T) {
+	m := openMembers(t, 2)[0] // not started: nothing drains the inbox
+	p := m.p
+	pm := &peerMap{from: 1, xlate: []int{0, 1}}
+	in := p.standby.from(1)
+	ack := (&snapAck{ID: 1, Frames: 1}).Append(nil)[frameHead : len((&snapAck{}).Append(nil))-frameTail]
+	for range 100 {
+		if err := p.receive(in, 1, pm, msgSnapAck, ack); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(p.inbox); n != 1 {
+		t.Fatalf("%d messages in run's inbox after 100 frames within a twentieth of the failover timeout, want 1", n)
+	}
+}
+
+// TestOtherVersionRefused: a member that speaks another version of the
+// member link (a cluster that mixes lockd versions) is refused at its
+// Hello, with an error that names both versions; a member that then hears
+// no one is not ready, and says why (docs/PROTOCOL.md decisions 37, 38).
+func TestOtherVersionRefused(t *testing.T) {
+	var refusals atomic.Int64
+	ms := openMembers(t, 2)
+	m := ms[0]
+	m.p.log = slog.New(countingHandler{Handler: m.p.log.Handler(), match: "another version of the member link", n: &refusals})
+	m.p.link.log = m.p.log
+	m.start(t)
+	c, err := net.Dial("tcp", m.p.cfg.MemberAddr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := m.p.hello()
+	h.Self = 1
+	old := h.Append(nil)
+	binary.BigEndian.PutUint16(old[frameHead:], protocolVersion-1) // a version-5 member
+	binary.BigEndian.PutUint32(old[len(old)-frameTail:], crc32.Checksum(old[4:len(old)-frameTail], castagnoli))
+	if _, err := c.Write(old); err != nil {
+		t.Fatal(err)
+	}
+	repltest.WaitFor(t, "the refusal logged", func() bool { return refusals.Load() > 0 })
+	repltest.WaitFor(t, "member 0 unready, naming the refused link", func() bool {
+		err := m.p.Health()
+		return err != nil && strings.Contains(err.Error(), "refused") && strings.Contains(err.Error(), m.p.cfg.Peers[1])
+	})
 }

@@ -283,8 +283,6 @@ func (f *fakeFollower) apply(from int, epoch uint64, fn func() error) (bool, err
 	return true, fn()
 }
 
-func (f *fakeFollower) loading(int, uint64) {}
-
 func (f *fakeFollower) recordReserved(limit uint64) error {
 	f.reservedMax = max(f.reservedMax, limit) // under f.mu: called inside apply
 	return nil

@@ -14,8 +14,9 @@ import (
 // active sends (batches, snapshots, reservations), and its answers. The
 // outbound direction is stream.go.
 
-// follower is the member's role state as its standby side needs it; the
-// node implements it under its own locks.
+// follower is the member's role state as its standby side needs it: the
+// node answers from its machine's published view, and passes what the
+// standby side learns to the machine.
 type follower interface {
 	// follows reports whether this member is a standby that follows
 	// member from.
@@ -27,9 +28,6 @@ type follower interface {
 	// or that follows another active or another epoch, however late it
 	// arrives.
 	apply(from int, epoch uint64, fn func() error) (bool, error)
-	// loading notes, from inside apply, that a snapshot of member from at
-	// epoch has begun to replace the table.
-	loading(from int, epoch uint64)
 	// recordReserved makes a reservation of the active's durable in this
 	// member's data directory and notes it as seen (a member that
 	// restarts or promotes starts above every reservation it
@@ -206,7 +204,6 @@ func (in *replica) snapBegin(payload []byte) error {
 	applied, err := s.node.apply(in.from, h.Epoch, func() error {
 		in.syncing, in.gap, in.epoch, in.began, in.locks = true, false, h.Epoch, time.Now(), 0
 		s.node.desync(h.Reserved)
-		s.node.loading(in.from, h.Epoch)
 		s.table.Reset(&in.fx)
 		in.fx.Reset()
 		s.table.Tokens().Observe(h.TokenLast)

@@ -300,7 +300,7 @@ func (o *outStream) enqueue(i int, frame []byte, seq uint64, records, raw int) {
 	}
 	t.mu.Unlock()
 	if full {
-		o.log.Warn("a standby fell too far behind: resyncing it", "member", o.names[i])
+		o.log.Warn("a standby fell too far behind: resyncing it", "peer", o.names[i])
 		o.resync(i)
 	}
 }
@@ -630,7 +630,7 @@ func (o *outStream) writeSnapshot(w *itemWriter, i int, gen uint64) error {
 		bad   error
 	)
 	stopped := func(why string) error {
-		o.log.Info("snapshot stopped: "+why, "member", o.names[i], "locks_sent", n, "took", time.Since(began))
+		o.log.Info("snapshot stopped: "+why, "peer", o.names[i], "locks_sent", n, "took", time.Since(began))
 		return nil
 	}
 	for s := range o.table.Shards() {
@@ -720,7 +720,7 @@ func (o *outStream) writeSnapshot(w *itemWriter, i int, gen uint64) error {
 		return err
 	}
 	o.stats.snapshots.Add(1)
-	o.log.Info("snapshot sent", "member", o.names[i], "locks", n, "took", time.Since(began))
+	o.log.Info("snapshot sent", "peer", o.names[i], "locks", n, "took", time.Since(began))
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing/iotest"
 
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"github.com/lockd-dev/lockd/repl/records"
 )
 
@@ -32,21 +33,21 @@ type wireCase struct {
 
 func wireCases() []wireCase {
 	return []wireCase{
-		{"hello", msgHello, &hello{Version: 5, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000,
+		{"hello", msgHello, &hello{Version: 6, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000,
 			Peers: []string{"a:1", "b:2", "c:3"}},
-			"0005 01 03 02 00002710 00000040 000003e8 0003 613a31 0003 623a32 0003 633a33"},
-		{"hello-raft-max", msgHello, &hello{Version: 5, Mode: modeRaft, Members: 2, Self: 1, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000,
+			"0006 01 03 02 00002710 00000040 000003e8 0003 613a31 0003 623a32 0003 633a33"},
+		{"hello-raft-max", msgHello, &hello{Version: 6, Mode: modeRaft, Members: 2, Self: 1, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000,
 			Peers: []string{"h:65535", "[::1]:7"}},
-			"0005 02 02 01 ffffffff 00010000 0000ea60 0007 683a3635353335 0007 5b3a3a315d3a37"},
-		{"heartbeat-active", msgHeartbeat, &heartbeat{Epoch: 7, Role: roleActive, Active: 0, InSync: true, Probe: 1, Echo: 2,
-			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0, Mark: 0x11223344556677aa},
-			"0000000000000007 02 00 01 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000 11223344556677aa"},
-		{"heartbeat-standby-none", msgHeartbeat, &heartbeat{Epoch: 1<<64 - 1, Role: roleStandby, Active: noActive, LagNS: 1500000},
-			"ffffffffffffffff 01 ff 00 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 000000000016e360 0000000000000000"},
-		{"heartbeat-handover", msgHeartbeat, &heartbeat{Epoch: 9, Role: roleHandover, Active: 1, InSync: true},
-			"0000000000000009 03 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
-		{"heartbeat-leaving", msgHeartbeat, &heartbeat{Epoch: 9, Role: roleLeaving, Active: 1, InSync: true},
-			"0000000000000009 04 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
+			"0006 02 02 01 ffffffff 00010000 0000ea60 0007 683a3635353335 0007 5b3a3a315d3a37"},
+		{"heartbeat-active", msgHeartbeat, &heartbeat{Epoch: 7, Role: machine.RoleActive, Active: 0, InSync: true, Held: true, Serving: true, Probe: 1, Echo: 2,
+			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0, Mark: 0x11223344556677aa, Pos: 1000000, Verdict: 3},
+			"0000000000000007 02 00 07 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000 11223344556677aa 00000000000f4240 0000000000000003"},
+		{"heartbeat-standby-none", msgHeartbeat, &heartbeat{Epoch: 1<<64 - 1, Role: machine.RoleStandby, Active: noActive, LagNS: 1500000},
+			"ffffffffffffffff 01 ff 00 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 000000000016e360 0000000000000000 0000000000000000 0000000000000000"},
+		{"heartbeat-handover", msgHeartbeat, &heartbeat{Epoch: 9, Role: machine.RoleHandover, Active: 1, InSync: true, Held: true},
+			"0000000000000009 03 01 03 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
+		{"heartbeat-leaving", msgHeartbeat, &heartbeat{Epoch: 9, Role: machine.RoleLeaving, Active: 1, InSync: true},
+			"0000000000000009 04 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000"},
 		{"batch-raw", msgBatch, &batch{Seq: 3, Codec: records.CodecRaw, RawLen: 4, Data: []byte("abcd")},
 			"0000000000000003 00 00000004 61626364"},
 		{"batch-s2", msgBatch, &batch{Seq: 1<<64 - 1, Codec: records.CodecS2, RawLen: 1000, Data: []byte{0xe8, 0x07, 0x00}},
@@ -164,9 +165,10 @@ func TestMessageBadFields(t *testing.T) {
 		payload string
 		want    error
 	}{
-		{"heartbeat-role-0", &heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 56), errBadField},
-		{"heartbeat-role-5", &heartbeat{}, "0000000000000007 05 00 01" + strings.Repeat("00", 56), errBadField},
-		{"heartbeat-insync-2", &heartbeat{}, "0000000000000007 01 00 02" + strings.Repeat("00", 56), errBadField},
+		{"heartbeat-role-0", &heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 72), errBadField},
+		{"heartbeat-role-5", &heartbeat{}, "0000000000000007 05 00 01" + strings.Repeat("00", 72), errBadField},
+		{"heartbeat-flag-8", &heartbeat{}, "0000000000000007 01 00 08" + strings.Repeat("00", 72), errBadField},
+		{"heartbeat-v5-length", &heartbeat{}, "0000000000000007 01 00 01" + strings.Repeat("00", 56), errShortPayload},
 		{"ack-kind-0", &ack{}, "00 0000000000000001", errBadField},
 		{"ack-kind-6", &ack{}, "06 0000000000000001", errBadField},
 		{"need-snapshot-0", &needSnapshot{}, "00", errBadField},
@@ -183,17 +185,18 @@ func TestMessageBadFields(t *testing.T) {
 		{"snap-ack-long", &snapAck{}, "0000000000000003 0000000000000011 00", errLongPayload},
 		{"handoff-abort-short", &handoffAbort{}, "00000000", errShortPayload},
 		{"reserve-short", &reserve{}, "00", errShortPayload},
-		{"hello-short", &hello{}, "0005 01", errShortPayload},
-		{"hello-long", &hello{}, "0005 01 01 00 00002710 00000040 000003e8 0001 61 00", errLongPayload},
-		{"hello-peers-missing", &hello{}, "0005 01 02 00 00002710 00000040 000003e8 0001 61", errShortPayload},
-		{"hello-peer-cut", &hello{}, "0005 01 01 00 00002710 00000040 000003e8 0003 6161", errShortPayload},
-		{"hello-peer-empty", &hello{}, "0005 01 01 00 00002710 00000040 000003e8 0000", errBadField},
-		{"hello-peer-too-long", &hello{}, "0005 01 01 00 00002710 00000040 000003e8 0401", errBadField},
+		{"hello-short", &hello{}, "0006 01", errShortPayload},
+		{"hello-long", &hello{}, "0006 01 01 00 00002710 00000040 000003e8 0001 61 00", errLongPayload},
+		{"hello-peers-missing", &hello{}, "0006 01 02 00 00002710 00000040 000003e8 0001 61", errShortPayload},
+		{"hello-peer-cut", &hello{}, "0006 01 01 00 00002710 00000040 000003e8 0003 6161", errShortPayload},
+		{"hello-peer-empty", &hello{}, "0006 01 01 00 00002710 00000040 000003e8 0000", errBadField},
+		{"hello-peer-too-long", &hello{}, "0006 01 01 00 00002710 00000040 000003e8 0401", errBadField},
 		{"hello-version-1", &hello{}, "0001 01 03 02 00002710 00000040 000003e8", errMismatch},
 		{"hello-version-2", &hello{}, "0002", errMismatch},
 		{"hello-version-3", &hello{}, "0003 01 03 02 00002710 00000040 000003e8", errMismatch},
 		{"hello-version-4", &hello{}, "0004 01 01 00 00002710 00000040 000003e8 0001 61", errMismatch},
-		{"hello-version-6", &hello{}, "0006", errMismatch},
+		{"hello-version-5", &hello{}, "0005 01 01 00 00002710 00000040 000003e8 0001 61", errMismatch},
+		{"hello-version-7", &hello{}, "0007", errMismatch},
 		{"hello-version-0-long", &hello{}, "0000 01 03 02 00002710 00000040 000003e8 00", errMismatch},
 	}
 	for _, c := range cases {
@@ -204,9 +207,9 @@ func TestMessageBadFields(t *testing.T) {
 		})
 	}
 	var h hello
-	err := h.Decode(repltest.Hex(t, "0006 ffff"))
-	if h.Version != 6 || err == nil || !strings.Contains(err.Error(), "protocol version 6, here 5") {
-		t.Fatalf("version 6: %+v, %v", h, err)
+	err := h.Decode(repltest.Hex(t, "0007 ffff"))
+	if h.Version != 7 || err == nil || !strings.Contains(err.Error(), "protocol version 7, here 6") {
+		t.Fatalf("version 7: %+v, %v", h, err)
 	}
 }
 
@@ -221,7 +224,7 @@ func TestHelloCheck(t *testing.T) {
 	}{
 		{"same", func(*hello) {}, nil},
 		{"last-member", func(h *hello) { h.Self = 2 }, nil},
-		{"version", func(h *hello) { h.Version = 2 }, []string{"protocol version 2 (here 5)"}},
+		{"version", func(h *hello) { h.Version = 2 }, []string{"protocol version 2 (here 6)"}},
 		{"mode", func(h *hello) { h.Mode = modeRaft }, []string{"mode raft (here priority)"}},
 		{"mode-unknown", func(h *hello) { h.Mode = 9 }, []string{"mode ClusterMode(9) (here priority)"}},
 		// The member lists may differ (a rolling change of --peers):
@@ -266,7 +269,7 @@ func TestMsgTypeString(t *testing.T) {
 			t.Errorf("MsgType(%d) = %q, want %q", i, got, w)
 		}
 	}
-	for _, s := range []interface{ String() string }{records.Codec(2), ackKind(0), snapReason(4), role(0), clusterMode(0)} {
+	for _, s := range []interface{ String() string }{records.Codec(2), ackKind(0), snapReason(4), machine.Role(0), clusterMode(0)} {
 		if !strings.Contains(s.String(), "(") {
 			t.Errorf("unknown value named %q", s)
 		}

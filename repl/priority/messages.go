@@ -2,259 +2,34 @@ package priority
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"hash/crc32"
-	"io"
 	"strings"
 
 	"github.com/lockd-dev/lockd/api"
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 	"github.com/lockd-dev/lockd/repl/records"
 )
 
-// The member link's frames (docs: member-link wire format). Every message
-// in both directions is one frame:
-//
-//	length u32 | type u8 | payload | crc u32
-//
-// big-endian; length counts type, payload and crc (so it is at least 5 and
-// at most maxFrame); crc is CRC-32C (Castagnoli) of type and payload.
+// The member link's messages (docs/MEMBER-LINK.md, "Message types"): what
+// each frame's payload carries, with an Append that writes the whole
+// frame and a Decode that checks every field. The frames are frame.go's.
 
-// Sizes of the member link.
-const (
-	// maxFrame bounds a frame's length field (type + payload + crc): a
-	// longer frame is a protocol error. A compressed batch or snapshot
-	// frame may not claim a raw size above it either (MaxRaw, the same).
-	maxFrame = 16 << 20
-	// protocolVersion is the member-link version this code speaks (Hello):
-	// 2 since grants carry their identity (records of kind 0x81,
-	// SnapShard entries in the format version 2); 3 since issue 18 (the
-	// snapshot's id, epoch, window acks and reservation mark, the
-	// heartbeat's mark, the handover's abort and refusal); 4 since the
-	// Hello carries the sender's --peers (peers.go: a rolling change of
-	// --peers); 5 since Ack(refused) carries the epoch up to which the
-	// sender refuses handoffs. A member of an older version would misread
-	// them, so the hello refuses it.
-	protocolVersion = 5
-
-	frameHead    = 5 // length u32 + type u8
-	frameTail    = 4 // crc u32
-	minFrameLen  = 5 // type + crc
-	readBufStart = 64 << 10
-)
-
-// castagnoli is the CRC-32C table (hardware-accelerated on amd64 and arm64).
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// msgType is a frame's type byte.
-type msgType uint8
-
-// Message types of the member link.
-const (
-	msgHello        msgType = 1
-	msgHeartbeat    msgType = 2
-	msgBatch        msgType = 3
-	msgReserve      msgType = 4
-	msgAck          msgType = 5
-	msgSnapBegin    msgType = 6
-	msgSnapShard    msgType = 7
-	msgSnapEnd      msgType = 8
-	msgNeedSnapshot msgType = 9
-	msgHandoff      msgType = 10
-	msgHandoffAbort msgType = 11
-	msgSnapAck      msgType = 12
-)
-
-var msgNames = [...]string{
-	msgHello:        "hello",
-	msgHeartbeat:    "heartbeat",
-	msgBatch:        "batch",
-	msgReserve:      "reserve",
-	msgAck:          "ack",
-	msgSnapBegin:    "snap-begin",
-	msgSnapShard:    "snap-shard",
-	msgSnapEnd:      "snap-end",
-	msgNeedSnapshot: "need-snapshot",
-	msgHandoff:      "handoff",
-	msgHandoffAbort: "handoff-abort",
-	msgSnapAck:      "snap-ack",
-}
-
-// String names the message type.
-func (t msgType) String() string { return nameOf(msgNames[:], uint8(t), "MsgType") }
-
-func (t msgType) valid() bool { return t >= msgHello && t <= msgSnapAck }
-
-// nameOf names value v of a small enum from names (indexed by value, ""
-// for none), or as typ(v).
-func nameOf(names []string, v uint8, typ string) string {
-	if int(v) < len(names) && names[v] != "" {
-		return names[v]
-	}
-	return fmt.Sprintf("%s(%d)", typ, v)
-}
-
-// Errors of the member link's frames and messages. A frameReader's protocol
-// errors are final: the link must be closed (and the reason logged).
-var (
-	// errFrameTooLarge: a frame's length field exceeds maxFrame.
-	errFrameTooLarge = errors.New("priority: frame longer than maxFrame")
-	// errFrameTooShort: a frame's length field is below 5 (type + crc).
-	errFrameTooShort = errors.New("priority: frame length below 5")
-	// errBadCRC: a frame's CRC-32C does not match its type and payload.
-	errBadCRC = errors.New("priority: frame checksum mismatch")
-	// errUnknownType: a frame's type byte names no message.
-	errUnknownType = errors.New("priority: unknown message type")
-	// errShortPayload: a payload ends before its message's fields do.
-	errShortPayload = errors.New("priority: payload too short for its message")
-	// errLongPayload: a payload has bytes after its message's fields.
-	errLongPayload = errors.New("priority: payload too long for its message")
-	// errBadField: a field holds a value its message does not allow (an
-	// unknown role, ack kind, reason or codec; a flag other than 0/1; a raw
-	// length that does not fit the data).
-	errBadField = errors.New("priority: invalid message field")
-	// errMismatch: a peer's Hello differs from this node's (hello.Check),
-	// or it speaks another protocol version (hello.Decode).
-	errMismatch = errors.New("priority: peer configuration differs")
-	// errNoProgress: the underlying reader returned no data and no error
-	// many times in a row.
-	errNoProgress = errors.New("priority: reader makes no progress")
-)
-
-// appendFrame appends a frame of type t carrying payload to dst. payload
-// must be at most maxFrame-5 bytes: a longer one panics (batches and
-// snapshot frames are cut at 64 KiB, far below it).
-func appendFrame(dst []byte, t msgType, payload []byte) []byte {
-	dst, at := beginFrame(dst, t)
-	dst = append(dst, payload...)
-	return endFrame(dst, at)
-}
-
-// beginFrame appends a frame header with a placeholder length and returns
-// where the frame starts.
-func beginFrame(dst []byte, t msgType) ([]byte, int) {
-	return append(dst, 0, 0, 0, 0, byte(t)), len(dst)
-}
-
-// endFrame fills in the length of the frame that starts at at and appends
-// its crc.
-func endFrame(dst []byte, at int) []byte {
-	n := len(dst) - at - 4 + frameTail
-	if n > maxFrame {
-		panic("priority: frame payload exceeds maxFrame")
-	}
-	binary.BigEndian.PutUint32(dst[at:], uint32(n))
-	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[at+4:], castagnoli))
-}
-
-// frameReader reads frames from a byte stream that may deliver them split
-// at any byte. It keeps one buffer, grown (by doubling, only as bytes
-// arrive) up to the largest frame seen and reused: once grown, Next
-// allocates nothing. Not safe for concurrent use.
-type frameReader struct {
-	r     io.Reader
-	buf   []byte
-	start int   // first byte not yet returned
-	end   int   // end of the bytes read
-	err   error // a protocol error: every later Next returns it
-}
-
-// newFrameReader returns a reader of frames from r.
-func newFrameReader(r io.Reader) *frameReader {
-	return &frameReader{r: r, buf: make([]byte, readBufStart)}
-}
-
-// Reset makes fr read from r from scratch (a new connection), keeping its
-// buffer. A zero frameReader is ready for use after Reset.
-func (fr *frameReader) Reset(r io.Reader) {
-	fr.r, fr.start, fr.end, fr.err = r, 0, 0, nil
-	if fr.buf == nil {
-		fr.buf = make([]byte, readBufStart)
-	}
-}
-
-// Next returns the next frame's type and payload. The payload points into
-// fr's buffer and is valid until the next call of Next or Reset.
-//
-// At the end of the stream between frames Next returns io.EOF, in the
-// middle of one io.ErrUnexpectedEOF. A protocol error (errFrameTooLarge,
-// errFrameTooShort, errBadCRC, errUnknownType) is final: Next returns it
-// again on every later call. Other errors of the underlying reader (a read
-// deadline) are returned as they are, and Next may be called again: the
-// bytes already read are kept.
-func (fr *frameReader) Next() (msgType, []byte, error) {
-	if fr.err != nil {
-		return 0, nil, fr.err
-	}
-	if err := fr.fill(4); err != nil {
-		return 0, nil, err
-	}
-	n := binary.BigEndian.Uint32(fr.buf[fr.start:])
-	switch {
-	case n > maxFrame:
-		return 0, nil, fr.fail(errFrameTooLarge)
-	case n < minFrameLen:
-		return 0, nil, fr.fail(errFrameTooShort)
-	}
-	total := 4 + int(n)
-	if err := fr.fill(total); err != nil {
-		return 0, nil, err
-	}
-	body := fr.buf[fr.start+4 : fr.start+total-frameTail]
-	sum := binary.BigEndian.Uint32(fr.buf[fr.start+total-frameTail:])
-	fr.start += total
-	if crc32.Checksum(body, castagnoli) != sum {
-		return 0, nil, fr.fail(errBadCRC)
-	}
-	t := msgType(body[0])
-	if !t.valid() {
-		return 0, nil, fr.fail(errUnknownType)
-	}
-	return t, body[1:], nil
-}
-
-func (fr *frameReader) fail(err error) error {
-	fr.err = err
-	return err
-}
-
-// fill reads until at least n bytes from fr.start are buffered. The buffer
-// is compacted or doubled only when it is full.
-func (fr *frameReader) fill(n int) error {
-	empty := 0
-	for fr.end-fr.start < n {
-		if fr.end == len(fr.buf) {
-			if fr.start > 0 {
-				fr.end = copy(fr.buf, fr.buf[fr.start:fr.end])
-				fr.start = 0
-			} else {
-				nb := make([]byte, min(2*len(fr.buf), 4+maxFrame))
-				copy(nb, fr.buf[:fr.end])
-				fr.buf = nb
-			}
-		}
-		m, err := fr.r.Read(fr.buf[fr.end:])
-		fr.end += m
-		if fr.end-fr.start >= n {
-			return nil // a later Read reports err again, if it persists
-		}
-		switch {
-		case err == io.EOF && fr.end == fr.start:
-			return io.EOF
-		case err == io.EOF:
-			return io.ErrUnexpectedEOF
-		case err != nil:
-			return err
-		case m == 0:
-			if empty++; empty >= 100 {
-				return errNoProgress
-			}
-		default:
-			empty = 0
-		}
-	}
-	return nil
-}
+// protocolVersion is the member-link version this code speaks (Hello): 2
+// since grants carry their identity (records of kind 0x81, SnapShard
+// entries in the format version 2); 3 since the snapshot's id, epoch,
+// window acks and reservation mark, the heartbeat's mark, the handover's
+// abort and refusal; 4 since the Hello carries the sender's --peers
+// (peers.go: a rolling change of --peers); 5 since Ack(refused) carries the
+// epoch up to which the sender refuses handoffs; 6 since the heartbeat
+// carries the sender's position, whether it is final (held) and whether
+// it serves, and a later active's verdict on the receiver (PROTOCOL.md
+// §6.3, "Whoever would lose more stays"), and a successor's Ack(handoff)
+// means it serves. A member of another version would misread them: the
+// Hello is refused, and the refusal logged with both versions
+// (hello.Decode). A change of what the replication records or snapshot
+// entries carry (repl/records) raises it too: a mixed-version cluster is
+// refused at the Hello, never misread.
+const protocolVersion = 6
 
 // clusterMode is a cluster's mode as Hello carries it.
 type clusterMode uint8
@@ -266,7 +41,7 @@ const (
 )
 
 // String names the mode as --cluster spells it.
-func (m clusterMode) String() string { return nameOf(modeNames[:], uint8(m), "ClusterMode") }
+func (m clusterMode) String() string { return machine.NameOf(modeNames[:], uint8(m), "ClusterMode") }
 
 var modeNames = [...]string{modePriority: api.ModePriority, modeRaft: api.ModeRaft}
 
@@ -360,6 +135,15 @@ func (h *hello) Decode(p []byte) error {
 	return nil
 }
 
+// helloSelf is the sender's index in a Hello of any version (they all
+// begin version u16, mode u8, members u8, self u8), -1 if too short.
+func helloSelf(p []byte) int {
+	if len(p) < 5 {
+		return -1
+	}
+	return int(p[4])
+}
+
 // Check compares a peer's Hello (h) with this node's (local). It returns
 // nil when they agree, else an error wrapping errMismatch that names every
 // field that differs, with both values: protocol version, mode, peer
@@ -398,34 +182,21 @@ func (h *hello) Check(local hello) error {
 	return fmt.Errorf("%w: %s", errMismatch, b.String())
 }
 
-// role is a member's role in a priority cluster, as its heartbeats say it
-// (the role machine, roles.go, decides it).
-type role uint8
-
-// Roles.
-const (
-	roleStandby  role = 1 // follows an active (or none is known yet)
-	roleActive   role = 2 // executes requests and streams its changes
-	roleHandover role = 3 // an active handing its work to a successor: executes nothing
-	roleLeaving  role = 4 // shutting down: count it as not live at once
-)
-
-// String names the role (as /status and the logs show it).
-func (r role) String() string { return nameOf(roleNames[:], uint8(r), "role") }
-
-var roleNames = [...]string{roleStandby: api.RoleStandby, roleActive: api.RoleActive, roleHandover: api.RoleHandingOver, roleLeaving: api.RoleLeaving}
-
 // noActive is heartbeat.Active when the sender follows no active.
 const noActive = 255
 
-// heartbeat is what every member sends every other member periodically.
+// heartbeat is what every member sends every other member every tenth of
+// the failover timeout (machine.Heartbeat on the wire; the member indexes
+// are the sender's).
 type heartbeat struct {
 	Epoch       uint64
-	Role        role
+	Role        machine.Role
 	Active      uint8 // index of the active the sender follows, noActive if none
 	InSync      bool
+	Held        bool   // an active whose Pos is final (machine.Heartbeat.Held)
+	Serving     bool   // the sender's gate serves
 	Probe       uint64 // the sender's heartbeat number
-	Echo        uint64 // the highest Probe received from the receiver
+	Echo        uint64 // the probe received last from the receiver
 	TokenLast   uint64
 	Reserved    uint64
 	StoredEpoch uint64 // the epoch in the sender's data directory
@@ -434,22 +205,43 @@ type heartbeat struct {
 	// above every token it ever issued, also before a restart (an active
 	// raises its counter above every member's mark).
 	Mark uint64
+	// Pos is the sender's position: the changes its table made or
+	// applied, summed over its shards' record sequences.
+	Pos uint64
+	// Verdict is the receiver's epoch when the sender, an active that
+	// became active later, found the receiver would lose less by stepping
+	// down (0: none).
+	Verdict uint64
 }
 
-const heartbeatLen = 8 + 3 + 7*8
+// Heartbeat flags (the byte after Active).
+const (
+	flagInSync  = 1 << 0
+	flagHeld    = 1 << 1
+	flagServing = 1 << 2
+	flagsKnown  = flagInSync | flagHeld | flagServing
+)
+
+const heartbeatLen = 8 + 3 + 9*8
 
 // Append appends hb as a complete frame to dst.
 func (hb *heartbeat) Append(dst []byte) []byte {
 	dst, at := beginFrame(dst, msgHeartbeat)
 	dst = binary.BigEndian.AppendUint64(dst, hb.Epoch)
-	dst = append(dst, byte(hb.Role), hb.Active, boolByte(hb.InSync))
-	dst = binary.BigEndian.AppendUint64(dst, hb.Probe)
-	dst = binary.BigEndian.AppendUint64(dst, hb.Echo)
-	dst = binary.BigEndian.AppendUint64(dst, hb.TokenLast)
-	dst = binary.BigEndian.AppendUint64(dst, hb.Reserved)
-	dst = binary.BigEndian.AppendUint64(dst, hb.StoredEpoch)
-	dst = binary.BigEndian.AppendUint64(dst, hb.LagNS)
-	dst = binary.BigEndian.AppendUint64(dst, hb.Mark)
+	var flags byte
+	if hb.InSync {
+		flags |= flagInSync
+	}
+	if hb.Held {
+		flags |= flagHeld
+	}
+	if hb.Serving {
+		flags |= flagServing
+	}
+	dst = append(dst, byte(hb.Role), hb.Active, flags)
+	for _, v := range [...]uint64{hb.Probe, hb.Echo, hb.TokenLast, hb.Reserved, hb.StoredEpoch, hb.LagNS, hb.Mark, hb.Pos, hb.Verdict} {
+		dst = binary.BigEndian.AppendUint64(dst, v)
+	}
 	return endFrame(dst, at)
 }
 
@@ -458,23 +250,27 @@ func (hb *heartbeat) Decode(p []byte) error {
 	if err := fixedLen(p, heartbeatLen); err != nil {
 		return err
 	}
-	role := role(p[8])
-	insync, ok := byteBool(p[10])
-	if role < roleStandby || role > roleLeaving || !ok {
+	role, flags := machine.Role(p[8]), p[10]
+	if !role.Valid() || flags&^flagsKnown != 0 {
 		return errBadField
 	}
+	u := func(at int) uint64 { return binary.BigEndian.Uint64(p[at:]) }
 	*hb = heartbeat{
-		Epoch:       binary.BigEndian.Uint64(p),
+		Epoch:       u(0),
 		Role:        role,
 		Active:      p[9],
-		InSync:      insync,
-		Probe:       binary.BigEndian.Uint64(p[11:]),
-		Echo:        binary.BigEndian.Uint64(p[19:]),
-		TokenLast:   binary.BigEndian.Uint64(p[27:]),
-		Reserved:    binary.BigEndian.Uint64(p[35:]),
-		StoredEpoch: binary.BigEndian.Uint64(p[43:]),
-		LagNS:       binary.BigEndian.Uint64(p[51:]),
-		Mark:        binary.BigEndian.Uint64(p[59:]),
+		InSync:      flags&flagInSync != 0,
+		Held:        flags&flagHeld != 0,
+		Serving:     flags&flagServing != 0,
+		Probe:       u(11),
+		Echo:        u(19),
+		TokenLast:   u(27),
+		Reserved:    u(35),
+		StoredEpoch: u(43),
+		LagNS:       u(51),
+		Mark:        u(59),
+		Pos:         u(67),
+		Verdict:     u(75),
 	}
 	return nil
 }
@@ -587,7 +383,7 @@ const (
 )
 
 // String names the ack kind.
-func (k ackKind) String() string { return nameOf(ackNames[:], uint8(k), "AckKind") }
+func (k ackKind) String() string { return machine.NameOf(ackNames[:], uint8(k), "AckKind") }
 
 var ackNames = [...]string{ackBatch: "batch", ackReserve: "reserve", ackSnapshot: "snapshot", ackHandoff: "handoff", ackRefused: "refused"}
 
@@ -795,7 +591,7 @@ const (
 )
 
 // String names the reason.
-func (r snapReason) String() string { return nameOf(reasonNames[:], uint8(r), "SnapReason") }
+func (r snapReason) String() string { return machine.NameOf(reasonNames[:], uint8(r), "SnapReason") }
 
 var reasonNames = [...]string{snapGap: "gap", snapStart: "start", snapBehind: "fell behind"}
 

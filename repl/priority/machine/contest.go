@@ -1,0 +1,142 @@
+package machine
+
+import "log/slog"
+
+// Whoever would lose more stays (PROTOCOL.md §6.3). When two actives see
+// each other, each holds changes the other lacks: the one that became
+// active later (L), the changes it has made since it took over; the other
+// (E), the changes it made or received after the last position L had
+// applied from it — all of them when L never held E's whole table (a
+// snapshot counts only once complete). The one with fewer steps down; on a
+// tie, E. So a member that promoted with a partial or empty table yields
+// to a live active that kept the replicated table, while a frozen
+// ex-active still yields to a successor that has served since.
+//
+// Positions are counts of changes: the sum of a table's shard sequences,
+// which a standby's copy shares with its active's table (Heartbeat.Pos).
+// Only L decides, so the two can never both step down, nor both stay:
+//
+//   - E, on hearing L, stops executing: its gate sends requests to L (M),
+//     its table stays, and from its next heartbeat on its position is
+//     final (Heartbeat.Held);
+//   - L, on E's first held heartbeat, compares: E's changes are E's
+//     position less L's base position when L became active with E's whole
+//     table at E's epoch (Base), else all of E's position; L's are its
+//     position less its base position. L steps down if it has fewer, else
+//     it tells E so in every heartbeat to it (Heartbeat.Verdict: E's
+//     epoch), and E steps down on reading it;
+//   - E serves again when no later active is left (L stepped down and
+//     follows it, or went silent), once a reservation is made above
+//     every token L issued (tokens.go).
+//
+// L keeps serving while it decides: it cannot lose what it has not
+// compared yet. A later active E hears only second-hand (a standby follows
+// it) also stops E executing, until it is heard or gone: E never steps
+// down on hearsay, which cost a replicated table before.
+
+// yieldsToLater handles this active's side as E: a live active that
+// became active later, heard directly (or second-hand), makes it execute
+// nothing until that one's verdict; the verdict makes it step down. It
+// reports whether this member does not serve (it stepped down, or waits).
+func (m *Member) yieldsToLater(now int64) bool {
+	mixed := m.mixed(now)
+	later := None
+	for i := range m.peers {
+		p := &m.peers[i]
+		if i == m.self || !m.live(i, now) || (p.role != RoleActive && p.role != RoleHandover) ||
+			!m.beats(p.epoch, i, m.epoch, m.self, mixed) {
+			continue
+		}
+		if later < 0 || m.beats(p.epoch, i, m.peers[later].epoch, later, mixed) {
+			later = i
+		}
+	}
+	if later >= 0 && m.peers[later].verdict == m.epoch {
+		p := &m.peers[later]
+		m.stepDown(now, later, p.epoch, "another member became active later and would lose more than this one by stepping down: discarding this state and following it")
+		return true
+	}
+	var laterEpoch uint64
+	if later >= 0 {
+		laterEpoch = m.peers[later].epoch
+	} else if a, e := m.laterActive(now); a >= 0 && m.beats(e, a, m.epoch, m.self, mixed) {
+		later, laterEpoch = a, e // second-hand: wait until it is heard, or gone
+	}
+	if later >= 0 {
+		if m.contest != later {
+			m.contest = later
+			m.logf(slog.LevelWarn, "another member is active and became active later: executing nothing (M naming it) until it says which of the two steps down",
+				"other", m.name(later), "its_epoch", laterEpoch, "epoch", m.epoch, "position", m.local.Pos)
+			m.publish(false)
+		}
+		return true
+	}
+	if m.contest != None {
+		m.logf(slog.LevelInfo, "the later active stepped down or went silent: serving again once tokens are reserved above its", "other", m.name(m.contest))
+		m.contest = None
+		m.resume(now, "the other active stepped down")
+	}
+	return false
+}
+
+// judgeEarlier handles this active's side as L: for each live active that
+// became active earlier and holds (its position final), it compares what
+// each would lose, and steps down (reporting true) or gives its verdict.
+func (m *Member) judgeEarlier(now int64) bool {
+	mixed := m.mixed(now)
+	for i := range m.peers {
+		p := &m.peers[i]
+		if i == m.self || !m.live(i, now) || (p.role != RoleActive && p.role != RoleHandover) ||
+			!m.beats(m.epoch, m.self, p.epoch, i, mixed) || (i == m.tookFrom && m.epoch == m.tookEpoch && p.role == RoleHandover) {
+			// (The member that handed this one the role ends its handover
+			// by this one's answer.)
+			m.unresolved[i] = 0
+			continue
+		}
+		if !p.held || !m.ready || !m.baseKnown {
+			// It stops executing once it hears this member; until then
+			// there is nothing final to compare.
+			if m.unresolved[i] == 0 {
+				m.unresolved[i] = now
+			}
+			continue
+		}
+		m.unresolved[i] = 0
+		if m.verdict[i] == p.epoch {
+			continue
+		}
+		mine := sub(m.local.Pos, m.base.Pos)
+		applied := uint64(0)
+		if m.base.From == i && m.base.Epoch == p.epoch {
+			applied = m.base.Pos
+		}
+		theirs := sub(p.pos, applied)
+		if mine < theirs {
+			m.stepDown(now, i, p.epoch, "another member became active earlier and would lose more than this one by stepping down: discarding this state and following it",
+				"changes_here", mine, "changes_there", theirs)
+			return true
+		}
+		m.verdict[i] = p.epoch
+		m.logf(slog.LevelWarn, "another member became active earlier and would lose no more than this one: it steps down",
+			"other", m.name(i), "its_epoch", p.epoch, "changes_here", mine, "changes_there", theirs)
+	}
+	return false
+}
+
+// stepDown makes this active (or handing-over member) a standby of a at
+// epoch e, discarding its state: the snapshot a sends replaces its table.
+func (m *Member) stepDown(now int64, a int, e uint64, why string, args ...any) {
+	m.demotions++
+	m.promoteOp, m.resumeOp = 0, 0
+	m.owed = m.owed[:0]
+	m.logf(slog.LevelWarn, "stepping down: "+why, append([]any{"active", m.name(a), "epoch", m.epoch, "its_epoch", e}, args...)...)
+	m.follow(now, a, e)
+}
+
+// sub is a-b, or 0 below 0.
+func sub(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
+}
