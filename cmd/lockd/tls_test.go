@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/internal/testcerts"
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -165,11 +167,13 @@ func TestTLSBinary(t *testing.T) {
 		t.Fatal("no token")
 	}
 
+	// A plaintext client reads one plaintext E 1 saying the port speaks
+	// TLS, then the close.
 	plain := dial(t, d.addr)
 	plain.send(proto.AppendPing(nil, 2))
 	_ = plain.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, err := plain.c.Read(make([]byte, 64)); err == nil {
-		t.Fatalf("a plaintext client on the TLS port read %d bytes", n)
+	if got, err := io.ReadAll(plain.c); err != nil || !bytes.Equal(got, proto.AppendError(nil, proto.OpPing, 0, proto.CodeBadFrame, engine.PlaintextOnTLS)) {
+		t.Fatalf("a plaintext client on the TLS port read %q (%v), want one E 1 naming TLS and the close", got, err)
 	}
 	waitLog(t, d, "TLS handshakes failed")
 
