@@ -167,20 +167,25 @@ func isAuthCode(code uint8) bool {
 	return code == proto.CodeUnauthenticated || code == proto.CodePermissionDenied
 }
 
-// tlsRefusedError: the server sent a TLS alert before any answer, after
-// the client's side of the handshake had completed (TLS 1.3 rejects a
-// client certificate that way). Nothing sent on that connection was
-// executed.
-type tlsRefusedError struct {
+// refusedError: the server refused the connection before answering
+// anything, and said so: a TLS alert after the client's side of the
+// handshake had completed (err: TLS 1.3 rejects a client certificate that
+// way), or an E 1 as its first frame (msg: what a TLS port answers a
+// plaintext client). Nothing sent on that connection was executed.
+type refusedError struct {
 	addr string
-	err  error
+	err  error  // the TLS alert
+	msg  string // the E 1's message
 }
 
-func (e *tlsRefusedError) Error() string {
+func (e *refusedError) Error() string {
+	if e.err == nil {
+		return "lockd at " + e.addr + " refused the connection before answering anything: " + strconv.Quote(e.msg) + " (E 1)"
+	}
 	return "lockd at " + e.addr + " refused the TLS connection: " + e.err.Error() + " (a client certificate it does not accept, or none where it requires one)"
 }
 
-func (e *tlsRefusedError) Unwrap() error { return e.err }
+func (e *refusedError) Unwrap() error { return e.err }
 
 // handshakeError is a TLS handshake that failed at the dial.
 type handshakeError struct {

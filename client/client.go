@@ -27,12 +27,12 @@ type Client struct {
 	// refused is the E 5 of the last refused hello, until a hello is
 	// welcomed: a call that finds no live connection fails with it at once.
 	refused atomic.Pointer[authError]
-	// tlsRefused is the last TLS refusal of a connection before any
-	// answer (a client certificate the server rejects), until an answer is
-	// read: a call that finds no live connection fails at once with
-	// ErrNoConnection and it, instead of waiting for a redial that would
-	// be refused the same way.
-	tlsRefused atomic.Pointer[tlsRefusedError]
+	// refused is the last refusal of a connection before any answer (a
+	// client certificate the server rejects, a plaintext client on a TLS
+	// port), until an answer is read: a call that finds no live
+	// connection fails at once with ErrNoConnection and it, instead of
+	// waiting for a redial that would be refused the same way.
+	refusedConn atomic.Pointer[refusedError]
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced when a connection comes up or goes down

@@ -13,8 +13,9 @@ import (
 var (
 	// ErrTimeout is a definitive "not granted" while lockd was reachable:
 	// the server answered T (the wait ended with the key still held), or
-	// the wait ran out with a connection up and the request not yet sent
-	// or not executed (M without an address, E 4). A wait that ran out
+	// the caller's wait ran out first — with the request not yet sent, not
+	// executed (M without an address, E 4), or sent and not yet answered
+	// (a grant that comes later is released at once). A wait that ran out
 	// with no connection is ErrNoConnection, never ErrTimeout: an outage
 	// is not a busy lock. (Ping uses ErrTimeout for a pong that did not
 	// come back in time.)
@@ -23,11 +24,12 @@ var (
 	// queue or key capacity is full); nothing was queued.
 	ErrBusy = errors.New("client: server busy, not acquired")
 	// ErrIndeterminate means the request may or may not have been executed:
-	// a byte of it may have reached the server and no answer was read in
-	// time (connection lost, deadline or context ended), or a grant reached
-	// the caller's delivery gate too late and was handed back. The caller
-	// must not enter the critical section. An unobserved grant ends at the
-	// latest when its lease does.
+	// a byte of it may have reached the server and its connection was lost
+	// before the answer, or a transport deadline passed (a wait-0 acquire,
+	// a release or renew out of retries). A caller's wait that ran out, or a
+	// cancelled ctx, is not indeterminate (ErrTimeout, ctx's error). The
+	// caller must not enter the critical section. An unobserved grant ends
+	// at the latest when its lease does.
 	ErrIndeterminate = errors.New("client: outcome indeterminate, do not assume the lock is held")
 	// ErrNotHeld is the server's N: the token is not the key's current
 	// grant (released, or the lease ended).
@@ -39,9 +41,10 @@ var (
 	// in its message and through errors.Unwrap.
 	ErrNoConnection = errors.New("client: no connection to lockd")
 	// ErrRejected is the reason given with ErrNoConnection when a server
-	// accepted a connection and closed it at once without sending a frame:
-	// what lockd does at its connection limit (--max-conns) or while
-	// shutting down, and what a TLS port does to a plaintext client.
+	// accepted a connection and closed it at once (within a second of the
+	// dial) without sending a byte: what lockd does at its connection limit
+	// (--max-conns) or while shutting down. Requests sent on such a
+	// connection count as not executed, and go to another connection.
 	ErrRejected = errors.New("client: lockd accepted the connection and closed it at once without a frame")
 	// ErrClosed means the Client was closed. A pending acquire that may
 	// already have been sent when Close ran fails with an error matching
@@ -122,7 +125,7 @@ func (e *noConnError) Unwrap() error { return e.cause }
 type rejectedError struct{ addr string }
 
 func (e *rejectedError) Error() string {
-	return "lockd at " + e.addr + " accepted the connection and closed it at once without a frame: it may be at its connection limit (--max-conns), shutting down, or serving TLS to a client without TLS"
+	return "lockd at " + e.addr + " accepted the connection and closed it at once without a frame: it may be at its connection limit (--max-conns) or shutting down"
 }
 
 func (e *rejectedError) Is(target error) bool { return target == ErrRejected }
@@ -140,6 +143,7 @@ func (e *addrError) Unwrap() error { return e.err }
 // Internal causes for closing a connection.
 var (
 	errAbandoned = errors.New("client: request abandoned with its answer outstanding")
+	errOverdue   = errors.New("client: no answer to an acquire by the end of its wait and Config.AnswerAllowance")
 	errRetired   = errors.New("client: connection to an address no M has named lately, closed once idle")
 	errBadAnswer = errors.New("client: server sent a bad frame")
 	errServerE1  = errors.New("client: server reported a bad frame (E 1)")

@@ -139,6 +139,45 @@ func waitUp(t testing.TB, cl *Client, n int) {
 	t.Fatalf("only %d of %d connections up after 5 s", liveConns(cl), n)
 }
 
+// hear makes every live connection of cl read an answer from f (a
+// ping's), so that f dropping one later counts as a lost connection, not
+// as a server that rejected it before answering anything; the pings are
+// taken off f's requests.
+func hear(t testing.TB, cl *Client, f *fake) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, heard := 0, 0
+		for _, s := range *cl.slots.Load() {
+			if c := s.cur.Load(); c != nil && !c.isDead.Load() {
+				n++
+				if c.heard.Load() {
+					heard++
+				}
+			}
+		}
+		if n > 0 && heard == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d connections heard from the server after 5 s", heard, n)
+		}
+		if _, err := cl.Ping(ctxT(t, 5*time.Second)); err != nil {
+			t.Fatalf("Ping: %v", err)
+		}
+	}
+	for {
+		select {
+		case r := <-f.reqs:
+			if r.Op != proto.OpPing {
+				t.Fatalf("fake server: unexpected request %c while pinging", r.Op)
+			}
+		default:
+			return
+		}
+	}
+}
+
 func liveConns(cl *Client) int {
 	n := 0
 	for _, s := range *cl.slots.Load() {

@@ -64,9 +64,11 @@ func validKey(key string) bool {
 // Acquire takes the lock on key, waiting up to opts.Wait for it. It returns
 // the Lock, or an error: ErrTimeout, ErrBusy (definitive: not granted),
 // ErrIndeterminate (may or may not have been granted: do not enter the
-// critical section), a *ServerError, ctx.Err() (not sent), ErrNoConnection,
-// ErrClosed, or a validation error. Cancelling ctx ends the call under the
-// same rules as the deadline.
+// critical section), a *ServerError, ctx.Err(), ErrNoConnection,
+// ErrClosed, or a validation error. The call returns ErrTimeout when the
+// wait ends, to the millisecond, and ctx.Err() when ctx ends, at once;
+// either way its connection stays, and a grant that arrives for the
+// request afterwards is released at once.
 func (cl *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (Lock, error) {
 	return cl.AcquireAsync(ctx, key, opts).Wait()
 }
@@ -76,7 +78,8 @@ func (cl *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) 
 // requests are pipelined on the client's connections and answered in any
 // order. The call's deadline starts now; ctx is observed by Wait. A grant
 // that reaches Wait after the deadline (or after ctx ended) is released
-// again at once and reported as ErrIndeterminate, so call Wait promptly.
+// again at once and reported as ErrTimeout (or ctx.Err()), so call Wait
+// promptly.
 //
 // The server grants whether or not Wait has been called: a grant waiting
 // for its Wait holds its key. Two goroutines that each wait on one ticket
@@ -138,7 +141,7 @@ func (t *Ticket) acquire() (Lock, error) {
 	for {
 		switch t.roundTrip() {
 		case outAnswer:
-		case outNotSent:
+		case outNotSent, outWaitOver:
 			if t.wait0 {
 				return Lock{}, ErrNoConnection
 			}
@@ -162,14 +165,20 @@ func (t *Ticket) acquire() (Lock, error) {
 		case proto.OpAcquire:
 			// The delivery gate: a grant the caller takes after the call's
 			// deadline (or after ctx ended, or the client closed) is
-			// released again. The client waits past the deadline for the
-			// answer (AnswerAllowance) only so that a T stays definitive.
+			// released again, and the call ends as it would have without
+			// it: the caller's deadline or ctx decides.
 			if t.ctx.Err() != nil || monoNow() >= t.callEnd() || cl.isClosed() {
 				cl.compensate(t.key, t.rtoken)
-				if cl.isClosed() {
+				switch {
+				case cl.isClosed():
 					return Lock{}, errClosedIndeterminate
+				case t.ctx.Err() != nil:
+					return Lock{}, t.ctx.Err()
+				case t.wait0:
+					// Past the transport deadline.
+					return Lock{}, ErrIndeterminate
 				}
-				return Lock{}, ErrIndeterminate
+				return Lock{}, ErrTimeout
 			}
 			return Lock{Key: t.key, Token: t.rtoken, Expires: t.sentAt.add(time.Duration(t.lease) * time.Second).time()}, nil
 		case proto.OpTimeout:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,19 +47,48 @@ func TestPendFIFO(t *testing.T) {
 }
 
 // TestServerBadFrame: E 1 closes the connection (framing is lost); a
-// request possibly sent on it is indeterminate.
+// request possibly sent on it is indeterminate. An E 1 that is the
+// server's first frame on a connection is its refusal of the connection
+// (what a TLS port answers a plaintext client): nothing sent there ran,
+// the call fails with ErrNoConnection and the server's message, at once,
+// and nothing is sent again.
 func TestServerBadFrame(t *testing.T) {
-	f := newFake(t, func(fc *fconn, r freq) {
-		if r.Op == proto.OpAcquire {
-			fc.send(proto.AppendError(nil, proto.Op('?'), 0, proto.CodeBadFrame, "bad frame"))
-			_ = fc.nc.Close()
-			return
-		}
-		fc.auto(r)
+	t.Run("after an answer", func(t *testing.T) {
+		f := newFake(t, func(fc *fconn, r freq) {
+			if r.Op == proto.OpAcquire {
+				fc.send(proto.AppendError(nil, proto.Op('?'), 0, proto.CodeBadFrame, "bad frame"))
+				_ = fc.nc.Close()
+				return
+			}
+			fc.auto(r)
+		})
+		cl := newClient(t, fastConfig(f.addr()))
+		waitUp(t, cl, 2)
+		hear(t, cl, f)
+		_, err := cl.Acquire(ctxT(t, 5*time.Second), "e1", AcquireOptions{Wait: time.Second})
+		wantErr(t, err, ErrIndeterminate)
 	})
-	cl := newClient(t, fastConfig(f.addr()))
-	_, err := cl.Acquire(ctxT(t, 5*time.Second), "e1", AcquireOptions{Wait: time.Second})
-	wantErr(t, err, ErrIndeterminate)
+	t.Run("first frame", func(t *testing.T) {
+		const msg = "this port speaks TLS only: connect with TLS"
+		f := newFake(t, func(fc *fconn, r freq) {
+			fc.send(proto.AppendError(nil, r.Op, 0, proto.CodeBadFrame, msg))
+			_ = fc.nc.Close()
+		})
+		cfg := fastConfig(f.addr())
+		cfg.ReconnectInterval = time.Hour // no redial: each connection refuses once
+		cl := newClient(t, cfg)
+		start := time.Now()
+		_, err := cl.Acquire(ctxT(t, 5*time.Second), "e1", AcquireOptions{Wait: 3 * time.Second})
+		if !errors.Is(err, ErrNoConnection) || errors.Is(err, ErrIndeterminate) || !strings.Contains(err.Error(), msg) {
+			t.Fatalf("err = %v, want ErrNoConnection with the server's message", err)
+		}
+		if el := time.Since(start); el > time.Second {
+			t.Fatalf("failed after %v, want at once", el)
+		}
+		if n := len(f.reqs); n > 2 {
+			t.Fatalf("the server saw %d acquires on 2 connections: one was sent again on a refused one", n)
+		}
+	})
 }
 
 // TestWithLockRenewalsFail: renewals that get no answer until the lease's
