@@ -31,6 +31,7 @@
 //		// the lock may or may not have been granted: fn did not run; its lease frees it
 //	case errors.Is(err, client.ErrLockLost):
 //		// fn was cut short: the lock could no longer be shown to be held
+//		// (whatever fn returned from its ended context)
 //	default:
 //		// fn's own error, a *ServerError, ctx.Err()
 //	}

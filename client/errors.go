@@ -52,7 +52,8 @@ var (
 	ErrClosed = errors.New("client: closed")
 	// ErrLockLost is the cause WithLock gives to fn's context when the lock
 	// could no longer be shown to be held (renew answered N, or renewals
-	// kept failing until the lease's conservative end).
+	// kept failing until the lease's conservative end), and what WithLock
+	// then returns, whatever fn returned.
 	ErrLockLost = errors.New("client: lock lost")
 	// ErrUnauthenticated is the server's E 5 (PROTOCOL.md §8.3): its
 	// --acl refused the hello (unknown identity, wrong secret), or the

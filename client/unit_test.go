@@ -3,9 +3,11 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,6 +120,59 @@ func TestWithLockRenewalsFail(t *testing.T) {
 	wantErr(t, err, ErrLockLost)
 	if lostAfter < time.Second {
 		t.Fatalf("lock reported lost after %v, before the 1 s lease", lostAfter)
+	}
+}
+
+// TestWithLockLostWhateverFnReturns: once the lock is lost (the server
+// stops answering: renewals fail until the stop time), WithLock returns an
+// error matching ErrLockLost whatever fn returns from its ended context
+// (nil, ctx.Err(), context.Cause, its own error, which is kept too), and
+// returns as soon as fn does: the release that cannot be confirmed goes on
+// in the background instead of holding the caller for its retries.
+func TestWithLockLostWhateverFnReturns(t *testing.T) {
+	errOwn := errors.New("fn's own error")
+	for _, c := range []struct {
+		name string
+		ret  func(ctx context.Context) error
+		also error // besides ErrLockLost
+	}{
+		{"nil", func(context.Context) error { return nil }, nil},
+		{"ctx.Err", func(ctx context.Context) error { return ctx.Err() }, nil},
+		{"context.Cause", context.Cause, nil},
+		{"wrapped ctx.Err", func(ctx context.Context) error { return fmt.Errorf("writing: %w", ctx.Err()) }, nil},
+		{"its own error", func(context.Context) error { return errOwn }, errOwn},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var silent atomic.Bool
+			f := newFake(t, func(fc *fconn, r freq) {
+				if !silent.Load() {
+					fc.auto(r)
+				}
+			})
+			cfg := fastConfig(f.addr())
+			cfg.ReleaseRetry = 3 * time.Second
+			cl := newClient(t, cfg)
+			var returned time.Time
+			err := cl.WithLock(ctxT(t, 10*time.Second), "lost-"+c.name, AcquireOptions{Lease: time.Second}, func(ctx context.Context, l Lock) error {
+				silent.Store(true) // the server dies
+				select {
+				case <-ctx.Done():
+				case <-time.After(5 * time.Second):
+					t.Error("fn's context not cancelled within 5 s")
+				}
+				returned = time.Now()
+				return c.ret(ctx)
+			})
+			if el := time.Since(returned); el > 500*time.Millisecond {
+				t.Errorf("WithLock returned %v after fn, want at once (not after the release's retries)", el)
+			}
+			if !errors.Is(err, ErrLockLost) {
+				t.Fatalf("err = %v, want ErrLockLost", err)
+			}
+			if c.also != nil && !errors.Is(err, c.also) {
+				t.Fatalf("err = %v, want %v too", err, c.also)
+			}
+		})
 	}
 }
 
