@@ -212,7 +212,13 @@
 // KeepAlive renews in the background every third of the lease and reports
 // the lock lost (Lost, Err, a cancelled Context) on an N, on Close, or
 // when StopBy — Lock.Expires less KeepAliveOptions.Margin — passes without
-// a renewal; WithLock is Acquire, KeepAlive, fn, Release.
+// a renewal. Each renewal has a window of half the interval (at least
+// 250 ms, at most Config.TransportTimeout), not the transport timeout: a
+// renewal unanswered in it closes its connection, and the next goes to
+// another connection, so a frozen member of a cluster costs a fraction of
+// the lease, and the renewal reaches the member that took over in time.
+// WithLock is Acquire, KeepAlive, fn, Release; a lost lock is ErrLockLost
+// as soon as fn returns.
 //
 // A release, renew or ping left without an answer when its call's window
 // ends, after half a Config.TransportTimeout or more, closes its connection

@@ -82,9 +82,11 @@ var (
 )
 
 // ServerError is an E answer other than "shutting down" (code 4, which the
-// client handles itself), "unauthenticated" (5: ErrUnauthenticated) and
-// "permission denied" (6: ErrPermissionDenied): the server rejected the
-// request and did not execute it.
+// client handles itself by sending again: a release or renew that is
+// still answered E 4 when its retries end returns it), "unauthenticated"
+// (5: ErrUnauthenticated) and "permission denied" (6:
+// ErrPermissionDenied): the server rejected the request and did not
+// execute it.
 type ServerError struct {
 	Op   proto.Op // the request's op
 	Code uint8    // proto.CodeBadFrame, CodeBadKey, CodeBadLease, ...

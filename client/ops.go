@@ -323,14 +323,21 @@ func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock,
 	if err != nil {
 		return Lock{}, err
 	}
+	return cl.renew(ctx, l, ls, cl.cfg.TransportTimeout)
+}
+
+// renew is Renew with a lease in seconds and window in place of
+// Config.TransportTimeout: the call's limit, and how long one attempt
+// waits for its answer before its connection is taken to be broken.
+func (cl *Client) renew(ctx context.Context, l Lock, ls uint8, window time.Duration) (Lock, error) {
 	t := cl.getTicket(ctx, proto.OpRenew, l.Key)
 	defer cl.putTicket(t)
 	t.id = l.Token
 	t.lease = ls
-	limit := monoNow().add(cl.cfg.TransportTimeout)
+	limit := monoNow().add(window)
 	t.hardBy = limit
 	t.sendBy = limit
-	t.timeout = cl.cfg.TransportTimeout
+	t.timeout = window
 	if err := t.retrying(limit, cl.cfg.RetryPause); err != nil {
 		return Lock{}, err
 	}
@@ -343,7 +350,8 @@ func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock,
 // connection, until limit (t.sendBy, set by the caller).
 func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 	cl := t.cl
-	maybe := false // an earlier attempt may have executed
+	maybe := false    // an earlier attempt may have executed
+	shutting := false // the last answer was E 4: the server is shutting down
 	closed := func() error {
 		if maybe {
 			return errClosedIndeterminate
@@ -355,6 +363,7 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 			return closed()
 		}
 		o := t.roundTrip()
+		shutting = o == outAnswer && t.rop == proto.OpError && t.rcode == proto.CodeShutdown
 		if o == outAnswer {
 			switch t.rop {
 			case proto.OpRelease, proto.OpRenew:
@@ -411,6 +420,8 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 				return ErrIndeterminate
 			case t.ctx.Err() != nil:
 				return t.ctx.Err()
+			case shutting:
+				return &ServerError{Op: t.op, Code: proto.CodeShutdown, Msg: t.rtail}
 			}
 			return cl.noConnErr()
 		}
