@@ -285,8 +285,8 @@ func runConfCase(t *testing.T, servers *confServers, i int, c confCase) {
 			t.Errorf("cause: %v does not match ErrRejected", err)
 		}
 	case "tls":
-		if err == nil || !strings.Contains(err.Error(), "TLS") {
-			t.Errorf("cause: %v does not name TLS", err)
+		if err == nil || !strings.Contains(err.Error(), "TLS") || !errors.Is(err, ErrTLS) {
+			t.Errorf("cause: %v does not name TLS (or does not match ErrTLS)", err)
 		}
 	default:
 		t.Fatalf("expect.cause %q unknown", c.Expect.Cause)

@@ -74,7 +74,7 @@ func (c *conn) endCause() error {
 		return c.cause
 	}
 	if c.rejected {
-		return &rejectedError{c.addr}
+		return &rejectedError{addr: c.addr, plain: c.cl.cfg.TLS == nil}
 	}
 	return &addrError{c.addr, c.cause}
 }
@@ -322,7 +322,7 @@ func (c *conn) readLoop() {
 						// The server's first word is that it cannot read
 						// us: a TLS port answers a plaintext client so.
 						// It executed nothing sent here.
-						bad = &refusedError{addr: c.addr, msg: string(r.Tail)}
+						bad = &refusedError{addr: c.addr, msg: string(r.Tail), plain: c.cl.cfg.TLS == nil}
 					}
 					break
 				}
@@ -336,7 +336,7 @@ func (c *conn) readLoop() {
 					// No hello and no client certificate: nothing sent
 					// on this connection can have been executed, and the
 					// server closes it.
-					e := &authError{code: r.Code, op: r.ReqOp, identity: c.cl.cfg.Identity, addr: c.addr, msg: string(r.Tail)}
+					e := &authError{code: r.Code, op: r.ReqOp, identity: c.cl.cfg.Identity, certCN: c.cl.certCN, addr: c.addr, msg: string(r.Tail)}
 					c.cl.refused.Store(e)
 					bad = e
 					break

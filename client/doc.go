@@ -48,9 +48,10 @@
 // is full); ErrNoConnection means no server could be reached before the
 // call's deadline, and carries the reason: the dial error; ErrRejected for
 // a server that accepted and closed at once, as lockd does at
-// --max-conns; a TLS failure, named as such (a failed handshake, a client
-// certificate refused or missing, or a plaintext client on a TLS port,
-// which lockd answers with one plaintext E 1 saying so). A command-line
+// --max-conns; a TLS failure, named as such and matching ErrTLS (a failed
+// handshake, a client certificate refused or missing, or a plaintext
+// client on a TLS port, which lockd answers with one plaintext E 1 saying
+// so). An invalid key's error says what is wrong with it (ErrInvalidKey). A command-line
 // tool sets Config.FailFast to fail at once when no server can be reached
 // at all.
 //

@@ -46,6 +46,12 @@ var (
 	// (--max-conns) or while shutting down. Requests sent on such a
 	// connection count as not executed, and go to another connection.
 	ErrRejected = errors.New("client: lockd accepted the connection and closed it at once without a frame")
+	// ErrTLS is the reason given with ErrNoConnection when TLS failed: a
+	// handshake that failed (an unknown CA, a wrong server name, a server
+	// without TLS), a client certificate the server refused or required,
+	// or a plaintext client on a TLS port (lockd's E 1 says so). The
+	// error returned names the failure.
+	ErrTLS = errors.New("client: TLS failure")
 	// ErrClosed means the Client was closed. A pending acquire that may
 	// already have been sent when Close ran fails with an error matching
 	// both ErrClosed and ErrIndeterminate.
@@ -125,10 +131,19 @@ func (e *noConnError) Is(target error) bool { return target == ErrNoConnection }
 func (e *noConnError) Unwrap() error { return e.cause }
 
 // rejectedError is ErrRejected at one address.
-type rejectedError struct{ addr string }
+type rejectedError struct {
+	addr  string
+	plain bool // the client does not speak TLS
+}
 
 func (e *rejectedError) Error() string {
-	return "lockd at " + e.addr + " accepted the connection and closed it at once without a frame: it may be at its connection limit (--max-conns) or shutting down"
+	msg := "lockd at " + e.addr + " accepted the connection and closed it at once without a frame: it may be at its connection limit (--max-conns) or shutting down"
+	if e.plain {
+		// lockd's TLS port says so (refusedError); another TLS server,
+		// in front of lockd, may close in silence.
+		msg += ", or a TLS port that this client, without TLS, reached"
+	}
+	return msg
 }
 
 func (e *rejectedError) Is(target error) bool { return target == ErrRejected }

@@ -103,7 +103,7 @@ type KeepAlive struct {
 // then release the lock.
 func (cl *Client) KeepAlive(ctx context.Context, l Lock, opts KeepAliveOptions) (*KeepAlive, error) {
 	if !validKey(l.Key) {
-		return nil, ErrInvalidKey
+		return nil, invalidKey(l.Key)
 	}
 	ls, err := cl.leaseSecs(opts.Lease)
 	if err != nil {

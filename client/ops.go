@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -61,6 +62,30 @@ func validKey(key string) bool {
 	return true
 }
 
+// invalidKey is ErrInvalidKey with what is wrong with key (which
+// validKey refused): a key is 1..1024 bytes of UTF-8 without a newline.
+func invalidKey(key string) error {
+	why := ""
+	switch {
+	case len(key) == 0:
+		why = "empty"
+	case len(key) > proto.MaxKey:
+		why = strconv.Itoa(len(key)) + " bytes, longer than the " + strconv.Itoa(proto.MaxKey) + " a key may have"
+	case strings.IndexByte(key, '\n') >= 0:
+		why = "it contains a newline (0x0A)"
+	default:
+		why = "not valid UTF-8"
+	}
+	return &keyError{why}
+}
+
+// keyError is ErrInvalidKey with the reason.
+type keyError struct{ why string }
+
+func (e *keyError) Error() string { return ErrInvalidKey.Error() + ": " + e.why }
+
+func (e *keyError) Is(target error) bool { return target == ErrInvalidKey }
+
 // Acquire takes the lock on key, waiting up to opts.Wait for it. It returns
 // the Lock, or an error: ErrTimeout, ErrBusy (definitive: not granted),
 // ErrIndeterminate (may or may not have been granted: do not enter the
@@ -91,7 +116,7 @@ func (cl *Client) AcquireAsync(ctx context.Context, key string, opts AcquireOpti
 	t := cl.getTicket(ctx, proto.OpAcquire, key)
 	switch {
 	case !validKey(key):
-		t.err = ErrInvalidKey
+		t.err = invalidKey(key)
 		return t
 	case opts.Wait < 0 || opts.Wait > proto.MaxWait*time.Second:
 		t.err = ErrInvalidWait
@@ -278,7 +303,7 @@ func (cl *Client) Release(ctx context.Context, l Lock) error {
 // lost connection happen inside Wait, so call it promptly.
 func (cl *Client) ReleaseAsync(ctx context.Context, l Lock) Releasing {
 	if !validKey(l.Key) {
-		return Releasing{err: ErrInvalidKey}
+		return Releasing{err: invalidKey(l.Key)}
 	}
 	t := cl.getTicket(ctx, proto.OpRelease, l.Key)
 	t.id = l.Token
@@ -317,7 +342,7 @@ func (r Releasing) Wait() error {
 // ErrIndeterminate, ErrNoConnection, ctx.Err(), ErrClosed, *ServerError.
 func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock, error) {
 	if !validKey(l.Key) {
-		return Lock{}, ErrInvalidKey
+		return Lock{}, invalidKey(l.Key)
 	}
 	ls, err := cl.leaseSecs(lease)
 	if err != nil {

@@ -288,11 +288,7 @@ func (ad *admin) send(method, u string, body []byte, v any) error {
 		_ = json.Unmarshal(b, &nl)
 		return &notLeaderErr{admin: u, leader: nl.Leader}
 	}
-	var e api.Error
-	msg := strings.TrimSpace(string(b))
-	if json.Unmarshal(b, &e) == nil && e.Error != "" {
-		msg = e.Error
-	}
+	msg := errorBody(b)
 	if resp.StatusCode == http.StatusBadRequest {
 		return usageError(msg)
 	}

@@ -127,8 +127,24 @@ func TestMemberCommands(t *testing.T) {
 		}
 	}
 	single := startLockd(t)
-	if _, errs, code := ctl(t, []string{"LOCKD_ADDRS=" + single.addr, "LOCKD_ADMIN=" + single.admin}, "member", "list"); code != exitError || !strings.Contains(errs, "--cluster raft") {
+	if _, errs, code := ctl(t, []string{"LOCKD_ADDRS=" + single.addr, "LOCKD_ADMIN=" + single.admin}, "member", "list"); code != exitError || !strings.Contains(errs, "--cluster raft") || strings.Contains(errs, `"error"`) {
 		t.Fatalf("member list on a single node: %d %s", code, errs)
+	}
+}
+
+// TestMemberListPriority: member list on a priority cluster says, in a
+// sentence, that its members are its --peers (not the admin endpoint's
+// JSON body).
+func TestMemberListPriority(t *testing.T) {
+	taken := map[int]bool{}
+	peers := []string{raftPort(t, taken), raftPort(t, taken)}
+	for _, a := range peers {
+		startLockdArgs(t, []string{"--listen", a, "--data-dir", t.TempDir(), "--loops", "1", "--drain", "1ms",
+			"--cluster", "priority", "--peers", strings.Join(peers, ",")})
+	}
+	_, errs, code := ctl(t, []string{"LOCKD_ADDRS=" + strings.Join(peers, ",")}, "member", "list")
+	if code != exitError || !strings.Contains(errs, "priority cluster's members are its --peers") || strings.Contains(errs, `"error"`) {
+		t.Fatalf("member list on a priority cluster: exit %d, %s", code, errs)
 	}
 }
 
