@@ -129,6 +129,9 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	if err := cfg.Validate(); err != nil {
 		return cfg, opt, usageError{flagError(err).Error()}
 	}
+	if err := checkAddr("--listen", cfg.Listen); err != nil {
+		return cfg, opt, err
+	}
 	if err := clusterFlags(fs, &cfg, &opt, *peers, *self); err != nil {
 		return cfg, opt, err
 	}
@@ -155,6 +158,9 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	} else if opt.admin != "" {
 		if _, _, err := net.SplitHostPort(opt.admin); err != nil {
 			return cfg, opt, usageError{fmt.Sprintf("--admin %q: %v", opt.admin, err)}
+		}
+		if err := checkAddr("--admin", opt.admin); err != nil {
+			return cfg, opt, err
 		}
 	}
 	if opt.cluster != "" {
@@ -286,6 +292,21 @@ func flagError(err error) error {
 		return err
 	}
 	return fmt.Errorf("%s %v: %s", name, value, why)
+}
+
+// checkAddr checks an address flag's port before anything is started or
+// reserved: a decimal number 0..65535 (0: any free port). net.Listen
+// would refuse another only once the data dir is locked and tokens are
+// reserved, and would look a name such as "http" up as a service.
+func checkAddr(flag, addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usageError{fmt.Sprintf("%s %q: must be host:port (%v)", flag, addr, err)}
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return usageError{fmt.Sprintf("%s %q: the port must be a number 0..65535", flag, addr)}
+	}
+	return nil
 }
 
 // adminBeside is the default admin address: --listen's host, its port + 1
