@@ -226,7 +226,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-var readyRE = regexp.MustCompile(`msg=ready addr=(\S+)`)
+// readyRE matches the ready line, text or JSON (--log-format json); its
+// last group is the address.
+var readyRE = regexp.MustCompile(`(?:msg=ready addr=|"msg":"ready","addr":")([^\s"]+)`)
 
 func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	t.Helper()
@@ -451,7 +453,7 @@ func TestDataDirLocked(t *testing.T) {
 	}
 }
 
-var adminRE = regexp.MustCompile(`msg="admin endpoint" addr=(\S+)`)
+var adminRE = regexp.MustCompile(`(?:msg="admin endpoint" addr=|"msg":"admin endpoint","addr":")([^\s"]+)`)
 
 func TestAdminEndpointOfTheBinary(t *testing.T) {
 	d := startDaemon(t, t.TempDir(), "--admin", "127.0.0.1:0")
