@@ -229,6 +229,18 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 	return nil
 }
 
+// aclModeWarning is the warning for an ACL file that group or others may
+// read or write ("" when they may not, or it cannot be read): it holds the
+// secrets' digests, unsalted, from which a guessable secret can be found,
+// and whoever writes it gives identities keys.
+func aclModeWarning(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm()&0o077 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("--acl: the file's mode is %04o: group or others may read it (the secrets' digests: a guessable secret can be found from them) or change it; make it readable by lockd only (chmod 600)", fi.Mode().Perm())
+}
+
 // aclError words a failure to load the ACL file with the flag's name (a
 // bad line already names the file and the line).
 func aclError(path string, err error) string {
@@ -359,6 +371,11 @@ func run(args []string, stderr io.Writer) int {
 		log.Error("start failed", "err", err)
 		return 1
 	}
+	if opt.cluster != "" {
+		if w := memberPortWarning(cfg.Listen, opt.member.PeerOffset, ephemeralFile); w != "" {
+			log.Warn(w)
+		}
+	}
 	if n := clusterProcs(opt.cluster, cfg.Loops, os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n > 0 {
 		runtime.GOMAXPROCS(n)
 		log.Info("GOMAXPROCS raised: one processor more than the event loops, for the cluster's goroutines",
@@ -410,6 +427,9 @@ func run(args []string, stderr io.Writer) int {
 		})
 	}
 	if opt.acl != "" {
+		if w := aclModeWarning(opt.acl); w != "" {
+			log.Warn(w, "file", opt.acl)
+		}
 		if cfg.ACL.Len() == 0 {
 			log.Warn("--acl names a file without any identity: every lock request will be refused", "file", opt.acl)
 		}
@@ -418,6 +438,9 @@ func run(args []string, stderr io.Writer) int {
 			err := srv.ReloadACL(func() (*acl.ACL, error) { return acl.Load(path) })
 			if err != nil {
 				return errors.New(aclError(path, err))
+			}
+			if w := aclModeWarning(path); w != "" {
+				log.Warn(w, "file", path)
 			}
 			return nil
 		})
