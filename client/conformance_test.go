@@ -204,7 +204,6 @@ func TestConformanceDeadline(t *testing.T) {
 	if len(f.Cases) == 0 {
 		t.Fatalf("%s: no cases", conformanceFile)
 	}
-	t.Cleanup(clustertest.RemoveBuild)
 	servers := &confServers{t: t, kinds: map[string]*confServer{}}
 	seen := map[string]bool{}
 	for i, c := range f.Cases {

@@ -20,7 +20,6 @@ func TestKeepAliveFrozenServing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts lockd clusters")
 	}
-	t.Cleanup(clustertest.RemoveBuild)
 	for _, mode := range []string{clustertest.ModePriority, clustertest.ModeRaft} {
 		t.Run(mode, func(t *testing.T) {
 			c := clustertest.Start(t, clustertest.Options{Mode: mode, Members: 3})

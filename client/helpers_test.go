@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -26,6 +27,7 @@ func TestMain(m *testing.M) {
 		os.Exit(benchServerChild())
 	}
 	code := m.Run()
+	clustertest.RemoveBuild() // the lockd binary of the tests that start processes, if built
 	stopBenchChild()
 	sharedMu.Lock()
 	if shared != nil {
