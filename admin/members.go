@@ -81,7 +81,7 @@ func membersRoutes(mux *http.ServeMux, srv *engine.Server) {
 func membership(w http.ResponseWriter, srv *engine.Server) (repl.Membership, bool) {
 	m, ok := srv.Config().Node.(repl.Membership)
 	if !ok {
-		writeJSON(w, http.StatusNotFound, api.Error{Error: "membership changes need --cluster raft (a priority cluster's members are its --peers: docs/CLUSTER.md, changing --peers)"})
+		writeJSON(w, http.StatusNotFound, api.Error{Error: "this lockd has no raft membership: members are listed and changed in a raft cluster (--cluster raft); a priority cluster's members are its --peers, changed by a rolling restart (docs/CLUSTER.md), and a single node has none"})
 	}
 	return m, ok
 }

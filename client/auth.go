@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -125,6 +126,7 @@ type authError struct {
 	op       proto.Op // the op the server refused: OpHello for a failed hello
 	key      string   // the request's key (E 6)
 	identity string   // Config.Identity, "" when none
+	certCN   string   // the client certificate's Common Name, "" when none
 	addr     string   // the server that answered
 	msg      string   // the server's message
 }
@@ -139,15 +141,23 @@ func (e *authError) Error() string {
 		said += ": " + e.msg
 	}
 	said += "); not executed"
+	// Without a hello, the identity in force is the client certificate's
+	// Common Name, the one the server logs.
+	who := "identity " + strconv.Quote(e.identity)
+	if e.identity == "" && e.certCN != "" {
+		who = "identity " + strconv.Quote(e.certCN) + " (its client certificate's name)"
+	}
 	switch {
 	case e.code == proto.CodePermissionDenied:
-		return "client: permission denied: " + srv + " does not let identity " + strconv.Quote(e.identity) + " lock key " + strconv.Quote(e.key) + said
+		return "client: permission denied: " + srv + " does not let " + who + " lock key " + strconv.Quote(e.key) + said
 	case e.op == proto.OpHello:
 		return "client: unauthenticated: " + srv + " refused the hello of identity " + strconv.Quote(e.identity) + ": unknown identity or wrong secret" + said
+	case e.identity == "" && e.certCN != "":
+		return "client: unauthenticated: " + srv + " requires an identity, and its client certificate's name " + strconv.Quote(e.certCN) + " is none of its identities (give an identity and its secret)" + said
 	case e.identity == "":
-		return "client: unauthenticated: " + srv + " requires an identity, and none was given (Config.Identity and Config.Secret, or a client certificate)" + said
+		return "client: unauthenticated: " + srv + " requires an identity, and none was given (an identity and its secret, or a client certificate whose name is one)" + said
 	}
-	return "client: unauthenticated: " + srv + " no longer accepts identity " + strconv.Quote(e.identity) + said
+	return "client: unauthenticated: " + srv + " no longer accepts " + who + said
 }
 
 func (e *authError) Is(target error) bool {
@@ -159,7 +169,7 @@ func (e *authError) Is(target error) bool {
 
 // authErr is the error of t's request answered E 5 or E 6.
 func (t *Ticket) authErr() error {
-	return &authError{code: t.rcode, op: t.op, key: t.key, identity: t.cl.cfg.Identity, addr: t.from, msg: t.rtail}
+	return &authError{code: t.rcode, op: t.op, key: t.key, identity: t.cl.cfg.Identity, certCN: t.cl.certCN, addr: t.from, msg: t.rtail}
 }
 
 // isAuthCode reports whether an E code is 5 or 6.
@@ -167,20 +177,32 @@ func isAuthCode(code uint8) bool {
 	return code == proto.CodeUnauthenticated || code == proto.CodePermissionDenied
 }
 
-// tlsRefusedError: the server sent a TLS alert before any answer, after
-// the client's side of the handshake had completed (TLS 1.3 rejects a
-// client certificate that way). Nothing sent on that connection was
-// executed.
-type tlsRefusedError struct {
-	addr string
-	err  error
+// refusedError: the server refused the connection before answering
+// anything, and said so: a TLS alert after the client's side of the
+// handshake had completed (err: TLS 1.3 rejects a client certificate that
+// way), or an E 1 as its first frame (msg: what a TLS port answers a
+// plaintext client). Nothing sent on that connection was executed.
+type refusedError struct {
+	addr  string
+	err   error  // the TLS alert
+	msg   string // the E 1's message
+	plain bool   // the client does not speak TLS
 }
 
-func (e *tlsRefusedError) Error() string {
+func (e *refusedError) Error() string {
+	if e.err == nil {
+		return "lockd at " + e.addr + " refused the connection before answering anything: " + strconv.Quote(e.msg) + " (E 1)"
+	}
 	return "lockd at " + e.addr + " refused the TLS connection: " + e.err.Error() + " (a client certificate it does not accept, or none where it requires one)"
 }
 
-func (e *tlsRefusedError) Unwrap() error { return e.err }
+func (e *refusedError) Unwrap() error { return e.err }
+
+// Is matches ErrTLS for a TLS alert, and for an E 1 that a server sent a
+// client without TLS naming TLS (lockd's TLS port).
+func (e *refusedError) Is(target error) bool {
+	return target == ErrTLS && (e.err != nil || e.plain && strings.Contains(e.msg, "TLS"))
+}
 
 // handshakeError is a TLS handshake that failed at the dial.
 type handshakeError struct {
@@ -193,6 +215,9 @@ func (e *handshakeError) Error() string {
 }
 
 func (e *handshakeError) Unwrap() error { return e.err }
+
+// Is matches ErrTLS.
+func (e *handshakeError) Is(target error) bool { return target == ErrTLS }
 
 // errHelloAnswer: the server answered the hello with an E other than 5.
 var errHelloAnswer = errors.New("client: server answered the hello with an unexpected error")

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -17,6 +18,7 @@ import (
 // goroutines; create one per process and share it.
 type Client struct {
 	cfg     Config
+	certCN  string // the client certificate's Common Name, for errors
 	dialer  net.Dialer
 	tickets sync.Pool
 
@@ -27,12 +29,12 @@ type Client struct {
 	// refused is the E 5 of the last refused hello, until a hello is
 	// welcomed: a call that finds no live connection fails with it at once.
 	refused atomic.Pointer[authError]
-	// tlsRefused is the last TLS refusal of a connection before any
-	// answer (a client certificate the server rejects), until an answer is
-	// read: a call that finds no live connection fails at once with
-	// ErrNoConnection and it, instead of waiting for a redial that would
-	// be refused the same way.
-	tlsRefused atomic.Pointer[tlsRefusedError]
+	// refused is the last refusal of a connection before any answer (a
+	// client certificate the server rejects, a plaintext client on a TLS
+	// port), until an answer is read: a call that finds no live
+	// connection fails at once with ErrNoConnection and it, instead of
+	// waiting for a redial that would be refused the same way.
+	refusedConn atomic.Pointer[refusedError]
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced when a connection comes up or goes down
@@ -81,6 +83,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	cl := &Client{
 		cfg:     cfg,
+		certCN:  certCN(cfg.TLS),
 		dialer:  net.Dialer{Timeout: cfg.DialTimeout},
 		changed: make(chan struct{}),
 		closing: make(chan struct{}),
@@ -119,6 +122,22 @@ func (cl *Client) Close() error {
 	cl.cancelBg()
 	cl.wg.Wait()
 	return nil
+}
+
+// certCN is the Common Name of c's first client certificate, "" if it has
+// none (or one only a callback knows).
+func certCN(c *tls.Config) string {
+	if c == nil || len(c.Certificates) == 0 || len(c.Certificates[0].Certificate) == 0 {
+		return ""
+	}
+	leaf := c.Certificates[0].Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(c.Certificates[0].Certificate[0]); err != nil {
+			return ""
+		}
+	}
+	return leaf.Subject.CommonName
 }
 
 func (cl *Client) isClosed() bool {

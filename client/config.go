@@ -27,10 +27,10 @@ type Config struct {
 	// failed (default 5 s).
 	TransportTimeout time.Duration
 	// AnswerAllowance is added to the time the server may keep an acquire
-	// queued (the wire wait, counted from the send) to form the deadline for
-	// reading its answer, so a T sent right at the end of the wait is still
-	// read as a definitive timeout rather than an indeterminate outcome
-	// (default 1 s).
+	// queued (the wire wait, counted from the send) to form the deadline
+	// for its answer, which a stand-in awaits after the caller's wait ended:
+	// a connection still without that answer then is taken to be broken
+	// and closed (default 1 s).
 	AnswerAllowance time.Duration
 	// ReleaseRetry is how long Release keeps trying (default 5 s).
 	ReleaseRetry time.Duration

@@ -31,17 +31,18 @@ type conn struct {
 	addr string
 	nc   net.Conn
 
-	mu      sync.Mutex
-	queue   []*Ticket                        // waiting for the writer: definitely unsent
-	spare   []*Ticket                        // the writer's other queue buffer
-	pend    [len(proto.RequestOps)]pendTable // sent (possibly), awaiting an answer, by pendIndex and id; FIFO chains via next
-	dead    bool                             // set once, by fail
-	isDead  atomic.Bool                      // dead, readable without mu
-	writing bool                             // a goroutine is in flush
-	gone    chan struct{}                    // closed by fail
-	cause   error                            // fail's argument; read after gone
-	opened  instant                          // when the dial succeeded
-	heard   atomic.Bool                      // a byte has been read from the server
+	mu       sync.Mutex
+	queue    []*Ticket                        // waiting for the writer: definitely unsent
+	spare    []*Ticket                        // the writer's other queue buffer
+	pend     [len(proto.RequestOps)]pendTable // sent (possibly), awaiting an answer, by pendIndex and id; FIFO chains via next
+	dead     bool                             // set once, by fail
+	isDead   atomic.Bool                      // dead, readable without mu
+	writing  bool                             // a goroutine is in flush
+	gone     chan struct{}                    // closed by fail
+	cause    error                            // fail's argument; read after gone
+	rejected bool                             // the server closed c at once without a frame (see rejectedLocked); set with cause
+	opened   instant                          // when the dial succeeded
+	heard    atomic.Bool                      // a byte has been read from the server
 
 	// Set by hello before the reader starts, read-only after.
 	helloSent  bool        // a hello is this connection's first frame
@@ -69,16 +70,35 @@ const rejectedWithin = time.Second
 // failure with the address.
 func (c *conn) endCause() error {
 	switch c.cause.(type) {
-	case *authError, *tlsRefusedError:
+	case *authError, *refusedError:
 		return c.cause
 	}
-	switch {
-	case c.cause == ErrClosed || c.cause == errAbandoned:
-		return &addrError{c.addr, c.cause}
-	case !c.heard.Load() && time.Duration(monoNow()-c.opened) < rejectedWithin:
-		return &rejectedError{c.addr}
+	if c.rejected {
+		return &rejectedError{addr: c.addr, plain: c.cl.cfg.TLS == nil}
 	}
 	return &addrError{c.addr, c.cause}
+}
+
+// rejectedLocked reports whether c, failing with cause, was rejected by
+// the server: it ends within rejectedWithin of the dial without a byte
+// from the server, for a reason of the server's (not the client's own
+// closing or giving up).
+func (c *conn) rejectedLocked(cause error) bool {
+	switch cause {
+	case ErrClosed, errAbandoned, errOverdue, errRetired:
+		return false
+	}
+	return !c.heard.Load() && time.Duration(monoNow()-c.opened) < rejectedWithin
+}
+
+// refused records e, the server's refusal of c before any answer, as the
+// reason calls without a connection fail with, and returns it.
+func (c *conn) refused(e *refusedError) error {
+	c.cl.mu.Lock()
+	c.cl.connErr = e // before the calls woken by the failure read it
+	c.cl.mu.Unlock()
+	c.cl.refusedConn.Store(e)
+	return e
 }
 
 // enqueue attaches t to c for sending, and sends it. It reports false if
@@ -223,6 +243,28 @@ func (c *conn) abandonPendLocked(t *Ticket) {
 	c.pend[pendIndex(t.op)].replace(t, &Ticket{op: t.op, id: t.id, key: t.key, tomb: true})
 }
 
+// standInLocked puts a stand-in for t, an acquire whose caller stopped
+// waiting (its wait ended, or ctx), in t's place, as abandonPendLocked
+// does, and keeps the connection: the stand-in releases a grant it
+// receives. The answer is due by t.answerBy() (the server's wait, then
+// Config.AnswerAllowance); if none has come then, the server is not
+// answering and the connection is failed.
+func (c *conn) standInLocked(t *Ticket) {
+	s := &Ticket{op: t.op, id: t.id, key: t.key, tomb: true}
+	c.pend[pendIndex(t.op)].replace(t, s)
+	time.AfterFunc(time.Duration(t.answerBy()-monoNow()), func() { c.overdue(s) })
+}
+
+// overdue fails c if the stand-in s has not taken its answer yet.
+func (c *conn) overdue(s *Ticket) {
+	c.mu.Lock()
+	late := !c.dead && s.state != stDone
+	c.mu.Unlock()
+	if late {
+		c.fail(errOverdue)
+	}
+}
+
 // removeQueuedLocked takes t out of the send queue.
 func (c *conn) removeQueuedLocked(t *Ticket) {
 	for i, q := range c.queue {
@@ -244,6 +286,7 @@ func (c *conn) readLoop() {
 	var wake []chan struct{}
 	var comp []*Ticket // stand-ins of acquires that received a grant
 	heard := false
+	frames := 0 // answers parsed
 	for {
 		if end == len(buf) {
 			// A frame is at most proto.MaxResponseLen bytes, far less than buf.
@@ -258,7 +301,7 @@ func (c *conn) readLoop() {
 				heard = true
 				c.heard.Store(true)
 				c.cl.established.Store(true)
-				c.cl.tlsRefused.Store(nil)
+				c.cl.refusedConn.Store(nil)
 			}
 			var bad error
 			c.mu.Lock()
@@ -272,8 +315,15 @@ func (c *conn) readLoop() {
 					break
 				}
 				start += m
+				frames++
 				if r.Op == proto.OpError && r.Code == proto.CodeBadFrame {
 					bad = errServerE1
+					if frames == 1 {
+						// The server's first word is that it cannot read
+						// us: a TLS port answers a plaintext client so.
+						// It executed nothing sent here.
+						bad = &refusedError{addr: c.addr, msg: string(r.Tail), plain: c.cl.cfg.TLS == nil}
+					}
 					break
 				}
 				if r.Op == proto.OpHello || r.Op == proto.OpError && r.ReqOp == proto.OpHello {
@@ -286,7 +336,7 @@ func (c *conn) readLoop() {
 					// No hello and no client certificate: nothing sent
 					// on this connection can have been executed, and the
 					// server closes it.
-					e := &authError{code: r.Code, op: r.ReqOp, identity: c.cl.cfg.Identity, addr: c.addr, msg: string(r.Tail)}
+					e := &authError{code: r.Code, op: r.ReqOp, identity: c.cl.cfg.Identity, certCN: c.cl.certCN, addr: c.addr, msg: string(r.Tail)}
 					c.cl.refused.Store(e)
 					bad = e
 					break
@@ -314,6 +364,9 @@ func (c *conn) readLoop() {
 			}
 			comp = comp[:0]
 			if bad != nil {
+				if e, ok := bad.(*refusedError); ok {
+					c.refused(e)
+				}
 				c.fail(bad)
 				return
 			}
@@ -332,12 +385,7 @@ func (c *conn) readLoop() {
 				// The server's TLS refused us after our side of the
 				// handshake was done (TLS 1.3 judges the client
 				// certificate then): it read no request.
-				e := &tlsRefusedError{c.addr, err}
-				c.cl.mu.Lock()
-				c.cl.connErr = e // before the calls woken by the failure read it
-				c.cl.mu.Unlock()
-				c.cl.tlsRefused.Store(e)
-				err = e
+				err = c.refused(&refusedError{addr: c.addr, err: err})
 			}
 			c.fail(err)
 			return
@@ -451,13 +499,23 @@ func (c *conn) killLocked(cause error) bool {
 	// have executed them: behind a refused hello (or on a connection
 	// refused E 5 without any identity) they fail with that E 5, not
 	// retried; after a TLS refusal before any answer they are unsent.
+	//
+	// A connection that the server closes before sending anything, within
+	// rejectedWithin of the dial, was rejected: lockd at --max-conns, a
+	// TLS port that a plaintext client reached, a server shutting down,
+	// all close without executing what they read. Its requests count as
+	// unsent too (docs/PROTOCOL.md, Decisions).
 	queued, sent := resUnsent, resLost
 	var rerr error
 	switch cause.(type) {
 	case *authError:
 		queued, sent, rerr = resUnauth, resUnauth, cause
-	case *tlsRefusedError:
+	case *refusedError:
 		sent = resUnsent
+	default:
+		if c.rejected = c.rejectedLocked(cause); c.rejected {
+			sent = resUnsent
+		}
 	}
 	for i, t := range c.queue {
 		c.queue[i] = nil

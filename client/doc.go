@@ -31,6 +31,7 @@
 //		// the lock may or may not have been granted: fn did not run; its lease frees it
 //	case errors.Is(err, client.ErrLockLost):
 //		// fn was cut short: the lock could no longer be shown to be held
+//		// (whatever fn returned from its ended context)
 //	default:
 //		// fn's own error, a *ServerError, ctx.Err()
 //	}
@@ -45,10 +46,22 @@
 // means that nothing was granted to the caller. ErrTimeout and ErrBusy
 // mean that lockd was reachable and the lock is held elsewhere (or lockd
 // is full); ErrNoConnection means no server could be reached before the
-// call's deadline, and carries the reason (the dial error, or
-// ErrRejected for a server that accepted and closed at once, as lockd does
-// at --max-conns). A command-line tool sets Config.FailFast to fail at
-// once when no server can be reached at all.
+// call's deadline, and carries the reason: the dial error; ErrRejected for
+// a server that accepted and closed at once, as lockd does at
+// --max-conns; a TLS failure, named as such and matching ErrTLS (a failed
+// handshake, a client certificate refused or missing, or a plaintext
+// client on a TLS port, which lockd answers with one plaintext E 1 saying
+// so). An invalid key's error says what is wrong with it (ErrInvalidKey). A command-line
+// tool sets Config.FailFast to fail at once when no server can be reached
+// at all.
+//
+// The caller's wait is honoured to the millisecond: an acquire whose wait
+// ends before the server answered returns ErrTimeout then, keeps its
+// connection, and a grant that arrives later for it is released at once
+// (a compensating release of that exact token). A cancelled ctx ends the
+// call the same way, with ctx's error. ErrIndeterminate is for a
+// connection lost, or a wait-0 acquire's transport deadline passing, with
+// the request possibly sent.
 //
 // # TLS and identities
 //
@@ -97,7 +110,9 @@
 // read none of the requests sent: they count as definitely unsent, and,
 // as with a failed handshake, the call ends with ErrNoConnection and the
 // reason — at once when no other connection is up, until a connection
-// reads an answer again.
+// reads an answer again. So does a connection whose first frame from the
+// server is an E 1: lockd's TLS port answers a plaintext client that way
+// ("this port speaks TLS only"), having executed nothing it sent.
 //
 // # Clusters
 //
@@ -145,22 +160,28 @@
 //     ErrTimeout if it was queued on a live connection, ErrNoConnection
 //     (with the last dial error, or ErrRejected) if no connection was
 //     available — never ErrTimeout, since no holder was the reason.
-//   - The answer is awaited until the server's own obligation ends — the
-//     send plus the wire wait — plus Config.AnswerAllowance (1 s), so a T
-//     sent right at the end of the wait is read as a definitive ErrTimeout.
-//     That is the only reason to listen past the call's deadline: an A
-//     taken after it goes through the delivery gate below.
+//   - The deadline decides: when it passes before the answer (a T may come
+//     up to a second later, the wire wait being rounded up), the call
+//     returns ErrTimeout at that moment, definitive for the caller, and the
+//     connection stays. A stand-in takes the request's place in the pending
+//     table and takes its answer when it comes: a T or B is dropped, an A
+//     is released at once (Release's retries, exact token). If no answer
+//     has come by the send plus the wire wait plus Config.AnswerAllowance
+//     (1 s), the server is not answering: the connection is closed. A
+//     cancelled ctx ends the call the same way, with ctx's error.
 //   - A request is sent again, on another connection with the same owner
 //     and deadline, only while it is definitely unsent (no connection, or
-//     its connection died before the writer took it). Once it may have been
-//     sent it is never resent: a lost connection gives ErrIndeterminate, and
-//     the answer deadline passing (or ctx ending) closes that exact
-//     connection and gives ErrIndeterminate.
+//     its connection died before the writer took it, or the server refused
+//     the connection before answering anything on it: it closed it within
+//     a second of the dial without a byte, or said E 1 or a TLS alert
+//     first). Once it may have been sent it is never resent: a lost
+//     connection gives ErrIndeterminate.
 //   - The delivery gate: an A that the caller takes after the call's
 //     deadline (the end of its wait; for wait 0 the transport deadline), or
 //     after ctx ended, is released again in the background (Release's
-//     retries, exact token) and reported as ErrIndeterminate. T and B are
-//     always definitive.
+//     retries, exact token), and the call ends as the deadline or ctx
+//     decides: ErrTimeout, ctx's error, or for wait 0 ErrIndeterminate. T
+//     and B are always definitive.
 //   - Wait 0 is a single server attempt with one 5 s transport deadline
 //     (Config.TransportTimeout) for the whole call: to find a connection,
 //     send and be answered. When it passes with the request possibly sent,
@@ -192,7 +213,13 @@
 // KeepAlive renews in the background every third of the lease and reports
 // the lock lost (Lost, Err, a cancelled Context) on an N, on Close, or
 // when StopBy — Lock.Expires less KeepAliveOptions.Margin — passes without
-// a renewal; WithLock is Acquire, KeepAlive, fn, Release.
+// a renewal. Each renewal has a window of half the interval (at least
+// 250 ms, at most Config.TransportTimeout), not the transport timeout: a
+// renewal unanswered in it closes its connection, and the next goes to
+// another connection, so a frozen member of a cluster costs a fraction of
+// the lease, and the renewal reaches the member that took over in time.
+// WithLock is Acquire, KeepAlive, fn, Release; a lost lock is ErrLockLost
+// as soon as fn returns.
 //
 // A release, renew or ping left without an answer when its call's window
 // ends, after half a Config.TransportTimeout or more, closes its connection

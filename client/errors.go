@@ -13,8 +13,9 @@ import (
 var (
 	// ErrTimeout is a definitive "not granted" while lockd was reachable:
 	// the server answered T (the wait ended with the key still held), or
-	// the wait ran out with a connection up and the request not yet sent
-	// or not executed (M without an address, E 4). A wait that ran out
+	// the caller's wait ran out first — with the request not yet sent, not
+	// executed (M without an address, E 4), or sent and not yet answered
+	// (a grant that comes later is released at once). A wait that ran out
 	// with no connection is ErrNoConnection, never ErrTimeout: an outage
 	// is not a busy lock. (Ping uses ErrTimeout for a pong that did not
 	// come back in time.)
@@ -23,11 +24,12 @@ var (
 	// queue or key capacity is full); nothing was queued.
 	ErrBusy = errors.New("client: server busy, not acquired")
 	// ErrIndeterminate means the request may or may not have been executed:
-	// a byte of it may have reached the server and no answer was read in
-	// time (connection lost, deadline or context ended), or a grant reached
-	// the caller's delivery gate too late and was handed back. The caller
-	// must not enter the critical section. An unobserved grant ends at the
-	// latest when its lease does.
+	// a byte of it may have reached the server and its connection was lost
+	// before the answer, or a transport deadline passed (a wait-0 acquire,
+	// a release or renew out of retries). A caller's wait that ran out, or a
+	// cancelled ctx, is not indeterminate (ErrTimeout, ctx's error). The
+	// caller must not enter the critical section. An unobserved grant ends
+	// at the latest when its lease does.
 	ErrIndeterminate = errors.New("client: outcome indeterminate, do not assume the lock is held")
 	// ErrNotHeld is the server's N: the token is not the key's current
 	// grant (released, or the lease ended).
@@ -39,17 +41,25 @@ var (
 	// in its message and through errors.Unwrap.
 	ErrNoConnection = errors.New("client: no connection to lockd")
 	// ErrRejected is the reason given with ErrNoConnection when a server
-	// accepted a connection and closed it at once without sending a frame:
-	// what lockd does at its connection limit (--max-conns) or while
-	// shutting down, and what a TLS port does to a plaintext client.
+	// accepted a connection and closed it at once (within a second of the
+	// dial) without sending a byte: what lockd does at its connection limit
+	// (--max-conns) or while shutting down. Requests sent on such a
+	// connection count as not executed, and go to another connection.
 	ErrRejected = errors.New("client: lockd accepted the connection and closed it at once without a frame")
+	// ErrTLS is the reason given with ErrNoConnection when TLS failed: a
+	// handshake that failed (an unknown CA, a wrong server name, a server
+	// without TLS), a client certificate the server refused or required,
+	// or a plaintext client on a TLS port (lockd's E 1 says so). The
+	// error returned names the failure.
+	ErrTLS = errors.New("client: TLS failure")
 	// ErrClosed means the Client was closed. A pending acquire that may
 	// already have been sent when Close ran fails with an error matching
 	// both ErrClosed and ErrIndeterminate.
 	ErrClosed = errors.New("client: closed")
 	// ErrLockLost is the cause WithLock gives to fn's context when the lock
 	// could no longer be shown to be held (renew answered N, or renewals
-	// kept failing until the lease's conservative end).
+	// kept failing until the lease's conservative end), and what WithLock
+	// then returns, whatever fn returned.
 	ErrLockLost = errors.New("client: lock lost")
 	// ErrUnauthenticated is the server's E 5 (PROTOCOL.md §8.3): its
 	// --acl refused the hello (unknown identity, wrong secret), or the
@@ -78,9 +88,11 @@ var (
 )
 
 // ServerError is an E answer other than "shutting down" (code 4, which the
-// client handles itself), "unauthenticated" (5: ErrUnauthenticated) and
-// "permission denied" (6: ErrPermissionDenied): the server rejected the
-// request and did not execute it.
+// client handles itself by sending again: a release or renew that is
+// still answered E 4 when its retries end returns it), "unauthenticated"
+// (5: ErrUnauthenticated) and "permission denied" (6:
+// ErrPermissionDenied): the server rejected the request and did not
+// execute it.
 type ServerError struct {
 	Op   proto.Op // the request's op
 	Code uint8    // proto.CodeBadFrame, CodeBadKey, CodeBadLease, ...
@@ -119,10 +131,19 @@ func (e *noConnError) Is(target error) bool { return target == ErrNoConnection }
 func (e *noConnError) Unwrap() error { return e.cause }
 
 // rejectedError is ErrRejected at one address.
-type rejectedError struct{ addr string }
+type rejectedError struct {
+	addr  string
+	plain bool // the client does not speak TLS
+}
 
 func (e *rejectedError) Error() string {
-	return "lockd at " + e.addr + " accepted the connection and closed it at once without a frame: it may be at its connection limit (--max-conns), shutting down, or serving TLS to a client without TLS"
+	msg := "lockd at " + e.addr + " accepted the connection and closed it at once without a frame: it may be at its connection limit (--max-conns) or shutting down"
+	if e.plain {
+		// lockd's TLS port says so (refusedError); another TLS server,
+		// in front of lockd, may close in silence.
+		msg += ", or a TLS port that this client, without TLS, reached"
+	}
+	return msg
 }
 
 func (e *rejectedError) Is(target error) bool { return target == ErrRejected }
@@ -140,6 +161,7 @@ func (e *addrError) Unwrap() error { return e.err }
 // Internal causes for closing a connection.
 var (
 	errAbandoned = errors.New("client: request abandoned with its answer outstanding")
+	errOverdue   = errors.New("client: no answer to an acquire by the end of its wait and Config.AnswerAllowance")
 	errRetired   = errors.New("client: connection to an address no M has named lately, closed once idle")
 	errBadAnswer = errors.New("client: server sent a bad frame")
 	errServerE1  = errors.New("client: server reported a bad frame (E 1)")

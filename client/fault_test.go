@@ -359,12 +359,15 @@ func TestNoResendAfterPossibleSend(t *testing.T) {
 	f := newFake(t, func(fc *fconn, r freq) {
 		if r.Op == proto.OpAcquire {
 			_ = fc.nc.Close()
+			return
 		}
+		fc.auto(r)
 	})
 	cl := newClient(t, fastConfig(f.addr()))
 	waitUp(t, cl, 2)
 	ctx := ctxT(t, 5*time.Second)
 	for _, wait := range []time.Duration{2 * time.Second, 0} {
+		hear(t, cl, f)
 		_, err := cl.Acquire(ctx, "dropped", AcquireOptions{Wait: wait})
 		wantErr(t, err, ErrIndeterminate)
 		f.next(time.Second)
@@ -373,23 +376,38 @@ func TestNoResendAfterPossibleSend(t *testing.T) {
 	}
 }
 
-// TestDeadlineClosesExactConnection: no answer by the deadline (wire wait +
-// allowance): ErrIndeterminate, and that connection, only it, is closed.
+// TestDeadlineClosesExactConnection: no answer by the end of the wait:
+// ErrTimeout then, at the caller's deadline, with the connection kept;
+// once the answer is overdue (wire wait + allowance) the server is taken
+// not to answer, and that connection, only it, is closed.
 func TestDeadlineClosesExactConnection(t *testing.T) {
-	f := newFake(t, silent)
+	f := newFake(t, func(fc *fconn, r freq) {
+		if r.Op != proto.OpAcquire {
+			fc.auto(r)
+		}
+	})
 	cl := newClient(t, fastConfig(f.addr())) // allowance 300 ms
 	waitUp(t, cl, 2)
+	hear(t, cl, f)
 	start := time.Now()
-	_, err := cl.Acquire(ctxT(t, 5*time.Second), "unanswered", AcquireOptions{Wait: time.Second})
-	wantErr(t, err, ErrIndeterminate)
-	if el := time.Since(start); el < 1300*time.Millisecond {
-		t.Fatalf("gave up after %v, before wait + allowance (1.3 s)", el)
+	_, err := cl.Acquire(ctxT(t, 5*time.Second), "unanswered", AcquireOptions{Wait: 700 * time.Millisecond})
+	wantErr(t, err, ErrTimeout)
+	if el := time.Since(start); el < 700*time.Millisecond || el > 1200*time.Millisecond {
+		t.Fatalf("ErrTimeout after %v, want at the end of the wait (700 ms)", el)
 	}
 	r := f.next(time.Second)
 	select {
 	case <-r.Conn.closed:
-	case <-time.After(2 * time.Second):
-		t.Fatal("the acquire's connection was not closed")
+		t.Fatal("the connection was closed at the caller's deadline")
+	default:
+	}
+	select {
+	case <-r.Conn.closed:
+		if el := time.Since(start); el < 1300*time.Millisecond {
+			t.Fatalf("closed after %v, before the answer was due (1 s wire wait + 300 ms)", el)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the acquire's connection was not closed once its answer was overdue")
 	}
 	f.mu.Lock()
 	conns := append([]*fconn(nil), f.conns...)
@@ -491,7 +509,7 @@ func grantToken(fc *fconn, r freq) {
 
 // TestLateGrantCompensated: an A taken at the delivery gate after the
 // deadline, or after ctx ended, is released (exact token) and reported as
-// ErrIndeterminate.
+// what ended the call: ErrTimeout, or ctx's error.
 func TestLateGrantCompensated(t *testing.T) {
 	t.Run("deadline", func(t *testing.T) {
 		f := newFake(t, grantToken)
@@ -499,18 +517,18 @@ func TestLateGrantCompensated(t *testing.T) {
 		waitUp(t, cl, 2)
 		tk := cl.AcquireAsync(context.Background(), "late-grant", AcquireOptions{Wait: 100 * time.Millisecond})
 		f.next(time.Second)
-		time.Sleep(1500 * time.Millisecond) // past 1 s wire wait + 300 ms allowance
+		time.Sleep(300 * time.Millisecond) // past the wait
 		_, err := tk.Wait()
-		wantErr(t, err, ErrIndeterminate)
+		wantErr(t, err, ErrTimeout)
 		r := f.next(time.Second)
 		if r.Op != proto.OpRelease || r.ID != 777 || r.Key != "late-grant" {
 			t.Fatalf("got %c %d %q, want release of 777", r.Op, r.ID, r.Key)
 		}
 	})
 	t.Run("answered after the call's deadline", func(t *testing.T) {
-		// Wait 200 ms goes out as wire wait 1 s, and the client listens
-		// for an answer until 1 s + allowance, so that a T stays
-		// definitive; an A there, 400 ms in, is past the call's deadline.
+		// Wait 200 ms goes out as wire wait 1 s: the server may grant
+		// until then. The call ends with ErrTimeout at 200 ms, keeping
+		// its connection; the A that comes 400 ms in is released.
 		f := newFake(t, func(fc *fconn, r freq) {
 			if r.Op == proto.OpAcquire {
 				time.AfterFunc(400*time.Millisecond, func() { fc.send(proto.AppendAcquired(nil, r.ID, 777, r.Key)) })
@@ -520,8 +538,12 @@ func TestLateGrantCompensated(t *testing.T) {
 		})
 		cl := newClient(t, fastConfig(f.addr()))
 		waitUp(t, cl, 2)
+		start := time.Now()
 		_, err := cl.Acquire(context.Background(), "late-grant", AcquireOptions{Wait: 200 * time.Millisecond})
-		wantErr(t, err, ErrIndeterminate)
+		wantErr(t, err, ErrTimeout)
+		if el := time.Since(start); el > 350*time.Millisecond {
+			t.Fatalf("ErrTimeout after %v, want at the end of the 200 ms wait", el)
+		}
 		f.next(time.Second) // the acquire
 		if r := f.next(time.Second); r.Op != proto.OpRelease || r.ID != 777 {
 			t.Fatalf("got %c %d, want release of 777", r.Op, r.ID)
@@ -537,7 +559,7 @@ func TestLateGrantCompensated(t *testing.T) {
 		lockdtest.WaitFor(t, "the A arrives", func() bool { return answered(tk) })
 		cancel()
 		_, err := tk.Wait()
-		wantErr(t, err, ErrIndeterminate)
+		wantErr(t, err, context.Canceled)
 		if r := f.next(time.Second); r.Op != proto.OpRelease || r.ID != 777 {
 			t.Fatalf("got %c %d, want release of 777", r.Op, r.ID)
 		}
@@ -551,7 +573,7 @@ func TestLateGrantCompensated(t *testing.T) {
 		lockdtest.WaitFor(t, "the A arrives", func() bool { return answered(tk) })
 		cancel()
 		_, err := tk.Wait()
-		wantErr(t, err, ErrIndeterminate)
+		wantErr(t, err, context.Canceled)
 		deadline := time.Now().Add(3 * time.Second)
 		for srv.Table().Lookup([]byte("late-grant-real")).Held {
 			if time.Now().After(deadline) {
@@ -590,8 +612,8 @@ func TestLateTimeoutBusyDefinitive(t *testing.T) {
 	f.none(100 * time.Millisecond)
 }
 
-// TestCtxCancel: before the send, ctx.Err(); after a possible send, the
-// connection is closed and ErrIndeterminate.
+// TestCtxCancel: ctx.Err(), before the send or after it; a possibly sent
+// acquire leaves its connection open (a stand-in takes the answer).
 func TestCtxCancel(t *testing.T) {
 	t.Run("unsent", func(t *testing.T) {
 		cl := newClient(t, fastConfig(deadAddr(t)))
@@ -607,12 +629,15 @@ func TestCtxCancel(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		_, err := cl.Acquire(ctx, "ctx", AcquireOptions{Wait: 5 * time.Second})
-		wantErr(t, err, ErrIndeterminate)
+		wantErr(t, err, context.DeadlineExceeded)
 		r := f.next(time.Second)
 		select {
 		case <-r.Conn.closed:
-		case <-time.After(2 * time.Second):
-			t.Fatal("connection not closed")
+			t.Fatal("the connection was closed")
+		case <-time.After(300 * time.Millisecond):
+		}
+		if n := liveConns(cl); n != 2 {
+			t.Fatalf("%d connections live, want 2", n)
 		}
 	})
 }
@@ -632,6 +657,7 @@ func TestReleaseRetries(t *testing.T) {
 	cfg.ReleaseRetryInterval = 200 * time.Millisecond
 	cl := newClient(t, cfg)
 	waitUp(t, cl, 2)
+	hear(t, cl, f)
 	if err := cl.Release(ctxT(t, 5*time.Second), Lock{Key: "rel", Token: 42}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}

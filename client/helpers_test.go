@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -26,6 +27,7 @@ func TestMain(m *testing.M) {
 		os.Exit(benchServerChild())
 	}
 	code := m.Run()
+	clustertest.RemoveBuild() // the lockd binary of the tests that start processes, if built
 	stopBenchChild()
 	sharedMu.Lock()
 	if shared != nil {
@@ -137,6 +139,45 @@ func waitUp(t testing.TB, cl *Client, n int) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatalf("only %d of %d connections up after 5 s", liveConns(cl), n)
+}
+
+// hear makes every live connection of cl read an answer from f (a
+// ping's), so that f dropping one later counts as a lost connection, not
+// as a server that rejected it before answering anything; the pings are
+// taken off f's requests.
+func hear(t testing.TB, cl *Client, f *fake) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, heard := 0, 0
+		for _, s := range *cl.slots.Load() {
+			if c := s.cur.Load(); c != nil && !c.isDead.Load() {
+				n++
+				if c.heard.Load() {
+					heard++
+				}
+			}
+		}
+		if n > 0 && heard == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d connections heard from the server after 5 s", heard, n)
+		}
+		if _, err := cl.Ping(ctxT(t, 5*time.Second)); err != nil {
+			t.Fatalf("Ping: %v", err)
+		}
+	}
+	for {
+		select {
+		case r := <-f.reqs:
+			if r.Op != proto.OpPing {
+				t.Fatalf("fake server: unexpected request %c while pinging", r.Op)
+			}
+		default:
+			return
+		}
+	}
 }
 
 func liveConns(cl *Client) int {

@@ -69,9 +69,10 @@ func (e *lostRefused) Unwrap() error { return e.cause }
 // A KeepAlive never releases the lock; the holder does, after Stop.
 // Its methods are safe for concurrent use.
 type KeepAlive struct {
-	cl    *Client
-	opts  KeepAliveOptions
-	lease time.Duration
+	cl     *Client
+	opts   KeepAliveOptions
+	lease  time.Duration
+	window time.Duration // one renewal's limit (attemptWindow)
 
 	ctx    context.Context // the holder's: cancelled on loss and by Stop
 	cancel context.CancelCauseFunc
@@ -102,7 +103,7 @@ type KeepAlive struct {
 // then release the lock.
 func (cl *Client) KeepAlive(ctx context.Context, l Lock, opts KeepAliveOptions) (*KeepAlive, error) {
 	if !validKey(l.Key) {
-		return nil, ErrInvalidKey
+		return nil, invalidKey(l.Key)
 	}
 	ls, err := cl.leaseSecs(opts.Lease)
 	if err != nil {
@@ -132,13 +133,14 @@ func (cl *Client) KeepAlive(ctx context.Context, l Lock, opts KeepAliveOptions) 
 		l = nl
 	}
 	k := &KeepAlive{
-		cl:    cl,
-		opts:  opts,
-		lease: lease,
-		lock:  l,
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
-		lost:  make(chan struct{}),
+		cl:     cl,
+		opts:   opts,
+		lease:  lease,
+		window: attemptWindow(opts.Every, cl.cfg.TransportTimeout),
+		lock:   l,
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+		lost:   make(chan struct{}),
 	}
 	k.ctx, k.cancel = context.WithCancelCause(ctx)
 	k.rbase, k.rstop = context.WithCancel(context.WithoutCancel(ctx))
@@ -209,6 +211,24 @@ func (k *KeepAlive) lose(err error) {
 	}
 }
 
+// minAttemptWindow is the shortest window attemptWindow gives a renewal:
+// below it, a loaded machine's scheduling alone could fail healthy
+// connections.
+const minAttemptWindow = 250 * time.Millisecond
+
+// attemptWindow is how long one renewal of a keep-alive renewing every
+// every may take: half the interval, within minAttemptWindow and the
+// transport timeout. A renewal that gets no answer in its window closes
+// its connection (a frozen or partitioned server: taken to be broken) and
+// fails; the next, Retry later, goes to another connection, and so to
+// another member of a cluster, which has taken over or names the one that
+// has. So the renewals that a dead or frozen member swallows cost a
+// fraction of the lease, not Config.TransportTimeout, which may be longer
+// than the lease itself.
+func attemptWindow(every, transport time.Duration) time.Duration {
+	return max(min(every/2, transport), min(minAttemptWindow, transport))
+}
+
 // nextRenewal is the pause before the next renewal: Every, or half the
 // time left before StopBy if that is sooner.
 func (k *KeepAlive) nextRenewal() time.Duration {
@@ -236,7 +256,7 @@ func (k *KeepAlive) run() {
 		}
 		by := k.StopBy()
 		ctx, cancel := context.WithDeadline(k.rbase, by)
-		nl, err := k.cl.Renew(ctx, k.Lock(), k.lease)
+		nl, err := k.cl.renew(ctx, k.Lock(), uint8(k.lease/time.Second), k.window)
 		cancel()
 		switch {
 		case err == nil:

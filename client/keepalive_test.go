@@ -253,3 +253,46 @@ func TestKeepAliveValidation(t *testing.T) {
 		t.Errorf("empty key: %v", err)
 	}
 }
+
+// TestKeepAliveFrozenMember: a member that stops answering (frozen, as
+// by SIGSTOP: its connections stay up) takes renewals and answers none.
+// Each renewal has a window of half the interval, not the transport
+// timeout (here longer than the lease): one unanswered in it closes its
+// connection, and the next goes to the other member, in time. A 3 s lock
+// is kept for 5 s while every other renewal lands on the frozen member.
+func TestKeepAliveFrozenMember(t *testing.T) {
+	frozen := newFake(t, func(fc *fconn, r freq) {
+		if r.Op != proto.OpRenew {
+			fc.auto(r)
+		}
+	})
+	live := newFake(t, nil)
+	cfg := fastConfig(frozen.addr(), live.addr())
+	cfg.TransportTimeout = 5 * time.Second
+	cl := newClient(t, cfg)
+	waitUp(t, cl, 2)
+	ctx := ctxT(t, 20*time.Second)
+	l, err := cl.Acquire(ctx, "frozen", AcquireOptions{Wait: time.Second, Lease: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed atomic.Int32
+	ka, err := cl.KeepAlive(ctx, l, KeepAliveOptions{Lease: 3 * time.Second, OnRenewError: func(error) { failed.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ka.Lost():
+		t.Fatalf("lock lost: %v (%d renewals failed)", ka.Err(), failed.Load())
+	case <-time.After(5 * time.Second):
+	}
+	if err := ka.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if n := countRenews(frozen, l.Token, 10*time.Millisecond); n == 0 {
+		t.Fatal("no renewal went to the frozen member: the test proves nothing")
+	}
+	if failed.Load() == 0 {
+		t.Fatal("no renewal failed")
+	}
+}

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -61,12 +62,38 @@ func validKey(key string) bool {
 	return true
 }
 
+// invalidKey is ErrInvalidKey with what is wrong with key (which
+// validKey refused): a key is 1..1024 bytes of UTF-8 without a newline.
+func invalidKey(key string) error {
+	why := ""
+	switch {
+	case len(key) == 0:
+		why = "empty"
+	case len(key) > proto.MaxKey:
+		why = strconv.Itoa(len(key)) + " bytes, longer than the " + strconv.Itoa(proto.MaxKey) + " a key may have"
+	case strings.IndexByte(key, '\n') >= 0:
+		why = "it contains a newline (0x0A)"
+	default:
+		why = "not valid UTF-8"
+	}
+	return &keyError{why}
+}
+
+// keyError is ErrInvalidKey with the reason.
+type keyError struct{ why string }
+
+func (e *keyError) Error() string { return ErrInvalidKey.Error() + ": " + e.why }
+
+func (e *keyError) Is(target error) bool { return target == ErrInvalidKey }
+
 // Acquire takes the lock on key, waiting up to opts.Wait for it. It returns
 // the Lock, or an error: ErrTimeout, ErrBusy (definitive: not granted),
 // ErrIndeterminate (may or may not have been granted: do not enter the
-// critical section), a *ServerError, ctx.Err() (not sent), ErrNoConnection,
-// ErrClosed, or a validation error. Cancelling ctx ends the call under the
-// same rules as the deadline.
+// critical section), a *ServerError, ctx.Err(), ErrNoConnection,
+// ErrClosed, or a validation error. The call returns ErrTimeout when the
+// wait ends, to the millisecond, and ctx.Err() when ctx ends, at once;
+// either way its connection stays, and a grant that arrives for the
+// request afterwards is released at once.
 func (cl *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (Lock, error) {
 	return cl.AcquireAsync(ctx, key, opts).Wait()
 }
@@ -76,7 +103,8 @@ func (cl *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) 
 // requests are pipelined on the client's connections and answered in any
 // order. The call's deadline starts now; ctx is observed by Wait. A grant
 // that reaches Wait after the deadline (or after ctx ended) is released
-// again at once and reported as ErrIndeterminate, so call Wait promptly.
+// again at once and reported as ErrTimeout (or ctx.Err()), so call Wait
+// promptly.
 //
 // The server grants whether or not Wait has been called: a grant waiting
 // for its Wait holds its key. Two goroutines that each wait on one ticket
@@ -88,7 +116,7 @@ func (cl *Client) AcquireAsync(ctx context.Context, key string, opts AcquireOpti
 	t := cl.getTicket(ctx, proto.OpAcquire, key)
 	switch {
 	case !validKey(key):
-		t.err = ErrInvalidKey
+		t.err = invalidKey(key)
 		return t
 	case opts.Wait < 0 || opts.Wait > proto.MaxWait*time.Second:
 		t.err = ErrInvalidWait
@@ -138,7 +166,7 @@ func (t *Ticket) acquire() (Lock, error) {
 	for {
 		switch t.roundTrip() {
 		case outAnswer:
-		case outNotSent:
+		case outNotSent, outWaitOver:
 			if t.wait0 {
 				return Lock{}, ErrNoConnection
 			}
@@ -162,14 +190,20 @@ func (t *Ticket) acquire() (Lock, error) {
 		case proto.OpAcquire:
 			// The delivery gate: a grant the caller takes after the call's
 			// deadline (or after ctx ended, or the client closed) is
-			// released again. The client waits past the deadline for the
-			// answer (AnswerAllowance) only so that a T stays definitive.
+			// released again, and the call ends as it would have without
+			// it: the caller's deadline or ctx decides.
 			if t.ctx.Err() != nil || monoNow() >= t.callEnd() || cl.isClosed() {
 				cl.compensate(t.key, t.rtoken)
-				if cl.isClosed() {
+				switch {
+				case cl.isClosed():
 					return Lock{}, errClosedIndeterminate
+				case t.ctx.Err() != nil:
+					return Lock{}, t.ctx.Err()
+				case t.wait0:
+					// Past the transport deadline.
+					return Lock{}, ErrIndeterminate
 				}
-				return Lock{}, ErrIndeterminate
+				return Lock{}, ErrTimeout
 			}
 			return Lock{Key: t.key, Token: t.rtoken, Expires: t.sentAt.add(time.Duration(t.lease) * time.Second).time()}, nil
 		case proto.OpTimeout:
@@ -269,7 +303,7 @@ func (cl *Client) Release(ctx context.Context, l Lock) error {
 // lost connection happen inside Wait, so call it promptly.
 func (cl *Client) ReleaseAsync(ctx context.Context, l Lock) Releasing {
 	if !validKey(l.Key) {
-		return Releasing{err: ErrInvalidKey}
+		return Releasing{err: invalidKey(l.Key)}
 	}
 	t := cl.getTicket(ctx, proto.OpRelease, l.Key)
 	t.id = l.Token
@@ -308,20 +342,27 @@ func (r Releasing) Wait() error {
 // ErrIndeterminate, ErrNoConnection, ctx.Err(), ErrClosed, *ServerError.
 func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock, error) {
 	if !validKey(l.Key) {
-		return Lock{}, ErrInvalidKey
+		return Lock{}, invalidKey(l.Key)
 	}
 	ls, err := cl.leaseSecs(lease)
 	if err != nil {
 		return Lock{}, err
 	}
+	return cl.renew(ctx, l, ls, cl.cfg.TransportTimeout)
+}
+
+// renew is Renew with a lease in seconds and window in place of
+// Config.TransportTimeout: the call's limit, and how long one attempt
+// waits for its answer before its connection is taken to be broken.
+func (cl *Client) renew(ctx context.Context, l Lock, ls uint8, window time.Duration) (Lock, error) {
 	t := cl.getTicket(ctx, proto.OpRenew, l.Key)
 	defer cl.putTicket(t)
 	t.id = l.Token
 	t.lease = ls
-	limit := monoNow().add(cl.cfg.TransportTimeout)
+	limit := monoNow().add(window)
 	t.hardBy = limit
 	t.sendBy = limit
-	t.timeout = cl.cfg.TransportTimeout
+	t.timeout = window
 	if err := t.retrying(limit, cl.cfg.RetryPause); err != nil {
 		return Lock{}, err
 	}
@@ -334,7 +375,8 @@ func (cl *Client) Renew(ctx context.Context, l Lock, lease time.Duration) (Lock,
 // connection, until limit (t.sendBy, set by the caller).
 func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 	cl := t.cl
-	maybe := false // an earlier attempt may have executed
+	maybe := false    // an earlier attempt may have executed
+	shutting := false // the last answer was E 4: the server is shutting down
 	closed := func() error {
 		if maybe {
 			return errClosedIndeterminate
@@ -346,6 +388,7 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 			return closed()
 		}
 		o := t.roundTrip()
+		shutting = o == outAnswer && t.rop == proto.OpError && t.rcode == proto.CodeShutdown
 		if o == outAnswer {
 			switch t.rop {
 			case proto.OpRelease, proto.OpRenew:
@@ -402,6 +445,8 @@ func (t *Ticket) retrying(limit instant, pause time.Duration) error {
 				return ErrIndeterminate
 			case t.ctx.Err() != nil:
 				return t.ctx.Err()
+			case shutting:
+				return &ServerError{Op: t.op, Code: proto.CodeShutdown, Msg: t.rtail}
 			}
 			return cl.noConnErr()
 		}

@@ -42,7 +42,8 @@ const (
 	outNoConn                   // the send deadline passed with no connection available
 	outLost                     // the connection died with the request possibly sent
 	outAbandoned                // the answer deadline passed (or ctx ended) with the request possibly sent
-	outCtx                      // ctx ended before it was sent
+	outWaitOver                 // an acquire's wait ended with the request possibly sent: a stand-in takes its answer
+	outCtx                      // ctx ended (an acquire: sent or not; others: before it was sent)
 	outClosed                   // the client was closed before it was sent
 	outUnauth                   // not executed, for want of an accepted identity: t.rerr
 )
@@ -321,6 +322,22 @@ func (t *Ticket) roundTrip() outcome {
 				continue
 			}
 			// stSent
+			if t.op == proto.OpAcquire && (cancelled || !t.wait0 && now >= t.waitEnd) {
+				// The caller's wait is over, or ctx ended: the call ends
+				// now and keeps its connection. The answer may still
+				// come: a stand-in takes the request's place and releases
+				// a grant it receives (readLoop), and closes the
+				// connection if no answer comes when one is due.
+				c.standInLocked(t)
+				t.state = stIdle
+				t.conn = nil
+				t.from = c.addr
+				c.mu.Unlock()
+				if cancelled {
+					return outCtx
+				}
+				return outWaitOver
+			}
 			by := t.answerBy()
 			if cancelled || now >= by {
 				// Its answer may still come: a stand-in takes its place in
@@ -334,8 +351,9 @@ func (t *Ticket) roundTrip() outcome {
 				c.mu.Unlock()
 				switch {
 				case t.op == proto.OpAcquire:
-					// Close that exact connection: a grant not yet handed to
-					// its socket is released by the server at once.
+					// A wait-0 acquire's transport deadline: close that
+					// exact connection (a grant not yet handed to its
+					// socket is released by the server at once).
 					c.fail(errAbandoned)
 				case !cancelled && now >= t.sentAt.add(t.timeout/2):
 					// No answer for half a transport timeout, when the
@@ -346,6 +364,9 @@ func (t *Ticket) roundTrip() outcome {
 				return outAbandoned
 			}
 			c.mu.Unlock()
+			if t.op == proto.OpAcquire && !t.wait0 {
+				by = t.waitEnd
+			}
 			t.arm(by)
 		}
 		switch t.res {
@@ -377,7 +398,7 @@ func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
 		t.rerr = e
 		return outUnauth, false
 	}
-	if cl.tlsRefused.Load() != nil {
+	if cl.refusedConn.Load() != nil {
 		return outNoConn, false // with the refusal as the reason
 	}
 	if monoNow() >= t.sendBy || cl.cfg.FailFast && cl.unreachable() {

@@ -3,8 +3,11 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,19 +49,48 @@ func TestPendFIFO(t *testing.T) {
 }
 
 // TestServerBadFrame: E 1 closes the connection (framing is lost); a
-// request possibly sent on it is indeterminate.
+// request possibly sent on it is indeterminate. An E 1 that is the
+// server's first frame on a connection is its refusal of the connection
+// (what a TLS port answers a plaintext client): nothing sent there ran,
+// the call fails with ErrNoConnection and the server's message, at once,
+// and nothing is sent again.
 func TestServerBadFrame(t *testing.T) {
-	f := newFake(t, func(fc *fconn, r freq) {
-		if r.Op == proto.OpAcquire {
-			fc.send(proto.AppendError(nil, proto.Op('?'), 0, proto.CodeBadFrame, "bad frame"))
-			_ = fc.nc.Close()
-			return
-		}
-		fc.auto(r)
+	t.Run("after an answer", func(t *testing.T) {
+		f := newFake(t, func(fc *fconn, r freq) {
+			if r.Op == proto.OpAcquire {
+				fc.send(proto.AppendError(nil, proto.Op('?'), 0, proto.CodeBadFrame, "bad frame"))
+				_ = fc.nc.Close()
+				return
+			}
+			fc.auto(r)
+		})
+		cl := newClient(t, fastConfig(f.addr()))
+		waitUp(t, cl, 2)
+		hear(t, cl, f)
+		_, err := cl.Acquire(ctxT(t, 5*time.Second), "e1", AcquireOptions{Wait: time.Second})
+		wantErr(t, err, ErrIndeterminate)
 	})
-	cl := newClient(t, fastConfig(f.addr()))
-	_, err := cl.Acquire(ctxT(t, 5*time.Second), "e1", AcquireOptions{Wait: time.Second})
-	wantErr(t, err, ErrIndeterminate)
+	t.Run("first frame", func(t *testing.T) {
+		const msg = "this port speaks TLS only: connect with TLS"
+		f := newFake(t, func(fc *fconn, r freq) {
+			fc.send(proto.AppendError(nil, r.Op, 0, proto.CodeBadFrame, msg))
+			_ = fc.nc.Close()
+		})
+		cfg := fastConfig(f.addr())
+		cfg.ReconnectInterval = time.Hour // no redial: each connection refuses once
+		cl := newClient(t, cfg)
+		start := time.Now()
+		_, err := cl.Acquire(ctxT(t, 5*time.Second), "e1", AcquireOptions{Wait: 3 * time.Second})
+		if !errors.Is(err, ErrNoConnection) || errors.Is(err, ErrIndeterminate) || !strings.Contains(err.Error(), msg) {
+			t.Fatalf("err = %v, want ErrNoConnection with the server's message", err)
+		}
+		if el := time.Since(start); el > time.Second {
+			t.Fatalf("failed after %v, want at once", el)
+		}
+		if n := len(f.reqs); n > 2 {
+			t.Fatalf("the server saw %d acquires on 2 connections: one was sent again on a refused one", n)
+		}
+	})
 }
 
 // TestWithLockRenewalsFail: renewals that get no answer until the lease's
@@ -88,6 +120,59 @@ func TestWithLockRenewalsFail(t *testing.T) {
 	wantErr(t, err, ErrLockLost)
 	if lostAfter < time.Second {
 		t.Fatalf("lock reported lost after %v, before the 1 s lease", lostAfter)
+	}
+}
+
+// TestWithLockLostWhateverFnReturns: once the lock is lost (the server
+// stops answering: renewals fail until the stop time), WithLock returns an
+// error matching ErrLockLost whatever fn returns from its ended context
+// (nil, ctx.Err(), context.Cause, its own error, which is kept too), and
+// returns as soon as fn does: the release that cannot be confirmed goes on
+// in the background instead of holding the caller for its retries.
+func TestWithLockLostWhateverFnReturns(t *testing.T) {
+	errOwn := errors.New("fn's own error")
+	for _, c := range []struct {
+		name string
+		ret  func(ctx context.Context) error
+		also error // besides ErrLockLost
+	}{
+		{"nil", func(context.Context) error { return nil }, nil},
+		{"ctx.Err", func(ctx context.Context) error { return ctx.Err() }, nil},
+		{"context.Cause", context.Cause, nil},
+		{"wrapped ctx.Err", func(ctx context.Context) error { return fmt.Errorf("writing: %w", ctx.Err()) }, nil},
+		{"its own error", func(context.Context) error { return errOwn }, errOwn},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var silent atomic.Bool
+			f := newFake(t, func(fc *fconn, r freq) {
+				if !silent.Load() {
+					fc.auto(r)
+				}
+			})
+			cfg := fastConfig(f.addr())
+			cfg.ReleaseRetry = 3 * time.Second
+			cl := newClient(t, cfg)
+			var returned time.Time
+			err := cl.WithLock(ctxT(t, 10*time.Second), "lost-"+c.name, AcquireOptions{Lease: time.Second}, func(ctx context.Context, l Lock) error {
+				silent.Store(true) // the server dies
+				select {
+				case <-ctx.Done():
+				case <-time.After(5 * time.Second):
+					t.Error("fn's context not cancelled within 5 s")
+				}
+				returned = time.Now()
+				return c.ret(ctx)
+			})
+			if el := time.Since(returned); el > 500*time.Millisecond {
+				t.Errorf("WithLock returned %v after fn, want at once (not after the release's retries)", el)
+			}
+			if !errors.Is(err, ErrLockLost) {
+				t.Fatalf("err = %v, want ErrLockLost", err)
+			}
+			if c.also != nil && !errors.Is(err, c.also) {
+				t.Fatalf("err = %v, want %v too", err, c.also)
+			}
+		})
 	}
 }
 

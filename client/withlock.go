@@ -12,10 +12,14 @@ import (
 // acquire's send, so little of it may be left). If the lock can no longer
 // be shown to be held — a renew answered N, or renewals failed until the
 // lease's conservative end (Lock.Expires) — fn's context is cancelled with
-// a cause matching ErrLockLost, and WithLock returns fn's error or, if fn
-// returned nil, that cause. fn must stop touching the protected resource
-// once its context is done, and should pass l.Token to it (see package
-// fence).
+// a cause matching ErrLockLost, and WithLock returns, as soon as fn does,
+// an error matching ErrLockLost: whatever fn returned from its ended
+// context (nil, ctx.Err(), context.Cause(ctx)), or fn's own error joined
+// to it (errors.Is sees both). A lost lock is not released again, except
+// when renewals merely failed: that release runs in the background (it
+// cannot be confirmed now; the lease ends the lock at the latest). fn
+// must stop touching the protected resource once its context is done,
+// and should pass l.Token to it (see package fence).
 //
 // An acquire error is returned as it is and fn is not run. The release at
 // the end runs even if ctx has been cancelled; its failure is returned
@@ -35,13 +39,21 @@ func (cl *Client) WithLock(ctx context.Context, key string, opts AcquireOptions,
 		return err
 	}
 	ferr := fn(ka.Context(), ka.Lock())
-	lost := ka.Stop()
+	if lost := ka.Stop(); lost != nil {
+		if lost == errLostDeadline {
+			// The server did not answer renewals: it may still hold
+			// the lock, and answer a release later.
+			cl.compensate(l.Key, l.Token)
+		}
+		if ferr == nil || errors.Is(ferr, context.Canceled) || errors.Is(ferr, context.DeadlineExceeded) || errors.Is(ferr, ErrLockLost) {
+			return lost
+		}
+		return errors.Join(ferr, lost)
+	}
 	rerr := cl.Release(context.WithoutCancel(ctx), l)
 	switch {
 	case ferr != nil:
 		return ferr
-	case lost != nil:
-		return lost
 	case errors.Is(rerr, ErrNotHeld):
 		return ErrLockLost
 	}

@@ -1,8 +1,10 @@
 package engine_test
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -183,26 +185,23 @@ func everyRequest(t *testing.T, p *pki) {
 	}
 }
 
-// TestTLSRefusesPlaintext: a plaintext client on the TLS port gets its
-// connection closed, without an answer, and the failure is counted.
+// TestTLSRefusesPlaintext: a plaintext client on the TLS port gets one
+// plaintext E 1 (op: its first byte, id 0) saying that the port speaks
+// TLS, and nothing else; its connection is closed, nothing it sent is
+// executed, and the failure is counted.
 func TestTLSRefusesPlaintext(t *testing.T) {
 	p := newPKI(t)
 	ts := startTLSServer(t, p, false, nil)
 	w := dial(t, ts.Addr())
 	w.send(proto.AppendAcquire(nil, 0, 30, 1, "k"))
 	_ = w.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	buf := make([]byte, 4096)
-	for {
-		n, err := w.c.Read(buf)
-		if n > 0 && buf[0] == 'A' {
-			t.Fatalf("a plaintext acquire was answered: %q", buf[:n])
-		}
-		if err != nil {
-			if isTimeout(err) {
-				t.Fatal("connection not closed")
-			}
-			break
-		}
+	got, err := io.ReadAll(w.c)
+	if isTimeout(err) {
+		t.Fatal("connection not closed")
+	}
+	want := proto.AppendError(nil, proto.OpAcquire, 0, proto.CodeBadFrame, engine.PlaintextOnTLS)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("a plaintext client read %q, want %q", got, want)
 	}
 	lockdWait(t, "the failure counted", func() bool { return ts.Metrics().TLSHandshakeFailures == 1 })
 	if ts.Key([]byte("k")).Held {

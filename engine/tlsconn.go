@@ -3,6 +3,7 @@ package engine
 import (
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
+
+	"github.com/lockd-dev/lockd/proto"
 )
 
 // The TLS port (PROTOCOL.md §8.1; docs/DESIGN.md "TLS").
@@ -186,6 +189,9 @@ func (t *tlsConn) serve() {
 	}
 	if err != nil {
 		closing := t.isClosed() // the engine stopping, not the client failing
+		if !closing {
+			t.answerPlaintext(err)
+		}
 		t.shut()
 		s.conns.Add(-1)
 		if err != errDrainingHandshake && !closing {
@@ -209,6 +215,36 @@ func (t *tlsConn) serve() {
 }
 
 var errDrainingHandshake = errors.New("engine: shutting down")
+
+// PlaintextOnTLS is the message of the E 1 that the TLS port sends a
+// client whose first bytes are not TLS (answerPlaintext).
+const PlaintextOnTLS = "this port speaks TLS only: connect with TLS"
+
+// plaintextLinger bounds how long a plaintext client's connection is
+// read after its E 1, so that the close does not reset the connection
+// before the client has read the E 1.
+const plaintextLinger = 250 * time.Millisecond
+
+// answerPlaintext answers a client that is not speaking TLS at all (its
+// first record is no TLS record; crypto/tls gives up without a word) in
+// its own language: one plaintext E 1 whose message says the port speaks
+// TLS, so a lockd client can name the cause instead of seeing a silent
+// close. Then it stops writing and reads what the client still sends, for
+// up to plaintextLinger, before the caller closes: a close with unread
+// input resets the connection, which may discard the E 1 at the client.
+// Anything else that fails a handshake gets crypto/tls's alert alone.
+func (t *tlsConn) answerPlaintext(err error) {
+	var rhe tls.RecordHeaderError
+	if !errors.As(err, &rhe) || rhe.Conn == nil {
+		return
+	}
+	_ = t.raw.SetDeadline(time.Now().Add(plaintextLinger))
+	if _, err := t.raw.Write(proto.AppendError(nil, proto.Op(rhe.RecordHeader[0]), 0, proto.CodeBadFrame, PlaintextOnTLS)); err != nil {
+		return
+	}
+	_ = t.raw.CloseWrite()
+	_, _ = io.Copy(io.Discard, t.raw)
+}
 
 // run reads and runs batches until the connection ends.
 func (t *tlsConn) run(ss *session) {

@@ -168,28 +168,33 @@ func TestHelpListsOnlyItsFlags(t *testing.T) {
 	}
 }
 
-// TestRunHelpLeaseArithmetic: run's help derives the shortest lease from
-// the flags' defaults, and run enforces exactly that bound.
+// TestRunHelpLeaseArithmetic: run's help derives the shortest lease, the
+// renewal interval and the outage run rides out from the flags' defaults,
+// and run enforces exactly that bound. (TestRunSurvivesRestart checks an
+// outage in practice.)
 func TestRunHelpLeaseArithmetic(t *testing.T) {
 	out, _, _ := ctl(t, nil, "run", "--help")
 	short := minRunLease(defaultRunMargin, defaultRunGrace, 0)
-	if short != 11*time.Second {
-		t.Fatalf("shortest lease with the defaults %v, want 11s (2/3 lease > 2s + 5s)", short)
+	if short != 8*time.Second {
+		t.Fatalf("shortest lease with the defaults %v, want 8s (lease > 2s + 5s + 100ms)", short)
 	}
-	for _, want := range []string{"lease > 7s + lease/3, so lease > 10.5s", "the other defaults is 11s", "renewals run every 10s", "SIGTERM 7.1s before"} {
+	// 30s: (30 - 7.1)/3 = 7.633s; 30 - 7.1 - 7.633 - 2 × 250ms = 14.767s.
+	// 15s: (15 - 7.1)/3 = 2.633s; 15 - 7.1 - 2.633 - 2 × 250ms = 4.767s.
+	for _, want := range []string{"the shortest --lease is 8s", "--lease 30s (the default): renewals every 7.633s, outages up to 14.767s",
+		"--lease 15s:              renewals every 2.633s, outages up to 4.767s", "SIGTERM 7.1s before"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("run --help lacks %q:\n%s", want, out)
 		}
 	}
-	// The bound is the one run applies: 10s is refused, naming the
-	// shortest lease, and 11s runs.
+	// The bound is the one run applies: 7s is refused, naming the
+	// shortest lease, and 8s runs.
 	s := startLockd(t)
 	env := []string{"LOCKD_ADDRS=" + s.addr}
-	if _, errs, code := ctl(t, env, "run", "k", "--lease", "10s", "--", "true"); code != exitUsage || !strings.Contains(errs, "the shortest lease is 11s") {
-		t.Fatalf("run --lease 10s: %d %s", code, errs)
+	if _, errs, code := ctl(t, env, "run", "k", "--lease", "7s", "--", "true"); code != exitUsage || !strings.Contains(errs, "the shortest lease is 8s") {
+		t.Fatalf("run --lease 7s: %d %s", code, errs)
 	}
-	if _, errs, code := ctl(t, env, "run", "k", "--lease", "11s", "--", "true"); code != 0 {
-		t.Fatalf("run --lease 11s: %d %s", code, errs)
+	if _, errs, code := ctl(t, env, "run", "k", "--lease", "8s", "--", "true"); code != 0 {
+		t.Fatalf("run --lease 8s: %d %s", code, errs)
 	}
 }
 

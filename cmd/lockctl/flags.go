@@ -38,6 +38,10 @@ type conn struct {
 	// Set by finish.
 	tlsConfig *tls.Config   // nil: plaintext
 	secret    client.Secret // "" without an identity
+
+	// Set by the command: the pause before a dropped connection is
+	// dialled again (0: the client's default).
+	redial time.Duration
 }
 
 // connFlags adds the connection flags to cmd.
@@ -141,6 +145,7 @@ func (c *conn) config() client.Config {
 	cfg.DialTimeout = c.timeout
 	cfg.TransportTimeout = c.timeout
 	cfg.FailFast = true
+	cfg.ReconnectInterval = c.redial
 	cfg.TLS = c.tlsConfig
 	cfg.Identity = c.identity
 	cfg.Secret = c.secret

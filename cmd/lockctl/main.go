@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -246,6 +248,7 @@ func classify(err error) (int, string) {
 	switch {
 	case errors.Is(err, client.ErrUnauthenticated):
 		code = exitUnauthenticated
+		msg += "; lockctl authenticates with --identity and --secret-file (or " + envIdentity + " and " + envSecretFile + "), or with a client certificate whose name is an identity (--tls-cert, --tls-key)"
 	case errors.Is(err, client.ErrPermissionDenied):
 		code = exitPermissionDenied
 	case errors.Is(err, client.ErrIndeterminate):
@@ -255,7 +258,10 @@ func classify(err error) (int, string) {
 		if cause := errors.Unwrap(err); cause != nil {
 			msg += ": " + cause.Error()
 		}
-		if !errors.Is(err, client.ErrRejected) {
+		switch {
+		case errors.Is(err, client.ErrTLS):
+			msg += tlsHint(err)
+		case !errors.Is(err, client.ErrRejected):
 			msg += "; is it running? addresses come from --addr or LOCKD_ADDRS"
 		}
 	case errors.Is(err, client.ErrTimeout):
@@ -272,6 +278,29 @@ func classify(err error) (int, string) {
 		code = exitUsage
 	}
 	return code, msg
+}
+
+// tlsHint names the TLS flag that a TLS failure points to.
+func tlsHint(err error) string {
+	var rhe tls.RecordHeaderError
+	var ua x509.UnknownAuthorityError
+	var he x509.HostnameError
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "speaks TLS"):
+		return "; connect with TLS: --tls-ca FILE (the CA that signed lockd's certificate), or --tls for the system's roots"
+	case strings.Contains(msg, "certificate required"):
+		return "; lockd requires a client certificate (mutual TLS): --tls-cert FILE and --tls-key FILE"
+	case strings.Contains(msg, "refused the TLS connection"):
+		return "; lockd did not accept the client certificate: --tls-cert must be signed by a CA of its --tls-client-ca"
+	case errors.As(err, &rhe):
+		return "; the server does not speak TLS there: drop --tls and the --tls-* flags, or check --addr"
+	case errors.As(err, &ua):
+		return "; --tls-ca must name the CA that signed lockd's certificate"
+	case errors.As(err, &he):
+		return "; lockd's certificate does not name this host: --tls-server-name NAME gives the name it carries"
+	}
+	return "; check the --tls-* flags"
 }
 
 // notAcquireErr words an indeterminate release or renew for what it is

@@ -589,3 +589,136 @@ func TestServerAtMaxConns(t *testing.T) {
 		}
 	}
 }
+
+// freeAddr is 127.0.0.1 with a port below the ephemeral range that is
+// free now, for a lockd that must come back on the same address.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	for p := 20000 + int(time.Now().UnixNano()%10000); p < 32000; p += 7 {
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err == nil {
+			ln.Close()
+			return "127.0.0.1:" + strconv.Itoa(p)
+		}
+	}
+	t.Fatal("no free port")
+	return ""
+}
+
+// adminKey reads the admin endpoint's view of key.
+func adminKey(t *testing.T, admin, key string) api.Key {
+	t.Helper()
+	var k api.Key
+	resp, err := http.Get("http://" + admin + api.PathKeys + key)
+	if err != nil {
+		return k // restarting
+	}
+	defer resp.Body.Close()
+	_ = json.NewDecoder(resp.Body).Decode(&k)
+	return k
+}
+
+// TestRunSurvivesRestart: a graceful restart of a single lockd (SIGTERM
+// with the default 2 s --drain, started again on the same address and data
+// dir, so the lock comes back with its token) while run holds the lock
+// with --lease 15s does not stop the command. The restart begins just
+// before a renewal is due, the worst moment: that renewal fails, each
+// failure is reported ("renewing … failed …; retrying"), and a later one
+// lands before the stop time; the command then ends by itself and run
+// exits with its code.
+func TestRunSurvivesRestart(t *testing.T) {
+	addr := freeAddr(t)
+	args := []string{"--listen", addr, "--admin", "127.0.0.1:0", "--data-dir", t.TempDir(), "--loops", "1"}
+	s := startLockdArgs(t, args)
+	stop := filepath.Join(t.TempDir(), "stop")
+	cmd := exec.Command(lockctlBin, "run", "restart", "--addr", addr, "--lease", "15s", "--",
+		"sh", "-c", "while [ ! -e "+stop+" ]; do sleep 0.05; done")
+	var errb syncBuffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	// renewal waits for the lease left to jump up (a renewal) and returns
+	// when it did.
+	renewal := func(admin string, within time.Duration) time.Time {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		last := int64(-1)
+		for time.Now().Before(deadline) {
+			select {
+			case err := <-done:
+				t.Fatalf("run ended: %v; stderr: %s", err, errb.String())
+			default:
+			}
+			k := adminKey(t, admin, "restart")
+			if k.Held && last >= 0 && k.LeaseLeftMs > last+200 {
+				return time.Now()
+			}
+			if k.Held {
+				last = k.LeaseLeftMs
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatalf("no renewal within %v; stderr: %s", within, errb.String())
+		return time.Time{}
+	}
+	// The renewal interval, as run applies it: between two renewals.
+	first := renewal(s.admin, 20*time.Second)
+	second := renewal(s.admin, 20*time.Second)
+	every := second.Sub(first)
+	token := adminKey(t, s.admin, "restart").Token
+	time.Sleep(every - 300*time.Millisecond)
+
+	begin := time.Now()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Wait(); err != nil {
+		t.Fatalf("lockd on SIGTERM: %v", err)
+	}
+	s = startLockdArgs(t, args)
+	t.Logf("renewals every %v; lockd restarted in %v, %v before the next renewal was due", every, time.Since(begin), 300*time.Millisecond)
+	if k := adminKey(t, s.admin, "restart"); !k.Held || k.Token != token {
+		t.Fatalf("after the restart the key is %+v, want held with token %s", k, token)
+	}
+	renewal(s.admin, 10*time.Second) // a renewal reached the new process
+
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v; stderr: %s", err, errb.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("run did not end; stderr: %s", errb.String())
+	}
+	if e := errb.String(); !strings.Contains(e, `renewing "restart" failed`) || !strings.Contains(e, "retrying") {
+		t.Fatalf("stderr does not report the failed renewals: %s", e)
+	}
+	t.Logf("run's stderr:\n%s", errb.String())
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's writes and the
+// test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

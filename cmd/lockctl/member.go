@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lockd-dev/lockd/api"
+	"github.com/lockd-dev/lockd/client"
 )
 
 // The member commands: a raft cluster's membership through the admin
@@ -124,6 +126,12 @@ make 8 voters, or a member already there.`,
 		}
 		ad.finish()
 		ad.hc.Timeout = c.timeout + wait
+		// The leader waits for the new member to catch up: say so, and
+		// whether the member answers at all, rather than wait in silence.
+		if err := a.probeMember(c, pos[0]); err != nil {
+			a.warn("%s does not answer on its client port (%v): the leader will wait for it all the same; start it first, on an empty --data-dir, with --cluster raft --join --self %s", pos[0], err, pos[0])
+		}
+		a.out.message(a.stderr, "info", fmt.Sprintf("adding %s: the leader waits up to %v (--wait) for it to catch up from its snapshot and log, then makes it a voter", pos[0], wait), 0)
 		body, _ := json.Marshal(api.AddMember{Addr: pos[0]})
 		var ch api.MemberChange
 		if err := ad.change(http.MethodPost, api.PathMembers+"?wait="+url.QueryEscape(wait.String()), body, &ch); err != nil {
@@ -171,6 +179,28 @@ the members that are down first.`,
 		return o.result(a.stdout, "removed "+memberName(&ch.Member)+"\n\n"+membersText(&ch.Members), &ch)
 	})
 	return cmd
+}
+
+// probeMember pings addr, a new member's client address, with the
+// command's connection settings: a member started with --join answers
+// pings before it is added.
+func (a *app) probeMember(c *conn, addr string) error {
+	pc := *c
+	pc.addrs = []string{addr}
+	cfg := pc.config()
+	cfg.ConnsPerAddr = 1
+	cl, err := client.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), min(c.timeout, 3*time.Second))
+	defer cancel()
+	_, err = cl.Ping(ctx)
+	if cause := errors.Unwrap(err); cause != nil && errors.Is(err, client.ErrNoConnection) {
+		err = cause
+	}
+	return err
 }
 
 // memberName is "ID (addr)", or the address when it is the ID.
@@ -288,11 +318,7 @@ func (ad *admin) send(method, u string, body []byte, v any) error {
 		_ = json.Unmarshal(b, &nl)
 		return &notLeaderErr{admin: u, leader: nl.Leader}
 	}
-	var e api.Error
-	msg := strings.TrimSpace(string(b))
-	if json.Unmarshal(b, &e) == nil && e.Error != "" {
-		msg = e.Error
-	}
+	msg := errorBody(b)
 	if resp.StatusCode == http.StatusBadRequest {
 		return usageError(msg)
 	}

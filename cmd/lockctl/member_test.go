@@ -126,9 +126,38 @@ func TestMemberCommands(t *testing.T) {
 			t.Fatalf("%v: exit %d %s, want %d and %q", tc.args, code, errs, tc.code, tc.want)
 		}
 	}
+	// A member that is not running: lockctl says so and what the leader
+	// waits for, instead of waiting in silence; then it is removed again.
+	ghost := raftPort(t, taken)
+	env = append(env, "LOCKD_ADDRS="+strings.Join(append(slices.Clone(peers), nw), ","))
+	start := time.Now()
+	_, errs, code = ctl(t, env, "member", "add", ghost, "--wait", "2s", "--timeout", "2s")
+	if code != exitError || !strings.Contains(errs, ghost+" does not answer on its client port") || !strings.Contains(errs, "waits up to 2s") ||
+		!strings.Contains(errs, "not caught up") {
+		t.Fatalf("member add of a member not running: exit %d after %v: %s", code, time.Since(start), errs)
+	}
+	if _, errs, code := ctl(t, env, "member", "remove", ghost); code != 0 {
+		t.Fatalf("member remove of the member not running: %d %s", code, errs)
+	}
 	single := startLockd(t)
-	if _, errs, code := ctl(t, []string{"LOCKD_ADDRS=" + single.addr, "LOCKD_ADMIN=" + single.admin}, "member", "list"); code != exitError || !strings.Contains(errs, "--cluster raft") {
+	if _, errs, code := ctl(t, []string{"LOCKD_ADDRS=" + single.addr, "LOCKD_ADMIN=" + single.admin}, "member", "list"); code != exitError || !strings.Contains(errs, "--cluster raft") || strings.Contains(errs, `"error"`) {
 		t.Fatalf("member list on a single node: %d %s", code, errs)
+	}
+}
+
+// TestMemberListPriority: member list on a priority cluster says, in a
+// sentence, that its members are its --peers (not the admin endpoint's
+// JSON body).
+func TestMemberListPriority(t *testing.T) {
+	taken := map[int]bool{}
+	peers := []string{raftPort(t, taken), raftPort(t, taken)}
+	for _, a := range peers {
+		startLockdArgs(t, []string{"--listen", a, "--data-dir", t.TempDir(), "--loops", "1", "--drain", "1ms",
+			"--cluster", "priority", "--peers", strings.Join(peers, ",")})
+	}
+	_, errs, code := ctl(t, []string{"LOCKD_ADDRS=" + strings.Join(peers, ",")}, "member", "list")
+	if code != exitError || !strings.Contains(errs, "priority cluster's members are its --peers") || strings.Contains(errs, `"error"`) {
+		t.Fatalf("member list on a priority cluster: exit %d, %s", code, errs)
 	}
 }
 

@@ -41,21 +41,46 @@ type runOpts struct {
 	retryRenewIn time.Duration // pause before a failed renewal is retried
 }
 
+// stopLead is how long before the lease's conservative end run sends
+// SIGTERM when renewals fail: the group is then dead --margin before the
+// lease can end.
+func stopLead(margin, grace time.Duration) time.Duration { return margin + grace + killLead }
+
 // renewInterval is the renewal interval run uses: every, or a third of
-// the lease.
-func renewInterval(lease, every time.Duration) time.Duration {
+// what is left of the lease once stopLead is set aside, so that two
+// intervals of failing renewals still leave one before the stop time.
+func renewInterval(lease, margin, grace, every time.Duration) time.Duration {
 	if every == 0 {
-		return lease / 3
+		return (lease - stopLead(margin, grace)) / 3
 	}
 	return every
 }
 
+// maxRenewRetry bounds the pause between failed renewals and between
+// redials: a lockd coming back from a restart is found within it.
+const maxRenewRetry = 250 * time.Millisecond
+
+// renewRetry is the pause before a failed renewal is tried again, and
+// the client's redial interval: an eighth of the renewal interval, at most
+// maxRenewRetry.
+func renewRetry(every time.Duration) time.Duration { return min(every/8, maxRenewRetry) }
+
 // leaseFits is run's rule: when renewals fail, the command gets SIGTERM
-// margin + grace + killLead before the lease's conservative end; at least
-// one renewal interval must come before that.
+// stopLead before the lease's conservative end; at least one renewal
+// interval must come before that.
 func leaseFits(lease, margin, grace, every time.Duration) bool {
-	every = renewInterval(lease, every)
-	return every > 0 && margin+grace+max(every, killLead) < lease
+	every = renewInterval(lease, margin, grace, every)
+	return every > 0 && stopLead(margin, grace)+every < lease
+}
+
+// rideOut is the longest outage of lockd (a restart, its drain included)
+// that run survives wherever it falls between renewals: the renewal due
+// when it starts fails, and a later one must land before the stop time,
+// which leaves the lease less stopLead, one renewal interval, and two
+// retry pauses (one to redial, one for the next attempt).
+func rideOut(lease, margin, grace, every time.Duration) time.Duration {
+	every = renewInterval(lease, margin, grace, every)
+	return lease - stopLead(margin, grace) - every - 2*renewRetry(every)
 }
 
 // minRunLease is the shortest whole-second lease leaseFits accepts, 0 if
@@ -72,7 +97,7 @@ func minRunLease(margin, grace, every time.Duration) time.Duration {
 // runLong is run's help, its numbers derived from the flags' defaults.
 func runLong() string {
 	m, g := defaultRunMargin, defaultRunGrace
-	every := renewInterval(defaultRunLease, 0)
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	return fmt.Sprintf(`run takes the lock on KEY (waiting up to --wait), starts CMD in its own
 process group with LOCKD_KEY and LOCKD_TOKEN (the fencing token) in its
 environment, and renews the lease while CMD runs. When CMD exits, anything it
@@ -87,20 +112,33 @@ the whole group (grandchildren included): SIGTERM, then SIGKILL after --grace,
 timed so that the group is dead --margin before the lease can end on the
 server; then it exits 14.
 
-Lease arithmetic. The lease is renewed every --renew-every (default: a third
-of --lease). When renewals fail, SIGTERM goes out --margin + --grace + %v
-before the lease's conservative end, so at least one renewal interval must
-fit before that:
+Lease arithmetic. When renewals fail, SIGTERM goes out --margin + --grace +
+%v before the lease's conservative end (the stop time), so that the group
+is dead --margin before the lease can end. The lease is renewed every
+--renew-every, by default a third of what is left of the lease once that
+is set aside: (lease - margin - grace - %v)/3. A renewal waits about half
+the interval for its answer; one that fails is reported on stderr
+("renewing KEY failed: ...; retrying") and tried again after an eighth of
+the interval (at most %v), on connections redialled as often. At least one
+renewal must fit before the stop time:
 
-    --lease > --margin + --grace + the renewal interval
+    --lease > --margin + --grace + %v + the renewal interval
 
-With the defaults (--margin %v, --grace %v, renewal every lease/3) that is
-lease > %v + lease/3, so lease > %v: the shortest --lease run accepts with
-the other defaults is %v (leases are whole seconds). With the default --lease
-%v, renewals run every %v and a command whose renewals keep failing gets
-SIGTERM %v before the lease could end. A shorter lease needs a smaller
---margin, --grace or --renew-every.`,
-		killLead, m, g, m+g, (m+g)*3/2, minRunLease(m, g, 0), defaultRunLease, every, m+g+killLead)
+With the defaults (--margin %v, --grace %v) the shortest --lease is %v
+(leases are whole seconds). An outage of lockd (a planned restart, its
+--drain included) is ridden out wherever it falls between renewals when it
+is shorter than the lease less the stop time's lead, one renewal interval
+and two retry pauses:
+
+    --lease %v (the default): renewals every %v, outages up to %v
+    --lease 15s:              renewals every %v, outages up to %v
+
+A command whose renewals keep failing gets SIGTERM %v before the lease
+could end. A shorter lease needs a smaller --margin, --grace or
+--renew-every.`,
+		killLead, killLead, maxRenewRetry, killLead, m, g, minRunLease(m, g, 0),
+		defaultRunLease, ms(renewInterval(defaultRunLease, m, g, 0)), ms(rideOut(defaultRunLease, m, g, 0)),
+		ms(renewInterval(15*time.Second, m, g, 0)), ms(rideOut(15*time.Second, m, g, 0)), stopLead(m, g))
 }
 
 func (a *app) runCmd() *cobra.Command {
@@ -111,7 +149,7 @@ func (a *app) runCmd() *cobra.Command {
 		Long:  runLong(),
 		Example: `  lockctl run nightly-report --wait 10s --lease 30s -- ./report.sh
   lockctl run jobs/import --wait 0 -- sh -c 'import --fence-token "$LOCKD_TOKEN"'   # skip if held (exit 10)
-  lockctl run billing/close --lease 11s -- ./close-books                             # the shortest lease with the defaults`,
+  lockctl run billing/close --lease 8s -- ./close-books                              # the shortest lease with the defaults`,
 		DisableFlagsInUseLine: true,
 	}
 	f := cmd.Flags()
@@ -119,7 +157,7 @@ func (a *app) runCmd() *cobra.Command {
 	f.DurationVar(&o.lease, "lease", defaultRunLease, "lease, renewed in the background while the command runs, 1s..255s (see Lease arithmetic)")
 	f.DurationVar(&o.margin, "margin", defaultRunMargin, "safety margin: when renewals fail, the command is dead this long before the lease can end")
 	f.DurationVar(&o.grace, "grace", defaultRunGrace, "time between SIGTERM and SIGKILL when the lock is lost")
-	f.DurationVar(&o.renewEvery, "renew-every", 0, "renewal interval (default: a third of the lease)")
+	f.DurationVar(&o.renewEvery, "renew-every", 0, "renewal interval (default: a third of the lease less --margin, --grace and 100ms; see Lease arithmetic)")
 	out := a.outputFlag(cmd)
 	cmd.Flags().Lookup("output").Usage = "format of run's own messages on stderr: text or json (the command's output is its own)"
 	c := connFlags(cmd)
@@ -150,14 +188,21 @@ func (a *app) runCmd() *cobra.Command {
 			return usageErr("--margin and --grace must not be negative")
 		}
 		if !leaseFits(o.lease, o.margin, o.grace, o.renewEvery) {
-			msg := fmt.Sprintf("--lease %v must exceed --margin %v + --grace %v + the renewal interval %v", o.lease, o.margin, o.grace, renewInterval(o.lease, o.renewEvery))
+			msg := fmt.Sprintf("--lease %v must exceed --margin %v + --grace %v + %v + the renewal interval", o.lease, o.margin, o.grace, killLead)
+			if o.renewEvery > 0 {
+				msg += fmt.Sprintf(" %v", o.renewEvery)
+			}
 			if ml := minRunLease(o.margin, o.grace, o.renewEvery); ml > 0 {
 				msg += fmt.Sprintf("; with these, the shortest lease is %v", ml)
 			}
 			return usageError(msg + " (lockctl run --help: Lease arithmetic)")
 		}
-		o.renewEvery = renewInterval(o.lease, o.renewEvery)
-		o.retryRenewIn = min(o.renewEvery/4, time.Second)
+		o.renewEvery = renewInterval(o.lease, o.margin, o.grace, o.renewEvery)
+		o.retryRenewIn = renewRetry(o.renewEvery)
+		// Connections that drop (a lockd restarting) are redialled as
+		// often as failed renewals are retried, so that the renewal after
+		// a restart is not held up by the default 3 s redial pause.
+		c.redial = o.retryRenewIn
 		ctx, cancel := c.context()
 		cl, err := c.client(ctx)
 		cancel()
@@ -226,7 +271,7 @@ func (a *app) runLocked(cl *client.Client, c *conn, o *runOpts) error {
 		Lease:  o.lease,
 		Every:  o.renewEvery,
 		Retry:  o.retryRenewIn,
-		Margin: o.margin + o.grace + killLead,
+		Margin: stopLead(o.margin, o.grace),
 		OnRenewError: func(err error) {
 			a.warn("renewing %q failed: %v; retrying", o.key, err)
 		},

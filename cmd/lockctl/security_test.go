@@ -4,9 +4,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"io"
@@ -22,6 +24,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/api"
+	"github.com/lockd-dev/lockd/internal/testcerts"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -133,7 +136,7 @@ func TestTLSFlags(t *testing.T) {
 		code int
 		want string
 	}{
-		{"plaintext to a TLS port", []string{"ping", "--addr", front}, exitError, "serving TLS"},
+		{"plaintext to a TLS port", []string{"ping", "--addr", front}, exitError, "a TLS port"},
 		{"system roots only", []string{"ping", "--addr", front, "--tls"}, exitError, "certificate"},
 		{"wrong server name", []string{"ping", "--addr", front, "--tls-ca", p.caFile, "--tls-server-name", "elsewhere"}, exitError, "certificate"},
 		{"TLS to a plaintext port", []string{"ping", "--addr", s.addr, "--tls-ca", p.caFile}, exitError, "TLS handshake"},
@@ -348,4 +351,95 @@ func TestAdminAuth(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMessagesNameTheCause: what went wrong is said in lockctl's terms —
+// its flags, the identity lockd logs, the limit a key broke — and "is it
+// running?" only where nothing answered. Against real lockd processes:
+// a TLS port, one with mutual TLS and an ACL, one with an ACL alone.
+func TestMessagesNameTheCause(t *testing.T) {
+	ca, err := testcerts.NewCA("lockctl messages CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	srv, err := ca.Issue("lockd", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := srv.Write(dir, "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile, err := ca.Write(dir, "ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	billing, err := ca.Issue("billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bcert, bkey, err := billing.Write(dir, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	aclFile := filepath.Join(dir, "acl")
+	if err := os.WriteFile(aclFile, []byte("billing cert billing/ client\norders "+digest("orders-secret")+" orders/ client\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tlsPort := startLockd(t, "--tls-cert", cert, "--tls-key", key)
+	mutual := startLockd(t, "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", caFile, "--acl", aclFile)
+	withACL := startLockd(t, "--acl", aclFile)
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	long := strings.Repeat("k", 1025)
+
+	const running = "is it running?"
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		want   []string
+		unwant []string
+	}{
+		{"plaintext to lockd's TLS port", []string{"acquire", "k", "--addr", tlsPort.addr},
+			exitError, []string{"speaks TLS", "--tls-ca"}, []string{running, "indeterminate"}},
+		{"no client certificate for mutual TLS", []string{"acquire", "billing/1", "--addr", mutual.addr, "--tls-ca", caFile},
+			exitError, []string{"TLS", "--tls-cert", "--tls-key"}, []string{running, "indeterminate"}},
+		{"no identity", []string{"acquire", "orders/1", "--addr", withACL.addr},
+			exitUnauthenticated, []string{"requires an identity", "--identity", "--secret-file"}, []string{"Config."}},
+		{"a certificate's identity outside its keys", []string{"acquire", "orders/1", "--addr", mutual.addr, "--tls-ca", caFile, "--tls-cert", bcert, "--tls-key", bkey},
+			exitPermissionDenied, []string{`identity "billing"`, `"orders/1"`}, []string{`identity ""`}},
+		{"a key over 1024 bytes", []string{"acquire", long, "--addr", withACL.addr},
+			exitUsage, []string{"1025 bytes", "1024"}, nil},
+		{"nothing listening", []string{"ping", "--addr", deadAddr},
+			exitError, []string{"connection refused", running}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, errs, code := ctl(t, nil, tc.args...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d: %s", code, tc.code, errs)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errs, w) {
+					t.Errorf("stderr lacks %q: %s", w, errs)
+				}
+			}
+			for _, w := range tc.unwant {
+				if strings.Contains(errs, w) {
+					t.Errorf("stderr says %q: %s", w, errs)
+				}
+			}
+		})
+	}
+}
+
+// digest is an ACL file's sha256: secret field for secret.
+func digest(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }

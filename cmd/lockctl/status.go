@@ -281,12 +281,22 @@ func (ad *admin) getJSON(u string, v any) error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("admin endpoint: %s: %s", resp.Status, b)
+		return fmt.Errorf("admin endpoint: %s: %s", resp.Status, errorBody(b))
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		return fmt.Errorf("admin endpoint: bad answer: %v", err)
 	}
 	return nil
+}
+
+// errorBody is the message of an admin endpoint's error answer: the
+// "error" of its JSON body (api.Error), else the body as text.
+func errorBody(b []byte) string {
+	var e api.Error
+	if json.Unmarshal(b, &e) == nil && e.Error != "" {
+		return e.Error
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // do sends one request to the admin endpoint (JSON body when body is not

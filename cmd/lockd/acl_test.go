@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -275,5 +276,36 @@ func TestSIGHUPWithoutReloads(t *testing.T) {
 	c.expect(proto.OpPing, 1)
 	if code := d.stop(syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit %d", code)
+	}
+}
+
+// TestACLFileModeWarning: an ACL file that group or others may read is
+// warned about at start and at a SIGHUP re-read, naming its mode and
+// chmod 600; one readable by lockd alone is not.
+func TestACLFileModeWarning(t *testing.T) {
+	const warning = "group or others may read it"
+	for _, c := range []struct {
+		mode os.FileMode
+		warn bool
+	}{{0o644, true}, {0o640, true}, {0o600, false}, {0o400, false}} {
+		t.Run(c.mode.String(), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "acl")
+			writeACL(t, path, aclFile)
+			if err := os.Chmod(path, c.mode); err != nil {
+				t.Fatal(err)
+			}
+			d := startDaemon(t, t.TempDir(), "--acl", path)
+			if c.warn {
+				waitLog(t, d, warning, fmt.Sprintf("%04o", c.mode), "chmod 600")
+				_ = d.cmd.Process.Signal(syscall.SIGHUP)
+				waitLogCount(t, d, warning, 2)
+			} else {
+				_ = d.cmd.Process.Signal(syscall.SIGHUP)
+				waitLog(t, d, "reloaded")
+				if strings.Contains(d.logs.String(), warning) {
+					t.Fatalf("mode %04o warned about:\n%s", c.mode, d.logs)
+				}
+			}
+		})
 	}
 }

@@ -129,6 +129,9 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	if err := cfg.Validate(); err != nil {
 		return cfg, opt, usageError{flagError(err).Error()}
 	}
+	if err := checkAddr("--listen", cfg.Listen); err != nil {
+		return cfg, opt, err
+	}
 	if err := clusterFlags(fs, &cfg, &opt, *peers, *self); err != nil {
 		return cfg, opt, err
 	}
@@ -155,6 +158,9 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	} else if opt.admin != "" {
 		if _, _, err := net.SplitHostPort(opt.admin); err != nil {
 			return cfg, opt, usageError{fmt.Sprintf("--admin %q: %v", opt.admin, err)}
+		}
+		if err := checkAddr("--admin", opt.admin); err != nil {
+			return cfg, opt, err
 		}
 	}
 	if opt.cluster != "" {
@@ -223,6 +229,18 @@ func clusterFlags(fs *flag.FlagSet, cfg *engine.Config, opt *options, peers, sel
 	return nil
 }
 
+// aclModeWarning is the warning for an ACL file that group or others may
+// read or write ("" when they may not, or it cannot be read): it holds the
+// secrets' digests, unsalted, from which a guessable secret can be found,
+// and whoever writes it gives identities keys.
+func aclModeWarning(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm()&0o077 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("--acl: the file's mode is %04o: group or others may read it (the secrets' digests: a guessable secret can be found from them) or change it; make it readable by lockd only (chmod 600)", fi.Mode().Perm())
+}
+
 // aclError words a failure to load the ACL file with the flag's name (a
 // bad line already names the file and the line).
 func aclError(path string, err error) string {
@@ -288,6 +306,21 @@ func flagError(err error) error {
 	return fmt.Errorf("%s %v: %s", name, value, why)
 }
 
+// checkAddr checks an address flag's port before anything is started or
+// reserved: a decimal number 0..65535 (0: any free port). net.Listen
+// would refuse another only once the data dir is locked and tokens are
+// reserved, and would look a name such as "http" up as a service.
+func checkAddr(flag, addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usageError{fmt.Sprintf("%s %q: must be host:port (%v)", flag, addr, err)}
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return usageError{fmt.Sprintf("%s %q: the port must be a number 0..65535", flag, addr)}
+	}
+	return nil
+}
+
 // adminBeside is the default admin address: --listen's host, its port + 1
 // (port 0 stays 0: any free port), so that a second lockd on the host
 // needs no flag beyond its own --listen.
@@ -337,6 +370,11 @@ func run(args []string, stderr io.Writer) int {
 	if cfg.MaxConns, err = fitConns(cfg.MaxConns, cfg.Loops, log); err != nil {
 		log.Error("start failed", "err", err)
 		return 1
+	}
+	if opt.cluster != "" {
+		if w := memberPortWarning(cfg.Listen, opt.member.PeerOffset, ephemeralFile); w != "" {
+			log.Warn(w)
+		}
 	}
 	if n := clusterProcs(opt.cluster, cfg.Loops, os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); n > 0 {
 		runtime.GOMAXPROCS(n)
@@ -389,6 +427,9 @@ func run(args []string, stderr io.Writer) int {
 		})
 	}
 	if opt.acl != "" {
+		if w := aclModeWarning(opt.acl); w != "" {
+			log.Warn(w, "file", opt.acl)
+		}
 		if cfg.ACL.Len() == 0 {
 			log.Warn("--acl names a file without any identity: every lock request will be refused", "file", opt.acl)
 		}
@@ -397,6 +438,9 @@ func run(args []string, stderr io.Writer) int {
 			err := srv.ReloadACL(func() (*acl.ACL, error) { return acl.Load(path) })
 			if err != nil {
 				return errors.New(aclError(path, err))
+			}
+			if w := aclModeWarning(path); w != "" {
+				log.Warn(w, "file", path)
 			}
 			return nil
 		})

@@ -94,6 +94,39 @@ func TestFlagErrorsNameTheFlag(t *testing.T) {
 	}
 }
 
+// TestAddressFlagsCheckedFirst: an address flag whose port is not a
+// number 0..65535 is a bad flag — exit 2, naming it — before anything is
+// started or reserved: no data dir, no admin endpoint.
+func TestAddressFlagsCheckedFirst(t *testing.T) {
+	for _, args := range [][]string{
+		{"--listen", "127.0.0.1:99999"},
+		{"--listen", "127.0.0.1:x"},
+		{"--listen", "127.0.0.1:-1"},
+		{"--listen", "127.0.0.1:http"},
+		{"--admin", "127.0.0.1:70000"},
+		{"--admin", "127.0.0.1:x"},
+		{"--peers", "127.0.0.1:7070,127.0.0.1:99999", "--cluster", "raft", "--listen", "127.0.0.1:7070"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			var stderr bytes.Buffer
+			cmd := exec.Command(binary, append(args, "--data-dir", dir)...)
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("exit: %v, want code 2; stderr: %s", err, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), args[0]) {
+				t.Fatalf("stderr does not name %s: %s", args[0], stderr.String())
+			}
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the data dir was made (%v): something started; stderr: %s", err, stderr.String())
+			}
+		})
+	}
+}
+
 // TestVersion: --version prints the version line of internal/version —
 // the module version (here a release build's -ldflags override) and the
 // VCS revision when the build stamped one — and lockd_build_info carries
@@ -193,7 +226,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-var readyRE = regexp.MustCompile(`msg=ready addr=(\S+)`)
+// readyRE matches the ready line, text or JSON (--log-format json); its
+// last group is the address.
+var readyRE = regexp.MustCompile(`(?:msg=ready addr=|"msg":"ready","addr":")([^\s"]+)`)
 
 func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	t.Helper()
@@ -418,7 +453,7 @@ func TestDataDirLocked(t *testing.T) {
 	}
 }
 
-var adminRE = regexp.MustCompile(`msg="admin endpoint" addr=(\S+)`)
+var adminRE = regexp.MustCompile(`(?:msg="admin endpoint" addr=|"msg":"admin endpoint","addr":")([^\s"]+)`)
 
 func TestAdminEndpointOfTheBinary(t *testing.T) {
 	d := startDaemon(t, t.TempDir(), "--admin", "127.0.0.1:0")

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 )
@@ -115,4 +116,56 @@ func sameHost(h string) string {
 		return "127.0.0.1"
 	}
 	return h
+}
+
+// ephemeralFile holds Linux's range of local ports for outgoing
+// connections (and ":0" listeners).
+const ephemeralFile = "/proc/sys/net/ipv4/ip_local_port_range"
+
+// ephemeralRange is the kernel's ephemeral port range: ephemeralFile's
+// two numbers, or Linux's default 32768–60999 when it cannot be read (ok
+// false: not Linux, or no /proc).
+func ephemeralRange(file string) (lo, hi int, ok bool) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 32768, 60999, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 2 {
+		l, err1 := strconv.Atoi(f[0])
+		h, err2 := strconv.Atoi(f[1])
+		if err1 == nil && err2 == nil && 0 < l && l <= h {
+			return l, h, true
+		}
+	}
+	return 32768, 60999, false
+}
+
+// memberPortWarning is ephemeralWarning for a member listening at listen
+// (its member port is listen's port + offset) with the range in
+// rangeFile; "" when the range cannot be read (not Linux).
+func memberPortWarning(listen string, offset int, rangeFile string) string {
+	_, port, err := net.SplitHostPort(listen)
+	p, _ := strconv.Atoi(port)
+	if err != nil || p <= 0 {
+		return "" // port 0: any port, nothing to foresee
+	}
+	lo, hi, ok := ephemeralRange(rangeFile)
+	if !ok {
+		return ""
+	}
+	return ephemeralWarning(p+offset, lo, hi)
+}
+
+// ephemeralWarning is the warning a member logs at start when its member
+// port (client port + --peer-offset) is in the ephemeral range of [lo,
+// hi]: any outgoing connection on the host may be given that port as its
+// local port, and while it holds it the member cannot bind it (a restart
+// fails with "address already in use"). "" when it is outside.
+func ephemeralWarning(memberPort, lo, hi int) string {
+	if memberPort < lo || memberPort > hi {
+		return ""
+	}
+	return fmt.Sprintf("the member port %d (client port + --peer-offset) is in the kernel's ephemeral port range %d-%d (%s): an outgoing connection of any program on this host may take it while this member is down, and then it cannot start; choose client ports and --peer-offset that put every member port below %d or above %d, or reserve it (net.ipv4.ip_local_reserved_ports)",
+		memberPort, lo, hi, ephemeralFile, lo, hi)
 }

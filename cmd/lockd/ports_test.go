@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -103,5 +105,41 @@ func TestPortCollisionOfTheBinary(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMemberPortWarning: a member port (client port + --peer-offset) in
+// the kernel's ephemeral range is warned about with the range and what to
+// do; outside it, with port 0, or without a readable range, nothing.
+func TestMemberPortWarning(t *testing.T) {
+	dir := t.TempDir()
+	rangeFile := filepath.Join(dir, "ip_local_port_range")
+	if err := os.WriteFile(rangeFile, []byte("20000\t30000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		listen string
+		offset int
+		file   string
+		want   string // "" for none
+	}{
+		{"127.0.0.1:12000", 10000, rangeFile, "the member port 22000 (client port + --peer-offset) is in the kernel's ephemeral port range 20000-30000"},
+		{"127.0.0.1:7070", 10000, rangeFile, ""},  // 17070: below
+		{"127.0.0.1:21000", 10000, rangeFile, ""}, // 31000: above
+		{"127.0.0.1:10000", 10000, rangeFile, "member port 20000"},
+		{"127.0.0.1:20000", 10000, rangeFile, "member port 30000"},
+		{"127.0.0.1:0", 10000, rangeFile, ""},
+		{"127.0.0.1:12000", 10000, filepath.Join(dir, "none"), ""},
+	} {
+		got := memberPortWarning(c.listen, c.offset, c.file)
+		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
+			t.Errorf("--listen %s --peer-offset %d: %q, want %q", c.listen, c.offset, got, c.want)
+		}
+		if got != "" && !strings.Contains(got, "ip_local_reserved_ports") {
+			t.Errorf("the warning does not say what to do: %q", got)
+		}
+	}
+	if lo, hi, ok := ephemeralRange(ephemeralFile); ok && (lo < 1 || hi < lo) {
+		t.Fatalf("this machine's range read as %d-%d", lo, hi)
 	}
 }

@@ -89,7 +89,7 @@ func (w *rateWriter) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	w.last = time.Now()
-	w.l.Warn("admin endpoint", "msg", strings.TrimSpace(string(p)), "dropped_since_last", w.dropped)
+	w.l.Warn("admin endpoint: a connection failed", "err", strings.TrimSpace(string(p)), "dropped_since_last", w.dropped)
 	w.dropped = 0
 	return len(p), nil
 }

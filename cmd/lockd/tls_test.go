@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/internal/testcerts"
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -165,11 +168,13 @@ func TestTLSBinary(t *testing.T) {
 		t.Fatal("no token")
 	}
 
+	// A plaintext client reads one plaintext E 1 saying the port speaks
+	// TLS, then the close.
 	plain := dial(t, d.addr)
 	plain.send(proto.AppendPing(nil, 2))
 	_ = plain.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, err := plain.c.Read(make([]byte, 64)); err == nil {
-		t.Fatalf("a plaintext client on the TLS port read %d bytes", n)
+	if got, err := io.ReadAll(plain.c); err != nil || !bytes.Equal(got, proto.AppendError(nil, proto.OpPing, 0, proto.CodeBadFrame, engine.PlaintextOnTLS)) {
+		t.Fatalf("a plaintext client on the TLS port read %q (%v), want one E 1 naming TLS and the close", got, err)
 	}
 	waitLog(t, d, "TLS handshakes failed")
 
@@ -239,5 +244,73 @@ func TestSIGHUPWithoutTLS(t *testing.T) {
 	c.expect(proto.OpPing, 5)
 	if code := d.stop(syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit %d", code)
+	}
+}
+
+// jsonDupKeys returns the keys a JSON log line has more than once.
+func jsonDupKeys(line string) ([]string, error) {
+	d := json.NewDecoder(strings.NewReader(line))
+	if _, err := d.Token(); err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var dup []string
+	for d.More() {
+		k, err := d.Token()
+		if err != nil {
+			return nil, err
+		}
+		if seen[k.(string)] {
+			dup = append(dup, k.(string))
+		}
+		seen[k.(string)] = true
+		var v json.RawMessage
+		if err := d.Decode(&v); err != nil {
+			return nil, err
+		}
+	}
+	return dup, nil
+}
+
+// TestJSONLogKeysOnce: every line of a JSON log has each key once — the
+// admin endpoint's TLS handshake errors included (their message was a
+// second "msg") — through a start with TLS and an ACL, refused
+// connections, a SIGHUP and a shutdown.
+func TestJSONLogKeysOnce(t *testing.T) {
+	p := newPEMFiles(t)
+	aclFile := filepath.Join(t.TempDir(), "acl")
+	if err := os.WriteFile(aclFile, []byte("ops sha256:32323cfa9ec9d62750daad0836a4cf3d7b60d23723b7852a529667deed01669f * admin\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, t.TempDir(), "--log-format", "json", "--admin", "127.0.0.1:0",
+		"--tls-cert", p.cert, "--tls-key", p.key, "--acl", aclFile)
+	deadline := time.Now().Add(5 * time.Second)
+	for d.admin.Load() == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Plain HTTP to the HTTPS admin endpoint: a TLS handshake error.
+	if resp, err := http.Get(d.adminURL() + "/livez"); err == nil {
+		resp.Body.Close()
+	}
+	waitLog(t, d, "admin endpoint", "handshake")
+	// A plaintext client on the TLS client port, and an unauthenticated one.
+	plain := dial(t, d.addr)
+	plain.send(proto.AppendPing(nil, 1))
+	_ = plain.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _ = io.ReadAll(plain.c)
+	waitLog(t, d, "TLS handshakes failed")
+	_ = d.cmd.Process.Signal(syscall.SIGHUP)
+	waitLog(t, d, "reloaded")
+	if code := d.stop(syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(d.logs.String()), "\n") {
+		dup, err := jsonDupKeys(line)
+		if err != nil {
+			t.Fatalf("not a JSON line %q: %v", line, err)
+		}
+		if len(dup) > 0 {
+			t.Errorf("keys %v twice: %s", dup, line)
+		}
 	}
 }

@@ -6,27 +6,150 @@ import (
 	"log"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 )
 
 // hclogAdapter sends hashicorp/raft's log lines (an hclog.Logger) to the
 // node's slog logger: Trace and Debug become slog Debug, Info, Warn and
 // Error keep their level. Lines below min are dropped before they are
 // formatted. The name raft gives a subsystem ("raft", "raft-net") becomes
-// the attribute "component".
+// the attribute "component". Every adapter of a node shares its raftLogs
+// (nil: none): one rate limit and one view of the configuration.
 type hclogAdapter struct {
-	log  *slog.Logger
-	name string
-	min  hclog.Level
-	args []any
-	mute *atomic.Bool // when set, drops every line (a closing transport's noise)
+	log    *slog.Logger
+	name   string
+	min    hclog.Level
+	args   []any
+	mute   *atomic.Bool // when set, drops every line (a closing transport's noise)
+	shared *raftLogs
 }
 
-// newHclog returns an hclog.Logger writing to l from level min.
-func newHclog(l *slog.Logger, min hclog.Level) hclog.Logger {
-	return &hclogAdapter{log: l, min: min}
+// newHclog returns an hclog.Logger writing to l from level min, sharing
+// shared (nil: no rate limit).
+func newHclog(l *slog.Logger, min hclog.Level, shared *raftLogs) hclog.Logger {
+	return &hclogAdapter{log: l, min: min, shared: shared}
+}
+
+// raftLogEvery is how often a warning or error of hashicorp/raft about
+// one peer is written: a member that is down makes raft's replication and
+// heartbeat goroutines fail several times a second, each with a line.
+const raftLogEvery = 10 * time.Second
+
+// raftLogs is what the hclog adapters of one node share:
+//   - a rate limit on raft's warnings and errors: one line per subsystem,
+//     message and peer every raftLogEvery, the next one carrying how many
+//     were suppressed meanwhile;
+//   - the configuration: a line about a peer that is no longer in it is
+//     dropped. hashicorp/raft stops replicating to a removed member only
+//     when its replication goroutine's failure backoff (up to tens of
+//     seconds) ends, and its heartbeats fail and log until then.
+type raftLogs struct {
+	// config is the node's raft, once started: its latest configuration
+	// says which peers are members (GetConfiguration reads a copy, safe
+	// from any goroutine).
+	config atomic.Pointer[raft.Raft]
+
+	mu   sync.Mutex
+	seen map[string]*seenLine // by subsystem, message and peer
+}
+
+type seenLine struct {
+	last       time.Time
+	suppressed int
+}
+
+func newRaftLogs() *raftLogs { return &raftLogs{seen: map[string]*seenLine{}} }
+
+// peerOf is the peer a raft log line names (its "peer" or "server-id"
+// argument: an address, an ID or a raft.Server), "" when none.
+func peerOf(args []any) (addr, id string) {
+	for i := 0; i+1 < len(args); i += 2 {
+		k, _ := args[i].(string)
+		if k != "peer" && k != "server-id" {
+			continue
+		}
+		switch v := args[i+1].(type) {
+		case raft.Server:
+			return string(v.Address), string(v.ID)
+		case raft.ServerAddress:
+			return string(v), ""
+		case raft.ServerID:
+			return "", string(v)
+		case string:
+			if k == "server-id" {
+				return "", v
+			}
+			return v, ""
+		}
+	}
+	return "", ""
+}
+
+// member reports whether the configuration has a server with addr or id
+// (true while no configuration is known).
+func (r *raftLogs) member(addr, id string) bool {
+	rf := r.config.Load()
+	if rf == nil {
+		return true
+	}
+	f := rf.GetConfiguration()
+	if f.Error() != nil {
+		return true
+	}
+	for _, s := range f.Configuration().Servers {
+		if addr != "" && string(s.Address) == addr || id != "" && string(s.ID) == id {
+			return true
+		}
+	}
+	return false
+}
+
+// admit decides whether a line is written, and with how many like it
+// suppressed since the last one.
+func (r *raftLogs) admit(level hclog.Level, name, msg string, args []any) (ok bool, suppressed int) {
+	addr, id := peerOf(args)
+	if (addr != "" || id != "") && !r.member(addr, id) {
+		return false, 0
+	}
+	if level < hclog.Warn {
+		return true, 0
+	}
+	key := name + "\x00" + msg + "\x00" + addr + "\x00" + id
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.seen[key]
+	if s != nil && now.Sub(s.last) < raftLogEvery {
+		s.suppressed++
+		return false, 0
+	}
+	if s == nil {
+		if len(r.seen) >= 1024 {
+			for k, v := range r.seen {
+				if now.Sub(v.last) >= raftLogEvery {
+					delete(r.seen, k)
+				}
+			}
+		}
+		s = &seenLine{}
+		r.seen[key] = s
+	}
+	suppressed, s.suppressed, s.last = s.suppressed, 0, now
+	return true, suppressed
+}
+
+// reservedKeys are the keys a raft argument may not take in a line: slog's
+// own, and those lockd's loggers add. Such an argument is written as
+// "raft_" and its key (raft's "time" of "failed to contact" would
+// otherwise be a second "time").
+var reservedKeys = map[string]bool{
+	slog.TimeKey: true, slog.LevelKey: true, slog.MessageKey: true, slog.SourceKey: true,
+	"component": true, "self": true, "suppressed": true,
 }
 
 func slogLevel(l hclog.Level) slog.Level {
@@ -53,13 +176,39 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	if !h.log.Enabled(context.Background(), sl) {
 		return
 	}
-	all := make([]any, 0, 2+len(h.args)+len(args))
+	suppressed := 0
+	if h.shared != nil {
+		var ok bool
+		if ok, suppressed = h.shared.admit(level, h.name, msg, args); !ok {
+			return
+		}
+	}
+	all := make([]any, 0, 4+len(h.args)+len(args))
 	if h.name != "" {
 		all = append(all, "component", h.name)
 	}
-	all = append(all, h.args...)
-	all = append(all, args...)
+	all = appendArgs(all, h.args)
+	all = appendArgs(all, args)
+	if suppressed > 0 {
+		all = append(all, "suppressed", suppressed)
+	}
 	h.log.Log(context.Background(), sl, msg, all...)
+}
+
+// appendArgs appends raft's key/value pairs to dst, a reserved key
+// renamed.
+func appendArgs(dst, args []any) []any {
+	for i := 0; i < len(args); i += 2 {
+		k := args[i]
+		if s, ok := k.(string); ok && reservedKeys[s] {
+			k = "raft_" + s
+		}
+		dst = append(dst, k)
+		if i+1 < len(args) {
+			dst = append(dst, args[i+1])
+		}
+	}
+	return dst
 }
 
 func (h *hclogAdapter) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }

@@ -16,7 +16,7 @@ import (
 func TestHclogAdapter(t *testing.T) {
 	var b bytes.Buffer
 	l := slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	h := newHclog(l, hclog.Info).Named("raft").With("id", 3)
+	h := newHclog(l, hclog.Info, nil).Named("raft").With("id", 3)
 	tests := []struct {
 		log  func()
 		want string // "" = dropped
@@ -45,5 +45,47 @@ func TestHclogAdapter(t *testing.T) {
 	muted.Error("closing")
 	if b.Len() != 0 {
 		t.Fatalf("a muted adapter wrote %q", b.String())
+	}
+}
+
+// TestHclogShared: raft's warnings and errors about one peer are written
+// once per raftLogEvery, the next with the count suppressed meanwhile
+// (other messages and peers apart, Info untouched); an argument whose key
+// slog or lockd uses is renamed raft_KEY.
+func TestHclogShared(t *testing.T) {
+	var b bytes.Buffer
+	l := slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	shared := newRaftLogs()
+	h := newHclog(l, hclog.Info, shared).Named("raft")
+	count := func(f func()) string {
+		b.Reset()
+		f()
+		return b.String()
+	}
+	out := count(func() {
+		for range 5 {
+			h.Error("failed to heartbeat to", "peer", "10.0.0.2:17070", "error", "refused")
+			h.Error("failed to heartbeat to", "peer", "10.0.0.3:17070", "error", "refused")
+			h.Warn("failed to contact", "server-id", "2", "time", 5)
+			h.Info("entering follower state", "term", 5)
+		}
+	})
+	for want, n := range map[string]int{`peer=10.0.0.2:17070`: 1, `peer=10.0.0.3:17070`: 1, `server-id=2`: 1, "entering follower state": 5, "raft_time=5": 1} {
+		if got := strings.Count(out, want); got != n {
+			t.Errorf("%d lines with %q, want %d:\n%s", got, want, n, out)
+		}
+	}
+	if strings.Contains(out, " time=5") {
+		t.Errorf("raft's time argument kept its key:\n%s", out)
+	}
+	// The next one after the interval carries the count.
+	shared.mu.Lock()
+	for _, s := range shared.seen {
+		s.last = s.last.Add(-raftLogEvery)
+	}
+	shared.mu.Unlock()
+	out = count(func() { h.Error("failed to heartbeat to", "peer", "10.0.0.2:17070", "error", "refused") })
+	if !strings.Contains(out, "suppressed=4") {
+		t.Errorf("after the interval: %q, want suppressed=4", out)
 	}
 }

@@ -63,7 +63,7 @@ func openStore(kind logStoreKind, base string, log *slog.Logger, d *durability, 
 			return nil, err
 		}
 		if d == nil {
-			return wal.Open(dir, wal.WithLogger(newHclog(log.With("component", "raft-wal"), hclog.Warn)))
+			return wal.Open(dir, wal.WithLogger(newHclog(log.With("component", "raft-wal"), hclog.Warn, nil)))
 		}
 		if vfs == nil {
 			vfs = fs.New()
@@ -85,7 +85,7 @@ func openWAL(dir string, log *slog.Logger, d *durability, vfs types.VFS, segSize
 	if meta == nil {
 		meta = &metadb.BoltMetaDB{}
 	}
-	w, err := wal.Open(dir, wal.WithLogger(newHclog(log.With("component", "raft-wal"), hclog.Warn)),
+	w, err := wal.Open(dir, wal.WithLogger(newHclog(log.With("component", "raft-wal"), hclog.Warn, nil)),
 		wal.WithSegmentFiler(segment.NewFiler(dir, &syncFS{VFS: vfs, d: d})),
 		wal.WithMetaStore(flushingMeta{MetaStore: meta, d: d}),
 		wal.WithSegmentSize(segSize))

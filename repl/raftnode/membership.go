@@ -58,6 +58,10 @@ type memberState struct {
 
 	mu    sync.Mutex
 	heard map[raft.ServerID]heard // leader: each member's newest answer
+	// indexed: the servers of the configuration whose log index was last
+	// found, and that index (configIndex); under mu.
+	indexed   []raft.Server
+	indexedAt uint64
 
 	// gone: the members a forced recovery left behind (recover.go); none
 	// of their requests reaches raft while they are not in the
@@ -76,7 +80,6 @@ type heard struct {
 
 // memberView is a configuration and its raft index.
 type memberView struct {
-	index   uint64
 	servers []raft.Server
 }
 
@@ -171,7 +174,7 @@ func (n *node) refreshView() *memberView {
 	if f.Error() != nil {
 		return n.ms.view.Load()
 	}
-	v := &memberView{index: f.Index(), servers: f.Configuration().Servers}
+	v := &memberView{servers: f.Configuration().Servers}
 	old := n.ms.view.Swap(v)
 	if old == nil || !slices.Equal(old.voters(), v.voters()) {
 		n.lease.setVoters(v.voters())
@@ -290,7 +293,52 @@ func (n *node) Members() (api.Members, error) {
 		return api.Members{}, errors.New("raftnode: the raft configuration cannot be read")
 	}
 	_, leader := n.leaderOf()
-	return api.Members{Leader: leader, Index: v.index, Members: n.configuration(v)}, nil
+	return api.Members{Leader: leader, Index: n.configIndex(v), Members: n.configuration(v)}, nil
+}
+
+// configIndex is the raft log index of v's configuration. hashicorp/raft's
+// GetConfiguration leaves it 0 (it answers from a copy of the latest
+// configuration that does not carry its index, and the main loop that has
+// it is not reachable from outside the package), so it is found where raft
+// found the configuration: the newest configuration entry of the log, or,
+// when a snapshot compacted that away, the newest snapshot's configuration
+// index. The scan runs when the servers change (an admin request, not the
+// actor) and is kept while they stay the same.
+func (n *node) configIndex(v *memberView) uint64 {
+	n.ms.mu.Lock()
+	if n.ms.indexedAt != 0 && slices.Equal(n.ms.indexed, v.servers) {
+		at := n.ms.indexedAt
+		n.ms.mu.Unlock()
+		return at
+	}
+	n.ms.mu.Unlock()
+	at := n.findConfigIndex()
+	n.ms.mu.Lock()
+	n.ms.indexed, n.ms.indexedAt = v.servers, at
+	n.ms.mu.Unlock()
+	return at
+}
+
+// findConfigIndex is the index of the newest configuration entry in the
+// log, else the newest snapshot's configuration index, else 0.
+func (n *node) findConfigIndex() uint64 {
+	first, err1 := n.logs.FirstIndex()
+	last, err2 := n.logs.LastIndex()
+	if err1 == nil && err2 == nil && first > 0 {
+		var e raft.Log
+		for i := last; i >= first; i-- {
+			if n.logs.GetLog(i, &e) != nil {
+				break // compacted meanwhile: the snapshot has it
+			}
+			if e.Type == raft.LogConfiguration {
+				return i
+			}
+		}
+	}
+	if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {
+		return metas[0].ConfigurationIndex
+	}
+	return 0
 }
 
 // mustLead returns nil while this member leads and serves, else a
@@ -314,7 +362,7 @@ func (n *node) changeErr(what string, err error) error {
 // changed answers a change with the configuration after it.
 func (n *node) changeDone(id raft.ServerID, before raft.Server) api.MemberChange {
 	v := n.refreshView()
-	ms := api.Members{Index: v.index, Members: n.configuration(v)}
+	ms := api.Members{Index: n.configIndex(v), Members: n.configuration(v)}
 	_, ms.Leader = n.leaderOf()
 	var m api.RaftMember
 	for _, x := range ms.Members {

@@ -355,3 +355,77 @@ func TestRaftForceNewClusterNeedsState(t *testing.T) {
 }
 
 func tcfg() shard.Config { return shard.Config{Shards: 8} }
+
+// configEntry reads the configuration entry at index in member m's log.
+func configEntry(t *testing.T, m *raftMember, index uint64) (raft.Configuration, bool) {
+	t.Helper()
+	var e raft.Log
+	if err := m.n.logs.GetLog(index, &e); err != nil || e.Type != raft.LogConfiguration {
+		return raft.Configuration{}, false
+	}
+	return raft.DecodeConfiguration(e.Data), true
+}
+
+// TestRaftConfigurationIndex: Members reports the raft log index of the
+// configuration it shows (hashicorp/raft's GetConfiguration leaves it 0):
+// the bootstrap's entry, then the entry of each change, on the leader and
+// on the followers; after a snapshot compacted the entry away, the
+// snapshot's configuration index.
+func TestRaftConfigurationIndex(t *testing.T) {
+	t.Run("log", func(t *testing.T) {
+		c := newRaftCluster(t, 3)
+		l := c.leader()
+		lm := c.ms[l]
+		ms, err := lm.n.Members()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg, ok := configEntry(t, lm, ms.Index); ms.Index == 0 || !ok || len(cfg.Servers) != 3 {
+			t.Fatalf("configuration index %d: not the index of a 3-member configuration entry", ms.Index)
+		}
+		before := ms.Index
+		dead := (l + 1) % 3
+		c.kill(dead)
+		ch, err := lm.n.RemoveMember(ctx10s(t), fmt.Sprint(dead))
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := ch.Members.Index
+		if cfg, ok := configEntry(t, lm, after); after <= before || !ok || len(cfg.Servers) != 2 {
+			t.Fatalf("after the removal: index %d (before %d), want the removal's configuration entry", after, before)
+		}
+		other := (l + 2) % 3
+		repltest.WaitFor(t, "the follower to report the new configuration's index", func() bool {
+			ms, err := c.ms[other].n.Members()
+			return err == nil && ms.Index == after && len(ms.Members) == 2
+		})
+	})
+	t.Run("snapshot", func(t *testing.T) {
+		c := newRaftCluster(t, 3, func(cfg *raft.Config) { cfg.TrailingLogs = 1 })
+		l := c.leader()
+		lm := c.ms[l]
+		ms, err := lm.n.Members()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := ms.Index
+		for i := range 20 {
+			lm.grant(t, fmt.Sprint("k", i), 120)
+		}
+		if err := lm.n.r.Snapshot().Error(); err != nil {
+			t.Fatal(err)
+		}
+		if first, _ := lm.n.logs.FirstIndex(); first <= want {
+			t.Fatalf("the log still starts at %d, at or before the configuration entry %d: nothing to prove", first, want)
+		}
+		c.kill(l)
+		lm = c.start(l)
+		ms, err = lm.n.Members()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ms.Index != want {
+			t.Fatalf("configuration index %d after a snapshot and a restart, want %d", ms.Index, want)
+		}
+	})
+}

@@ -132,6 +132,7 @@ type node struct {
 	actKick     chan struct{}
 	stopping    atomic.Bool
 	closing     atomic.Bool // mutes the transport's log while it closes
+	rlogs       *raftLogs   // shared by raft's loggers (hclog.go)
 	quit        chan struct{}
 	// committerDone is closed when the committer returns (nil before Start).
 	committerDone chan struct{}
@@ -183,7 +184,7 @@ func (n *node) raftConfig() *raft.Config {
 	c.SnapshotThreshold = 16384
 	c.SnapshotInterval = 30 * time.Second
 	c.TrailingLogs = 10240
-	c.Logger = newHclog(n.log.With("component", "raft"), hclog.Info)
+	c.Logger = newHclog(n.log.With("component", "raft"), hclog.Info, n.rlogs)
 	c.NoLegacyTelemetry = true
 	if n.tune != nil {
 		n.tune(c)
@@ -197,7 +198,10 @@ func (n *node) raftConfig() *raft.Config {
 // snapshot is restored into the table now; the log after it is applied as
 // a leader commits it.
 func (n *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*shard.Table, error) {
-	n.log, n.clock = log.With("member", n.cfg.Self), clock
+	// Every line names this member by its --self: "member" is the key of
+	// the member a line is about (membership.go), never of the writer.
+	n.log, n.clock = log.With("self", n.cfg.Peers[n.cfg.Self]), clock
+	n.rlogs = newRaftLogs()
 	n.wallAtZero = time.Now().UnixNano() - clock()
 	dir, err := repl.OpenDataDir(n.cfg.DataDir, n.log)
 	if err != nil {
@@ -257,7 +261,7 @@ func (n *node) openRaft() error {
 		return fmt.Errorf("raft log in %s: %w", base, err)
 	}
 	n.logs, n.stable = ls, ls
-	n.snaps, err = raft.NewFileSnapshotStoreWithLogger(base, 2, newHclog(n.log.With("component", "raft-snapshot"), hclog.Info))
+	n.snaps, err = raft.NewFileSnapshotStoreWithLogger(base, 2, newHclog(n.log.With("component", "raft-snapshot"), hclog.Info, n.rlogs))
 	if err != nil {
 		return fmt.Errorf("raft snapshots in %s: %w", base, err)
 	}
@@ -286,7 +290,7 @@ func (n *node) openRaft() error {
 	n.lease = newLease(nil, n.id, dur) // the voters come with the configuration (refreshView)
 	n.leaseStep = max(dur/8, 1)
 	n.stream = newRaftStream(ln, adv, conf.HeartbeatTimeout, newMemberAuth(n.cfg, n.log))
-	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing}
+	netLog := &hclogAdapter{log: n.log.With("component", "raft-net"), min: hclog.Warn, mute: &n.closing, shared: n.rlogs}
 	n.trans = raft.NewNetworkTransportWithLogger(n.stream, 3, 10*time.Second, netLog)
 	n.closers = append(n.closers, n.trans)
 	n.mt = newMemberTransport(n, n.trans)
@@ -330,6 +334,7 @@ func (n *node) openRaft() error {
 	if err != nil {
 		return fmt.Errorf("starting raft: %w", err)
 	}
+	n.rlogs.config.Store(n.r)
 	if n.dur != nil {
 		n.dur.raft.Store(n.r)
 		n.wg.Add(1)
@@ -373,7 +378,7 @@ func (n *node) closeStores() {
 // leadership and tells the engine.
 func (n *node) Start(addr string, host repl.Host) error {
 	n.host = host
-	n.log.Info("raft member", "peers", n.cfg.Peers, "self", n.self, "member_port", n.cfg.MemberAddr(n.cfg.Self), "log_store", string(n.store))
+	n.log.Info("raft member", "peers", n.cfg.Peers, "member_port", n.cfg.MemberAddr(n.cfg.Self), "log_store", string(n.store))
 	n.wg.Add(3)
 	n.committerDone = make(chan struct{})
 	go n.actor()

@@ -652,7 +652,12 @@ func TestRaftFollowerCatchesUpBySnapshot(t *testing.T) {
 	t.Logf("the follower had up to %d, the leader's log starts at %d; snapshot %d bytes", fLast, first, lm.n.Status().SnapshotBytes)
 }
 
+var testLogOverride *slog.Logger
+
 func testLog() *slog.Logger {
+	if testLogOverride != nil {
+		return testLogOverride
+	}
 	if os.Getenv("RAFT_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
