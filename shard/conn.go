@@ -42,19 +42,35 @@ func (c *Conn) Watches() int {
 	return n
 }
 
-// link appends w (a waiter or a watch) to c's list, or reports false if c
-// was dropped or already has max of w's kind. The caller holds w's shard
-// lock.
+// link appends the waiter w to c's list, or reports false if c was
+// dropped or already has max waiters. The caller holds w's shard lock.
 func (c *Conn) link(w *waiter, max int) bool {
 	c.mu.Lock()
-	n := &c.n
-	if w.watch {
-		n = &c.nw
-	}
-	if c.dropped || *n >= max {
+	if c.dropped || c.n >= max {
 		c.mu.Unlock()
 		return false
 	}
+	c.add(w)
+	c.n++
+	c.mu.Unlock()
+	return true
+}
+
+// linkWatch is link for the watch w, bounded by max watches.
+func (c *Conn) linkWatch(w *waiter, max int) bool {
+	c.mu.Lock()
+	if c.dropped || c.nw >= max {
+		c.mu.Unlock()
+		return false
+	}
+	c.add(w)
+	c.nw++
+	c.mu.Unlock()
+	return true
+}
+
+// add appends w to c's list (c.mu held).
+func (c *Conn) add(w *waiter) {
 	if c.head == nil {
 		w.cnext, w.cprev = w, w
 		c.head = w
@@ -64,9 +80,6 @@ func (c *Conn) link(w *waiter, max int) bool {
 		tail.cnext = w
 		c.head.cprev = w
 	}
-	*n++
-	c.mu.Unlock()
-	return true
 }
 
 // watchFull reports whether c refuses one more watch (dropped, or max

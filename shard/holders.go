@@ -251,6 +251,10 @@ func (s *shard) eachHolder(e *entry, fn func(x *entry)) {
 	}
 }
 
+// maxKeptDue bounds the scratch slices a shard keeps for expireShared
+// and timeoutShared between calls.
+const maxKeptDue = 1024
+
 // dueHolder is a holder whose lease has ended, for expireShared.
 type dueHolder struct {
 	deadline int64
@@ -291,7 +295,9 @@ func (s *shard) expireShared(r ref, e *entry, h uint64, now int64, out *Out) boo
 			return cmp.Compare(a.token, b.token)
 		})
 	}
-	s.due = due
+	if s.due = due; cap(due) > maxKeptDue {
+		s.due = nil // a mass expiry's scratch is not kept
+	}
 	key := s.keyOf(e)
 	for _, d := range due {
 		if s.sharedQueue(e) == nil {

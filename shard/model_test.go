@@ -592,7 +592,8 @@ func runModel(t *testing.T, seed uint64, ops int, shape modelShape) {
 	// can be moved exactly onto one (or 1 ns before it).
 	deadlines := func() []int64 {
 		var d []int64
-		for _, mk := range m.keys {
+		for _, k := range m.sortedKeys() { // in a fixed order: a run is repeatable
+			mk := m.keys[k]
 			for _, h := range mk.holders {
 				d = append(d, h.deadline)
 			}
@@ -605,8 +606,10 @@ func runModel(t *testing.T, seed uint64, ops int, shape modelShape) {
 	// What the shared runs must have seen, lest they test nothing.
 	var seen struct{ sharedGrants, mismatches, lost, multi, watching, validOK, served int }
 	defer func() {
+		// (The swing's thousands of keys rarely queue: served is not
+		// asked of it.)
 		if shape.shared && !t.Failed() && (seen.sharedGrants == 0 || seen.mismatches == 0 || seen.lost == 0 || seen.multi == 0 ||
-			seen.watching == 0 || seen.validOK == 0 || seen.served == 0) {
+			seen.watching == 0 || seen.validOK == 0 || (seen.served == 0 && shape.keys == 0)) {
 			t.Fatalf("the run saw too little of §9: %+v", seen)
 		}
 		t.Logf("%+v", seen)

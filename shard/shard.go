@@ -43,22 +43,23 @@ const maxFreeWaiters = 256
 
 // shard is one lock-striped part of a Table. mu guards everything in it.
 type shard struct {
-	mu     sync.Mutex
-	t      *Table
-	id     uint32
-	idx    index
-	wheel  wheel
-	slab   slab      // the entries (slab.go)
-	longs  []longKey // keys longer than inlineKey; len is their number, buffers past it are kept
-	queues []queue   // wait queues of contended keys, and what shared keys have beyond their entry
-	freeQ  uint32    // 1 + index of the first free queue (0: none)
-	nq     int       // queues in use
-	nstale int       // queues marked stale (queue.stale)
-	untidy bool      // a free made tidy due (slab.go)
-	freeW  *waiter
-	nfreeW int
-	ctr    Counters // guarded by mu
-	seq    uint64   // sequence of the last record made or applied here
+	mu      sync.Mutex
+	t       *Table
+	id      uint32
+	idx     index
+	wheel   wheel
+	slab    slab      // the entries (slab.go)
+	longs   []longKey // keys longer than inlineKey; len is their number, buffers past it are kept
+	queues  []queue   // wait queues of contended keys, and what shared keys have beyond their entry
+	freeQ   uint32    // 1 + index of the first free queue (0: none)
+	nq      int       // queues in use
+	nstale  int       // queues marked stale (queue.stale)
+	nshared int       // queues of shared keys (limit ≠ 0): a shard with none skips their checks
+	untidy  bool      // a free made tidy due (slab.go)
+	freeW   *waiter
+	nfreeW  int
+	ctr     Counters // guarded by mu
+	seq     uint64   // sequence of the last record made or applied here
 
 	// Shared keys and watches (holders.go, watch.go); empty and untouched
 	// on a table that has neither.
@@ -68,6 +69,7 @@ type shard struct {
 	watches watchIndex          // the watches of each watched token
 	nwatch  int                 // watches registered here
 	forced  map[uint64]struct{} // tokens whose lease an admin renewed (their expiry is ReasonForced)
+	hooks   int                 // nwatch + len(forced): the end of a grant owes more than its record
 	_       [64]byte            // keep neighbouring shards' mutexes off one cache line
 }
 
@@ -124,7 +126,7 @@ func (s *shard) emit(kind RecordKind, k, x *entry) {
 
 // hooked reports whether the end of a grant owes more than its record: an
 // L to its watches, or the reason of an admin's renew (watch.go).
-func (s *shard) hooked() bool { return s.nwatch != 0 || len(s.forced) != 0 }
+func (s *shard) hooked() bool { return s.hooks != 0 }
 
 // expire ends the lease of the exclusive holder e (the key's entry r, in
 // the wheel) and hands the key on. It reports whether e is still held (by
@@ -142,14 +144,39 @@ func (s *shard) expire(r ref, e *entry, h uint64, now int64, out *Out) bool {
 	return s.vacate(r, e, h, now, e.deadline, out)
 }
 
-// vacate hands on the key of e (the entry r), whose last holder has just
-// left (its lease out of the wheel, its end recorded), at instant freed:
-// to its queue (serve), or it frees the key. It reports whether e is
-// still held.
+// vacate hands on the key of e (the entry r), whose exclusive holder has
+// just left (its lease out of the wheel, its end recorded), at instant
+// freed: to its queue, or it frees the key. It reports whether e is still
+// held.
 func (s *shard) vacate(r ref, e *entry, h uint64, now, freed int64, out *Out) bool {
 	if e.q == 0 {
 		s.freeEntry(r, e, h)
 		return false
+	}
+	return s.handoff(r, e, h, now, freed, out)
+}
+
+// handoff hands on the key of e (the entry r, which has a queue), whose
+// own holder has just left (its lease out of the wheel, its end recorded),
+// at instant freed: a shared key's other holders stay (leave), an
+// exclusive key goes to its queue (serve). The common case is written out:
+// an exclusive key to the exclusive acquire at its head, whose wait has not
+// passed. It reports whether e is still held.
+func (s *shard) handoff(r ref, e *entry, h uint64, now, freed int64, out *Out) bool {
+	q := &s.queues[e.q-1]
+	if q.limit != 0 {
+		return s.leave(r, e, h, r, e, now, freed, out)
+	}
+	if w := q.head; w.limit == 0 && w.deadline > freed {
+		if tok := s.t.tokens.Next(); tok != 0 {
+			s.unqueue(w)
+			s.grant(r, e, now, w.lease, tok, w.ident)
+			s.emit(RecordGrant, e, e)
+			s.ctr.Handoffs++
+			out.add(EffectGrant, w, tok, s.keyOf(e))
+			s.freeWaiter(w)
+			return true
+		}
 	}
 	return s.serve(r, e, h, now, freed, true, out)
 }
@@ -203,7 +230,7 @@ func (s *shard) serve(r ref, e *entry, h uint64, now, freed int64, vacant bool, 
 			if limit == 0 {
 				s.unshare(q)
 			} else {
-				q.limit = limit
+				s.share(q, limit)
 			}
 			s.unqueue(w)
 			s.grant(r, e, now, w.lease, tok, w.ident)
@@ -237,10 +264,21 @@ func (s *shard) serve(r ref, e *entry, h uint64, now, freed int64, vacant bool, 
 	return true
 }
 
+// share makes q's key shared with limit (≥ 1).
+func (s *shard) share(q *queue, limit uint16) {
+	if q.limit == 0 {
+		s.nshared++
+	}
+	q.limit = limit
+}
+
 // unshare makes q's key exclusive (its further holders gone): a queue
 // left stale is served no more, as an exclusive key's head never lets
 // anyone in.
 func (s *shard) unshare(q *queue) {
+	if q.limit != 0 {
+		s.nshared--
+	}
 	q.limit = 0
 	if q.stale {
 		q.stale = false
@@ -254,19 +292,22 @@ func (s *shard) unshare(q *queue) {
 // the key is free.
 func (s *shard) lookup(now int64, h uint64, key []byte, out *Out) (ref, *entry) {
 	r, e := s.find(h, key)
-	if e == nil {
-		return 0, nil
-	}
-	if e.q != 0 && s.queues[e.q-1].limit != 0 {
-		if q := &s.queues[e.q-1]; (q.next <= now || q.stale) && !s.expireShared(r, e, h, now, out) {
-			return 0, nil
-		}
-		return r, e
-	}
-	if e.deadline <= now && !s.expire(r, e, h, now, out) {
+	if e != nil && (e.deadline <= now || e.q != 0 && s.nshared != 0 && s.queues[e.q-1].limit != 0) && !s.settleKey(r, e, h, now, out) {
 		return 0, nil
 	}
 	return r, e
+}
+
+// settleKey processes what is due at now on the held key of e (the entry
+// r), whose lease has passed or which is shared. It reports whether the
+// key is still held.
+func (s *shard) settleKey(r ref, e *entry, h uint64, now int64, out *Out) bool {
+	if e.q != 0 {
+		if q := &s.queues[e.q-1]; q.limit != 0 {
+			return (q.next > now && !q.stale) || s.expireShared(r, e, h, now, out)
+		}
+	}
+	return e.deadline > now || s.expire(r, e, h, now, out)
 }
 
 // --- waiters -------------------------------------------------------------
@@ -411,7 +452,7 @@ func (s *shard) acquireShared(now int64, h uint64, key []byte, wait, lease uint8
 			return Busy, 0
 		}
 		r, e = s.newEntry(h, key)
-		s.queueOf(r, e).limit = limit
+		s.share(s.queueOf(r, e), limit)
 		s.grant(r, e, now, lease, tok, id)
 		s.queues[e.q-1].next = e.deadline
 		s.emit(RecordGrant, e, e)
@@ -464,14 +505,42 @@ func (s *shard) release(now int64, h uint64, key []byte, token uint64, who Who, 
 	if e == nil {
 		return ResultNotHeld, NoIdent
 	}
-	x, xe := r, e
 	if e.token != token {
 		if e.q == 0 {
 			return ResultNotHeld, NoIdent
 		}
-		if x, xe = s.holderOf(e, token); xe == nil {
-			return ResultNotHeld, NoIdent
-		}
+		return s.releaseHolder(now, h, key, r, e, token, who, out)
+	}
+	holder := Ident(e.ident)
+	res := judge(holder, who)
+	switch res {
+	case ResultRefused:
+		s.ctr.RefusedReleases++
+		return res, holder
+	case ResultForced:
+		s.ctr.ForcedReleases++
+	}
+	s.delLease(e)
+	s.ctr.Releases++
+	s.emit(RecordRelease, e, e)
+	if s.hooked() {
+		s.ended(token, key, releaseReason(res, who), out)
+	}
+	if e.q == 0 {
+		s.freeEntry(r, e, h)
+	} else {
+		s.handoff(r, e, h, now, now, out)
+	}
+	return res, holder
+}
+
+// releaseHolder is release of a token that is not the one in key's entry
+// (the entry r, which has a queue): one of a shared key's holder entries,
+// or N.
+func (s *shard) releaseHolder(now int64, h uint64, key []byte, r ref, e *entry, token uint64, who Who, out *Out) (Result, Ident) {
+	x, xe := s.holderOf(e, token)
+	if xe == nil {
+		return ResultNotHeld, NoIdent
 	}
 	holder := Ident(xe.ident)
 	res := judge(holder, who)
@@ -486,21 +555,18 @@ func (s *shard) release(now int64, h uint64, key []byte, token uint64, who Who, 
 	s.ctr.Releases++
 	s.emit(RecordRelease, e, xe)
 	if s.hooked() {
-		reason := ReasonReleased
-		if res == ResultForced || who.Operator {
-			reason = ReasonForced
-		}
-		s.ended(token, key, reason, out)
+		s.ended(token, key, releaseReason(res, who), out)
 	}
-	switch {
-	case e.q == 0:
-		s.freeEntry(r, e, h)
-	case s.queues[e.q-1].limit == 0:
-		s.serve(r, e, h, now, now, true, out)
-	default:
-		s.leave(r, e, h, x, xe, now, now, out)
-	}
+	s.leave(r, e, h, x, xe, now, now, out)
 	return res, holder
+}
+
+// releaseReason is the reason a release gives the grant's watches.
+func releaseReason(res Result, who Who) Reason {
+	if res == ResultForced || who.Operator {
+		return ReasonForced
+	}
+	return ReasonReleased
 }
 
 // renew restarts the lease of the grant token of key if it is current and
@@ -522,17 +588,12 @@ func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64
 	}
 	holder := Ident(xe.ident)
 	res := judge(holder, who)
-	switch res {
-	case ResultRefused:
-		s.ctr.RefusedRenews++
-		return res, holder
-	case ResultForced:
-		s.ctr.ForcedRenews++
-		s.markForced(token)
-	default:
-		if len(s.forced) != 0 {
-			delete(s.forced, token) // the holder took its lease back
+	if res != ResultOK || s.hooks != 0 {
+		if res == ResultRefused {
+			s.ctr.RefusedRenews++
+			return res, holder
 		}
+		s.renewed(token, res)
 	}
 	s.delLease(xe)
 	xe.lease = lease
@@ -544,6 +605,18 @@ func (s *shard) renew(now int64, h uint64, key []byte, lease uint8, token uint64
 	s.ctr.Renews++
 	s.emit(RecordRenew, e, xe)
 	return res, holder
+}
+
+// renewed notes who renewed the grant token (res ResultOK or
+// ResultForced): an admin's renew of another identity's grant makes its
+// expiry ReasonForced, its own identity's renew undoes that.
+func (s *shard) renewed(token uint64, res Result) {
+	if res == ResultForced {
+		s.ctr.ForcedRenews++
+		s.markForced(token)
+	} else {
+		s.unmarkForced(token)
+	}
 }
 
 // tick fires every lease and wait deadline ≤ now.
@@ -567,13 +640,8 @@ func (s *shard) tick(now int64, out *Out) {
 		for r := w.leases[i]; r != 0; {
 			e := s.ent(r)
 			next := e.tnext
-			if e.deadline <= now {
-				if kr, ke := s.sharedKey(r, e); ke != nil {
-					s.expireShared(kr, ke, xxhash.Sum64(s.keyOf(ke)), now, out)
-					next = w.leases[i]
-				} else {
-					s.expire(r, e, xxhash.Sum64(s.keyOf(e)), now, out)
-				}
+			if e.deadline <= now && s.expireDue(r, e, now, out) {
+				next = w.leases[i]
 			}
 			r = next
 		}
@@ -585,25 +653,44 @@ func (s *shard) tick(now int64, out *Out) {
 		i := uint64(t) & w.mask
 		for x := w.waits[i]; x != nil; {
 			next := x.tnext
-			if x.deadline <= now {
-				kr := s.queues[x.q-1].e
-				e := s.ent(kr)
-				if s.sharedQueue(e) != nil {
-					// Serving the key as its waiters leave may unqueue
-					// waiters of this slot: start it again.
-					s.timeoutShared(kr, e, now, out)
-					next = w.waits[i]
-				} else {
-					s.unqueue(x)
-					s.ctr.Timeouts++
-					out.add(EffectTimeout, x, 0, s.keyOf(e))
-					s.freeWaiter(x)
-				}
+			if x.deadline <= now && s.timeoutDue(x, now, out) {
+				next = w.waits[i]
 			}
 			x = next
 		}
 	}
 	w.done(to)
+}
+
+// expireDue ends the lease of the holder r (e) that tick found due: an
+// exclusive key's, or every due one of a shared key (expireShared). It
+// reports whether the tick must walk the wheel slot again (a shared key's
+// holder entries may have been freed and reused).
+func (s *shard) expireDue(r ref, e *entry, now int64, out *Out) bool {
+	if kr, ke := s.sharedKey(r, e); ke != nil {
+		s.expireShared(kr, ke, xxhash.Sum64(s.keyOf(ke)), now, out)
+		return true
+	}
+	s.expire(r, e, xxhash.Sum64(s.keyOf(e)), now, out)
+	return false
+}
+
+// timeoutDue times out the waiter x that tick found due, or every due one
+// of its key if the key is shared (timeoutShared). It reports whether the
+// tick must walk the wheel slot again (serving a shared key's queue may
+// unqueue waiters of the slot).
+func (s *shard) timeoutDue(x *waiter, now int64, out *Out) bool {
+	kr := s.queues[x.q-1].e
+	e := s.ent(kr)
+	if s.sharedQueue(e) != nil {
+		s.timeoutShared(kr, e, now, out)
+		return true
+	}
+	s.unqueue(x)
+	s.ctr.Timeouts++
+	out.add(EffectTimeout, x, 0, s.keyOf(e))
+	s.freeWaiter(x)
+	return false
 }
 
 // timeoutShared times out every waiter of the shared key e (the entry r)
@@ -635,7 +722,9 @@ func (s *shard) timeoutShared(r ref, e *entry, now int64, out *Out) {
 		s.serve(r, e, h, now, freed, false, out)
 	}
 	clear(due)
-	s.dueW = due[:0]
+	if s.dueW = due[:0]; cap(due) > maxKeptDue {
+		s.dueW = nil
+	}
 }
 
 // cancel removes every waiter of the shard with an effect of kind each,
@@ -728,6 +817,7 @@ func (s *shard) install(r ref, e *entry, token uint64, deadline int64, id Ident,
 	s.addLease(r, e)
 	if limit != 0 {
 		q := s.queueOf(r, e)
-		q.limit, q.next = limit, deadline
+		s.share(q, limit)
+		q.next = deadline
 	}
 }

@@ -274,12 +274,9 @@ func (s *shard) queueOf(r ref, e *entry) *queue {
 }
 
 // freeQueue frees e's queue, whose last waiter left and which is not (or
-// no longer) shared.
+// no longer) shared (so not stale: unshare cleared the mark).
 func (s *shard) freeQueue(e *entry) {
 	i := e.q
-	if s.queues[i-1].stale {
-		s.nstale--
-	}
 	s.queues[i-1] = queue{e: ref(s.freeQ)}
 	s.freeQ = i
 	e.q = 0

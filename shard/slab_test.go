@@ -54,7 +54,7 @@ func layoutError(s *shard) string {
 			prev = r
 		}
 	}
-	live, longs, queues, waiters, holders, stale := 0, 0, 0, 0, 0, 0
+	live, longs, queues, waiters, holders, stale, shared := 0, 0, 0, 0, 0, 0, 0
 	for r := ref(1); r < sl.hwm; r++ {
 		e := s.ent(r)
 		if e.kl == klFree {
@@ -88,6 +88,9 @@ func layoutError(s *shard) string {
 			q := &s.queues[e.q-1]
 			if q.e != r || (q.head == nil && q.limit == 0) || (q.head == nil) != (q.n == 0) {
 				return fmt.Sprintf("ref %d: queue %d names ref %d, head %p, %d waiters, limit %d", r, e.q, q.e, q.head, q.n, q.limit)
+			}
+			if q.limit != 0 {
+				shared++
 			}
 			if q.stale {
 				stale++
@@ -140,6 +143,10 @@ func layoutError(s *shard) string {
 		return fmt.Sprintf("%d holder entries, holder index %d (%d slots filled)", holders, s.hidx.n, hfilled)
 	case stale != s.nstale:
 		return fmt.Sprintf("%d stale queues, %d counted", stale, s.nstale)
+	case shared != s.nshared:
+		return fmt.Sprintf("%d shared keys, %d counted", shared, s.nshared)
+	case s.hooks != s.nwatch+len(s.forced):
+		return fmt.Sprintf("hooks %d, with %d watches and %d forced marks", s.hooks, s.nwatch, len(s.forced))
 	case nfree != int(sl.hwm)-1-live:
 		return fmt.Sprintf("free list of %d, want %d", nfree, int(sl.hwm)-1-live)
 	case len(inWheel) != live:

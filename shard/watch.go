@@ -101,7 +101,7 @@ func (x *watchIndex) resize(size int) {
 func (s *shard) watch(x ref, xe *entry, c *Conn) bool {
 	w := s.newWaiter()
 	w.watch, w.owner, w.e, w.conn = true, xe.token, x, c
-	if c != nil && !c.link(w, s.t.maxWatchesPerConn) {
+	if c != nil && !c.linkWatch(w, s.t.maxWatchesPerConn) {
 		s.freeWaiter(w)
 		return false
 	}
@@ -116,6 +116,7 @@ func (s *shard) watch(x ref, xe *entry, c *Conn) bool {
 		s.watches.insert(xe.token, w)
 	}
 	s.nwatch++
+	s.hooks++
 	s.t.watches.Add(1)
 	return true
 }
@@ -124,13 +125,8 @@ func (s *shard) watch(x ref, xe *entry, c *Conn) bool {
 // record: an admin's renew turns an expiry into ReasonForced, and each
 // watch of the grant gets its EffectLost. Call it when hooked.
 func (s *shard) ended(token uint64, key []byte, reason Reason, out *Out) {
-	if len(s.forced) != 0 {
-		if _, ok := s.forced[token]; ok {
-			delete(s.forced, token)
-			if reason == ReasonExpired {
-				reason = ReasonForced
-			}
-		}
+	if s.unmarkForced(token) && reason == ReasonExpired {
+		reason = ReasonForced
 	}
 	if s.nwatch != 0 {
 		s.fire(token, key, reason, out)
@@ -148,9 +144,7 @@ func (s *shard) endedQuietly(token uint64, key []byte, out *Out) {
 		s.ended(token, key, ReasonCannotTell, out)
 		return
 	}
-	if len(s.forced) != 0 {
-		delete(s.forced, token)
-	}
+	s.unmarkForced(token)
 	if i := s.watches.find(token); i >= 0 {
 		w := s.watches.slots[i].w
 		s.watches.remove(uint64(i))
@@ -189,6 +183,7 @@ func (s *shard) forget(w *waiter) {
 		w.gen++
 	}
 	s.nwatch--
+	s.hooks--
 	s.t.watches.Add(-1)
 	s.freeWaiter(w)
 }
@@ -257,5 +252,22 @@ func (s *shard) markForced(token uint64) {
 	if s.forced == nil {
 		s.forced = make(map[uint64]struct{})
 	}
-	s.forced[token] = struct{}{}
+	if _, ok := s.forced[token]; !ok {
+		s.forced[token] = struct{}{}
+		s.hooks++
+	}
+}
+
+// unmarkForced forgets token's mark, if any, and reports whether it had
+// one.
+func (s *shard) unmarkForced(token uint64) bool {
+	if len(s.forced) == 0 {
+		return false
+	}
+	if _, ok := s.forced[token]; !ok {
+		return false
+	}
+	delete(s.forced, token)
+	s.hooks--
+	return true
 }
