@@ -20,6 +20,11 @@ func TestParseAllocs(t *testing.T) {
 		{"bad-frame", "Z"},
 		{"bad-frame-long", rawRelease(7, k1025)},
 		{"incomplete", "A\x01"},
+		{"shared", rawShared(5, 30, 7, 4, k16)},
+		{"shared-bad-limit", rawShared(5, 30, 7, 0, k16)},
+		{"validate", rawIDTail('V', 7, k16)},
+		{"watch", rawIDTail('W', 7, k16)},
+		{"inspect", rawIDTail('I', 7, k16)},
 	}
 	for _, c := range reqs {
 		t.Run("request/"+c.name, func(t *testing.T) {
@@ -39,6 +44,10 @@ func TestParseAllocs(t *testing.T) {
 		{"error", rawError('A', 7, 2, "bad key")},
 		{"bad-frame", "\n"},
 		{"incomplete", "A"},
+		{"valid", rawValid(7, 100, k16)},
+		{"watching", rawIDTail('W', 7, k16)},
+		{"lost", rawLost(7, ReasonExpired, k16)},
+		{"inspection", rawInspection(7, 3, 4, 5, 8, 100, k16)},
 	}
 	for _, c := range resps {
 		t.Run("response/"+c.name, func(t *testing.T) {
@@ -79,6 +88,16 @@ func TestEncodeAllocs(t *testing.T) {
 		{"error/string", func() { dst = AppendError(dst[:0], OpAcquire, 7, CodeBadKey, "bad key") }},
 		{"error/bytes", func() { dst = AppendError(dst[:0], OpAcquire, 7, CodeBadKey, keyB) }},
 		{"error/long-with-newlines", func() { dst = AppendError(dst[:0], OpAcquire, 7, CodeBadKey, long) }},
+		{"shared/string", func() { dst = AppendShared(dst[:0], 5, 30, 7, 4, key) }},
+		{"shared/bytes", func() { dst = AppendShared(dst[:0], 5, 30, 7, 4, keyB) }},
+		{"validate", func() { dst = AppendValidate(dst[:0], 7, keyB) }},
+		{"watch", func() { dst = AppendWatch(dst[:0], 7, key) }},
+		{"inspect", func() { dst = AppendInspect(dst[:0], 7, keyB) }},
+		{"valid", func() { dst = AppendValid(dst[:0], 7, 100, keyB) }},
+		{"watching", func() { dst = AppendWatching(dst[:0], 7, keyB) }},
+		{"lost", func() { dst = AppendLost(dst[:0], 7, ReasonForced, keyB) }},
+		{"inspection", func() { dst = AppendInspection(dst[:0], 7, 3, 4, 5, 8, 100, keyB) }},
+		{"error/limit", func() { dst = AppendError(dst[:0], OpShared, 7, CodeLimitMismatch, "limit mismatch") }},
 	}
 	for _, c := range encs {
 		t.Run(c.name, func(t *testing.T) {

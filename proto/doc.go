@@ -1,5 +1,7 @@
 // Package proto is the frame codec of the lockd wire protocol, version 1:
-// the framing, requests and responses of PROTOCOL.md §1–3, byte for byte.
+// the framing, requests and responses of PROTOCOL.md §1–3, the hello of
+// §8.3 and the ops of §9 (acquire shared, validate, watch, inspect and the
+// pushed L), byte for byte.
 //
 // Every frame, in both directions, is
 //
@@ -14,9 +16,19 @@
 // [ParseRequest] and [ParseResponse] decode the first frame of a buffer into
 // a caller-owned [Request] or [Response] whose byte fields point into that
 // buffer; they report a short buffer as [ErrIncomplete] and rejected frames as
-// the sentinel errors [ErrBadFrame], [ErrBadKey] and [ErrBadLease], which
-// [Code] maps to the error codes of an E frame. The AppendX functions
-// ([AppendAcquire] … [AppendError]) append one whole frame to a byte slice.
+// the sentinel errors [ErrBadFrame], [ErrBadKey], [ErrBadLease] and
+// [ErrBadLimit] (an acquire shared with limit 0), which [Code] maps to the
+// error codes of an E frame. What the parser cannot know — a limit other
+// than the key's holders' (E 7), a watch beyond the connection's bound
+// (E 8) — the server decides from its state (PROTOCOL.md §9.6 orders the
+// checks). The AppendX functions ([AppendAcquire] … [AppendError],
+// [AppendShared] … [AppendInspection]) append one whole frame to a byte
+// slice.
+//
+// The §9 answers parse into the same [Response]: V carries the token in ID
+// and Remaining (ms); W the token in ID; L the token in ID and Reason
+// ([ReasonReleased] … [ReasonCannotTell]); I the nonce in ID and Holders,
+// Limit, Waiters, Token (the newest holder's) and Remaining.
 // A frame split across reads is the caller's business: keep the unparsed
 // bytes, append the next read, and call the parser again from the start of
 // the frame.

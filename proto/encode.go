@@ -46,6 +46,31 @@ func AppendHello[K ~string | ~[]byte](dst []byte, nonce uint64, identity, secret
 	return append(dst, '\n')
 }
 
+// AppendShared appends an acquire-shared request (PROTOCOL.md §9.2).
+func AppendShared[K ~string | ~[]byte](dst []byte, wait, lease uint8, owner uint64, limit uint16, key K) []byte {
+	dst = slices.Grow(dst, 1+SharedHeaderLen+len(key)+1)
+	dst = append(dst, byte(OpShared), wait, lease)
+	dst = binary.BigEndian.AppendUint64(dst, owner)
+	dst = binary.BigEndian.AppendUint16(dst, limit)
+	dst = append(dst, key...)
+	return append(dst, '\n')
+}
+
+// AppendValidate appends a validate request (PROTOCOL.md §9.3).
+func AppendValidate[K ~string | ~[]byte](dst []byte, token uint64, key K) []byte {
+	return appendIDTail(dst, OpValidate, token, key)
+}
+
+// AppendWatch appends a watch request (PROTOCOL.md §9.4).
+func AppendWatch[K ~string | ~[]byte](dst []byte, token uint64, key K) []byte {
+	return appendIDTail(dst, OpWatch, token, key)
+}
+
+// AppendInspect appends an inspect request (PROTOCOL.md §9.5).
+func AppendInspect[K ~string | ~[]byte](dst []byte, nonce uint64, key K) []byte {
+	return appendIDTail(dst, OpInspect, nonce, key)
+}
+
 // Response encoders.
 
 // AppendAcquired appends an A (acquired) response.
@@ -78,7 +103,8 @@ func AppendRenewed[K ~string | ~[]byte](dst []byte, token uint64, key K) []byte 
 	return appendIDTail(dst, OpRenew, token, key)
 }
 
-// AppendNotHeld appends an N (not held) response; op is OpRelease or OpRenew.
+// AppendNotHeld appends an N (not held) response; op is OpRelease,
+// OpRenew, OpValidate or OpWatch.
 func AppendNotHeld[K ~string | ~[]byte](dst []byte, op Op, token uint64, key K) []byte {
 	return appendOpIDTail(dst, OpNotHeld, byte(op), token, key)
 }
@@ -92,6 +118,49 @@ func AppendPong(dst []byte, nonce uint64) []byte {
 // force on the connection.
 func AppendWelcome[K ~string | ~[]byte](dst []byte, nonce uint64, identity K) []byte {
 	return appendIDTail(dst, OpHello, nonce, identity)
+}
+
+// AppendValid appends a V (valid) response: token is a current holder of
+// key with remaining milliseconds of lease left (rounded down).
+func AppendValid[K ~string | ~[]byte](dst []byte, token uint64, remaining uint32, key K) []byte {
+	dst = slices.Grow(dst, 1+ValidHeaderLen+len(key)+1)
+	dst = append(dst, byte(OpValidate))
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = binary.BigEndian.AppendUint32(dst, remaining)
+	dst = append(dst, key...)
+	return append(dst, '\n')
+}
+
+// AppendWatching appends a W (watching) response: the watch is registered.
+func AppendWatching[K ~string | ~[]byte](dst []byte, token uint64, key K) []byte {
+	return appendIDTail(dst, OpWatch, token, key)
+}
+
+// AppendLost appends an L (grant ended) frame, pushed once per watch, with
+// the reason the grant ended (ReasonReleased … ReasonCannotTell).
+func AppendLost[K ~string | ~[]byte](dst []byte, token uint64, reason uint8, key K) []byte {
+	dst = slices.Grow(dst, 1+LostHeaderLen+len(key)+1)
+	dst = append(dst, byte(OpLost))
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = append(dst, reason)
+	dst = append(dst, key...)
+	return append(dst, '\n')
+}
+
+// AppendInspection appends an I (inspection) response: the key's holders,
+// its limit (0 free, 1 exclusive), its waiters, and the newest holder's
+// token and milliseconds of lease left (0 and 0 when free).
+func AppendInspection[K ~string | ~[]byte](dst []byte, nonce uint64, holders, limit uint16, waiters uint32, token uint64, remaining uint32, key K) []byte {
+	dst = slices.Grow(dst, 1+InspectionHeaderLen+len(key)+1)
+	dst = append(dst, byte(OpInspect))
+	dst = binary.BigEndian.AppendUint64(dst, nonce)
+	dst = binary.BigEndian.AppendUint16(dst, holders)
+	dst = binary.BigEndian.AppendUint16(dst, limit)
+	dst = binary.BigEndian.AppendUint32(dst, waiters)
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = binary.BigEndian.AppendUint32(dst, remaining)
+	dst = append(dst, key...)
+	return append(dst, '\n')
 }
 
 // AppendMoved appends an M (moved) response naming the active's address.

@@ -23,6 +23,14 @@ func requestSeeds() [][]byte {
 		[]byte(rawAcquire(1, 2, 3, "a\x00\x01\x7f\r\t")), // control bytes
 		[]byte(rawIDTail('H', 9, "orders s3 cret")),      // hello
 		[]byte(rawIDTail('H', 9, "orders") + rawPing(1)), // hello without a secret, then more
+		[]byte(rawShared(5, 30, 7, 4, "sem/a")),          // acquire shared
+		[]byte(rawShared('\n', '\n', nl8, 0x0A0A, "k")),  // 0x0A in every header byte
+		[]byte(rawShared(1, 2, 3, 0, "k")),               // limit 0: E 7
+		[]byte(rawShared(1, 0, 3, 0, "k")),               // lease 0 before limit 0
+		[]byte(rawIDTail('V', 1000, "lock/a")),           // validate
+		[]byte(rawIDTail('W', 1000, "lock/a")),           // watch
+		[]byte(rawIDTail('I', 9, "lock/a")),              // inspect
+		[]byte(rawIDTail('W', 9, "") + rawIDTail('I', 9, "\xff")),
 	}
 }
 
@@ -43,6 +51,14 @@ func responseSeeds() [][]byte {
 		[]byte("\n"),
 		[]byte(rawPing(1) + rawIDTail('T', 2, "k")),
 		[]byte(rawIDTail('H', 9, "orders")), // welcome
+		[]byte(rawValid(1000, 29999, "lock/a")),
+		[]byte(rawValid(nl8, 0x0A0A0A0A, "k")),
+		[]byte(rawIDTail('W', 1000, "lock/a")),
+		[]byte(rawLost(1000, ReasonExpired, "lock/a")),
+		[]byte(rawInspection(9, 3, 4, 5, 1007, 2500, "sem/a")),
+		[]byte(rawInspection(nl8, 0x0A0A, 0x0A0A, 0x0A0A0A0A, nl8, 0x0A0A0A0A, "k")),
+		[]byte(rawOpIDTail('N', 'W', 1000, "lock/a")),
+		[]byte(rawError('S', 7, CodeLimitMismatch, "limit mismatch")),
 	}
 }
 
@@ -95,7 +111,7 @@ func FuzzParseRequest(f *testing.F) {
 			if n != 0 {
 				t.Fatalf("n = %d with ErrIncomplete", n)
 			}
-		case nil, ErrBadKey, ErrBadLease:
+		case nil, ErrBadKey, ErrBadLease, ErrBadLimit:
 			if n == 0 {
 				t.Fatalf("n = 0 with %v", err)
 			}
@@ -126,12 +142,19 @@ func FuzzParseRequest(f *testing.F) {
 					t.Fatalf("ErrBadKey for key %q", r.Key)
 				}
 			case err == ErrBadLease:
-				if !keyOK || r.Lease != 0 || r.Op == OpRelease {
+				if !keyOK || r.Lease != 0 || !hasLease[r.Op] {
 					t.Fatalf("ErrBadLease for %+v", r)
 				}
+			case err == ErrBadLimit:
+				if !keyOK || r.Lease == 0 || r.Op != OpShared || r.Limit != 0 {
+					t.Fatalf("ErrBadLimit for %+v", r)
+				}
 			default:
-				if !keyOK || (r.Op != OpRelease && r.Lease == 0) {
+				if !keyOK || (hasLease[r.Op] && r.Lease == 0) || (r.Op == OpShared && r.Limit == 0) {
 					t.Fatalf("accepted %+v", r)
+				}
+				if !hasLease[r.Op] && (r.Lease != 0 || r.Wait != 0) || r.Op != OpShared && r.Limit != 0 {
+					t.Fatalf("fields the op does not carry: %+v", r)
 				}
 			}
 		case ErrBadFrame:

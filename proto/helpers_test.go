@@ -28,6 +28,28 @@ func rawRenew(lease byte, token uint64, key string) string {
 
 func rawPing(nonce uint64) string { return "P" + be64(nonce) + "\n" }
 
+func be16(v uint16) string { return string([]byte{byte(v >> 8), byte(v)}) }
+
+func be32(v uint32) string {
+	return string([]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func rawShared(wait, lease byte, owner uint64, limit uint16, key string) string {
+	return "S" + string([]byte{wait, lease}) + be64(owner) + be16(limit) + key + "\n"
+}
+
+func rawValid(token uint64, remaining uint32, key string) string {
+	return "V" + be64(token) + be32(remaining) + key + "\n"
+}
+
+func rawLost(token uint64, reason byte, key string) string {
+	return "L" + be64(token) + string([]byte{reason}) + key + "\n"
+}
+
+func rawInspection(nonce uint64, holders, limit uint16, waiters uint32, token uint64, remaining uint32, key string) string {
+	return "I" + be64(nonce) + be16(holders) + be16(limit) + be32(waiters) + be64(token) + be32(remaining) + key + "\n"
+}
+
 func rawAcquired(owner, token uint64, key string) string {
 	return "A" + be64(owner) + be64(token) + key + "\n"
 }
@@ -58,13 +80,15 @@ func within(s, buf []byte) bool {
 }
 
 func sameRequest(a, b *Request) bool {
-	return a.Op == b.Op && a.Wait == b.Wait && a.Lease == b.Lease && a.ID == b.ID &&
+	return a.Op == b.Op && a.Wait == b.Wait && a.Lease == b.Lease && a.Limit == b.Limit && a.ID == b.ID &&
 		bytes.Equal(a.Key, b.Key) && (a.Key == nil) == (b.Key == nil)
 }
 
 func sameResponse(a, b *Response) bool {
 	return a.Op == b.Op && a.ReqOp == b.ReqOp && a.ID == b.ID && a.Token == b.Token &&
-		a.Code == b.Code && bytes.Equal(a.Tail, b.Tail) && (a.Tail == nil) == (b.Tail == nil)
+		a.Code == b.Code && a.Reason == b.Reason && a.Remaining == b.Remaining && a.Holders == b.Holders &&
+		a.Limit == b.Limit && a.Waiters == b.Waiters &&
+		bytes.Equal(a.Tail, b.Tail) && (a.Tail == nil) == (b.Tail == nil)
 }
 
 // encodeRequest re-encodes a parsed request with the matching encoder.
@@ -81,6 +105,14 @@ func encodeRequest(t testing.TB, dst []byte, r *Request) []byte {
 		return AppendPing(dst, r.ID)
 	case OpHello:
 		return appendIDTail(dst, OpHello, r.ID, r.Key) // the raw tail, space or not
+	case OpShared:
+		return AppendShared(dst, r.Wait, r.Lease, r.ID, r.Limit, r.Key)
+	case OpValidate:
+		return AppendValidate(dst, r.ID, r.Key)
+	case OpWatch:
+		return AppendWatch(dst, r.ID, r.Key)
+	case OpInspect:
+		return AppendInspect(dst, r.ID, r.Key)
 	}
 	t.Fatalf("encodeRequest: op %v", r.Op)
 	return nil
@@ -110,6 +142,14 @@ func encodeResponse(t testing.TB, dst []byte, r *Response) []byte {
 		return AppendError(dst, r.ReqOp, r.ID, r.Code, r.Tail)
 	case OpHello:
 		return AppendWelcome(dst, r.ID, r.Tail)
+	case OpValidate:
+		return AppendValid(dst, r.ID, r.Remaining, r.Tail)
+	case OpWatch:
+		return AppendWatching(dst, r.ID, r.Tail)
+	case OpLost:
+		return AppendLost(dst, r.ID, r.Reason, r.Tail)
+	case OpInspect:
+		return AppendInspection(dst, r.ID, r.Holders, r.Limit, r.Waiters, r.Token, r.Remaining, r.Tail)
 	}
 	t.Fatalf("encodeResponse: op %v", r.Op)
 	return nil

@@ -9,11 +9,17 @@ import (
 // Request is one decoded client frame. Key points into the parsed buffer and
 // is valid only as long as that buffer is.
 type Request struct {
-	Op    Op     // OpAcquire, OpRelease, OpRenew, OpPing or OpHello
-	Wait  uint8  // acquire: seconds the server may queue the request
-	Lease uint8  // acquire, renew: lease in seconds
-	ID    uint64 // owner (acquire), token (release, renew) or nonce (ping, hello); 0 if the header was not read
-	Key   []byte // acquire, release, renew: the key; hello: the whole tail (see SplitHello); a slice of the input; nil for ping
+	Op    Op     // a request op: OpAcquire, OpRelease, OpRenew, OpPing, OpHello, OpShared, OpValidate, OpWatch or OpInspect
+	Wait  uint8  // acquire, acquire-shared: seconds the server may queue the request
+	Lease uint8  // acquire, renew, acquire-shared: lease in seconds
+	Limit uint16 // acquire-shared: the key's holder limit (1..65535)
+	// ID is the owner (acquire, acquire-shared), token (release, renew,
+	// validate, watch) or nonce (ping, hello, inspect); 0 if the header was
+	// not read.
+	ID uint64
+	// Key is the key (every op but ping and hello), or for a hello the
+	// whole tail (see SplitHello); a slice of the input; nil for ping.
+	Key []byte
 }
 
 // ParseRequest decodes the first request frame in buf. maxKey is the server's
@@ -33,8 +39,11 @@ type Request struct {
 // makes it acceptable depends on the server's ACL (PROTOCOL.md §8.3), so it
 // is returned whole in r.Key and judged with SplitHello or HelloIdentity.
 //
-// Validation order is frame, then key, then lease (PROTOCOL.md §3). The fixed
-// header is consumed by count before 0x0A is looked for. It never allocates.
+// Validation order is frame, then key, then lease, then an acquire-shared's
+// limit 0 (ErrBadLimit, E 7: PROTOCOL.md §3, §9.6). A limit other than the
+// key's holders' and a watch beyond its bound are decided by state, not
+// here. The fixed header is consumed by count before 0x0A is looked for. It
+// never allocates.
 //
 // A bad frame is reported as soon as the bytes at hand prove it: an unknown op
 // at once, a key tail once more than MaxKey bytes are present without 0x0A,
@@ -64,7 +73,12 @@ func ParseRequest(buf []byte, maxKey int, r *Request) (int, error) {
 	case OpRenew:
 		r.Lease = buf[1]
 		r.ID = binary.BigEndian.Uint64(buf[2:10])
-	default: // OpRelease, OpPing, OpHello
+	case OpShared:
+		r.Wait = buf[1]
+		r.Lease = buf[2]
+		r.ID = binary.BigEndian.Uint64(buf[3:11])
+		r.Limit = binary.BigEndian.Uint16(buf[11:13])
+	default: // OpRelease, OpPing, OpHello, OpValidate, OpWatch, OpInspect
 		r.ID = binary.BigEndian.Uint64(buf[1:9])
 	}
 	tail := buf[1+hl:]
@@ -92,11 +106,17 @@ func ParseRequest(buf []byte, maxKey int, r *Request) (int, error) {
 	if i == 0 || i > maxKey || !validKey(key) {
 		return n, ErrBadKey
 	}
-	if r.Lease == 0 && op != OpRelease {
+	if r.Lease == 0 && hasLease[op] {
 		return n, ErrBadLease
+	}
+	if r.Limit == 0 && op == OpShared {
+		return n, ErrBadLimit
 	}
 	return n, nil
 }
+
+// hasLease marks the request ops whose header carries a lease (0 is E 3).
+var hasLease = [256]bool{OpAcquire: true, OpRenew: true, OpShared: true}
 
 // frameEnd finds the 0x0A that ends a frame whose tail starts at tail and
 // whose header is hl bytes long. It returns the tail's length and the whole
@@ -137,12 +157,23 @@ func validKey(key []byte) bool {
 
 // Response is one decoded server frame. Tail points into the parsed buffer.
 type Response struct {
-	Op    Op     // the response op
-	ReqOp Op     // N, M, E: the op of the request answered
-	ID    uint64 // A, T, B: owner; R, K, N: token; P: nonce; M, E: the request's id
-	Token uint64 // A: the granted token (also in ID for R, K, N)
+	Op    Op // the response op
+	ReqOp Op // N, M, E: the op of the request answered
+	// ID is the owner (A, T, B), the token (R, K, N, V, W, L), the nonce
+	// (P, H, I) or the request's id (M, E).
+	ID    uint64
+	Token uint64 // A: the granted token; I: the newest holder's token (for R, K, N, V, W, L the token is ID)
 	Code  uint8  // E: error code
-	Tail  []byte // key (A T B R K N), address (M), message (E), identity (H), empty (P)
+	// Reason is why a watched grant ended (L): ReasonReleased …
+	// ReasonCannotTell, as read (unchecked).
+	Reason uint8
+	// Remaining is the lease time left in milliseconds, rounded down (V;
+	// I: the newest holder's).
+	Remaining uint32
+	Holders   uint16 // I: the key's holders
+	Limit     uint16 // I: the key's limit (0 free, 1 exclusive or shared with limit 1)
+	Waiters   uint32 // I: the key's queued acquires
+	Tail      []byte // key (A T B R K N V W L I), address (M), message (E), identity (H), empty (P)
 }
 
 // ParseResponse decodes the first response frame in buf, with the same
@@ -154,8 +185,8 @@ type Response struct {
 // As in ParseRequest, a bad frame is reported as soon as the bytes at hand
 // prove it, n with ErrBadFrame is the number of bytes examined (at most
 // len(buf)), and Tail's capacity is cut to its length. The op byte of N, M and E is
-// returned in ReqOp as read, unchecked; a pong's Tail is nil. On
-// ErrIncomplete r's contents are unspecified.
+// returned in ReqOp as read, unchecked, and so is an L's reason; a pong's
+// Tail is nil. On ErrIncomplete r's contents are unspecified.
 func ParseResponse(buf []byte, r *Response) (int, error) {
 	if len(buf) == 0 {
 		return 0, ErrIncomplete
@@ -180,7 +211,20 @@ func ParseResponse(buf []byte, r *Response) (int, error) {
 		r.ReqOp = Op(buf[1])
 		r.ID = binary.BigEndian.Uint64(buf[2:10])
 		r.Code = buf[10]
-	default: // OpTimeout, OpBusy, OpRelease, OpRenew, OpPing, OpHello
+	case OpValidate:
+		r.ID = binary.BigEndian.Uint64(buf[1:9])
+		r.Remaining = binary.BigEndian.Uint32(buf[9:13])
+	case OpLost:
+		r.ID = binary.BigEndian.Uint64(buf[1:9])
+		r.Reason = buf[9]
+	case OpInspect:
+		r.ID = binary.BigEndian.Uint64(buf[1:9])
+		r.Holders = binary.BigEndian.Uint16(buf[9:11])
+		r.Limit = binary.BigEndian.Uint16(buf[11:13])
+		r.Waiters = binary.BigEndian.Uint32(buf[13:17])
+		r.Token = binary.BigEndian.Uint64(buf[17:25])
+		r.Remaining = binary.BigEndian.Uint32(buf[25:29])
+	default: // OpTimeout, OpBusy, OpRelease, OpRenew, OpPing, OpHello, OpWatch
 		r.ID = binary.BigEndian.Uint64(buf[1:9])
 	}
 	tail := buf[1+hl:]

@@ -28,6 +28,9 @@ func reqCases() []reqCase {
 		return Request{Op: OpAcquire, Wait: wait, Lease: lease, ID: owner, Key: []byte(key)}
 	}
 	long := func(op string, hdr string) string { return op + hdr + k1025 }
+	shr := func(wait, lease byte, owner uint64, limit uint16, key string) Request {
+		return Request{Op: OpShared, Wait: wait, Lease: lease, ID: owner, Limit: limit, Key: []byte(key)}
+	}
 	return []reqCase{
 		// acquire
 		{name: "acquire", in: rawAcquire(5, 30, 7, "lock/a"), want: acq(5, 30, 7, "lock/a")},
@@ -97,6 +100,31 @@ func reqCases() []reqCase {
 		{name: "hello/tail1025", in: rawIDTail('H', 1, k1025), n: 1 + 8 + 1025, err: ErrBadFrame, want: Request{Op: OpHello, ID: 1}},
 		{name: "hello/newlines-in-header", in: rawIDTail('H', nl8, "a b"), want: Request{Op: OpHello, ID: nl8, Key: []byte("a b")}},
 
+		// acquire shared (PROTOCOL.md §9.2): frame, key, lease, then limit 0
+		{name: "shared", in: rawShared(5, 30, 7, 4, "sem/a"), want: shr(5, 30, 7, 4, "sem/a")},
+		{name: "shared/limit1", in: rawShared(0, 1, 0, 1, "k"), want: shr(0, 1, 0, 1, "k")},
+		{name: "shared/limit65535", in: rawShared(255, 255, 1<<64-1, 65535, k1024), want: shr(255, 255, 1<<64-1, 65535, k1024)},
+		{name: "shared/newlines-in-header", in: rawShared('\n', '\n', nl8, 0x0A0A, "k"), want: shr('\n', '\n', nl8, 0x0A0A, "k")},
+		{name: "shared/limit0", in: rawShared(1, 2, 3, 0, "k"), err: ErrBadLimit, want: shr(1, 2, 3, 0, "k")},
+		{name: "shared/lease0-before-limit0", in: rawShared(1, 0, 3, 0, "k"), err: ErrBadLease, want: shr(1, 0, 3, 0, "k")},
+		{name: "shared/lease0", in: rawShared(1, 0, 3, 5, "k"), err: ErrBadLease, want: shr(1, 0, 3, 5, "k")},
+		{name: "shared/bad-key-before-lease0-limit0", in: rawShared(1, 0, 3, 0, "\xff"), err: ErrBadKey, want: shr(1, 0, 3, 0, "\xff")},
+		{name: "shared/empty-key", in: rawShared(1, 1, 3, 2, ""), err: ErrBadKey, want: shr(1, 1, 3, 2, "")},
+		{name: "shared/over-maxKey", in: rawShared(1, 1, 3, 2, "abc"), maxKey: 2, err: ErrBadKey, want: shr(1, 1, 3, 2, "abc")},
+		{name: "shared/key1025", in: rawShared(1, 0, 3, 0, k1025), n: 1 + 12 + 1025, err: ErrBadFrame, want: Request{Op: OpShared, Wait: 1, ID: 3}},
+
+		// validate, watch, inspect: id and key, no lease
+		{name: "validate", in: rawIDTail('V', 77, "lock/a"), want: Request{Op: OpValidate, ID: 77, Key: []byte("lock/a")}},
+		{name: "validate/token0", in: rawIDTail('V', 0, "k"), want: Request{Op: OpValidate, Key: []byte("k")}},
+		{name: "validate/bad-key", in: rawIDTail('V', 7, "\x80"), err: ErrBadKey, want: Request{Op: OpValidate, ID: 7, Key: []byte("\x80")}},
+		{name: "validate/key1025", in: rawIDTail('V', 7, k1025), n: 1 + 8 + 1025, err: ErrBadFrame, want: Request{Op: OpValidate, ID: 7}},
+		{name: "watch", in: rawIDTail('W', nl8, "lock/a"), want: Request{Op: OpWatch, ID: nl8, Key: []byte("lock/a")}},
+		{name: "watch/empty-key", in: rawIDTail('W', 7, ""), err: ErrBadKey, want: Request{Op: OpWatch, ID: 7, Key: []byte("")}},
+		{name: "watch/over-maxKey", in: rawIDTail('W', 7, "abc"), maxKey: 1, err: ErrBadKey, want: Request{Op: OpWatch, ID: 7, Key: []byte("abc")}},
+		{name: "inspect", in: rawIDTail('I', 9, "k"), want: Request{Op: OpInspect, ID: 9, Key: []byte("k")}},
+		{name: "inspect/key1024", in: rawIDTail('I', 9, k1024), want: Request{Op: OpInspect, ID: 9, Key: []byte(k1024)}},
+		{name: "inspect/bad-key", in: rawIDTail('I', 9, "a\xffb"), err: ErrBadKey, want: Request{Op: OpInspect, ID: 9, Key: []byte("a\xffb")}},
+
 		// unknown ops
 		{name: "unknown/Z", in: "Z" + be64(1) + "k\n", n: 1, err: ErrBadFrame, want: Request{Op: 'Z'}},
 		{name: "unknown/newline", in: "\n", n: 1, err: ErrBadFrame, want: Request{Op: '\n'}},
@@ -105,6 +133,7 @@ func reqCases() []reqCase {
 		{name: "unknown/lowercase", in: "a" + be64(1), n: 1, err: ErrBadFrame, want: Request{Op: 'a'}},
 		{name: "unknown/response-only-T", in: rawIDTail('T', 1, "k"), n: 1, err: ErrBadFrame, want: Request{Op: OpTimeout}},
 		{name: "unknown/response-only-E", in: rawError('A', 1, 2, "m"), n: 1, err: ErrBadFrame, want: Request{Op: OpError}},
+		{name: "unknown/response-only-L", in: rawLost(1, 1, "k"), n: 1, err: ErrBadFrame, want: Request{Op: OpLost}},
 		{name: "unknown/0xff", in: "\xff", n: 1, err: ErrBadFrame, want: Request{Op: 0xff}},
 
 		// incomplete
@@ -117,6 +146,9 @@ func reqCases() []reqCase {
 		{name: "incomplete/key1024-no-newline", in: "R" + be64(3) + k1024, err: ErrIncomplete},
 		{name: "incomplete/ping-header-only", in: "P" + be64(3), err: ErrIncomplete},
 		{name: "incomplete/hello-no-newline", in: "H" + be64(3) + "a b", err: ErrIncomplete},
+		{name: "incomplete/shared-header-only", in: "S\x01\x02" + be64(3) + be16(4), err: ErrIncomplete},
+		{name: "incomplete/shared-short-header", in: "S\x01\x02" + be64(3) + "\x00", err: ErrIncomplete},
+		{name: "incomplete/inspect-no-newline", in: "I" + be64(3) + "k", err: ErrIncomplete},
 	}
 }
 
@@ -225,6 +257,33 @@ func respCases() []respCase {
 		{name: "welcome", in: rawIDTail('H', 5, "orders"), want: Response{Op: OpHello, ID: 5, Tail: []byte("orders")}},
 		{name: "welcome/empty-identity", in: rawIDTail('H', 0, ""), want: Response{Op: OpHello, Tail: []byte("")}},
 		{name: "followed-by-more", in: rawPing(1) + rawPing(2), n: 10, want: Response{Op: OpPing, ID: 1}},
+
+		// PROTOCOL.md §9
+		{name: "valid", in: rawValid(1000, 29999, "lock/a"), want: Response{Op: OpValidate, ID: 1000, Remaining: 29999, Tail: []byte("lock/a")}},
+		{name: "valid/newlines-in-header", in: rawValid(nl8, 0x0A0A0A0A, "k"), want: Response{Op: OpValidate, ID: nl8, Remaining: 0x0A0A0A0A, Tail: []byte("k")}},
+		{name: "valid/remaining0", in: rawValid(1, 0, "k"), want: Response{Op: OpValidate, ID: 1, Tail: []byte("k")}},
+		{name: "watching", in: rawIDTail('W', 1000, "lock/a"), want: Response{Op: OpWatch, ID: 1000, Tail: []byte("lock/a")}},
+		{name: "lost/released", in: rawLost(1000, ReasonReleased, "lock/a"), want: Response{Op: OpLost, ID: 1000, Reason: 1, Tail: []byte("lock/a")}},
+		{name: "lost/expired", in: rawLost(1000, ReasonExpired, "k"), want: Response{Op: OpLost, ID: 1000, Reason: 2, Tail: []byte("k")}},
+		{name: "lost/forced", in: rawLost(1000, ReasonForced, "k"), want: Response{Op: OpLost, ID: 1000, Reason: 3, Tail: []byte("k")}},
+		{name: "lost/cannot-tell", in: rawLost(1000, ReasonCannotTell, "k"), want: Response{Op: OpLost, ID: 1000, Reason: 4, Tail: []byte("k")}},
+		{name: "lost/unknown-reason-unchecked", in: rawLost(nl8, '\n', "k"), want: Response{Op: OpLost, ID: nl8, Reason: '\n', Tail: []byte("k")}},
+		{name: "inspection", in: rawInspection(9, 3, 4, 5, 1007, 2500, "sem/a"),
+			want: Response{Op: OpInspect, ID: 9, Holders: 3, Limit: 4, Waiters: 5, Token: 1007, Remaining: 2500, Tail: []byte("sem/a")}},
+		{name: "inspection/free", in: rawInspection(9, 0, 0, 0, 0, 0, "k"), want: Response{Op: OpInspect, ID: 9, Tail: []byte("k")}},
+		{name: "inspection/max", in: rawInspection(1<<64-1, 65535, 65535, 1<<32-1, 1<<64-1, 1<<32-1, k1024),
+			want: Response{Op: OpInspect, ID: 1<<64 - 1, Holders: 65535, Limit: 65535, Waiters: 1<<32 - 1, Token: 1<<64 - 1, Remaining: 1<<32 - 1, Tail: []byte(k1024)}},
+		{name: "inspection/newlines-in-header", in: rawInspection(nl8, 0x0A0A, 0x0A0A, 0x0A0A0A0A, nl8, 0x0A0A0A0A, "k"),
+			want: Response{Op: OpInspect, ID: nl8, Holders: 0x0A0A, Limit: 0x0A0A, Waiters: 0x0A0A0A0A, Token: nl8, Remaining: 0x0A0A0A0A, Tail: []byte("k")}},
+		{name: "not-held/validate", in: rawOpIDTail('N', 'V', 1000, "k"), want: Response{Op: OpNotHeld, ReqOp: OpValidate, ID: 1000, Tail: []byte("k")}},
+		{name: "not-held/watch", in: rawOpIDTail('N', 'W', 1000, "k"), want: Response{Op: OpNotHeld, ReqOp: OpWatch, ID: 1000, Tail: []byte("k")}},
+		{name: "error/limit-mismatch", in: rawError('S', 7, CodeLimitMismatch, "limit mismatch"), want: Response{Op: OpError, ReqOp: OpShared, ID: 7, Code: 7, Tail: []byte("limit mismatch")}},
+		{name: "error/limit-reached", in: rawError('W', 7, CodeLimitReached, "too many watches"), want: Response{Op: OpError, ReqOp: OpWatch, ID: 7, Code: 8, Tail: []byte("too many watches")}},
+		{name: "bad/inspection-tail1025", in: rawInspection(9, 1, 1, 0, 5, 6, long), n: 1 + 28 + 1025, err: ErrBadFrame,
+			want: Response{Op: OpInspect, ID: 9, Holders: 1, Limit: 1, Token: 5, Remaining: 6}},
+		{name: "bad/shared-is-no-response", in: rawShared(1, 1, 1, 1, "k"), n: 1, err: ErrBadFrame, want: Response{Op: OpShared}},
+		{name: "incomplete/inspection-short-header", in: "I" + be64(9) + be16(1) + be16(1) + be32(0) + be64(5), err: ErrIncomplete},
+		{name: "incomplete/lost-header-only", in: "L" + be64(9) + "\x01", err: ErrIncomplete},
 
 		{name: "bad/unknown-op", in: "Z" + be64(1) + "\n", n: 1, err: ErrBadFrame, want: Response{Op: 'Z'}},
 		{name: "bad/newline-op", in: "\n", n: 1, err: ErrBadFrame, want: Response{Op: '\n'}},
@@ -341,7 +400,7 @@ type pipelined struct {
 func pipelineRequests(frames int, seed uint64, typical bool) pipelined {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	randomKey := randomKey
-	kinds := 7
+	kinds := 12
 	if typical {
 		randomKey = func(rng *rand.Rand, _ bool) string {
 			return k16[:8+rng.IntN(9)] + k16[:rng.IntN(17)] + k16[:rng.IntN(8)]
@@ -377,6 +436,19 @@ func pipelineRequests(frames int, seed uint64, typical bool) pipelined {
 			r = Request{Op: OpRelease, ID: id, Key: []byte(randomKey(rng, true))}
 			p.in = append(p.in, rawRelease(r.ID, string(r.Key))...)
 			err = ErrBadKey
+		case 7:
+			r = Request{Op: OpShared, Wait: uint8(rng.UintN(256)), Lease: uint8(1 + rng.UintN(255)), Limit: uint16(rng.UintN(65536)), ID: id, Key: []byte(randomKey(rng, false))}
+			p.in = append(p.in, rawShared(r.Wait, r.Lease, r.ID, r.Limit, string(r.Key))...)
+			if r.Limit == 0 {
+				err = ErrBadLimit
+			}
+		case 8, 9, 10:
+			r = Request{Op: [...]Op{OpValidate, OpWatch, OpInspect}[rng.IntN(3)], ID: id, Key: []byte(randomKey(rng, false))}
+			p.in = append(p.in, rawIDTail(byte(r.Op), r.ID, string(r.Key))...)
+		case 11:
+			r = Request{Op: OpShared, Wait: 1, Lease: 1, Limit: 0, ID: id, Key: []byte(randomKey(rng, false))}
+			p.in = append(p.in, rawShared(r.Wait, r.Lease, r.ID, r.Limit, string(r.Key))...)
+			err = ErrBadLimit
 		}
 		p.reqs = append(p.reqs, r)
 		p.errs = append(p.errs, err)
@@ -415,7 +487,19 @@ func TestParseResponsePipelined(t *testing.T) {
 	for range 1000 {
 		id, tok, key := rng.Uint64(), rng.Uint64(), []byte(randomKey(rng, rng.IntN(4) == 0))
 		var r Response
-		switch rng.IntN(9) {
+		switch rng.IntN(13) {
+		case 9:
+			r = Response{Op: OpValidate, ID: id, Remaining: rng.Uint32(), Tail: key}
+			in = append(in, rawValid(id, r.Remaining, string(key))...)
+		case 10:
+			r = Response{Op: OpWatch, ID: id, Tail: key}
+			in = append(in, rawIDTail('W', id, string(key))...)
+		case 11:
+			r = Response{Op: OpLost, ID: id, Reason: uint8(1 + rng.IntN(4)), Tail: key}
+			in = append(in, rawLost(id, r.Reason, string(key))...)
+		case 12:
+			r = Response{Op: OpInspect, ID: id, Holders: uint16(rng.Uint32()), Limit: uint16(rng.Uint32()), Waiters: rng.Uint32(), Token: tok, Remaining: rng.Uint32(), Tail: key}
+			in = append(in, rawInspection(id, r.Holders, r.Limit, r.Waiters, tok, r.Remaining, string(key))...)
 		case 0:
 			r = Response{Op: OpAcquire, ID: id, Token: tok, Tail: key}
 			in = append(in, rawAcquired(id, tok, string(key))...)
@@ -468,7 +552,8 @@ func TestOpString(t *testing.T) {
 	}{
 		{OpAcquire, "acquire"}, {OpRelease, "release"}, {OpRenew, "renew"}, {OpPing, "ping"},
 		{OpTimeout, "timeout"}, {OpBusy, "busy"}, {OpNotHeld, "not-held"}, {OpMoved, "moved"},
-		{OpError, "error"}, {OpHello, "hello"}, {7, "op(0x07)"}, {'\n', "op(0x0a)"}, {0xff, "op(0xff)"}, {'Z', "op(0x5a)"},
+		{OpError, "error"}, {OpHello, "hello"}, {OpShared, "acquire-shared"}, {OpValidate, "validate"},
+		{OpWatch, "watch"}, {OpInspect, "inspect"}, {OpLost, "lost"}, {7, "op(0x07)"}, {'\n', "op(0x0a)"}, {0xff, "op(0xff)"}, {'Z', "op(0x5a)"},
 	} {
 		t.Run(c.want, func(t *testing.T) {
 			if got := c.op.String(); got != c.want {
@@ -486,8 +571,10 @@ func TestOpKinds(t *testing.T) {
 		if rok != op.IsRequest() || sok != op.IsResponse() {
 			t.Fatalf("%v: header-length and Is* disagree", op)
 		}
-		wantReq := map[Op]int{OpAcquire: 10, OpRelease: 8, OpRenew: 9, OpPing: 8, OpHello: 8}
-		wantResp := map[Op]int{OpAcquire: 16, OpTimeout: 8, OpBusy: 8, OpRelease: 8, OpRenew: 8, OpNotHeld: 9, OpPing: 8, OpMoved: 9, OpError: 10, OpHello: 8}
+		wantReq := map[Op]int{OpAcquire: 10, OpRelease: 8, OpRenew: 9, OpPing: 8, OpHello: 8,
+			OpShared: 12, OpValidate: 8, OpWatch: 8, OpInspect: 8}
+		wantResp := map[Op]int{OpAcquire: 16, OpTimeout: 8, OpBusy: 8, OpRelease: 8, OpRenew: 8, OpNotHeld: 9, OpPing: 8, OpMoved: 9, OpError: 10, OpHello: 8,
+			OpValidate: 12, OpWatch: 8, OpLost: 9, OpInspect: 28}
 		if w, ok := wantReq[op]; ok != rok || w != rl {
 			t.Fatalf("RequestHeaderLen(%v) = %d, %v", op, rl, rok)
 		}
@@ -495,7 +582,7 @@ func TestOpKinds(t *testing.T) {
 			t.Fatalf("ResponseHeaderLen(%v) = %d, %v", op, sl, sok)
 		}
 	}
-	if MaxRequestLen != len(rawAcquire(1, 1, 1, k1024)) || MaxResponseLen != len(rawAcquired(1, 1, k1024)) {
+	if MaxRequestLen != len(rawShared(1, 1, 1, 1, k1024)) || MaxResponseLen != len(rawInspection(1, 1, 1, 1, 1, 1, k1024)) {
 		t.Fatalf("MaxRequestLen %d, MaxResponseLen %d", MaxRequestLen, MaxResponseLen)
 	}
 }
@@ -516,6 +603,8 @@ func TestCode(t *testing.T) {
 		{"bad-frame", ErrBadFrame, CodeBadFrame},
 		{"bad-key", ErrBadKey, CodeBadKey},
 		{"bad-lease", ErrBadLease, CodeBadLease},
+		{"bad-limit", ErrBadLimit, CodeLimitMismatch},
+		{"wrapped-bad-limit", wrapped{ErrBadLimit}, CodeLimitMismatch},
 		{"wrapped-bad-key", wrapped{ErrBadKey}, CodeBadKey},
 		{"other", errors.New("x"), 0},
 	} {

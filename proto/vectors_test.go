@@ -9,11 +9,13 @@ import (
 	"testing"
 )
 
-// The shared wire vectors in testdata/vectors.json: the Python client's
-// tests (clients/python/tests/test_vectors.py) read the same file, so the
-// two codecs cannot drift. Every valid frame must parse to exactly its
-// fields and encode back to exactly its bytes; every bad one must get the
-// same verdict.
+// The shared wire vectors in testdata/vectors.json (§1–§8) and
+// testdata/vectors9.json (§9): the Python client's tests
+// (clients/python/tests/test_vectors.py) read the same files, so the codecs
+// cannot drift. Every valid frame must parse to exactly its fields and
+// encode back to exactly its bytes; every bad one must get the same
+// verdict. The coverage checks (a vector for every op and code) hold over
+// both files together.
 
 type vectorFile struct {
 	Requests            []requestVector     `json:"requests"`
@@ -30,6 +32,7 @@ type requestVector struct {
 	Op    string `json:"op"`
 	Wait  uint8  `json:"wait"`
 	Lease uint8  `json:"lease"`
+	Limit uint16 `json:"limit"`
 	ID    uint64 `json:"id"`
 	Key   string `json:"key"`
 }
@@ -44,14 +47,19 @@ type badRequestVector struct {
 }
 
 type responseVector struct {
-	Name  string `json:"name"`
-	Hex   string `json:"hex"`
-	Op    string `json:"op"`
-	ReqOp string `json:"req_op"`
-	ID    uint64 `json:"id"`
-	Token uint64 `json:"token"`
-	Code  uint8  `json:"code"`
-	Tail  string `json:"tail"`
+	Name      string `json:"name"`
+	Hex       string `json:"hex"`
+	Op        string `json:"op"`
+	ReqOp     string `json:"req_op"`
+	ID        uint64 `json:"id"`
+	Token     uint64 `json:"token"`
+	Code      uint8  `json:"code"`
+	Reason    uint8  `json:"reason"`
+	Remaining uint32 `json:"remaining"`
+	Holders   uint16 `json:"holders"`
+	Limit     uint16 `json:"limit"`
+	Waiters   uint32 `json:"waiters"`
+	Tail      string `json:"tail"`
 }
 
 type badResponseVector struct {
@@ -61,21 +69,32 @@ type badResponseVector struct {
 	ID   uint64 `json:"id"`
 }
 
-func loadVectors(t *testing.T) *vectorFile {
+// vectorFiles are the vector files, §1–§8 and §9.
+var vectorFiles = []string{"testdata/vectors.json", "testdata/vectors9.json"}
+
+func loadVectors(t *testing.T, path string) *vectorFile {
 	t.Helper()
-	b, err := os.ReadFile("testdata/vectors.json")
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var v vectorFile
 	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatalf("testdata/vectors.json: %v", err)
+		t.Fatalf("%s: %v", path, err)
 	}
 	if len(v.Requests) == 0 || len(v.Responses) == 0 || len(v.BadRequests) == 0 || len(v.BadResponses) == 0 ||
 		len(v.IncompleteRequests) == 0 || len(v.IncompleteResponses) == 0 {
-		t.Fatal("testdata/vectors.json: a section is empty")
+		t.Fatalf("%s: a section is empty", path)
 	}
 	return &v
+}
+
+// eachVectorFile runs fn on every vector file, in a subtest named after it.
+func eachVectorFile(t *testing.T, fn func(t *testing.T, v *vectorFile)) {
+	for _, path := range vectorFiles {
+		v := loadVectors(t, path)
+		t.Run(strings.TrimSuffix(path[len("testdata/"):], ".json"), func(t *testing.T) { fn(t, v) })
+	}
 }
 
 func vectorBytes(t *testing.T, name, h string) []byte {
@@ -97,12 +116,20 @@ func vectorOp(t *testing.T, name, s string) Op {
 }
 
 func TestVectorRequests(t *testing.T) {
-	v := loadVectors(t)
 	ops := map[Op]bool{}
+	eachVectorFile(t, func(t *testing.T, v *vectorFile) { vectorRequests(t, v, ops) })
+	for _, op := range RequestOps {
+		if !ops[op] {
+			t.Errorf("no vector for request op %v", op)
+		}
+	}
+}
+
+func vectorRequests(t *testing.T, v *vectorFile, ops map[Op]bool) {
 	for _, c := range v.Requests {
 		t.Run(c.Name, func(t *testing.T) {
 			in := vectorBytes(t, c.Name, c.Hex)
-			want := Request{Op: vectorOp(t, c.Name, c.Op), Wait: c.Wait, Lease: c.Lease, ID: c.ID}
+			want := Request{Op: vectorOp(t, c.Name, c.Op), Wait: c.Wait, Lease: c.Lease, Limit: c.Limit, ID: c.ID}
 			if want.Op != OpPing {
 				want.Key = []byte(c.Key)
 			}
@@ -131,6 +158,14 @@ func TestVectorRequests(t *testing.T) {
 					return // AppendHello always writes the 0x20; this tail has none
 				}
 				out = AppendHello(nil, c.ID, identity, secret)
+			case OpShared:
+				out = AppendShared(nil, c.Wait, c.Lease, c.ID, c.Limit, c.Key)
+			case OpValidate:
+				out = AppendValidate(nil, c.ID, c.Key)
+			case OpWatch:
+				out = AppendWatch(nil, c.ID, c.Key)
+			case OpInspect:
+				out = AppendInspect(nil, c.ID, c.Key)
 			default:
 				t.Fatalf("no encoder for request op %v", want.Op)
 			}
@@ -139,16 +174,19 @@ func TestVectorRequests(t *testing.T) {
 			}
 		})
 	}
-	for _, op := range RequestOps {
-		if !ops[op] {
-			t.Errorf("no vector for request op %v", op)
+}
+
+func TestVectorBadRequests(t *testing.T) {
+	codes := map[uint8]bool{}
+	eachVectorFile(t, func(t *testing.T, v *vectorFile) { vectorBadRequests(t, v, codes) })
+	for _, code := range []uint8{CodeBadFrame, CodeBadKey, CodeBadLease, CodeLimitMismatch} {
+		if !codes[code] {
+			t.Errorf("no bad-request vector for code %d", code)
 		}
 	}
 }
 
-func TestVectorBadRequests(t *testing.T) {
-	v := loadVectors(t)
-	codes := map[uint8]bool{}
+func vectorBadRequests(t *testing.T, v *vectorFile, codes map[uint8]bool) {
 	for _, c := range v.BadRequests {
 		t.Run(c.Name, func(t *testing.T) {
 			in := vectorBytes(t, c.Name, c.Hex)
@@ -170,11 +208,6 @@ func TestVectorBadRequests(t *testing.T) {
 			}
 		})
 	}
-	for code := CodeBadFrame; code <= CodeBadLease; code++ {
-		if !codes[code] {
-			t.Errorf("no bad-request vector for code %d", code)
-		}
-	}
 	for _, h := range v.IncompleteRequests {
 		in := vectorBytes(t, "incomplete", h)
 		var r Request
@@ -185,13 +218,27 @@ func TestVectorBadRequests(t *testing.T) {
 }
 
 func TestVectorResponses(t *testing.T) {
-	v := loadVectors(t)
 	ops := map[Op]bool{}
 	codes := map[uint8]bool{}
+	eachVectorFile(t, func(t *testing.T, v *vectorFile) { vectorResponses(t, v, ops, codes) })
+	for o := range 256 {
+		if op := Op(o); op.IsResponse() && !ops[op] {
+			t.Errorf("no vector for response op %v", op)
+		}
+	}
+	for code := CodeBadFrame; code <= MaxCode; code++ {
+		if !codes[code] {
+			t.Errorf("no E vector for code %d", code)
+		}
+	}
+}
+
+func vectorResponses(t *testing.T, v *vectorFile, ops map[Op]bool, codes map[uint8]bool) {
 	for _, c := range v.Responses {
 		t.Run(c.Name, func(t *testing.T) {
 			in := vectorBytes(t, c.Name, c.Hex)
-			want := Response{Op: vectorOp(t, c.Name, c.Op), ID: c.ID, Token: c.Token, Code: c.Code}
+			want := Response{Op: vectorOp(t, c.Name, c.Op), ID: c.ID, Token: c.Token, Code: c.Code, Reason: c.Reason,
+				Remaining: c.Remaining, Holders: c.Holders, Limit: c.Limit, Waiters: c.Waiters}
 			if c.ReqOp != "" {
 				want.ReqOp = vectorOp(t, c.Name, c.ReqOp)
 			}
@@ -232,6 +279,14 @@ func TestVectorResponses(t *testing.T) {
 				out = AppendError(nil, want.ReqOp, c.ID, c.Code, c.Tail)
 			case OpHello:
 				out = AppendWelcome(nil, c.ID, c.Tail)
+			case OpValidate:
+				out = AppendValid(nil, c.ID, c.Remaining, c.Tail)
+			case OpWatch:
+				out = AppendWatching(nil, c.ID, c.Tail)
+			case OpLost:
+				out = AppendLost(nil, c.ID, c.Reason, c.Tail)
+			case OpInspect:
+				out = AppendInspection(nil, c.ID, c.Holders, c.Limit, c.Waiters, c.Token, c.Remaining, c.Tail)
 			default:
 				t.Fatalf("no encoder for response op %v", want.Op)
 			}
@@ -240,20 +295,11 @@ func TestVectorResponses(t *testing.T) {
 			}
 		})
 	}
-	for _, op := range []Op{OpAcquire, OpTimeout, OpBusy, OpRelease, OpRenew, OpNotHeld, OpPing, OpMoved, OpError, OpHello} {
-		if !ops[op] {
-			t.Errorf("no vector for response op %v", op)
-		}
-	}
-	for code := CodeBadFrame; code <= MaxCode; code++ {
-		if !codes[code] {
-			t.Errorf("no E vector for code %d", code)
-		}
-	}
 }
 
-func TestVectorBadResponses(t *testing.T) {
-	v := loadVectors(t)
+func TestVectorBadResponses(t *testing.T) { eachVectorFile(t, vectorBadResponses) }
+
+func vectorBadResponses(t *testing.T, v *vectorFile) {
 	for _, c := range v.BadResponses {
 		t.Run(c.Name, func(t *testing.T) {
 			in := vectorBytes(t, c.Name, c.Hex)
@@ -278,8 +324,9 @@ func TestVectorBadResponses(t *testing.T) {
 
 // TestVectorStream parses every valid frame of each direction from one
 // buffer, cut in two at every offset, as a connection reads them.
-func TestVectorStream(t *testing.T) {
-	v := loadVectors(t)
+func TestVectorStream(t *testing.T) { eachVectorFile(t, vectorStream) }
+
+func vectorStream(t *testing.T, v *vectorFile) {
 	var reqs, resps []byte
 	for _, c := range v.Requests {
 		reqs = append(reqs, vectorBytes(t, c.Name, c.Hex)...)

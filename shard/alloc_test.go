@@ -19,6 +19,9 @@ func TestZeroAllocs(t *testing.T) {
 	hkey := []byte("held-key-0123456")
 	_, htok := tab.Acquire(now, hkey, 0, 255, 0, nil, &out)
 	orders, billing, ops := tab.Ident([]byte("orders")), tab.Ident([]byte("billing")), tab.Ident([]byte("ops"))
+	// And a shared key (limit 4) with one holder.
+	skey := []byte("shared-key-01234")
+	_, stok := tab.AcquireShared(now, skey, 0, 255, 0, 4, NoIdent, nil, &out)
 
 	tests := []struct {
 		name string
@@ -69,6 +72,52 @@ func TestZeroAllocs(t *testing.T) {
 		{"ident lookups", func() {
 			tab.Ident([]byte("orders"))
 			tab.IdentName(orders)
+		}},
+		// PROTOCOL.md §9: shared holders, validate, inspect, watch.
+		{"shared on a free key+release", func() {
+			_, tok := tab.AcquireShared(now, key, 0, 10, 1, 4, NoIdent, c, &out)
+			tab.Release(now, key, tok, &out)
+		}},
+		{"shared second holder+release", func() {
+			_, tok := tab.AcquireShared(now, skey, 0, 10, 1, 4, orders, c, &out)
+			tab.ReleaseAs(now, skey, tok, Who{Ident: orders}, &out)
+		}},
+		{"shared renew", func() {
+			now += 1000
+			tab.Renew(now, skey, 255, stok, &out)
+		}},
+		{"shared queue+handoff of two", func() {
+			_, t1 := tab.AcquireShared(now, key, 0, 10, 1, 2, NoIdent, c, &out)
+			_, t2 := tab.AcquireShared(now, key, 0, 10, 2, 2, NoIdent, c, &out)
+			tab.AcquireShared(now, key, 5, 10, 3, 2, NoIdent, c, &out)
+			tab.AcquireShared(now, key, 5, 10, 4, 2, NoIdent, c, &out)
+			tab.Release(now, key, t1, &out)
+			tab.Release(now, key, t2, &out)
+			t3, t4 := out.Effects[0].Token, out.Effects[1].Token
+			out.Reset()
+			tab.Release(now, key, t3, &out)
+			tab.Release(now, key, t4, &out)
+		}},
+		{"mismatch", func() {
+			tab.AcquireShared(now, skey, 5, 10, 1, 3, NoIdent, c, &out)
+		}},
+		{"validate+inspect", func() {
+			tab.Validate(now, hkey, htok, &out)
+			tab.Validate(now, skey, stok, &out)
+			tab.Inspect(now, skey, &out)
+			tab.Inspect(now, key, &out)
+		}},
+		{"watch+release", func() {
+			_, tok := tab.AcquireShared(now, skey, 0, 10, 1, 4, NoIdent, c, &out)
+			tab.Watch(now, skey, tok, c, &out)
+			tab.Watch(now, skey, tok, c, &out)
+			tab.Release(now, skey, tok, &out)
+			out.Reset()
+		}},
+		{"watch+endwatches", func() {
+			tab.Watch(now, skey, stok, c, &out)
+			tab.EndWatches(&out)
+			out.Reset()
 		}},
 	}
 	for _, tc := range tests {

@@ -32,15 +32,23 @@ var (
 // allocator observes every token applied, so a table that takes over from
 // the one it followed starts above every token it has seen.
 //
-// A Grant makes Key held by Token (replacing any holder), granted to the
-// identity named by Ident (none if empty); Release and Expire
-// free Key if Token is its current token; Renew restarts the lease if Token
-// is current. A Skip carries no key: it names its shard and stands for the
-// records From..Seq, which cancelled out; a shard whose Seq is at least
-// From-1 moves to Seq, one further behind returns ErrGap. A table fed by
-// Apply normally has no waiters (its node
-// executes no acquires); any waiter of a key that a record frees leaves its
-// queue with an EffectMoved in out.
+// A Grant with Limit 0 makes Key held exclusively by Token (replacing any
+// holder), granted to the identity named by Ident (none if empty). A Grant
+// with a Limit adds the holder Token to Key shared with that limit: a free
+// key becomes shared; a key shared with that limit and fewer holders gains
+// one; any other (held exclusively, shared with another limit, full) has
+// its holders replaced. Release and Expire end the holder Token of Key, if
+// it is one (a key whose last holder ends is freed); Renew restarts the
+// lease of the holder Token. A Skip carries no key: it names its shard and
+// stands for the records From..Seq, which cancelled out; a shard whose Seq
+// is at least From-1 moves to Seq, one further behind returns ErrGap.
+//
+// A table fed by Apply normally has no waiters and no watches (its node
+// executes no acquires and answers no watch): any waiter of a key that a
+// record frees leaves its queue with an EffectMoved in out, a watch of a
+// grant that a record ends gets its EffectLost (ReasonReleased,
+// ReasonExpired; ReasonCannotTell when a Grant replaces it), and no queue
+// is served.
 func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) {
 	if r.Kind == RecordSkip {
 		return t.applySkip(r)
@@ -61,45 +69,91 @@ func (t *Table) Apply(now int64, r *Record, out *Out) (applied bool, err error) 
 	case r.Seq != s.seq+1:
 		return false, ErrGap
 	}
+	if err := s.apply(now, h, r, out); err != nil {
+		return false, err
+	}
+	s.seq = r.Seq
+	return true, nil
+}
+
+// apply changes the shard as the record r says (Apply).
+func (s *shard) apply(now int64, h uint64, r *Record, out *Out) error {
+	t := s.t
 	ref, e := s.find(h, r.Key)
 	switch r.Kind {
 	case RecordGrant:
+		id := t.idents.intern(r.Ident)
+		deadline := now + int64(r.Lease)*second
 		if e == nil {
 			if !s.room() || !t.reserve(&t.keys, t.maxKeys) {
-				return false, ErrFull
+				return ErrFull
 			}
 			ref, e = s.newEntry(h, r.Key)
+			s.install(ref, e, r.Token, deadline, id, r.Lease, r.Limit)
+		} else if q := s.sharedQueue(e); r.Limit != 0 && q != nil && q.limit == r.Limit && int(q.nx)+1 < int(q.limit) {
+			if !s.room() || !t.reserve(&t.holders, t.maxHolders) {
+				return ErrFull
+			}
+			x, xe := s.newHolder(e, r.Token)
+			xe.deadline, xe.lease, xe.ident = deadline, r.Lease, uint16(id)
+			s.addLease(x, xe)
+			s.bound(e, deadline)
 		} else {
-			s.delLease(e)
+			s.clearHolders(ref, e, out)
+			s.install(ref, e, r.Token, deadline, id, r.Lease, r.Limit)
 		}
-		e.token, e.lease = r.Token, r.Lease
-		e.ident = uint16(t.idents.intern(r.Ident))
-		e.deadline = now + int64(r.Lease)*second
-		s.addLease(ref, e)
 		t.tokens.Observe(r.Token)
 		s.ctr.Grants++
 	case RecordRelease, RecordExpire:
-		if e != nil && e.token == r.Token {
-			s.delLease(e)
-			if r.Kind == RecordRelease {
-				s.ctr.Releases++
-			} else {
-				s.ctr.Expiries++
+		if e == nil {
+			break
+		}
+		x, xe := s.holder(ref, e, r.Token)
+		if xe == nil {
+			break
+		}
+		s.delLease(xe)
+		reason := ReasonReleased
+		if r.Kind == RecordRelease {
+			s.ctr.Releases++
+		} else {
+			s.ctr.Expiries++
+			reason = ReasonExpired
+		}
+		if s.hooked() {
+			s.ended(r.Token, r.Key, reason, out)
+		}
+		switch q := s.sharedQueue(e); {
+		case x != ref:
+			s.dropHolder(q, x, xe)
+		case q != nil && q.nx != 0:
+			s.promote(ref, e, q)
+		default:
+			if q != nil {
+				s.unshare(q)
+				if q.n == 0 {
+					s.freeQueue(e)
+				}
 			}
 			s.dequeueAll(e, EffectMoved, out)
 			s.freeEntry(ref, e, h)
 		}
 	case RecordRenew:
-		if e != nil && e.token == r.Token {
-			s.delLease(e)
-			e.lease = r.Lease
-			e.deadline = now + int64(r.Lease)*second
-			s.addLease(ref, e)
-			s.ctr.Renews++
+		if e == nil {
+			break
 		}
+		x, xe := s.holder(ref, e, r.Token)
+		if xe == nil {
+			break
+		}
+		s.delLease(xe)
+		xe.lease = r.Lease
+		xe.deadline = now + int64(r.Lease)*second
+		s.addLease(x, xe)
+		s.bound(e, xe.deadline)
+		s.ctr.Renews++
 	}
-	s.seq = r.Seq
-	return true, nil
+	return nil
 }
 
 // applySkip moves a shard's Seq over records that cancelled out.
@@ -152,17 +206,21 @@ func (t *Table) SetSeq(i int, seq uint64) {
 	s.mu.Unlock()
 }
 
-// DumpShard calls fn for every held key of shard i with its token, lease
-// deadline (t's clock) and lease seconds (0 for a restored lock), under the
-// shard's lock, and returns the Seq of the shard's last record at that
-// point: the dump and the records with a larger Seq make up the shard's
-// whole history. key is valid only during the call; fn must not call back
-// into the Table.
+// DumpShard calls fn for every holder of every held key of shard i (a
+// shared key's holders one after the other, with its key) with its token,
+// lease deadline (t's clock) and lease seconds (0 for a restored lock),
+// under the shard's lock, and returns the Seq of the shard's last record at
+// that point: the dump and the records with a larger Seq make up the
+// shard's whole history. It does not say which keys are shared (Dump
+// does). key is valid only during the call; fn must not call back into the
+// Table.
 func (t *Table) DumpShard(i int, fn func(key []byte, token uint64, deadline int64, lease uint8)) (seq uint64) {
 	return t.Dump(i, func(h *HeldLock) { fn(h.Key, h.Token, h.Deadline, h.Lease) })
 }
 
-// HeldLock is one held key as Dump reports it.
+// HeldLock is one holder of a held key as Dump reports it (an exclusive
+// key has one, a shared key one per holder, each with the key and its
+// limit).
 type HeldLock struct {
 	Key      []byte // valid only during the call
 	Token    uint64
@@ -171,36 +229,46 @@ type HeldLock struct {
 	// Ident names the identity the grant was made to (nil: none); the
 	// bytes are the table's and stay valid, but must not be modified.
 	Ident []byte
+	// Limit is the key's limit if it is shared (1..65535), 0 if exclusive.
+	Limit uint16
 }
 
-// Dump is DumpShard with the grant's identity: it calls fn for every held
-// key of shard i under the shard's lock and returns the shard's Seq at that
-// point. h is reused between calls; fn must not call back into the Table.
+// Dump is DumpShard with each holder's identity and its key's limit: it
+// calls fn for every holder of every held key of shard i under the shard's
+// lock and returns the shard's Seq at that point. A shared key's holders
+// come one after the other. h is reused between calls; fn must not call
+// back into the Table. RestoreHolder rebuilds what it reports.
 func (t *Table) Dump(i int, fn func(h *HeldLock)) (seq uint64) {
 	s := &t.shards[i]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var h HeldLock
-	s.each(func(_ ref, e *entry) {
-		h = HeldLock{Key: s.keyOf(e), Token: e.token, Deadline: e.deadline, Lease: e.lease, Ident: t.idents.name(Ident(e.ident))}
-		fn(&h)
+	s.eachKey(func(_ ref, e *entry) {
+		key, limit := s.keyOf(e), uint16(0)
+		if q := s.sharedQueue(e); q != nil {
+			limit = q.limit
+		}
+		s.eachHolder(e, func(x *entry) {
+			h = HeldLock{Key: key, Token: x.token, Deadline: x.deadline, Lease: x.lease, Ident: t.idents.name(Ident(x.ident)), Limit: limit}
+			fn(&h)
+		})
 	})
 	return s.seq
 }
 
 // Reset empties the table: every key is freed (its waiters leave with an
-// EffectMoved in out) and every shard's Seq goes back to 0. The token
+// EffectMoved in out, the watches of its grants with an EffectLost,
+// ReasonCannotTell) and every shard's Seq goes back to 0. The token
 // allocator is left as it is: tokens never go back.
 func (t *Table) Reset(out *Out) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		// From the top down, so that no freed entry is passed again.
+		// From the top down, so that no freed entry is passed again (a key
+		// frees its holder entries, above or below it).
 		for r := s.slab.hwm - 1; r > 0; r-- {
-			if e := s.ent(r); e.kl != klFree {
-				s.dequeueAll(e, EffectMoved, out)
-				s.delLease(e)
-				s.freeEntry(r, e, xxhash.Sum64(s.keyOf(e)))
+			if e := s.ent(r); e.kl != klFree && e.kl != klHolder {
+				s.dropKey(r, e, xxhash.Sum64(s.keyOf(e)), out)
 			}
 		}
 		s.seq = 0
@@ -220,7 +288,7 @@ func (t *Table) MoveWaiters(out *Out) {
 	}
 }
 
-// ExtendLeases moves every held key's lease deadline that is earlier than
+// ExtendLeases moves every holder's lease deadline that is earlier than
 // min to min and returns how many it moved: a new Raft leader's lease rule
 // (PROTOCOL.md §6.4: the later of the stored deadline and its election
 // time plus the failover timeout, so a lease never ends earlier than on

@@ -3,6 +3,7 @@ package shard
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -251,4 +252,261 @@ func TestDropConnRace(t *testing.T) {
 			t.Fatalf("round %d: stats %+v", round, st)
 		}
 	}
+}
+
+// TestConcurrentShared runs workers on semaphores (acquire shared, limit
+// 3) and a read/write lock (readers shared with limit 65535, writers
+// exclusive) at once, each watching its own grants, with a ticker and a
+// dropper whose connections queue and watch, then close (run it with
+// -race). It checks that no semaphore ever has more than 3 holders and
+// that no reader overlaps a writer, that every watch of a released grant
+// gets exactly one L, with reason released, that tokens only grow, that
+// each key's records form a valid history (never more holders than the
+// limit), and that the table ends empty with no watch left.
+func TestConcurrentShared(t *testing.T) {
+	const workers, iters, limit = 6, 2000, 3
+	var (
+		clock atomic.Int64
+		recMu sync.Mutex
+		recs  = map[string][]Record{}
+
+		handoffs, lost, timeouts atomic.Int64
+	)
+	tab, err := New(Config{Shards: 8, Sink: func(r Record) {
+		r.Key = slices.Clone(r.Key)
+		recMu.Lock()
+		recs[string(r.Key)] = append(recs[string(r.Key)], r)
+		recMu.Unlock()
+	}}, NewTokens(0, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sems := []string{"sem0", "sem1"}
+	var semHeld [2]atomic.Int32
+	var readers, writers atomic.Int32
+	tokens := make([][]uint64, workers)
+	stop := make(chan struct{})
+	var wg, bg sync.WaitGroup
+
+	bg.Go(func() { // ticker
+		var out Out
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tab.Tick(clock.Add(int64(time.Millisecond)), &out)
+			deliver(&out)
+			time.Sleep(50 * time.Microsecond)
+		}
+	})
+	bg.Go(func() { // dropper: queues and watches, then its connection closes
+		var out Out
+		var old []mailbox
+		// A grant made before DropConn may be delivered after it: the
+		// closed connections' mailboxes are read again and again, and
+		// their grants given back.
+		reap := func() {
+			for _, mb := range old {
+				for len(mb) > 0 {
+					if e := <-mb; e.Kind == EffectGrant {
+						tab.Release(clock.Load(), e.Key, e.Token, &out)
+						deliver(&out)
+					}
+				}
+			}
+		}
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				reap()
+				return
+			default:
+			}
+			mb := make(mailbox, 256)
+			c := NewConn(mb)
+			for j, key := range []string{sems[i%2], "rw"} {
+				var st Status
+				var tok uint64
+				if j == 1 && i%3 == 0 {
+					st, tok = tab.Acquire(clock.Load(), []byte(key), 1, 255, uint64(j), c, &out)
+				} else {
+					lim := uint16(limit)
+					if key == "rw" {
+						lim = 65535
+					}
+					st, tok = tab.AcquireShared(clock.Load(), []byte(key), 1, 255, uint64(j), lim, NoIdent, c, &out)
+				}
+				if st == Granted {
+					tab.Watch(clock.Load(), []byte(key), tok, c, &out)
+					tab.Release(clock.Load(), []byte(key), tok, &out)
+				}
+				deliver(&out)
+			}
+			time.Sleep(100 * time.Microsecond)
+			tab.DropConn(c)
+			if !c.empty() {
+				t.Errorf("dropped conn still has %d waiters, %d watches", c.Waiters(), c.Watches())
+			}
+			old = append(old, mb)
+			reap()
+		}
+	})
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 9))
+			mb := make(mailbox, 256)
+			c := NewConn(mb)
+			var out Out
+			watched := map[uint64]int{} // token → Ls expected
+			take := func(e Effect) {
+				if e.Kind != EffectLost {
+					t.Errorf("worker %d: unexpected %v effect %+v", w, e.Kind, e)
+					return
+				}
+				if e.Reason != ReasonReleased || watched[e.Token] == 0 {
+					t.Errorf("worker %d: L %+v (watches left %d)", w, e, watched[e.Token])
+				}
+				watched[e.Token]--
+				lost.Add(1)
+			}
+			for i := range iters {
+				key, excl := sems[rng.IntN(2)], false
+				lim := uint16(limit)
+				if rng.IntN(3) == 0 {
+					key, lim, excl = "rw", 65535, rng.IntN(4) == 0
+				}
+				wait := uint8(rng.IntN(2))
+				var st Status
+				var tok uint64
+				if excl {
+					st, tok = tab.Acquire(clock.Load(), []byte(key), wait, 255, uint64(i), c, &out)
+				} else {
+					st, tok = tab.AcquireShared(clock.Load(), []byte(key), wait, 255, uint64(i), lim, NoIdent, c, &out)
+				}
+				deliver(&out)
+				if st == Mismatch {
+					t.Errorf("worker %d: mismatch on %s", w, key)
+					return
+				}
+				if st == Queued {
+					for {
+						e := <-mb
+						if e.Kind == EffectLost {
+							take(e)
+							continue
+						}
+						if e.Owner != uint64(i) || string(e.Key) != key {
+							t.Errorf("worker %d got %+v for owner %d key %s", w, e, i, key)
+							return
+						}
+						st, tok = Granted, e.Token
+						if e.Kind != EffectGrant {
+							st = TimedOut
+						}
+						break
+					}
+					if st == Granted {
+						handoffs.Add(1)
+					} else {
+						timeouts.Add(1)
+					}
+				}
+				if st != Granted {
+					continue
+				}
+				tokens[w] = append(tokens[w], tok)
+				n := 1 + rng.IntN(2)
+				for range n {
+					if tab.Watch(clock.Load(), []byte(key), tok, c, &out) != Watching {
+						t.Errorf("worker %d: watch of its own grant %d failed", w, tok)
+					}
+				}
+				watched[tok] += n
+				runtime.Gosched() // hold it a while: others queue
+				switch {
+				case key == "rw" && excl:
+					if writers.Add(1) != 1 || readers.Load() != 0 {
+						t.Errorf("writer with %d writers, %d readers", writers.Load(), readers.Load())
+					}
+					writers.Add(-1)
+				case key == "rw":
+					readers.Add(1)
+					if writers.Load() != 0 {
+						t.Errorf("reader while a writer holds")
+					}
+					readers.Add(-1)
+				default:
+					si := int(key[3] - '0')
+					if h := semHeld[si].Add(1); h > limit {
+						t.Errorf("%s: %d holders", key, h)
+					}
+					if _, ok := tab.Validate(clock.Load(), []byte(key), tok, &out); !ok {
+						t.Errorf("%s: own token %d not valid", key, tok)
+					}
+					semHeld[si].Add(-1)
+				}
+				if !tab.Release(clock.Load(), []byte(key), tok, &out) {
+					t.Errorf("release of %s token %d failed", key, tok)
+				}
+				deliver(&out)
+				for len(mb) > 0 { // the Ls of that release (nothing else is owed now)
+					take(<-mb)
+				}
+			}
+			for tok, n := range watched {
+				if n != 0 {
+					t.Errorf("worker %d: %d Ls missing for token %d", w, n, tok)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	bg.Wait()
+
+	var out Out
+	tab.Tick(clock.Load()+1000*second, &out)
+	if st := tab.Stats(); st != (Stats{}) {
+		t.Errorf("stats at the end: %+v", st)
+	}
+	for w, toks := range tokens {
+		for i := 1; i < len(toks); i++ {
+			if toks[i] <= toks[i-1] {
+				t.Fatalf("worker %d: token %d after %d", w, toks[i], toks[i-1])
+			}
+		}
+	}
+	for key, rs := range recs {
+		holders := map[uint64]bool{}
+		var last uint64
+		for _, r := range rs {
+			switch r.Kind {
+			case RecordGrant:
+				lim := int(r.Limit)
+				if lim == 0 {
+					lim = 1
+				}
+				if r.Token <= last || holders[r.Token] || len(holders) >= lim {
+					t.Fatalf("key %s: grant %d (limit %d) with holders %v (last %d)", key, r.Token, r.Limit, holders, last)
+				}
+				holders[r.Token], last = true, r.Token
+			case RecordRenew, RecordRelease, RecordExpire:
+				if !holders[r.Token] {
+					t.Fatalf("key %s: %v of %d, holders %v", key, r.Kind, r.Token, holders)
+				}
+				if r.Kind != RecordRenew {
+					delete(holders, r.Token)
+				}
+			}
+		}
+		if len(holders) != 0 {
+			t.Fatalf("key %s still held by %v in the records", key, holders)
+		}
+	}
+	if handoffs.Load() == 0 || lost.Load() == 0 {
+		t.Fatalf("only %d handoffs, %d Ls", handoffs.Load(), lost.Load())
+	}
+	t.Logf("%d handoffs, %d timeouts, %d Ls", handoffs.Load(), timeouts.Load(), lost.Load())
 }

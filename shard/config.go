@@ -21,6 +21,16 @@ type Config struct {
 	// 16,384, 1/64 of the default MaxWaiters), so that one connection
 	// cannot take every waiter slot.
 	MaxWaitersPerConn int
+	// MaxHolders bounds the holders of shared keys beyond the first of each
+	// key, across the table (default 1,048,576): a shared key with n
+	// holders counts 1 toward MaxKeys and n−1 toward MaxHolders (PROTOCOL.md
+	// §9.2). An acquire shared that would go beyond it answers Busy; a
+	// queued one that would be granted beyond it gets EffectBusy.
+	MaxHolders int
+	// MaxWatchesPerConn bounds the watches registered by one Conn
+	// (PROTOCOL.md §9.4 --max-watches-per-conn, default 1024): a watch
+	// beyond it answers WatchLimit (E 8).
+	MaxWatchesPerConn int
 	// Tick is the timer wheel's resolution (default and maximum 10 ms).
 	Tick time.Duration
 	// Sink, if not nil, receives every state change as a Record, in the
@@ -42,6 +52,10 @@ const (
 	DefaultMaxWaiters = 1 << 20
 	// DefaultMaxWaitersPerConn is the default Config.MaxWaitersPerConn (16,384).
 	DefaultMaxWaitersPerConn = 1 << 14
+	// DefaultMaxHolders is the default Config.MaxHolders (1,048,576).
+	DefaultMaxHolders = 1 << 20
+	// DefaultMaxWatchesPerConn is the default Config.MaxWatchesPerConn.
+	DefaultMaxWatchesPerConn = 1024
 	// DefaultTick is the default Config.Tick.
 	DefaultTick = 10 * time.Millisecond
 
@@ -58,14 +72,15 @@ const (
 var (
 	// ErrShards rejects a shard count that is not a power of two in 1..MaxShards.
 	ErrShards = errors.New("shard: Shards must be a power of two between 1 and 65536")
-	// ErrLimit rejects a negative MaxKeys, MaxWaitersPerKey, MaxWaiters or
-	// MaxWaitersPerConn.
+	// ErrLimit rejects a negative MaxKeys, MaxWaitersPerKey, MaxWaiters,
+	// MaxWaitersPerConn, MaxHolders or MaxWatchesPerConn.
 	ErrLimit = errors.New("shard: negative limit")
 	// ErrTick rejects a Tick outside MinTick..MaxTick.
 	ErrTick = errors.New("shard: Tick must be between 1µs and 10ms")
 )
 
-// DefaultConfig returns the defaults of PROTOCOL.md §4.
+// DefaultConfig returns the defaults of PROTOCOL.md §4 and the project's
+// bounds for §9 (MaxHolders, MaxWatchesPerConn).
 func DefaultConfig() Config {
 	return Config{
 		Shards:            DefaultShards,
@@ -73,6 +88,8 @@ func DefaultConfig() Config {
 		MaxWaitersPerKey:  DefaultMaxWaitersPerKey,
 		MaxWaiters:        DefaultMaxWaiters,
 		MaxWaitersPerConn: DefaultMaxWaitersPerConn,
+		MaxHolders:        DefaultMaxHolders,
+		MaxWatchesPerConn: DefaultMaxWatchesPerConn,
 		Tick:              DefaultTick,
 	}
 }
@@ -96,13 +113,20 @@ func (c *Config) Validate() error {
 	if c.MaxWaitersPerConn == 0 {
 		c.MaxWaitersPerConn = d.MaxWaitersPerConn
 	}
+	if c.MaxHolders == 0 {
+		c.MaxHolders = d.MaxHolders
+	}
+	if c.MaxWatchesPerConn == 0 {
+		c.MaxWatchesPerConn = d.MaxWatchesPerConn
+	}
 	if c.Tick == 0 {
 		c.Tick = d.Tick
 	}
 	if c.Shards < 0 || c.Shards > MaxShards || c.Shards&(c.Shards-1) != 0 {
 		return ErrShards
 	}
-	if c.MaxKeys < 0 || c.MaxWaitersPerKey < 0 || c.MaxWaiters < 0 || c.MaxWaitersPerConn < 0 {
+	if c.MaxKeys < 0 || c.MaxWaitersPerKey < 0 || c.MaxWaiters < 0 || c.MaxWaitersPerConn < 0 ||
+		c.MaxHolders < 0 || c.MaxWatchesPerConn < 0 {
 		return ErrLimit
 	}
 	if c.Tick < MinTick || c.Tick > MaxTick {

@@ -3,23 +3,24 @@ package shard
 import "sync"
 
 // Conn is the table's per-connection state. The caller allocates one per
-// connection (NewConn) and passes it with every acquire that may queue;
-// queued waiters are linked to it so that the table can cap them
-// (Config.MaxWaitersPerConn) and DropConn can remove them in time
-// proportional to that connection's own waiters. Tag is the caller's: the
-// table never reads it; effects hand the Conn back so the caller can find
-// its session through Tag.
+// connection (NewConn) and passes it with every acquire that may queue and
+// every watch; queued waiters and watches are linked to it so that the
+// table can cap them (Config.MaxWaitersPerConn, Config.MaxWatchesPerConn)
+// and DropConn can remove them in time proportional to that connection's
+// own. Tag is the caller's: the table never reads it; effects hand the Conn
+// back so the caller can find its session through Tag.
 type Conn struct {
 	// Tag is opaque to the table (the engine stores its session here).
 	Tag any
 
-	// mu guards head, n, dropped, and the cnext/cprev/gen fields of every
-	// waiter linked into this Conn. Lock order: shard.mu → Conn.mu; it is
-	// never held while taking a shard lock.
+	// mu guards head, n, nw, dropped, and the cnext/cprev/gen fields of
+	// every waiter and watch linked into this Conn. Lock order: shard.mu →
+	// Conn.mu; it is never held while taking a shard lock.
 	mu      sync.Mutex
-	head    *waiter // circular list of this connection's queued waiters
-	n       int     // len(list)
-	dropped bool    // DropConn was called: refuse new waiters
+	head    *waiter // circular list of this connection's queued waiters and watches
+	n       int     // queued waiters in the list
+	nw      int     // watches in the list
+	dropped bool    // DropConn was called: refuse new waiters and watches
 }
 
 // NewConn returns a Conn carrying tag.
@@ -33,14 +34,43 @@ func (c *Conn) Waiters() int {
 	return n
 }
 
-// link appends w to c's list, or reports false if c was dropped or already
-// has max waiters. The caller holds w's shard lock.
+// Watches returns the number of watches of c registered right now.
+func (c *Conn) Watches() int {
+	c.mu.Lock()
+	n := c.nw
+	c.mu.Unlock()
+	return n
+}
+
+// link appends the waiter w to c's list, or reports false if c was
+// dropped or already has max waiters. The caller holds w's shard lock.
 func (c *Conn) link(w *waiter, max int) bool {
 	c.mu.Lock()
 	if c.dropped || c.n >= max {
 		c.mu.Unlock()
 		return false
 	}
+	c.add(w)
+	c.n++
+	c.mu.Unlock()
+	return true
+}
+
+// linkWatch is link for the watch w, bounded by max watches.
+func (c *Conn) linkWatch(w *waiter, max int) bool {
+	c.mu.Lock()
+	if c.dropped || c.nw >= max {
+		c.mu.Unlock()
+		return false
+	}
+	c.add(w)
+	c.nw++
+	c.mu.Unlock()
+	return true
+}
+
+// add appends w to c's list (c.mu held).
+func (c *Conn) add(w *waiter) {
 	if c.head == nil {
 		w.cnext, w.cprev = w, w
 		c.head = w
@@ -50,9 +80,15 @@ func (c *Conn) link(w *waiter, max int) bool {
 		tail.cnext = w
 		c.head.cprev = w
 	}
-	c.n++
+}
+
+// watchFull reports whether c refuses one more watch (dropped, or max
+// watches already).
+func (c *Conn) watchFull(max int) bool {
+	c.mu.Lock()
+	full := c.dropped || c.nw >= max
 	c.mu.Unlock()
-	return true
+	return full
 }
 
 // unlink removes w from c's list and retires w's generation (so a DropConn
@@ -71,18 +107,23 @@ func (c *Conn) unlink(w *waiter) {
 	}
 	w.cnext, w.cprev = nil, nil
 	w.gen++
-	c.n--
+	if w.watch {
+		c.nw--
+	} else {
+		c.n--
+	}
 	c.mu.Unlock()
 }
 
-// dropRef is a DropConn snapshot of one waiter.
+// dropRef is a DropConn snapshot of one waiter or watch.
 type dropRef struct {
 	w     *waiter
 	gen   uint64
 	shard uint32
 }
 
-// snapshot marks c dropped and copies up to len(buf) of its waiters.
+// snapshot marks c dropped and copies up to len(buf) of its waiters and
+// watches.
 func (c *Conn) snapshot(buf []dropRef) int {
 	c.mu.Lock()
 	c.dropped = true
@@ -99,4 +140,12 @@ func (c *Conn) snapshot(buf []dropRef) int {
 	}
 	c.mu.Unlock()
 	return n
+}
+
+// empty reports whether c has neither waiters nor watches.
+func (c *Conn) empty() bool {
+	c.mu.Lock()
+	e := c.n == 0 && c.nw == 0
+	c.mu.Unlock()
+	return e
 }

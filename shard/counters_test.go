@@ -29,3 +29,30 @@ func TestCountersAndQueuedTime(t *testing.T) {
 		t.Fatalf("counters %+v, want %+v", got, want)
 	}
 }
+
+// The Ls given to watches are counted by reason.
+func TestCountersLost(t *testing.T) {
+	tb, err := New(Config{Shards: 2}, NewTokens(0, 1<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Out
+	k := []byte("k")
+	orders, ops := tb.Ident([]byte("orders")), tb.Ident([]byte("ops"))
+	_, t1 := tb.AcquireShared(0, k, 0, 1, 1, 2, orders, nil, &out)
+	_, t2 := tb.AcquireShared(0, k, 0, 5, 2, 2, orders, nil, &out)
+	for _, tok := range []uint64{t1, t1, t2} {
+		if st := tb.Watch(0, k, tok, nil, &out); st != Watching {
+			t.Fatalf("watch %d: %v", tok, st)
+		}
+	}
+	tb.Tick(int64(1e9), &out)                                           // t1 expires: 2 Ls
+	tb.ReleaseAs(int64(1e9), k, t2, Who{Ident: ops, Admin: true}, &out) // forced: 1 L
+	want := [5]uint64{0, 0, 2, 1, 0}
+	if got := tb.Counters().Lost; got != want {
+		t.Fatalf("Lost %v, want %v", got, want)
+	}
+	if n := len(out.Effects); n != 3 {
+		t.Fatalf("%d effects: %+v", n, out.Effects)
+	}
+}

@@ -9,6 +9,9 @@ const (
 	TimedOut                   // wait=0 on a held key: answer T now
 	Busy                       // a capacity limit: answer B now, nothing queued
 	Queued                     // queued: a later Effect answers it (grant or timeout)
+	// Mismatch: an AcquireShared whose limit differs from the limit of the
+	// key's shared holders, or limit 0 (answer E 7, PROTOCOL.md §9.2).
+	Mismatch
 )
 
 // String returns the status name.
@@ -22,6 +25,8 @@ func (s Status) String() string {
 		return "busy"
 	case Queued:
 		return "queued"
+	case Mismatch:
+		return "mismatch"
 	}
 	return "Status(?)"
 }
@@ -36,7 +41,38 @@ const (
 	EffectCancel                        // CancelWaiters removed it (shutdown): answer E 4
 	EffectBusy                          // it would have got the key, but no token could be had: answer B
 	EffectMoved                         // MoveWaiters removed it (this node stopped executing): answer M
+	// EffectLost: a watched grant ended (PROTOCOL.md §9.4): answer L with
+	// Token and Reason on Conn, the watch's connection. Exactly one per
+	// registered watch, unless its connection is dropped first.
+	EffectLost
 )
+
+// Reason says why a watched grant ended: the reason byte of an L frame
+// (PROTOCOL.md §9.4), with the same values.
+type Reason uint8
+
+// Reasons.
+const (
+	ReasonReleased   Reason = 1 // released, by any connection (its own identity, or no ACL)
+	ReasonExpired    Reason = 2 // its lease ended
+	ReasonForced     Reason = 3 // released by an admin identity or the admin endpoint, or its lease ended after an admin renewed it
+	ReasonCannotTell Reason = 4 // this table stopped telling: EndWatches (shutdown, step-down), Reset, or a replicated or restored grant replaced it
+)
+
+// String returns the reason's name.
+func (r Reason) String() string {
+	switch r {
+	case ReasonReleased:
+		return "released"
+	case ReasonExpired:
+		return "expired"
+	case ReasonForced:
+		return "forced"
+	case ReasonCannotTell:
+		return "cannot-tell"
+	}
+	return "Reason(?)"
+}
 
 // String returns the effect kind's name.
 func (k EffectKind) String() string {
@@ -51,19 +87,23 @@ func (k EffectKind) String() string {
 		return "busy"
 	case EffectMoved:
 		return "moved"
+	case EffectLost:
+		return "lost"
 	}
 	return "EffectKind(?)"
 }
 
-// Effect is an answer owed to a queued acquire on some connection, produced
-// by a release, an expiry, a tick or CancelWaiters. The caller delivers it
-// after the call returns (no table lock is held then). A grant that cannot be
-// delivered (its connection is gone) must be given back with Release.
+// Effect is an answer owed to a queued acquire or a watch on some
+// connection, produced by a release, an expiry, a tick, CancelWaiters,
+// MoveWaiters or EndWatches. The caller delivers it after the call returns
+// (no table lock is held then). A grant that cannot be delivered (its
+// connection is gone) must be given back with Release.
 type Effect struct {
 	Kind   EffectKind
-	Conn   *Conn  // the waiter's connection
-	Owner  uint64 // the waiter's owner id
-	Token  uint64 // EffectGrant: the new token
+	Reason Reason // EffectLost: why the grant ended
+	Conn   *Conn  // the waiter's or the watch's connection
+	Owner  uint64 // the waiter's owner id (0 for EffectLost)
+	Token  uint64 // EffectGrant: the new token; EffectLost: the ended grant's token
 	Key    []byte // copy of the key in Out's arena; valid until Out.Reset
 	Queued int64  // when the acquire was queued (table clock), for wait-time metrics
 }
@@ -98,6 +138,14 @@ func (o *Out) add(kind EffectKind, w *waiter, token uint64, key []byte) {
 		Key:    o.arena[n:m:m],
 		Queued: w.queued,
 	})
+}
+
+// addLost appends the EffectLost of the watch w (of the grant token of key).
+func (o *Out) addLost(w *waiter, token uint64, key []byte, reason Reason) {
+	n := len(o.arena)
+	o.arena = append(o.arena, key...)
+	m := len(o.arena)
+	o.Effects = append(o.Effects, Effect{Kind: EffectLost, Reason: reason, Conn: w.conn, Token: token, Key: o.arena[n:m:m]})
 }
 
 // RecordKind names a state change.
@@ -135,9 +183,13 @@ func (k RecordKind) String() string {
 
 // Record is one state change, small enough to stream to a replica. What it
 // means off this process is Kind, Key, Token, Lease (a duration: the
-// lease runs Lease seconds from the change) and Ident, numbered by Seq within Shard;
-// Deadline is the same lease end on this table's own clock, meaningful only
-// here. Apply replays records on another table.
+// lease runs Lease seconds from the change), Ident and Limit, numbered by
+// Seq within Shard; Deadline is the same lease end on this table's own
+// clock, meaningful only here. Apply replays records on another table.
+//
+// A shared key (PROTOCOL.md §9.2) has one Grant per holder, each with the
+// key's limit, and each holder ends with its own Release or Expire (Token
+// names the holder); a Renew restarts the lease of the holder Token names.
 type Record struct {
 	Kind RecordKind
 	// Shard is the index of the shard that made the record (the top bits of
@@ -158,4 +210,7 @@ type Record struct {
 	// process. Made by a table, it is valid beyond the Sink call (the
 	// registry's bytes never change) but must not be modified.
 	Ident []byte
+	// Limit is, on a Grant, the key's holder limit when it is shared (an
+	// acquire shared, 1..65535), 0 for an exclusive grant.
+	Limit uint16
 }

@@ -26,6 +26,10 @@ type Who struct {
 	// Admin is set for an admin identity (PROTOCOL.md §8.2): it may
 	// release or renew any identity's grant (a forced release).
 	Admin bool
+	// Operator marks a release made through the admin endpoint: the end of
+	// the grant is ReasonForced to its watches (PROTOCOL.md §9.6) whoever
+	// held it. It does not change who may release (that is Admin's).
+	Operator bool
 }
 
 // Result is the outcome of an identity-bound release or renew

@@ -143,3 +143,55 @@ func pointerField(t reflect.Type) string {
 	}
 	return t.Kind().String()
 }
+
+// TestMemorySharedHolders measures what a shared key's further holders
+// cost: 1000 keys of limit 100, each with 100 holders (99,000 holder
+// entries: a 48-byte entry and a holder-index slot each), within a budget
+// of 100 bytes a holder; and that the memory comes back once they leave.
+func TestMemorySharedHolders(t *testing.T) {
+	const keys, limit = 1000, 100
+	tab, err := New(Config{}, NewTokens(0, 1<<62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := heapAlloc()
+	var buf [16]byte
+	var out Out
+	toks := make([]uint64, 0, keys*limit)
+	for i := range keys {
+		key := key16(&buf, i)
+		for range limit {
+			st, tok := tab.AcquireShared(0, key, 0, 255, 0, limit, NoIdent, nil, &out)
+			if st != Granted {
+				t.Fatalf("key %d: %v", i, st)
+			}
+			toks = append(toks, tok)
+		}
+	}
+	full := heapAlloc()
+	extra := keys * (limit - 1)
+	used := float64(full) - float64(empty) - float64(cap(toks)*8) - float64(keys)*(48+16) // the keys themselves, as exclusive ones
+	perHolder := used / float64(extra)
+	t.Logf("%d further holders of %d shared keys: %.1f MB, %.0f bytes a holder (with each key's queue)", extra, keys, used/1e6, perHolder)
+	if perHolder > 100 {
+		t.Errorf("a further holder costs %.0f bytes, want ≤ 100", perHolder)
+	}
+	if st := tab.Stats(); st.Keys != keys || st.Holders != extra {
+		t.Fatalf("stats %+v", st)
+	}
+	for i := range keys {
+		key := key16(&buf, i)
+		for j := range limit {
+			if !tab.Release(0, key, toks[i*limit+j], &out) {
+				t.Fatalf("release %d/%d", i, j)
+			}
+		}
+	}
+	toks = nil
+	left := int64(heapAlloc()) - int64(empty)
+	if limit := int64(len(tab.shards)*chunkLen*int(unsafe.Sizeof(entry{}))) + 1e6; left > limit {
+		t.Errorf("heap %.1f MB above the empty table after every holder left, want ≤ %.1f MB", float64(left)/1e6, float64(limit)/1e6)
+	}
+	runtime.KeepAlive(tab)
+	runtime.KeepAlive(toks)
+}

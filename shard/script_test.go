@@ -12,7 +12,10 @@ import (
 	"time"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/*.txt")
+var (
+	rewrite      = flag.Bool("rewrite", false, "rewrite the expected output of testdata/*.txt")
+	checkLayouts = flag.Bool("layout", true, "check the table's layout after every transcript command")
+)
 
 // TestScripts runs the scenario transcripts in testdata/*.txt. Each command
 // line is followed by "----" and the output it must produce, up to a blank
@@ -23,21 +26,29 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 // Commands (durations as in time.ParseDuration; the clock starts at 0):
 //
 //	new [shards=N] [maxkeys=N] [perkey=N] [maxwaiters=N] [perconn=N] [start=N] [limit=N]
+//	    [maxholders=N] [watches=N]
 //	at DUR | advance DUR
 //	acquire KEY [wait=N] lease=N owner=N [conn=NAME] [as=IDENT]
-//	release KEY token=N [as=IDENT [admin=1]]
+//	shared KEY [wait=N] lease=N owner=N limit=N [conn=NAME] [as=IDENT]
+//	release KEY token=N [as=IDENT [admin=1]] [operator=1]
 //	renew KEY lease=N token=N [as=IDENT [admin=1]]
-//	tick | cancel | stats | held | dropconn NAME
+//	validate KEY token=N (prints "valid left=DUR" or "not held")
+//	watch KEY token=N [conn=NAME] (prints "watching", "not held" or "limit")
+//	inspect KEY (prints holders, limit, waiters, the newest token, its time left)
+//	detail KEY (every holder and every waiter, in order)
+//	tick | cancel | move | endwatches | stats | held | dropconn NAME
 //	dropwaiters NAME max=N (prints "done" or "more left")
-//	waiters NAME (the conn's queued acquires)
-//	restore KEY token=N deadline=DUR [as=IDENT]
+//	waiters NAME (the conn's queued acquires and watches)
+//	restore KEY token=N deadline=DUR [as=IDENT] [limit=N]
 //	lookup KEY
 //
 // as= names the identity of an acquire (its grant's) or of a release or
 // renew (PROTOCOL.md §8.3); without it there is none. A release or renew
 // with as= prints "forced" or "refused" and the grant's identity when it
 // was another's; identities show as ident=NAME in lookups, held keys and
-// grant records.
+// grant records. operator=1 is a release by the admin endpoint
+// (Who.Operator). A shared key's grant records, held holders and lookups
+// show its limit=N; stats shows holders= and watches= when not zero.
 func TestScripts(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
@@ -108,6 +119,8 @@ func (env *scriptEnv) reset(args map[string]string) {
 		MaxWaitersPerKey:  env.intArg(args, "perkey", 0),
 		MaxWaiters:        env.intArg(args, "maxwaiters", 0),
 		MaxWaitersPerConn: env.intArg(args, "perconn", 0),
+		MaxHolders:        env.intArg(args, "maxholders", 0),
+		MaxWatchesPerConn: env.intArg(args, "watches", 0),
 		Tick:              10 * time.Millisecond,
 		Sink:              env.sink,
 	}
@@ -127,6 +140,9 @@ func (env *scriptEnv) sink(r Record) {
 	}
 	if len(r.Ident) > 0 {
 		s += " ident=" + string(r.Ident)
+	}
+	if r.Limit != 0 {
+		s += fmt.Sprintf(" limit=%d", r.Limit)
 	}
 	env.records = append(env.records, s)
 }
@@ -189,8 +205,9 @@ func (env *scriptEnv) run(line string) []string {
 	}
 	u64 := func(name string) uint64 { return uint64(env.intArg(args, name, 0)) }
 	who := func() Who {
-		return Who{Ident: env.tab.Ident([]byte(args["as"])), Admin: args["admin"] == "1"}
+		return Who{Ident: env.tab.Ident([]byte(args["as"])), Admin: args["admin"] == "1", Operator: args["operator"] == "1"}
 	}
+	left := func(deadline int64) string { return time.Duration(deadline - env.now).String() }
 	u8 := func(name string) uint8 { return uint8(env.intArg(args, name, 0)) }
 	env.out.Reset()
 	env.records = env.records[:0]
@@ -210,8 +227,48 @@ func (env *scriptEnv) run(line string) []string {
 		} else {
 			res = append(res, st.String())
 		}
+	case "shared":
+		st, tok := tab.AcquireShared(env.now, key(), u8("wait"), u8("lease"), u64("owner"), uint16(u64("limit")), who().Ident, env.conn(args["conn"]), &env.out)
+		if st == Granted {
+			res = append(res, fmt.Sprintf("%s token=%d", st, tok))
+		} else {
+			res = append(res, st.String())
+		}
+	case "validate":
+		if dl, ok := tab.Validate(env.now, key(), u64("token"), &env.out); ok {
+			res = append(res, "valid left="+left(dl))
+		} else {
+			res = append(res, "not held")
+		}
+	case "watch":
+		switch st := tab.Watch(env.now, key(), u64("token"), env.conn(args["conn"]), &env.out); st {
+		case Watching:
+			res = append(res, "watching")
+		case WatchNotHeld:
+			res = append(res, "not held")
+		default:
+			res = append(res, st.String())
+		}
+	case "inspect":
+		in := tab.Inspect(env.now, key(), &env.out)
+		s := fmt.Sprintf("holders=%d limit=%d waiters=%d", in.Holders, in.Limit, in.Waiters)
+		if in.Holders > 0 {
+			s += fmt.Sprintf(" token=%d left=%s", in.Token, left(in.Deadline))
+		}
+		res = append(res, s)
+	case "detail":
+		d := tab.Detail(key())
+		res = append(res, fmt.Sprintf("limit=%d shared=%v", d.Limit, d.Shared))
+		for _, h := range d.Holders {
+			res = append(res, fmt.Sprintf("  holder token=%d deadline=%s lease=%d", h.Token, time.Duration(h.Deadline), h.Lease)+identArg([]byte(h.Ident)))
+		}
+		for _, w := range d.Waiters {
+			res = append(res, fmt.Sprintf("  waiter owner=%d limit=%d deadline=%s lease=%d", w.Owner, w.Limit, time.Duration(w.Deadline), w.Lease)+identArg([]byte(w.Ident)))
+		}
+	case "endwatches":
+		tab.EndWatches(&env.out)
 	case "release":
-		if _, ok := args["as"]; !ok {
+		if _, ok := args["as"]; !ok && args["operator"] != "1" {
 			res = append(res, answer(tab.Release(env.now, key(), u64("token"), &env.out), "released"))
 			break
 		}
@@ -241,9 +298,15 @@ func (env *scriptEnv) run(line string) []string {
 			res = append(res, "more left")
 		}
 	case "waiters":
-		res = append(res, fmt.Sprintf("waiters=%d", env.conn(pos[0]).Waiters()))
+		c := env.conn(pos[0])
+		s := fmt.Sprintf("waiters=%d", c.Waiters())
+		if n := c.Watches(); n > 0 {
+			s += fmt.Sprintf(" watches=%d", n)
+		}
+		res = append(res, s)
 	case "restore":
-		if err := tab.RestoreAs(key(), u64("token"), env.durArg(args["deadline"]), []byte(args["as"])); err != nil {
+		h := HeldLock{Key: key(), Token: u64("token"), Deadline: env.durArg(args["deadline"]), Ident: []byte(args["as"]), Limit: uint16(u64("limit"))}
+		if err := tab.RestoreHolder(&h); err != nil {
 			res = append(res, "error: "+err.Error())
 		} else {
 			res = append(res, "ok")
@@ -253,16 +316,28 @@ func (env *scriptEnv) run(line string) []string {
 		if !ki.Held {
 			res = append(res, "free")
 		} else {
-			res = append(res, fmt.Sprintf("held token=%d deadline=%s waiters=%d", ki.Token, time.Duration(ki.Deadline), ki.Waiters)+identArg([]byte(ki.Ident)))
+			s := fmt.Sprintf("held token=%d deadline=%s waiters=%d", ki.Token, time.Duration(ki.Deadline), ki.Waiters) + identArg([]byte(ki.Ident))
+			if ki.Limit != 0 {
+				s += fmt.Sprintf(" holders=%d limit=%d", ki.Holders, ki.Limit)
+			}
+			res = append(res, s)
 		}
 	case "stats":
 		st := tab.Stats()
-		res = append(res, fmt.Sprintf("keys=%d waiters=%d", st.Keys, st.Waiters))
+		s := fmt.Sprintf("keys=%d waiters=%d", st.Keys, st.Waiters)
+		if st.Holders != 0 || st.Watches != 0 {
+			s += fmt.Sprintf(" holders=%d watches=%d", st.Holders, st.Watches)
+		}
+		res = append(res, s)
 	case "held":
 		var held []string
 		for i := range tab.Shards() {
 			tab.Dump(i, func(h *HeldLock) {
-				held = append(held, fmt.Sprintf("held %s token=%d deadline=%s", h.Key, h.Token, time.Duration(h.Deadline))+identArg(h.Ident))
+				s := fmt.Sprintf("held %s token=%d deadline=%s", h.Key, h.Token, time.Duration(h.Deadline)) + identArg(h.Ident)
+				if h.Limit != 0 {
+					s += fmt.Sprintf(" limit=%d", h.Limit)
+				}
+				held = append(held, s)
 			})
 		}
 		slices.Sort(held) // shard order is an implementation detail
@@ -272,10 +347,16 @@ func (env *scriptEnv) run(line string) []string {
 	}
 	for _, e := range env.out.Effects {
 		s := fmt.Sprintf("effect %s %s conn=%s owner=%d", e.Kind, e.Key, connName(e.Conn), e.Owner)
-		if e.Kind == EffectGrant {
+		switch e.Kind {
+		case EffectGrant:
 			s += fmt.Sprintf(" token=%d", e.Token)
+		case EffectLost:
+			s = fmt.Sprintf("effect lost %s conn=%s token=%d reason=%s", e.Key, connName(e.Conn), e.Token, e.Reason)
 		}
 		res = append(res, s)
+	}
+	if *checkLayouts {
+		checkLayout(env.t, env.tab)
 	}
 	return append(res, env.records...)
 }

@@ -11,10 +11,18 @@ import (
 // chunkBits, slot ref & chunkMask). Nothing in an entry is a pointer — the
 // index, the timer wheel and the free list link entries by ref, a key of up
 // to inlineKey bytes is stored in the entry itself, a longer one in the
-// shard's longs table, and a key's wait queue, which only a contended key
-// has, in the shard's queues table — so the garbage collector never scans
-// the chunks, and a held lock of a short key costs one 48-byte entry plus
-// its share of the index (docs/DESIGN.md "Memory per lock").
+// shard's longs table, and a key's wait queue, which only a contended or
+// shared key has, in the shard's queues table — so the garbage collector
+// never scans the chunks, and a held lock of a short key costs one 48-byte
+// entry plus its share of the index (docs/DESIGN.md "Memory per lock").
+//
+// A shared key (PROTOCOL.md §9.2) is its key entry, which is also one of
+// its holders, plus one holder entry (klHolder) for each further holder:
+// an entry of the same slab, in the timer wheel under its own deadline,
+// named by the shard's holder index (token → ref) instead of the key
+// index, linked to the key's other holder entries through its key bytes,
+// and to the key through its queue (q), which for a shared key always
+// exists and carries the limit (holders.go).
 //
 // Refs are stable while an operation runs. Released entries go to a free
 // list (LIFO: an acquire after a release reuses the entry just freed); when
@@ -38,24 +46,30 @@ const (
 	headMark = ref(1) << 31
 	maxRef   = headMark - 1
 
-	klFree = 0   // entry.kl of a free entry
-	klLong = 255 // entry.kl of an entry whose key is in s.longs
+	klFree   = 0   // entry.kl of a free entry
+	klHolder = 254 // entry.kl of a holder entry of a shared key (holders.go)
+	klLong   = 255 // entry.kl of an entry whose key is in s.longs
 )
 
-// entry is a held key (free keys have no entry). Its 48 bytes
-// (TestEntrySize): token 8, deadline 8, wheel links 2 × 4, queue 4,
-// identity 2, key length 1, lease 1, inline key 16.
+// entry is a held key (free keys have no entry), or a further holder of a
+// shared key (klHolder). Its 48 bytes (TestEntrySize): token 8, deadline 8,
+// wheel links 2 × 4, queue 4, identity 2, key length 1, lease 1, inline
+// key 16.
 type entry struct {
-	token    uint64 // current fencing token
+	token    uint64 // current fencing token (of this holder)
 	deadline int64  // lease deadline (ns on the caller's clock)
 	tnext    ref    // wheel slot list; free list link while free
 	tprev    ref    // wheel slot list; headMark | the slot for the slot's head
-	q        uint32 // 1 + index of the key's wait queue in shard.queues; 0: no waiter
-	ident    uint16 // the Ident the current grant was made to (NoIdent: none; handles are < 2¹⁶)
-	kl       uint8  // klFree; 1 + the key's length if it is inline; klLong
-	lease    uint8  // lease seconds of the current grant or renew
+	// q is 1 + the index of the key's queue in shard.queues (0: none: no
+	// waiter, not shared); a holder entry's is its key's.
+	q     uint32
+	ident uint16 // the Ident the current grant was made to (NoIdent: none; handles are < 2¹⁶)
+	kl    uint8  // klFree; 1 + the key's length if it is inline; klLong; klHolder
+	lease uint8  // lease seconds of the current grant or renew
 	// key is the key itself (kl-1 bytes), or for klLong the index of its
-	// buffer in shard.longs (4 bytes, little-endian).
+	// buffer in shard.longs (4 bytes, little-endian), or for klHolder the
+	// next and previous holder entries of the key (2 × 4 bytes,
+	// little-endian).
 	key [inlineKey]byte
 }
 
@@ -66,11 +80,23 @@ type longKey struct {
 	e ref
 }
 
-// queue is the FIFO of a contended key's queued acquires.
+// queue is what a contended or shared key has beyond its entry: the FIFO
+// of its queued acquires and, for a shared key, its limit and its further
+// holders. It exists while the key has a waiter or is shared.
 type queue struct {
-	head *waiter // circular list; nil while the queue is free
-	n    uint32  // len(list)
-	e    ref     // the key's entry; the free list link while free
+	head *waiter // circular list of the waiters; nil while none (or free)
+	// next is, for a shared key, a lower bound of its holders' lease
+	// deadlines: a lookup at now < next has nothing due to process.
+	next  int64
+	n     uint32 // waiters
+	e     ref    // the key's entry; the free list link while free
+	hx    ref    // shared: the first further holder entry (circular list, the last is the newest); 0: none
+	nx    uint16 // shared: further holders (holders − 1)
+	limit uint16 // 0: exclusive; 1..65535: shared with this limit
+	// stale: a waiter left the head of this shared key's queue without the
+	// queue being served (DropWaiters has no Out); the next Tick or lookup
+	// serves it.
+	stale bool
 }
 
 // Bounds of what a shard keeps for reuse.
@@ -114,6 +140,7 @@ func (s *shard) room() bool { return s.slab.free != 0 || s.slab.hwm <= maxRef }
 // newEntry creates the entry of a key (hash h) that is not in the index
 // (room reported true). Its fields other than the key are zero.
 func (s *shard) newEntry(h uint64, key []byte) (ref, *entry) {
+	// alloc's code, written out: this is the hot path of every new key.
 	sl := &s.slab
 	r := sl.free
 	var e *entry
@@ -138,6 +165,28 @@ func (s *shard) newEntry(h uint64, key []byte) (ref, *entry) {
 		setLongIndex(e, s.newLong(r, key))
 	}
 	s.idx.insert(h, r)
+	return r, e
+}
+
+// alloc takes a zeroed entry off the free list or the high-water mark
+// (room reported true) and counts it live.
+func (s *shard) alloc() (ref, *entry) {
+	sl := &s.slab
+	r := sl.free
+	var e *entry
+	if r != 0 {
+		e = s.ent(r)
+		sl.free = e.tnext
+	} else {
+		r = sl.hwm
+		if int(r>>chunkBits) == len(sl.chunks) {
+			sl.chunks = append(sl.chunks, new([chunkLen]entry))
+		}
+		sl.hwm = r + 1
+		e = s.ent(r)
+	}
+	*e = entry{}
+	sl.n++
 	return r, e
 }
 
@@ -190,7 +239,13 @@ func (s *shard) freeEntry(r ref, e *entry, h uint64) {
 	}
 	// The key's bytes stay: a Record or HeldLock made during this call may
 	// still be read until it returns.
-	e.token, e.deadline, e.ident, e.lease, e.kl = 0, 0, 0, 0, klFree
+	s.recycle(r, e)
+}
+
+// recycle puts the entry r (out of the index and the wheel) on the free
+// list.
+func (s *shard) recycle(r ref, e *entry) {
+	e.token, e.deadline, e.ident, e.lease, e.kl, e.q = 0, 0, 0, 0, klFree, 0
 	e.tnext = s.slab.free
 	s.slab.free = r
 	if s.slab.n--; len(s.slab.chunks) > 1 && s.slab.n*4 < len(s.slab.chunks)*chunkLen {
@@ -218,7 +273,8 @@ func (s *shard) queueOf(r ref, e *entry) *queue {
 	return &s.queues[e.q-1]
 }
 
-// freeQueue frees e's queue, whose last waiter left.
+// freeQueue frees e's queue, whose last waiter left and which is not (or
+// no longer) shared (so not stale: unshare cleared the mark).
 func (s *shard) freeQueue(e *entry) {
 	i := e.q
 	s.queues[i-1] = queue{e: ref(s.freeQ)}
@@ -292,14 +348,28 @@ func (s *shard) compact() {
 }
 
 // move moves the live entry from into the free entry to and repoints
-// everything that names it: its index slot, its wheel neighbours (or its
-// wheel slot's head: every live entry is in the wheel between calls), its
-// queue and its long key.
+// everything that names it: its index slot (a holder entry's: in the holder
+// index), its wheel neighbours (or its wheel slot's head: every live entry
+// is in the wheel between calls), its queue, its long key, a holder entry's
+// list neighbours, and the watches of its grant.
 func (s *shard) move(from, to ref) {
 	src, dst := s.ent(from), s.ent(to)
 	*dst = *src
 	src.kl = klFree
-	s.idx.repoint(xxhash.Sum64(s.keyOf(dst)), from, to)
+	if dst.kl == klHolder {
+		s.moveHolder(from, to, dst)
+	} else {
+		s.idx.repoint(xxhash.Sum64(s.keyOf(dst)), from, to)
+		if dst.q != 0 {
+			s.queues[dst.q-1].e = to
+		}
+		if dst.kl == klLong {
+			s.longs[longIndex(dst)].e = to
+		}
+	}
+	if s.nwatch != 0 {
+		s.repointWatches(dst.token, to)
+	}
 	if p := dst.tprev; p&headMark != 0 {
 		s.wheel.leases[p&^headMark] = to
 	} else {
@@ -308,19 +378,23 @@ func (s *shard) move(from, to ref) {
 	if dst.tnext != 0 {
 		s.ent(dst.tnext).tprev = to
 	}
-	if dst.q != 0 {
-		s.queues[dst.q-1].e = to
-	}
-	if dst.kl == klLong {
-		s.longs[longIndex(dst)].e = to
-	}
 }
 
-// each calls fn for every live entry of the shard, in ref order. fn must
-// not free entries.
+// each calls fn for every live entry of the shard (key entries and holder
+// entries), in ref order. fn must not free entries.
 func (s *shard) each(fn func(r ref, e *entry)) {
 	for r := ref(1); r < s.slab.hwm; r++ {
 		if e := s.ent(r); e.kl != klFree {
+			fn(r, e)
+		}
+	}
+}
+
+// eachKey calls fn for every held key's entry of the shard, in ref order.
+// fn must not free entries.
+func (s *shard) eachKey(fn func(r ref, e *entry)) {
+	for r := ref(1); r < s.slab.hwm; r++ {
+		if e := s.ent(r); e.kl != klFree && e.kl != klHolder {
 			fn(r, e)
 		}
 	}

@@ -54,13 +54,23 @@ func layoutError(s *shard) string {
 			prev = r
 		}
 	}
-	live, longs, queues, waiters := 0, 0, 0, 0
+	live, longs, queues, waiters, holders, stale, shared := 0, 0, 0, 0, 0, 0, 0
 	for r := ref(1); r < sl.hwm; r++ {
 		e := s.ent(r)
 		if e.kl == klFree {
 			continue
 		}
 		live++
+		if !inWheel[r] {
+			return fmt.Sprintf("ref %d (kl %d) is held but not in the wheel", r, e.kl)
+		}
+		if e.kl == klHolder {
+			holders++
+			if msg := holderError(s, r, e); msg != "" {
+				return msg
+			}
+			continue
+		}
 		key := s.keyOf(e)
 		if e.kl == klLong {
 			longs++
@@ -73,17 +83,26 @@ func layoutError(s *shard) string {
 		if fr, _ := s.find(xxhash.Sum64(key), key); fr != r {
 			return fmt.Sprintf("ref %d (key %q): the index finds %d", r, key, fr)
 		}
-		if !inWheel[r] {
-			return fmt.Sprintf("ref %d (key %q) is held but not in the wheel", r, key)
-		}
 		if e.q != 0 {
 			queues++
 			q := &s.queues[e.q-1]
-			if q.e != r || q.head == nil {
-				return fmt.Sprintf("ref %d: queue %d names ref %d, head %p", r, e.q, q.e, q.head)
+			if q.e != r || (q.head == nil && q.limit == 0) || (q.head == nil) != (q.n == 0) {
+				return fmt.Sprintf("ref %d: queue %d names ref %d, head %p, %d waiters, limit %d", r, e.q, q.e, q.head, q.n, q.limit)
+			}
+			if q.limit != 0 {
+				shared++
+			}
+			if q.stale {
+				stale++
+				if q.limit == 0 {
+					return fmt.Sprintf("ref %d: an exclusive key's queue marked stale", r)
+				}
+			}
+			if msg := sharedError(s, r, e, q); msg != "" {
+				return msg
 			}
 			n := uint32(0)
-			for w := q.head; ; {
+			for w := q.head; w != nil; {
 				if w.q != e.q || w.next.prev != w {
 					return fmt.Sprintf("ref %d: a waiter of queue %d names queue %d", r, e.q, w.q)
 				}
@@ -111,9 +130,23 @@ func layoutError(s *shard) string {
 			filled++
 		}
 	}
+	hfilled := 0
+	for _, x := range s.hidx.slots {
+		if x.r != 0 {
+			hfilled++
+		}
+	}
 	switch {
-	case live != sl.n || live != s.idx.n || filled != live:
-		return fmt.Sprintf("%d live entries, slab counts %d, index %d (%d slots filled)", live, sl.n, s.idx.n, filled)
+	case live != sl.n || live-holders != s.idx.n || filled != live-holders:
+		return fmt.Sprintf("%d live entries (%d holder entries), slab counts %d, index %d (%d slots filled)", live, holders, sl.n, s.idx.n, filled)
+	case holders != s.hidx.n || hfilled != holders:
+		return fmt.Sprintf("%d holder entries, holder index %d (%d slots filled)", holders, s.hidx.n, hfilled)
+	case stale != s.nstale:
+		return fmt.Sprintf("%d stale queues, %d counted", stale, s.nstale)
+	case shared != s.nshared:
+		return fmt.Sprintf("%d shared keys, %d counted", shared, s.nshared)
+	case s.hooks != s.nwatch+len(s.forced):
+		return fmt.Sprintf("hooks %d, with %d watches and %d forced marks", s.hooks, s.nwatch, len(s.forced))
 	case nfree != int(sl.hwm)-1-live:
 		return fmt.Sprintf("free list of %d, want %d", nfree, int(sl.hwm)-1-live)
 	case len(inWheel) != live:
@@ -131,6 +164,112 @@ func layoutError(s *shard) string {
 	}
 	if nw != waiters {
 		return fmt.Sprintf("%d waiters in the wheel, %d queued", nw, waiters)
+	}
+	return watchError(s)
+}
+
+// holderError checks the holder entry r (e) of a shared key: named by the
+// holder index under its token, in its key's list, which its queue says is
+// shared.
+func holderError(s *shard, r ref, e *entry) string {
+	if e.q == 0 || int(e.q) > len(s.queues) {
+		return fmt.Sprintf("holder entry %d names queue %d", r, e.q)
+	}
+	q := &s.queues[e.q-1]
+	if q.limit == 0 || q.hx == 0 {
+		return fmt.Sprintf("holder entry %d of a key that is not shared (limit %d, first %d)", r, q.limit, q.hx)
+	}
+	if x, _ := s.holderOf(s.ent(q.e), e.token); x != r {
+		return fmt.Sprintf("holder entry %d (token %d): the holder index finds %d", r, e.token, x)
+	}
+	for x := q.hx; ; {
+		if x == r {
+			return ""
+		}
+		if x = hnext(s.ent(x)); x == q.hx {
+			return fmt.Sprintf("holder entry %d is not in its key's list", r)
+		}
+	}
+}
+
+// sharedError checks a key's shared state: its holder list (well linked,
+// nx long, each entry a holder entry of this key), fewer holders than its
+// limit allows, tokens unique, the bound below every deadline.
+func sharedError(s *shard, r ref, e *entry, q *queue) string {
+	if q.limit == 0 {
+		if q.hx != 0 || q.nx != 0 {
+			return fmt.Sprintf("ref %d: an exclusive key with holder entries (%d, first %d)", r, q.nx, q.hx)
+		}
+		return ""
+	}
+	if int(q.nx)+1 > int(q.limit) {
+		return fmt.Sprintf("ref %d: %d holders over the limit %d", r, q.nx+1, q.limit)
+	}
+	if e.deadline < q.next {
+		return fmt.Sprintf("ref %d: bound %d above its own deadline %d", r, q.next, e.deadline)
+	}
+	if q.hx == 0 {
+		if q.nx != 0 {
+			return fmt.Sprintf("ref %d: %d holder entries, no list", r, q.nx)
+		}
+		return ""
+	}
+	n := 0
+	seen := map[uint64]bool{e.token: true}
+	for x, prev := q.hx, hprev(s.ent(q.hx)); ; {
+		xe := s.ent(x)
+		switch {
+		case xe.kl != klHolder || xe.q != e.q:
+			return fmt.Sprintf("ref %d: list entry %d (kl %d, queue %d) is not its holder", r, x, xe.kl, xe.q)
+		case hprev(xe) != prev:
+			return fmt.Sprintf("ref %d: list entry %d: prev %d, want %d", r, x, hprev(xe), prev)
+		case seen[xe.token]:
+			return fmt.Sprintf("ref %d: token %d twice", r, xe.token)
+		case xe.deadline < q.next:
+			return fmt.Sprintf("ref %d: bound %d above holder %d's deadline %d", r, q.next, x, xe.deadline)
+		case x != q.hx && s.ent(prev).token > xe.token:
+			return fmt.Sprintf("ref %d: holder list out of token order (%d after %d)", r, xe.token, s.ent(prev).token)
+		}
+		seen[xe.token] = true
+		n++
+		prev = x
+		if x = hnext(xe); x == q.hx {
+			break
+		}
+		if n > int(q.nx) {
+			return fmt.Sprintf("ref %d: holder list longer than %d", r, q.nx)
+		}
+	}
+	if n != int(q.nx) {
+		return fmt.Sprintf("ref %d: holder list of %d, counts %d", r, n, q.nx)
+	}
+	return ""
+}
+
+// watchError checks the watch index: every chain well linked, each watch
+// naming a live entry that holds its token, the count right.
+func watchError(s *shard) string {
+	n, filled := 0, 0
+	for _, sl := range s.watches.slots {
+		if sl.w == nil {
+			continue
+		}
+		filled++
+		var prev *waiter
+		for w := sl.w; w != nil; w = w.next {
+			e := s.ent(w.e)
+			switch {
+			case !w.watch || w.owner != sl.token || w.prev != prev:
+				return fmt.Sprintf("watch of token %d: watch %v, token %d, prev %p want %p", sl.token, w.watch, w.owner, w.prev, prev)
+			case e.kl == klFree || e.token != sl.token:
+				return fmt.Sprintf("watch of token %d names ref %d (kl %d, token %d)", sl.token, w.e, e.kl, e.token)
+			}
+			prev = w
+			n++
+		}
+	}
+	if n != s.nwatch || filled != s.watches.n {
+		return fmt.Sprintf("%d watches in %d chains, counts %d in %d", n, filled, s.nwatch, s.watches.n)
 	}
 	return ""
 }
@@ -185,7 +324,7 @@ func runCompaction(t *testing.T, seed uint64) {
 	check := func(step int) {
 		t.Helper()
 		for _, h := range keys {
-			want := KeyInfo{Held: true, Token: h.token, Deadline: h.dl, Waiters: h.waiters}
+			want := KeyInfo{Held: true, Token: h.token, Deadline: h.dl, Waiters: h.waiters, Holders: 1}
 			if ki := tab.Lookup(h.key); ki != want {
 				t.Fatalf("step %d: %q: %+v, want %+v", step, h.key, ki, want)
 			}

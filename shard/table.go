@@ -20,17 +20,21 @@ type Table struct {
 	sink   func(Record)
 	idents idents // the names of the grants' identities (ident.go)
 
-	maxKeys, maxPerKey, maxWaiters int64
-	maxPerConn                     int
+	maxKeys, maxPerKey, maxWaiters, maxHolders int64
+	maxPerConn, maxWatchesPerConn              int
 
 	_       [64]byte
 	keys    atomic.Int64 // keys held, table-wide
 	_       [56]byte
 	waiters atomic.Int64 // waiters queued, table-wide
 	_       [56]byte
+	holders atomic.Int64 // holder entries of shared keys (holders beyond each key's first), table-wide
+	watches atomic.Int64 // watches registered, table-wide
+	_       [48]byte
 }
 
-// ErrFull is returned by Restore when MaxKeys is reached.
+// ErrFull is returned by Restore when MaxKeys (or, for a further holder of
+// a shared key, MaxHolders) is reached.
 var ErrFull = errors.New("shard: table full")
 
 // ErrNilTokens is returned by New without a token allocator.
@@ -62,7 +66,10 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		maxKeys:    int64(cfg.MaxKeys),
 		maxPerKey:  int64(cfg.MaxWaitersPerKey),
 		maxWaiters: int64(cfg.MaxWaiters),
+		maxHolders: int64(cfg.MaxHolders),
 		maxPerConn: cfg.MaxWaitersPerConn,
+
+		maxWatchesPerConn: cfg.MaxWatchesPerConn,
 	}
 	bits := uint(0)
 	for 1<<bits < cfg.Shards {
@@ -75,6 +82,7 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		s.t = t
 		s.id = uint32(i)
 		s.idx.init()
+		s.hidx.init()
 		s.slab.hwm = 1
 		s.wheel.init(int64(cfg.Tick), slots)
 	}
@@ -132,6 +140,36 @@ func (t *Table) AcquireAs(now int64, key []byte, wait, lease uint8, owner uint64
 	return st, tok
 }
 
+// AcquireShared applies an acquire shared (PROTOCOL.md §9.2) with limit
+// (1..65535) by the identity id (NoIdent: none):
+//
+//   - a free key is granted (Granted), and becomes shared with limit until
+//     it is free again;
+//   - a shared key with another limit answers Mismatch (E 7) — before any
+//     other answer; so does limit 0;
+//   - a shared key with the same limit, fewer holders than it and no one
+//     queued is granted another holder, with its own token and lease
+//     (Busy beyond Config.MaxHolders);
+//   - otherwise (full, someone queued, or held exclusively) it queues, or
+//     answers TimedOut (wait 0) or Busy, as Acquire does.
+//
+// A queued acquire shared is granted when it reaches the head of the queue
+// and fits (serve): the key is free, or shared with its limit and fewer
+// holders than it. c, out and the bounds are as for Acquire.
+func (t *Table) AcquireShared(now int64, key []byte, wait, lease uint8, owner uint64, limit uint16, id Ident, c *Conn, out *Out) (Status, uint64) {
+	if limit == 0 {
+		return Mismatch, 0
+	}
+	id = min(id, identOverflow)
+	h := xxhash.Sum64(key)
+	s := t.shardOf(h)
+	s.mu.Lock()
+	st, tok := s.acquireShared(now, h, key, wait, lease, owner, limit, id, c, out)
+	s.settle()
+	s.mu.Unlock()
+	return st, tok
+}
+
 // Release applies a release: true (answer R) if token is key's current
 // token; then the key goes to the head waiter with a new token (an
 // EffectGrant in out) or becomes free. false answers N. The token alone
@@ -148,6 +186,12 @@ func (t *Table) Release(now int64, key []byte, token uint64, out *Out) bool {
 // no identity, or a who of no identity, is judged by the token alone. The
 // grant's identity is returned (NoIdent when not held), so that the
 // caller can log a forced or refused release with both identities.
+//
+// On a shared key token names one holder: that holder alone is released
+// (its identity judged), and the queue is served from its head for as long
+// as the head fits, in the same call. The watches of the released grant
+// get an EffectLost: ReasonForced for a forced release or one by
+// who.Operator, ReasonReleased otherwise.
 func (t *Table) ReleaseAs(now int64, key []byte, token uint64, who Who, out *Out) (Result, Ident) {
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
@@ -168,7 +212,9 @@ func (t *Table) Renew(now int64, key []byte, lease uint8, token uint64, out *Out
 }
 
 // RenewAs is Renew by who, judged as ReleaseAs judges a release. A forced
-// renew keeps the grant's identity.
+// renew keeps the grant's identity; should the lease it set end, the
+// grant's watches are told ReasonForced. On a shared key token names one
+// holder, whose lease alone restarts.
 func (t *Table) RenewAs(now int64, key []byte, lease uint8, token uint64, who Who, out *Out) (Result, Ident) {
 	h := xxhash.Sum64(key)
 	s := t.shardOf(h)
@@ -191,17 +237,21 @@ func (t *Table) Tick(now int64, out *Out) {
 	}
 }
 
-// DropConn removes every queued acquire of c silently (its connection
-// closed). Grants already made stay. Cost is proportional to c's waiters.
+// DropConn removes every queued acquire and every watch of c silently (its
+// connection closed). Grants already made stay. Cost is proportional to
+// c's waiters and watches.
 func (t *Table) DropConn(c *Conn) { t.DropWaiters(c, math.MaxInt) }
 
 // DropWaiters is DropConn in slices: it removes at most limit of c's queued
-// acquires and reports whether none is left. The first call marks c
-// dropped, so from then on c queues nothing (Acquire answers Busy), and
-// the waiters not removed yet can still be granted or time out meanwhile
-// (their effects carry c, as before). Call it again, from any goroutine,
-// until it reports true. Each waiter is removed under its own shard lock,
-// held for that waiter only.
+// acquires and watches and reports whether none is left. The first call
+// marks c dropped, so from then on c queues and watches nothing (Acquire
+// answers Busy, Watch WatchLimit), and the waiters not removed yet can
+// still be granted or time out meanwhile, and the watches fire (their
+// effects carry c, as before). Call it again, from any goroutine, until it
+// reports true. Each is removed under its own shard lock, held for that one
+// only. A waiter that leaves the head of a shared key's queue may let the
+// ones behind it in: they are served at the next Tick or request on the
+// key (DropWaiters has no Out to answer them in).
 func (t *Table) DropWaiters(c *Conn, limit int) bool {
 	// Snapshot a batch of c's waiters under c.mu (the lock order is shard →
 	// Conn, so no shard lock may be taken while holding it), then remove each
@@ -216,14 +266,17 @@ func (t *Table) DropWaiters(c *Conn, limit int) bool {
 	for {
 		n := c.snapshot(buf[:min(len(buf), max(limit, 0))])
 		if n == 0 {
-			return c.Waiters() == 0
+			return c.empty()
 		}
 		for _, r := range buf[:n] {
 			s := &t.shards[r.shard]
 			s.mu.Lock()
 			if w := r.w; w.gen == r.gen && w.conn == c {
-				s.unqueue(w)
-				s.freeWaiter(w)
+				if w.watch {
+					s.unwatch(w)
+				} else {
+					s.dropWaiter(w)
+				}
 			}
 			s.unlock()
 		}
@@ -242,21 +295,26 @@ func (t *Table) CancelWaiters(out *Out) {
 	}
 }
 
-// Held calls fn for every held key with its token and lease deadline, shard
-// by shard (each shard locked during its walk). key is valid only during
-// the call. fn must not call back into the Table.
+// Held calls fn for every holder of every held key (a shared key's holders
+// one after the other) with its token and lease deadline, shard by shard
+// (each shard locked during its walk). key is valid only during the call.
+// fn must not call back into the Table.
 func (t *Table) Held(fn func(key []byte, token uint64, deadline int64)) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		s.each(func(_ ref, e *entry) { fn(s.keyOf(e), e.token, e.deadline) })
+		s.eachKey(func(_ ref, e *entry) {
+			key := s.keyOf(e)
+			s.eachHolder(e, func(x *entry) { fn(key, x.token, x.deadline) })
+		})
 		s.mu.Unlock()
 	}
 }
 
 // Restore installs a held lock (after a restart): key held by token until
-// deadline. It emits no Record. A key already present is overwritten only
-// if token is larger.
+// deadline, exclusively. It emits no Record. A key already present is
+// overwritten (every holder it has replaced) only if token is larger than
+// its newest holder's.
 func (t *Table) Restore(key []byte, token uint64, deadline int64) error {
 	return t.RestoreAs(key, token, deadline, nil)
 }
@@ -264,11 +322,31 @@ func (t *Table) Restore(key []byte, token uint64, deadline int64) error {
 // RestoreAs is Restore of a grant made to the identity called ident (nil
 // or empty: none), as a snapshot or a dump names it.
 func (t *Table) RestoreAs(key []byte, token uint64, deadline int64, ident []byte) error {
-	id := t.idents.intern(ident)
-	h := xxhash.Sum64(key)
-	s := t.shardOf(h)
+	return t.RestoreHolder(&HeldLock{Key: key, Token: token, Deadline: deadline, Ident: ident})
+}
+
+// RestoreHolder installs one holder as Dump reports it (Key, Token,
+// Deadline, Ident, Limit; Lease is not kept: a restored grant has none). It
+// emits no Record and does not serve waiters. Restoring a dump's holders,
+// in any order, into an empty table rebuilds the dumped keys holder by
+// holder. Into a table that holds the key already:
+//
+//   - a holder with that token already there: nothing;
+//   - a shared key with the same Limit and fewer holders than it: one more
+//     holder (ErrFull beyond Config.MaxHolders);
+//   - otherwise, if Token is larger than the key's newest holder's, the
+//     key's holders are replaced by this one (their watches end silently:
+//     a table fed by restores serves none), its waiters stay; else
+//     nothing.
+//
+// A new key beyond Config.MaxKeys is ErrFull. The caller makes the token
+// allocator observe the tokens (Tokens.Observe).
+func (t *Table) RestoreHolder(h *HeldLock) error {
+	id := t.idents.intern(h.Ident)
+	hash := xxhash.Sum64(h.Key)
+	s := t.shardOf(hash)
 	s.mu.Lock()
-	err := s.restore(h, key, token, deadline, id)
+	err := s.restore(hash, h.Key, h.Token, h.Deadline, id, h.Limit)
 	s.unlock()
 	return err
 }
@@ -277,11 +355,16 @@ func (t *Table) RestoreAs(key []byte, token uint64, deadline int64, ident []byte
 type Stats struct {
 	Keys    int // keys held
 	Waiters int // queued acquires
+	// Holders counts the holders of shared keys beyond each key's first
+	// (the ones Config.MaxHolders bounds): a key's first holder is in Keys.
+	Holders int
+	Watches int // watches registered
 }
 
 // Stats returns the table's counts (atomics; no shard lock).
 func (t *Table) Stats() Stats {
-	return Stats{Keys: int(t.keys.Load()), Waiters: int(t.waiters.Load())}
+	return Stats{Keys: int(t.keys.Load()), Waiters: int(t.waiters.Load()),
+		Holders: int(t.holders.Load()), Watches: int(t.watches.Load())}
 }
 
 // Counters are totals since the table was made, summed over its shards.
@@ -302,6 +385,10 @@ type Counters struct {
 	ForcedRenews    uint64
 	RefusedReleases uint64
 	RefusedRenews   uint64
+
+	// Lost counts the EffectLost given to watches, by Reason (index 0
+	// unused).
+	Lost [5]uint64
 }
 
 // Counters sums the shards' counters, locking each shard in turn (for a
@@ -324,11 +411,15 @@ func (t *Table) Counters() Counters {
 		c.ForcedRenews += x.ForcedRenews
 		c.RefusedReleases += x.RefusedReleases
 		c.RefusedRenews += x.RefusedRenews
+		for r := range c.Lost {
+			c.Lost[r] += x.Lost[r]
+		}
 	}
 	return c
 }
 
-// KeyInfo describes one key for the admin endpoint.
+// KeyInfo describes one key for the admin endpoint. Of a shared key, Token,
+// Deadline and Ident are the newest holder's.
 type KeyInfo struct {
 	Held     bool
 	Token    uint64
@@ -336,6 +427,10 @@ type KeyInfo struct {
 	Waiters  int
 	// Ident is the name of the identity the grant was made to ("": none).
 	Ident string
+	// Holders is the number of holders (1 for an exclusive key; 0 free).
+	Holders int
+	// Limit is the key's shared limit, 0 for an exclusive or free key.
+	Limit int
 }
 
 // Lookup returns key's state. It processes nothing: a lease whose deadline
@@ -350,5 +445,11 @@ func (t *Table) Lookup(key []byte) KeyInfo {
 	if e == nil {
 		return KeyInfo{}
 	}
-	return KeyInfo{Held: true, Token: e.token, Deadline: e.deadline, Waiters: int(s.waiters(e)), Ident: t.idents.lookup(Ident(e.ident)).s}
+	y := s.newestEntry(e)
+	ki := KeyInfo{Held: true, Token: y.token, Deadline: y.deadline, Waiters: int(s.waiters(e)), Ident: t.idents.lookup(Ident(y.ident)).s,
+		Holders: s.holders(e)}
+	if q := s.sharedQueue(e); q != nil {
+		ki.Limit = int(q.limit)
+	}
+	return ki
 }

@@ -31,6 +31,8 @@ func TestConfigValidate(t *testing.T) {
 		{"negative per key", Config{MaxWaitersPerKey: -1}, Config{}, ErrLimit},
 		{"negative waiters", Config{MaxWaiters: -1}, Config{}, ErrLimit},
 		{"negative per conn", Config{MaxWaitersPerConn: -1}, Config{}, ErrLimit},
+		{"negative holders", Config{MaxHolders: -1}, Config{}, ErrLimit},
+		{"negative watches per conn", Config{MaxWatchesPerConn: -1}, Config{}, ErrLimit},
 		{"tick over 10ms", Config{Tick: 11 * time.Millisecond}, Config{}, ErrTick},
 		{"negative tick", Config{Tick: -time.Millisecond}, Config{}, ErrTick},
 		{"tick under 1µs", Config{Tick: time.Nanosecond}, Config{}, ErrTick},
@@ -51,8 +53,12 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
-	if c := (Config{}); c.Validate() != nil || c.MaxWaitersPerConn != DefaultMaxWaitersPerConn {
-		t.Fatalf("MaxWaitersPerConn default: %d", c.MaxWaitersPerConn)
+	if c := (Config{}); c.Validate() != nil || c.MaxWaitersPerConn != DefaultMaxWaitersPerConn ||
+		c.MaxHolders != DefaultMaxHolders || c.MaxWatchesPerConn != DefaultMaxWatchesPerConn {
+		t.Fatalf("defaults: MaxWaitersPerConn %d, MaxHolders %d, MaxWatchesPerConn %d", c.MaxWaitersPerConn, c.MaxHolders, c.MaxWatchesPerConn)
+	}
+	if DefaultMaxHolders != 1<<20 || DefaultMaxWatchesPerConn != 1024 {
+		t.Fatal("the documented defaults changed")
 	}
 	if _, err := New(Config{}, nil); !errors.Is(err, ErrNilTokens) {
 		t.Fatalf("New without tokens = %v", err)
@@ -62,9 +68,14 @@ func TestConfigValidate(t *testing.T) {
 func TestNames(t *testing.T) {
 	tests := []struct{ got, want string }{
 		{Granted.String(), "granted"}, {TimedOut.String(), "timedout"}, {Busy.String(), "busy"},
-		{Queued.String(), "queued"}, {Status(0).String(), "Status(?)"},
+		{Queued.String(), "queued"}, {Mismatch.String(), "mismatch"}, {Status(0).String(), "Status(?)"},
 		{EffectGrant.String(), "grant"}, {EffectTimeout.String(), "timeout"}, {EffectCancel.String(), "cancel"},
+		{EffectBusy.String(), "busy"}, {EffectMoved.String(), "moved"}, {EffectLost.String(), "lost"},
 		{EffectKind(0).String(), "EffectKind(?)"},
+		{ReasonReleased.String(), "released"}, {ReasonExpired.String(), "expired"}, {ReasonForced.String(), "forced"},
+		{ReasonCannotTell.String(), "cannot-tell"}, {Reason(0).String(), "Reason(?)"},
+		{Watching.String(), "watching"}, {WatchNotHeld.String(), "not-held"}, {WatchLimit.String(), "limit"},
+		{WatchStatus(0).String(), "WatchStatus(?)"},
 		{RecordGrant.String(), "grant"}, {RecordRelease.String(), "release"}, {RecordExpire.String(), "expire"},
 		{RecordRenew.String(), "renew"}, {RecordKind(0).String(), "RecordKind(?)"},
 	}

@@ -31,6 +31,12 @@ func recordSeeds() repltest.Seeds {
 	long.Ident = []byte(strings.Repeat("i", 255))
 	add("FuzzBatchRecords", "identity-255", repltest.FuzzBatch([]shard.Record{long}))
 	add("FuzzBatchRecords", "identity-truncated", idents[:len(idents)-2])
+	shared := repltest.FuzzBatch(repltest.FuzzSharedRecords(24))
+	add("FuzzBatchRecords", "shared", shared)
+	add("FuzzBatchRecords", "shared-truncated", shared[:len(shared)-5])
+	sharedEdge := repltest.Rec(shard.RecordGrant, 65535, 1<<64-1, strings.Repeat("k", 1024), 1<<64-1, 255)
+	sharedEdge.Limit, sharedEdge.Ident = 65535, []byte(strings.Repeat("i", 255))
+	add("FuzzBatchRecords", "shared-edges", repltest.FuzzBatch([]shard.Record{sharedEdge}))
 
 	add("FuzzSnapEntries", "one", repltest.FuzzEntries(1))
 	add("FuzzSnapEntries", "sixty-four", repltest.FuzzEntries(64))
@@ -42,6 +48,15 @@ func recordSeeds() repltest.Seeds {
 	e, _ = records.AppendSnapEntryIdent(nil, &records.SnapEntry{Key: []byte("k"), Token: 1, Lease: 1, Ident: []byte(strings.Repeat("i", 255))})
 	add("FuzzSnapEntriesIdent", "identity-255", e)
 	add("FuzzSnapEntriesIdent", "version-1", repltest.FuzzEntries(8))
+
+	add("FuzzSnapEntriesShared", "one", repltest.FuzzSharedEntries(1))
+	add("FuzzSnapEntriesShared", "sixty-four", repltest.FuzzSharedEntries(64))
+	e, _ = records.AppendSnapEntryVersion(nil, &records.SnapEntry{Key: []byte(strings.Repeat("z", records.MaxKey)), Token: 1<<64 - 1,
+		Left: 1<<63 - 1, Lease: 255, Ident: []byte(strings.Repeat("i", 255)), Limit: 65535}, 3)
+	add("FuzzSnapEntriesShared", "edges", e)
+	add("FuzzSnapEntriesShared", "version-2", repltest.FuzzIdentEntries(8))
+	v3 := repltest.FuzzSharedEntries(8)
+	add("FuzzSnapEntriesShared", "truncated-limit", v3[:len(v3)-1])
 	return seeds
 }
 
@@ -87,5 +102,13 @@ func FuzzSnapEntries(f *testing.F) {
 func FuzzSnapEntriesIdent(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		repltest.EntriesIdentRoundTrip(t, raw)
+	})
+}
+
+// FuzzSnapEntriesShared: arbitrary bytes read as snapshot entries in the
+// format version 3 (with identities and limits).
+func FuzzSnapEntriesShared(f *testing.F) {
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		repltest.EntriesVersionRoundTrip(t, raw, 3)
 	})
 }

@@ -3,6 +3,7 @@ package records
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 
 	"github.com/lockd-dev/lockd/shard"
@@ -20,10 +21,47 @@ const maxIdent = 255
 // follows its key: only a grant carries one (0x81), PROTOCOL.md §8.3.
 const kindIdent = 0x80
 
+// kindLimit is the bit of a record's kind byte that says a shared grant's
+// limit (u16, 1..65535) follows its lease: only a grant carries one (0x41,
+// 0xC1 with an identity), PROTOCOL.md §9.2.
+const kindLimit = 0x40
+
+// Version is the version of the replicated formats this package writes:
+// the member link's hello and the raft entry header carry it, so that a
+// member never reads another's records or snapshots in a format it does
+// not know (a mixed-version cluster is refused, Compatible).
+//
+//   - 1: records of kinds 1–5; snapshot entries version 1.
+//   - 2: a grant made to an identity (kind 0x81); snapshot entries version
+//     2 (with the identity).
+//   - 3: a shared grant with its limit (kinds 0x41, 0xC1); snapshot entries
+//     version 3 (with the identity and the key's limit), one per holder.
+//
+// Data without shared grants is the same in versions 2 and 3.
+const Version = 3
+
+// ErrVersion: a peer, an entry or a snapshot in a format version this
+// package does not read.
+var ErrVersion = errors.New("records: unknown format version")
+
+// Compatible reports whether a member whose replicated formats are peer's
+// version can replicate with this one: only the same version can (an
+// older member would refuse or misread a newer one's shared grants, a
+// newer one cannot tell an older one's data from its own). The error says
+// both versions.
+func Compatible(peer uint32) error {
+	if peer == Version {
+		return nil
+	}
+	return fmt.Errorf("%w: the peer writes replication format version %d, this member version %d; every member must run the same lockd version",
+		ErrVersion, peer, Version)
+}
+
 // Errors of records and snapshot entries.
 var (
 	// ErrBadRecord: a record of an unknown kind, shard above 65535, Seq 0,
-	// token 0, or a lease on a release or expiry.
+	// token 0, a lease on a release or expiry, or a grant's limit bit with
+	// limit 0.
 	ErrBadRecord = errors.New("records: malformed record")
 	// ErrBadEntry: a snapshot entry with token 0 or a time left beyond
 	// int64 nanoseconds.
@@ -48,9 +86,16 @@ var (
 //
 //	0x81 u8 | shard u16 | seq uvarint | token u64 | lease u8 | keylen uvarint | key | identlen u8 (1..255) | ident
 //
-// so data written before identities (kind 1 only) reads as it did. A skip (kind 5) stands for records of its
-// shard that cancelled out before the batch was cut (a grant and its end,
-// with any renewal between):
+// so data written before identities (kind 1 only) reads as it did. A
+// shared grant (PROTOCOL.md §9.2, Record.Limit ≥ 1) has the limit bit too
+// (0x41, or 0xC1 with an identity) and its limit after its lease:
+//
+//	0x41 | shard u16 | seq uvarint | token u64 | lease u8 | limit u16 | keylen uvarint | key [| identlen u8 | ident]
+//
+// (format version 3, Version; a shared key's holders each have their own
+// grant, release or expiry, renew, all naming the holder by token). A skip
+// (kind 5) stands for records of its shard that cancelled out before the
+// batch was cut (a grant and its end, with any renewal between):
 //
 //	5 u8 | shard u16 | seq uvarint | count uvarint
 //
@@ -64,13 +109,13 @@ type BatchWriter struct {
 }
 
 // Add appends r (its Kind, Shard, Seq, Token, Lease, Key and, on a grant,
-// Ident; Deadline is not sent). A record the format cannot carry
-// (ErrBadRecord: an Ident on another kind or over 255 bytes, ErrBadKey)
-// is not added.
+// Ident and Limit; Deadline is not sent). A record the format cannot carry
+// (ErrBadRecord: an Ident or a Limit on another kind, an Ident over 255
+// bytes; ErrBadKey) is not added.
 func (w *BatchWriter) Add(r *shard.Record) error {
 	if r.Kind < shard.RecordGrant || r.Kind > shard.RecordRenew || r.Shard > math.MaxUint16 ||
 		r.Seq == 0 || r.Token == 0 || (r.Lease != 0 && !hasLease(r.Kind)) ||
-		(len(r.Ident) > 0 && r.Kind != shard.RecordGrant) || len(r.Ident) > maxIdent {
+		(len(r.Ident) > 0 || r.Limit != 0) && r.Kind != shard.RecordGrant || len(r.Ident) > maxIdent {
 		return ErrBadRecord
 	}
 	if len(r.Key) == 0 || len(r.Key) > maxKey {
@@ -80,11 +125,17 @@ func (w *BatchWriter) Add(r *shard.Record) error {
 	if len(r.Ident) > 0 {
 		kind |= kindIdent
 	}
+	if r.Limit != 0 {
+		kind |= kindLimit
+	}
 	b := append(w.buf, kind)
 	b = binary.BigEndian.AppendUint16(b, uint16(r.Shard))
 	b = binary.AppendUvarint(b, r.Seq)
 	b = binary.BigEndian.AppendUint64(b, r.Token)
 	b = append(b, r.Lease)
+	if r.Limit != 0 {
+		b = binary.BigEndian.AppendUint16(b, r.Limit)
+	}
 	b = binary.AppendUvarint(b, uint64(len(r.Key)))
 	b = append(b, r.Key...)
 	if len(r.Ident) > 0 {
@@ -174,9 +225,9 @@ func decodeRecord(p []byte, r *shard.Record) (int, error) {
 	if len(p) < 3 {
 		return 0, ErrTruncated
 	}
-	kind, ident := shard.RecordKind(p[0]), false
-	if kind == shard.RecordGrant|kindIdent {
-		kind, ident = shard.RecordGrant, true
+	kind, ident, limited := shard.RecordKind(p[0]), false, false
+	if kind&^(kindIdent|kindLimit) == shard.RecordGrant {
+		kind, ident, limited = shard.RecordGrant, kind&kindIdent != 0, kind&kindLimit != 0
 	}
 	if kind < shard.RecordGrant || kind > shard.RecordSkip {
 		return 0, ErrBadRecord
@@ -203,7 +254,18 @@ func decodeRecord(p []byte, r *shard.Record) (int, error) {
 	if seq == 0 || token == 0 || (lease != 0 && !hasLease(kind)) {
 		return 0, ErrBadRecord
 	}
-	key, i, err := readKey(p, i+9)
+	i += 9
+	var limit uint16
+	if limited {
+		if len(p) < i+2 {
+			return 0, ErrTruncated
+		}
+		if limit = binary.BigEndian.Uint16(p[i:]); limit == 0 {
+			return 0, ErrBadRecord // a limit is 1..65535: the bit is not set for none
+		}
+		i += 2
+	}
+	key, i, err := readKey(p, i)
 	if err != nil {
 		return 0, err
 	}
@@ -224,6 +286,7 @@ func decodeRecord(p []byte, r *shard.Record) (int, error) {
 		Token: token,
 		Lease: lease,
 		Ident: id,
+		Limit: limit,
 	}
 	return i, nil
 }

@@ -2,10 +2,13 @@ package records_test
 
 import (
 	"bytes"
+	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -679,5 +682,301 @@ func TestSnapEntryIdentity(t *testing.T) {
 	sr.ResetIdent(repltest.Hex(t, "01 6b 0000000000000001 00 00 03 6162"))
 	if sr.Next(&e) || sr.Err() != records.ErrTruncated {
 		t.Fatalf("truncated identity: %v", sr.Err())
+	}
+}
+
+// TestSharedRecords: a shared grant (PROTOCOL.md §9.2) is kind 0x41 (0xC1
+// with an identity) with its limit after its lease, reads back with it,
+// and a grant without one keeps the layout of format version 2. A limit on
+// another kind is refused; a limit bit with limit 0, a truncated limit and
+// the limit bit on another kind stop the reader.
+func TestSharedRecords(t *testing.T) {
+	g := repltest.Rec(shard.RecordGrant, 5, 1, "k", 0x18700000000000ff, 30)
+	g.Limit = 4
+	gi := repltest.Rec(shard.RecordGrant, 5, 2, "k", 0x1870000000000100, 30)
+	gi.Limit, gi.Ident = 65535, []byte("orders")
+	var w records.BatchWriter
+	for _, r := range []*shard.Record{&g, &gi} {
+		if err := w.Add(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := repltest.Hex(t, "41 0005 01 18700000000000ff 1e 0004 01 6b"+
+		"c1 0005 02 1870000000000100 1e ffff 01 6b 06 6f7264657273")
+	if !bytes.Equal(w.Bytes(), want) {
+		t.Fatalf("layout %x\nwant   %x", w.Bytes(), want)
+	}
+	rel := repltest.Rec(shard.RecordRelease, 5, 3, "k", 0x18700000000000ff, 0)
+	if err := w.Add(&rel); err != nil {
+		t.Fatal(err)
+	}
+	raw := w.Bytes()
+	var rr records.RecordReader
+	var r shard.Record
+	rr.Reset(raw)
+	for i, wr := range []shard.Record{g, gi, rel} {
+		if !rr.Next(&r) || !reflect.DeepEqual(r, wr) {
+			t.Fatalf("record %d: %+v (%v), want %+v", i, r, rr.Err(), wr)
+		}
+	}
+	if rr.Next(&r) || rr.Err() != nil {
+		t.Fatalf("after the last: %v", rr.Err())
+	}
+	for _, c := range []shard.Record{
+		{Kind: shard.RecordRelease, Shard: 1, Seq: 1, Key: []byte("k"), Token: 1, Limit: 2},
+		{Kind: shard.RecordRenew, Shard: 1, Seq: 1, Key: []byte("k"), Token: 1, Lease: 1, Limit: 2},
+		{Kind: shard.RecordExpire, Shard: 1, Seq: 1, Key: []byte("k"), Token: 1, Limit: 2},
+	} {
+		if err := w.Add(&c); err != records.ErrBadRecord {
+			t.Errorf("%v with a limit: %v, want ErrBadRecord", c.Kind, err)
+		}
+	}
+	good := "01 0005 01 0000000000000001 1e 01 6b"
+	for _, c := range []struct {
+		name, raw string
+		want      error
+	}{
+		{"limit-0", "41 0005 02 0000000000000002 1e 0000 01 6b", records.ErrBadRecord},
+		{"limit-truncated", "41 0005 02 0000000000000002 1e 00", records.ErrTruncated},
+		{"release-with-limit-bit", "42 0005 02 0000000000000002 00 0002 01 6b", records.ErrBadRecord},
+		{"skip-with-limit-bit", "45 0005 03 01", records.ErrBadRecord},
+		{"identity-and-limit-truncated-identity", "c1 0005 02 0000000000000002 1e 0002 01 6b 03 61", records.ErrTruncated},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rr.Reset(repltest.Hex(t, good+c.raw))
+			if !rr.Next(&r) {
+				t.Fatalf("good record: %v", rr.Err())
+			}
+			if rr.Next(&r) || rr.Err() != c.want {
+				t.Fatalf("Err %v, want %v (%+v)", rr.Err(), c.want, r)
+			}
+		})
+	}
+}
+
+// TestSnapEntryShared: the snapshot entry format version 3 carries each
+// holder's key limit after its identity; versions 1 and 2 refuse an entry
+// with a limit rather than drop it; an unknown version reads and writes
+// nothing.
+func TestSnapEntryShared(t *testing.T) {
+	entries := []records.SnapEntry{
+		{Key: []byte("k"), Token: 0x0102030405060708, Left: 300, Lease: 30, Ident: []byte("orders"), Limit: 4},
+		{Key: []byte("k"), Token: 0x0102030405060709, Left: 301, Lease: 30, Limit: 4},
+		{Key: []byte("j"), Token: 2},
+		{Key: []byte("l"), Token: 3, Left: 1, Lease: 1, Ident: []byte(strings.Repeat("i", 255)), Limit: 65535},
+	}
+	raw, err := records.AppendSnapEntryVersion(nil, &entries[0], 3)
+	if want := repltest.Hex(t, "01 6b 0102030405060708 ac02 1e 06 6f7264657273 0004"); err != nil || !bytes.Equal(raw, want) {
+		t.Fatalf("layout %x, %v\nwant %x", raw, err, want)
+	}
+	for i := 1; i < len(entries); i++ {
+		if raw, err = records.AppendSnapEntryVersion(raw, &entries[i], records.Version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var sr records.SnapReader
+	var e records.SnapEntry
+	sr.ResetVersion(raw, 3)
+	i := 0
+	for ; sr.Next(&e); i++ {
+		if !reflect.DeepEqual(e, entries[i]) {
+			t.Fatalf("entry %d: %+v, want %+v", i, e, entries[i])
+		}
+	}
+	if sr.Err() != nil || i != len(entries) {
+		t.Fatalf("end after %d: %v", i, sr.Err())
+	}
+	// The versions before 3 cannot carry a limit.
+	for v, add := range map[int]func([]byte, *records.SnapEntry) ([]byte, error){1: records.AppendSnapEntry, 2: records.AppendSnapEntryIdent} {
+		if out, err := add([]byte("x"), &entries[1]); err != records.ErrBadEntry || string(out) != "x" {
+			t.Errorf("version %d with a limit: %q, %v", v, out, err)
+		}
+	}
+	// Without a limit, versions 1 and 2 write what they always did.
+	plain := records.SnapEntry{Key: []byte("j"), Token: 2, Ident: []byte("o")}
+	v2, _ := records.AppendSnapEntryIdent(nil, &plain)
+	v2v, _ := records.AppendSnapEntryVersion(nil, &plain, 2)
+	if !bytes.Equal(v2, v2v) {
+		t.Fatalf("version 2: %x and %x", v2, v2v)
+	}
+	for _, v := range []int{0, 4} {
+		if out, err := records.AppendSnapEntryVersion([]byte("x"), &plain, v); err != records.ErrVersion || string(out) != "x" {
+			t.Errorf("version %d: %q, %v", v, out, err)
+		}
+		sr.ResetVersion(raw, v)
+		if sr.Next(&e) || sr.Err() != records.ErrVersion {
+			t.Errorf("reading version %d: %v", v, sr.Err())
+		}
+	}
+	sr.ResetVersion(raw[:len(raw)-1], 3)
+	for sr.Next(&e) {
+	}
+	if sr.Err() != records.ErrTruncated {
+		t.Fatalf("truncated limit: %v", sr.Err())
+	}
+}
+
+// TestCompatible: only a peer of the same format version replicates; the
+// refusal names both versions.
+func TestCompatible(t *testing.T) {
+	if records.Version != 3 {
+		t.Fatalf("Version %d: update this test and docs/MEMBER-LINK.md", records.Version)
+	}
+	if err := records.Compatible(records.Version); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []uint32{0, 1, 2, 4, 1 << 31} {
+		err := records.Compatible(v)
+		if !errors.Is(err, records.ErrVersion) || !strings.Contains(err.Error(), fmt.Sprintf("version %d", v)) ||
+			!strings.Contains(err.Error(), fmt.Sprintf("version %d", records.Version)) {
+			t.Errorf("Compatible(%d) = %v", v, err)
+		}
+	}
+}
+
+// TestSharedThroughTheFormat: a table driven with shared keys (acquires
+// shared with their limits and mismatches, exclusive acquires among them,
+// releases and renews of one holder, expiries, handoffs of several holders
+// at once) sends its records through batches — cut by a Canceller, encoded,
+// read back — into another table by Apply, and its dump through snapshot
+// entries of format version 3 into a third by RestoreHolder: both end
+// holding exactly the source's holders, with their limits.
+func TestSharedThroughTheFormat(t *testing.T) {
+	const shards = 4
+	pending := make([]records.Indexed, shards)
+	src, err := shard.New(shard.Config{Shards: shards, Sink: func(r shard.Record) {
+		if err := pending[r.Shard].Add(&r); err != nil {
+			t.Fatalf("add %+v: %v", r, err)
+		}
+	}}, shard.NewTokens(0, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica, err := shard.New(shard.Config{Shards: shards}, shard.NewTokens(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c records.Canceller
+	var batch records.BatchWriter
+	var rr records.RecordReader
+	var rec shard.Record
+	cancelled, multi := 0, 0
+	flush := func(now int64) {
+		for i := range pending {
+			src.Locked(i, func(i int) {
+				batch.Reset()
+				cancelled += c.Cut(&batch, uint32(i), &pending[i])
+				pending[i].Reset()
+			})
+			var out shard.Out
+			for rr.Reset(batch.Bytes()); rr.Next(&rec); {
+				if _, err := replica.Apply(now, &rec, &out); err != nil {
+					t.Fatalf("apply %+v: %v", rec, err)
+				}
+			}
+			if rr.Err() != nil {
+				t.Fatal(rr.Err())
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	conn := shard.NewConn(nil)
+	var out shard.Out
+	toks := map[string][]uint64{}
+	var now int64
+	for op := range 20000 {
+		ki := rng.IntN(12)
+		key := fmt.Sprintf("sem/%d", ki)
+		switch x := rng.IntN(10); {
+		case x < 4:
+			limit := uint16(2 + ki%4)
+			if rng.IntN(10) == 0 {
+				limit = uint16(1 + rng.IntN(5))
+			}
+			var st shard.Status
+			var tok uint64
+			if rng.IntN(6) == 0 {
+				st, tok = src.Acquire(now, []byte(key), uint8(rng.IntN(3)), uint8(1+rng.IntN(5)), uint64(op), conn, &out)
+			} else {
+				st, tok = src.AcquireShared(now, []byte(key), uint8(rng.IntN(3)), uint8(1+rng.IntN(5)), uint64(op), limit, shard.NoIdent, conn, &out)
+			}
+			if st == shard.Granted {
+				toks[key] = append(toks[key], tok)
+			}
+		case x < 7:
+			if l := toks[key]; len(l) > 0 {
+				src.Release(now, []byte(key), l[rng.IntN(len(l))], &out)
+			}
+		case x < 8:
+			if l := toks[key]; len(l) > 0 {
+				src.Renew(now, []byte(key), uint8(1+rng.IntN(5)), l[rng.IntN(len(l))], &out)
+			}
+		default:
+			now += int64(rng.IntN(300)) * 1e6
+			src.Tick(now, &out)
+		}
+		for _, e := range out.Effects {
+			if e.Kind == shard.EffectGrant {
+				toks[string(e.Key)] = append(toks[string(e.Key)], e.Token)
+			}
+		}
+		out.Reset()
+		if src.Lookup([]byte(key)).Holders > 1 {
+			multi++
+		}
+		if op%50 == 49 {
+			flush(now)
+		}
+	}
+	flush(now)
+	if multi < 1000 || cancelled == 0 {
+		t.Fatalf("%d operations with several holders, %d records cancelled: the test drives too little", multi, cancelled)
+	}
+	// The replica's leases count from the flush: compare holders and limits.
+	type holder struct {
+		key   string
+		token uint64
+		limit uint16
+	}
+	dump := func(tab *shard.Table) []holder {
+		var hs []holder
+		for i := range tab.Shards() {
+			tab.Dump(i, func(h *shard.HeldLock) { hs = append(hs, holder{string(h.Key), h.Token, h.Limit}) })
+		}
+		slices.SortFunc(hs, func(a, b holder) int { return cmp.Compare(a.token, b.token) })
+		return hs
+	}
+	want := dump(src)
+	if got := dump(replica); !slices.Equal(got, want) {
+		t.Fatalf("replica holds %v\nsource holds %v", got, want)
+	}
+	// Through a snapshot: every holder as a version 3 entry.
+	restored, err := shard.New(shard.Config{Shards: shards}, shard.NewTokens(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range src.Shards() {
+		var raw []byte
+		src.Dump(i, func(h *shard.HeldLock) {
+			var err error
+			raw, err = records.AppendSnapEntryVersion(raw, &records.SnapEntry{Key: h.Key, Token: h.Token, Left: time.Second,
+				Lease: h.Lease, Ident: h.Ident, Limit: h.Limit}, records.Version)
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+		var sr records.SnapReader
+		var e records.SnapEntry
+		for sr.ResetVersion(raw, records.Version); sr.Next(&e); {
+			if err := restored.RestoreHolder(&shard.HeldLock{Key: e.Key, Token: e.Token, Deadline: int64(e.Left), Ident: e.Ident, Limit: e.Limit}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if sr.Err() != nil {
+			t.Fatal(sr.Err())
+		}
+	}
+	if got := dump(restored); !slices.Equal(got, want) {
+		t.Fatalf("restored %v\nsource %v", got, want)
 	}
 }

@@ -265,6 +265,37 @@ func FuzzIdentEntries(n int) []byte {
 	return raw
 }
 
+// FuzzSharedRecords is FuzzIdentRecords with every third grant a shared
+// one (PROTOCOL.md §9.2), with limits 1, 4 and 65535 in turn.
+func FuzzSharedRecords(n int) []shard.Record {
+	recs := FuzzIdentRecords(n)
+	for i := range recs {
+		if recs[i].Kind == shard.RecordGrant && i%3 == 0 {
+			recs[i].Limit = []uint16{1, 4, 65535}[i/3%3]
+		}
+	}
+	return recs
+}
+
+// FuzzSharedEntries returns n snapshot entries in the format version 3,
+// made of FuzzIdentEntries' holders, every other one a holder of a shared
+// key (limits 1, 4 and 65535 in turn).
+func FuzzSharedEntries(n int) []byte {
+	var raw []byte
+	for i, r := range FuzzRecords(n) {
+		e := records.SnapEntry{Key: r.Key, Token: r.Token, Left: time.Duration(r.Seq) * 1e8, Lease: 30,
+			Ident: []byte(FuzzIdents[i%len(FuzzIdents)])}
+		if i%2 == 0 {
+			e.Limit = []uint16{1, 4, 65535}[i/2%3]
+		}
+		var err error
+		if raw, err = records.AppendSnapEntryVersion(raw, &e, 3); err != nil {
+			panic(err)
+		}
+	}
+	return raw
+}
+
 // FuzzEntries returns n snapshot entries made of FuzzRecords.
 func FuzzEntries(n int) []byte {
 	var raw []byte
@@ -371,21 +402,21 @@ func RecordsRoundTrip(t *testing.T, raw []byte) {
 
 // EntriesRoundTrip does for snapshot entries (format version 1) what
 // RecordsRoundTrip does for records.
-func EntriesRoundTrip(t *testing.T, raw []byte) { entriesRoundTrip(t, raw, false) }
+func EntriesRoundTrip(t *testing.T, raw []byte) { EntriesVersionRoundTrip(t, raw, 1) }
 
 // EntriesIdentRoundTrip is EntriesRoundTrip for the format version 2 (with
 // identities).
-func EntriesIdentRoundTrip(t *testing.T, raw []byte) { entriesRoundTrip(t, raw, true) }
+func EntriesIdentRoundTrip(t *testing.T, raw []byte) { EntriesVersionRoundTrip(t, raw, 2) }
 
-func entriesRoundTrip(t *testing.T, raw []byte, ident bool) {
+// EntriesVersionRoundTrip is EntriesRoundTrip for the format version v.
+func EntriesVersionRoundTrip(t *testing.T, raw []byte, v int) {
 	var sr records.SnapReader
 	var e records.SnapEntry
 	var out []byte
-	reset, add := sr.Reset, records.AppendSnapEntry
-	if ident {
-		reset, add = sr.ResetIdent, records.AppendSnapEntryIdent
+	add := func(dst []byte, e *records.SnapEntry) ([]byte, error) {
+		return records.AppendSnapEntryVersion(dst, e, v)
 	}
-	for reset(raw); sr.Next(&e); {
+	for sr.ResetVersion(raw, v); sr.Next(&e); {
 		if !Within(e.Key, raw) || len(e.Ident) > 0 && !Within(e.Ident, raw) {
 			t.Fatalf("key %q or identity %q not in the data", e.Key, e.Ident)
 		}
