@@ -88,6 +88,13 @@ func (p *node) carryReserve(r machine.Reserve) machine.Msg {
 	tokens.Observe(start)
 	limit := max(tokens.Limit(), tokens.Last()) + r.Block
 	msg := machine.Msg{Kind: machine.MsgReserved, Op: r.Op, Limit: limit}
+	// The machine hears of the limit before any standby can report it
+	// back as its mark (the inbox is one FIFO): its own reservation must
+	// not move its counter (tokensHeard).
+	if !p.tell(machine.Msg{Kind: machine.MsgReserving, Op: r.Op, Limit: limit}) {
+		msg.Err = "stopped"
+		return msg
+	}
 	if err := p.reserve(limit, r.Replicate); err != nil {
 		msg.Err = err.Error()
 	}

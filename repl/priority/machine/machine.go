@@ -125,6 +125,7 @@ type Member struct {
 	limit        uint64 // the allocator's limit, as this machine extended it
 	floor        uint64 // the highest counter this machine made the allocator observe
 	reservedSeen uint64 // the highest reservation seen from an active
+	reserving    uint64 // the highest limit a reservation of this member's own began to write (MsgReserving)
 	jump         uint64 // a counter of a member back from a later epoch, to serve above
 	ready        bool   // the active has made its first reservation (since its promotion or resume)
 	op           uint64 // the last reservation's number
@@ -265,6 +266,8 @@ func (m *Member) Step(now int64, msg Msg) []Action {
 		m.reserved(now, &msg)
 	case MsgWantTokens:
 		m.reserveSoon()
+	case MsgReserving:
+		m.reserving = max(m.reserving, msg.Limit)
 	case MsgStop:
 		m.stopBegin(now, msg.Deadline, msg.Set)
 	}

@@ -97,6 +97,10 @@ const (
 	MsgReserved
 	// MsgWantTokens: the allocator wants a reservation.
 	MsgWantTokens
+	// MsgReserving: reservation Op is about to make tokens up to Limit
+	// durable here and on the standbys (sent before anything is written,
+	// so before any standby can report Limit back as its mark).
+	MsgReserving
 	// MsgStop: shut down (PROTOCOL.md §6.2); Deadline is when a handover
 	// in progress is given up (the caller's context), Set the members
 	// being sent a snapshot now.
@@ -106,7 +110,7 @@ const (
 var msgNames = [...]string{MsgHeartbeat: "heartbeat", MsgHeard: "heard", MsgJoined: "joined", MsgRefused: "refused",
 	MsgLinkUp: "link-up", MsgHandoff: "handoff", MsgHandoffAbort: "handoff-abort", MsgAnswer: "answer",
 	MsgSnapshotAcked: "snapshot-acked", MsgNeedSnapshot: "need-snapshot", MsgSynced: "synced", MsgDesynced: "desynced",
-	MsgReservedSeen: "reserved-seen", MsgReserved: "reserved", MsgWantTokens: "want-tokens", MsgStop: "stop"}
+	MsgReservedSeen: "reserved-seen", MsgReserved: "reserved", MsgWantTokens: "want-tokens", MsgStop: "stop", MsgReserving: "reserving"}
 
 // String names the kind.
 func (k MsgKind) String() string { return NameOf(msgNames[:], uint8(k), "MsgKind") }

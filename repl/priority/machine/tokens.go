@@ -149,7 +149,7 @@ func (m *Member) tokensHeard(now int64, hb *Heartbeat) {
 	if m.role != RoleActive && m.role != RoleHandover {
 		return
 	}
-	if hb.Mark > max(m.local.Mark, m.limit) {
+	if hb.Mark > max(m.local.Mark, m.limit, m.reserving) {
 		// Whatever the member is now, its data dir's mark is above every
 		// token it ever issued. A mark above this active's own (written
 		// before any standby is sent the reservation) is one the member
@@ -157,7 +157,10 @@ func (m *Member) tokensHeard(now int64, hb *Heartbeat) {
 		// and restarted before the two met as actives — and its tokens
 		// must not be undercut. A standby's mark is a reservation of this
 		// active's (or of an earlier active's, below this one's): nothing
-		// moves.
+		// moves — including one this active began to write but has not
+		// heard the end of (MsgReserved comes after the standbys'
+		// acknowledgements, and a standby's heartbeat or a snapshot's end
+		// can report the mark first).
 		m.observe(hb.Mark)
 	}
 	if m.role == RoleActive && hb.Role == RoleActive {

@@ -86,3 +86,32 @@ func TestOwnReservationReportedBackMovesNothing(t *testing.T) {
 		t.Fatalf("the active's own reservation, reported back as a standby's mark, moved its counter: %+v", o)
 	}
 }
+
+// TestOwnReservationReportedBackEarlyMovesNothing: the same, when the
+// standby reports the mark before the reservation's end reaches the
+// machine (a standby writes and acknowledges the reservation, and its next
+// heartbeat — or the end of a snapshot — carries it, while the executor
+// still waits for the other standbys). Before MsgReserving the counter
+// jumped to the new limit: the first acquire of a new active got B
+// (e2e, 1 start in 3 under load).
+func TestOwnReservationReportedBackEarlyMovesNothing(t *testing.T) {
+	now := 1000 * ms
+	m := New(Config{Self: 0, Peers: []string{"m0", "m1"}, Timeout: int64(time.Second), TokenBlock: 1 << 20, Start: 5000, Now: now, NoWallFloor: true})
+	m.Tick(now, Local{TokenLast: 5000, TokenLimit: 5000, Mark: 5000})
+	m.promoteAt(1)
+	m.begin()
+	m.becomeActive(now, "a test", Base{From: None}, 0, false)
+	r := find(m.out, ActReserve)[0].Reserve
+	limit := uint64(5000 + 1<<20)
+	m.Step(now, Msg{Kind: MsgReserving, Op: r.Op, Limit: limit})
+	acts := m.Step(now+ms, Msg{Kind: MsgHeartbeat, From: 1, HB: Heartbeat{Epoch: 1, Role: RoleStandby, Active: 0, InSync: true, Mark: limit}})
+	if o := find(acts, ActObserve); len(o) != 0 {
+		t.Fatalf("the active's own reservation, reported back before its end, moved its counter: %+v", o)
+	}
+	m.Step(now+2*ms, Msg{Kind: MsgReserved, Op: r.Op, Limit: limit, Token: 5000})
+	// A mark above anything this member reserved still moves it.
+	acts = m.Step(now+3*ms, Msg{Kind: MsgHeartbeat, From: 1, HB: Heartbeat{Epoch: 1, Role: RoleStandby, Active: 0, InSync: true, Mark: limit + 7}})
+	if o := find(acts, ActObserve); len(o) != 1 || o[0].Token != limit+7 {
+		t.Fatalf("a mark above this member's reservations: observes %+v, want one of %d", o, limit+7)
+	}
+}
