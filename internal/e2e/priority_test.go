@@ -213,9 +213,26 @@ func TestPrioritySIGTERMHandsOver(t *testing.T) {
 }
 
 // TestPriorityPartitionHeals: a partition of the member links between the
-// active and the others makes two actives; after the heal one steps down
-// within 2 × the failover timeout and tokens keep increasing.
+// active and the others makes two actives; after the heal whoever would
+// lose more by stepping down stays (PROTOCOL.md §6.3): the side that made
+// fewer changes during the split steps down within 2 × the failover timeout,
+// loses what it granted since the split, and tokens keep increasing — both
+// ways round, so that neither "the earlier steps down" nor "the later steps
+// down" passes it.
 func TestPriorityPartitionHeals(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		oldN, newN   int  // grants on the isolated old active's side and on the new side
+		oldSideStays bool // the old active made more changes
+	}{
+		{name: "the new side made more changes", oldN: 20, newN: 300},
+		{name: "the old side made more changes", oldN: 600, newN: 20, oldSideStays: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { partitionHeals(t, tc.oldN, tc.newN, tc.oldSideStays) })
+	}
+}
+
+func partitionHeals(t *testing.T, oldN, newN int, oldSideStays bool) {
 	c, a := startPriority(t, 3, true)
 	conn := dial(t, c, a)
 	before := grant(t, conn, "pre", 60, 1)
@@ -241,32 +258,30 @@ func TestPriorityPartitionHeals(t *testing.T) {
 	if mid <= before {
 		t.Fatalf("token %d on the new side not above %d", mid, before)
 	}
-	// The isolated old active keeps granting (it cannot know) until it
-	// steps down after the heal: every token either side issued must be
-	// below every token issued after the heal.
-	var splitMax atomic.Uint64
-	splitMax.Store(max(before, mid))
-	granting := make(chan struct{})
-	go func() {
-		defer close(granting)
-		for i := 0; ; i++ {
-			r, err := conn.Do(proto.AppendAcquire(nil, 0, 5, uint64(100+i), fmt.Sprintf("old-side/%d", i)))
-			if err != nil || r.Op == proto.OpMoved {
-				return
-			}
-			if r.Op == proto.OpAcquire && r.Token > splitMax.Load() {
-				splitMax.Store(r.Token)
-			}
+	// The isolated old active grants (it cannot know) oldN locks; every
+	// token either side issued must be below every token issued after the
+	// heal.
+	splitMax := max(before, mid)
+	var oldFirst uint64
+	for i := range oldN {
+		key, owner := fmt.Sprintf("old-side/%d", i), uint64(100+i)
+		r := do(t, conn, proto.AppendAcquire(nil, 0, 60, owner, key))
+		if r.Op != proto.OpAcquire || r.ID != owner {
+			t.Fatalf("acquire %q on the isolated old active: %c id=%d tail=%q", key, r.Op, r.ID, r.Tail)
 		}
-	}()
-	// And the new side too, up to the heal. Its active may hand over to a
-	// member of higher priority on its side meanwhile (the standby it
-	// promoted beside is in sync from its Ack(snapshot)): the client
-	// follows the M, as §7 asks of it.
+		if i == 0 {
+			oldFirst = r.Token
+		}
+		splitMax = max(splitMax, r.Token)
+	}
+	// And the new side newN. Its active may hand over to a member of
+	// higher priority on its side meanwhile (the standby it promoted beside
+	// is in sync from its Ack(snapshot)): the client follows the M, as §7
+	// asks of it.
 	moves := 0
-	for i := range 200 {
+	for i := range newN {
 		key, owner := fmt.Sprintf("new-side/%d", i), uint64(1000+i)
-		r := do(t, bc, proto.AppendAcquire(nil, 0, 5, owner, key))
+		r := do(t, bc, proto.AppendAcquire(nil, 0, 60, owner, key))
 		for r.Op == proto.OpMoved && moves < 3 {
 			moves++
 			nc, err := c.Dial(string(r.Tail))
@@ -276,37 +291,65 @@ func TestPriorityPartitionHeals(t *testing.T) {
 			nc.SetTimeout(10 * time.Second)
 			t.Cleanup(func() { nc.Close() })
 			bc = nc
-			r = do(t, bc, proto.AppendAcquire(nil, 0, 5, owner, key))
+			r = do(t, bc, proto.AppendAcquire(nil, 0, 60, owner, key))
 		}
 		if r.Op != proto.OpAcquire || r.ID != owner {
 			t.Fatalf("acquire %q on the new side: %c id=%d tail=%q", key, r.Op, r.ID, r.Tail)
 		}
-		if r.Token > splitMax.Load() {
-			splitMax.Store(r.Token)
-		}
+		splitMax = max(splitMax, r.Token)
 	}
-	mark := c.Member(a).LogMark()
+	marks := make([]int, len(c.Members()))
+	for i := range marks {
+		marks[i] = c.Member(i).LogMark()
+	}
 	c.Heal()
 	healed := time.Now()
-	// The member that became active earlier (a, the lower epoch) steps
-	// down within 2 × the failover timeout...
-	if _, err := c.Member(a).WaitLogSince(mark, steppingDownRE, 2*time.Second); err != nil {
-		t.Fatalf("the earlier active did not step down after the heal: %v", err)
+	// The side with fewer changes steps down within 2 × the failover
+	// timeout: the old active a, or the new side's active (whichever
+	// member that is after its handovers).
+	stepped := -1
+	deadline := time.Now().Add(2 * time.Second)
+	for stepped < 0 && time.Now().Before(deadline) {
+		for i := range marks {
+			if _, err := c.Member(i).WaitLogSince(marks[i], steppingDownRE, time.Millisecond); err == nil {
+				stepped = i
+				break
+			}
+		}
 	}
-	t.Logf("member %d stepped down %v after the heal", a, time.Since(healed))
-	// ...then priority order is restored by a planned handover.
+	switch {
+	case stepped < 0:
+		t.Fatalf("no active stepped down within 2 s of the heal")
+	case oldSideStays && stepped == a:
+		t.Fatalf("the old active (member %d, %d changes) stepped down; the new side made only %d", a, oldN, newN)
+	case !oldSideStays && stepped != a:
+		t.Fatalf("member %d of the new side (%d changes) stepped down; the old active made only %d", stepped, newN, oldN)
+	}
+	t.Logf("member %d stepped down %v after the heal", stepped, time.Since(healed))
+	// Priority order is then restored by a planned handover.
 	waitActiveIs(t, c, 0, "priority order not restored after the heal")
-	select {
-	case <-granting:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the old active still grants 10 s after the heal")
-	}
 	wc := dial(t, c, 0)
-	if after := grant(t, wc, "post", 10, 3); after <= splitMax.Load() {
-		t.Fatalf("token %d after the heal not above %d, the largest either side issued during the split", after, splitMax.Load())
+	if after := grant(t, wc, "post", 10, 3); after <= splitMax {
+		t.Fatalf("token %d after the heal not above %d, the largest either side issued during the split", after, splitMax)
 	}
-	if held, tok := keyState(t, c, 0, "split"); !held || tok != mid {
-		t.Fatalf("the lock granted by the surviving side: held=%v token %d, want %d", held, tok, mid)
+	// The side that stayed kept its locks with their tokens; the other's
+	// grants since the split are lost (§6.3).
+	splitHeld, splitTok := keyState(t, c, 0, "split")
+	oldHeld, oldTok := keyState(t, c, 0, "old-side/0")
+	if oldSideStays {
+		if !oldHeld || oldTok != oldFirst {
+			t.Fatalf("a lock the staying old active granted: held=%v token %d, want %d", oldHeld, oldTok, oldFirst)
+		}
+		if splitHeld {
+			t.Fatalf("the lock the stepped-down side granted is still held (token %d)", splitTok)
+		}
+		return
+	}
+	if !splitHeld || splitTok != mid {
+		t.Fatalf("the lock granted by the surviving side: held=%v token %d, want %d", splitHeld, splitTok, mid)
+	}
+	if oldHeld {
+		t.Fatalf("the lock the stepped-down old active granted is still held (token %d)", oldTok)
 	}
 }
 

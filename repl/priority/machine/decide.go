@@ -88,6 +88,15 @@ func (m *Member) heardFrom(now int64, from int) {
 		return
 	}
 	if p := &m.peers[from]; p.known {
+		if now-p.heard >= m.timeout {
+			// Back after a silence (a partition healed, it or this member
+			// resumed): what it said before is stale until its next
+			// heartbeat. Its position then was no final position now, nor
+			// its verdict a verdict on what happened since; a frame that
+			// is not a heartbeat (a snapshot) must not let a contest be
+			// judged on them.
+			p.held, p.verdict = false, 0
+		}
 		p.heard = max(p.heard, now)
 	}
 }
@@ -383,6 +392,12 @@ func (m *Member) promoteAt(e uint64) {
 	m.contest = None
 	clear(m.verdict)
 	clear(m.unresolved)
+	// A held heartbeat heard before this member became active was no
+	// answer to it (an active holds while it reserves at its own
+	// promotion, or checks a freeze): the contest waits for one sent since.
+	for i := range m.peers {
+		m.peers[i].held = false
+	}
 }
 
 // snapshotApplied records that member from applied this active's snapshot

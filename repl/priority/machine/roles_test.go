@@ -453,6 +453,48 @@ func TestRolesLaterActiveSecondHand(t *testing.T) {
 	}
 }
 
+// TestRolesContestNotJudgedOnAStaleHeartbeat: an active's heartbeats say
+// "held" while it reserves at its own promotion; a member that heard one
+// then, and promoted itself later (a partition), must not judge "whoever
+// would lose more" on that heartbeat when the partition heals and a frame
+// other than a heartbeat (a snapshot) arrives first: the old active's
+// position then (0) is not its position now. In e2e's
+// TestPriorityPartitionHeals the old active, with 600 grants made during
+// the split against the new side's 20, was told to step down.
+func TestRolesContestNotJudgedOnAStaleHeartbeat(t *testing.T) {
+	c := newCluster(t, 2, time.Second)
+	c.step(1500 * time.Millisecond)
+	c.wantActive(0)
+	b := c.ms[1].m
+	// A held heartbeat of member 0 (position 0), as during its promotion.
+	c.carry(1, b.Step(c.now, Msg{Kind: MsgHeartbeat, From: 0,
+		HB: Heartbeat{Epoch: c.ms[0].m.epoch, Role: RoleActive, Active: 0, Held: true, Pos: 0}}))
+	// Partition: member 1 hears nothing for longer than the timeout and
+	// promotes itself, then makes 20 changes.
+	c.cut[0][1], c.cut[1][0] = true, true
+	c.step(2500 * time.Millisecond)
+	if b.role != RoleActive || !b.ready {
+		t.Fatalf("setup: member 1 %v, ready %v: it should have promoted", b.role, b.ready)
+	}
+	l := c.local(1)
+	l.Pos = b.base.Pos + 20
+	c.carry(1, b.Tick(c.now, l))
+	// The heal: a snapshot frame of member 0 arrives before its heartbeat.
+	c.carry(1, b.Step(c.now+ms, Msg{Kind: MsgHeard, From: 0}))
+	l.Pos = b.base.Pos + 20
+	c.carry(1, b.Tick(c.now+2*ms, l))
+	if b.verdict[0] != 0 || b.role != RoleActive {
+		t.Fatalf("member 1 judged the contest on member 0's heartbeat from before the split: verdict %d, role %v", b.verdict[0], b.role)
+	}
+	// Member 0's fresh held heartbeat with its real position decides:
+	// member 1, with fewer changes, steps down.
+	c.carry(1, b.Step(c.now+3*ms, Msg{Kind: MsgHeartbeat, From: 0,
+		HB: Heartbeat{Epoch: c.ms[0].m.epoch, Role: RoleActive, Active: 0, Held: true, Serving: false, Pos: 601}}))
+	if b.role != RoleStandby || b.active != 0 {
+		t.Fatalf("member 1 (20 changes) against member 0 (601): %v following %d, want a standby of 0", b.role, b.active)
+	}
+}
+
 // TestRolesLeavingNeverPromotes: a member shutting down never promotes
 // itself. In chaos (priority, 10 min, seed 20261201) an active whose
 // SIGTERM handover was left undecided became a standby with no active
