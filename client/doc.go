@@ -263,6 +263,6 @@
 // # What it must not import
 //
 // package proto and the standard library only (crypto/tls for TLS):
-// never gnet, never engine (tests may import engine to run a real server
-// in process).
+// never gnet, never engine. Its tests import nothing of the server
+// either: for a real server they run the lockd binary.
 package client
