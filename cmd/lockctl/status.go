@@ -344,3 +344,21 @@ func (ad *admin) refused(resp *http.Response, u, want string) error {
 	}
 	return nil
 }
+
+// inspect reads key's state from the admin endpoint of the member that
+// serves, as inspect's document.
+func (ad *admin) inspect(key string) (inspectJSON, error) {
+	base, err := ad.active(ad.addrs())
+	if err != nil {
+		return inspectJSON{}, err
+	}
+	var k api.Key
+	if err := ad.getJSON(base+api.PathKeys+api.KeyPath(key), &k); err != nil {
+		return inspectJSON{}, err
+	}
+	d := inspectJSON{Key: k.Key, Source: "admin", Waiters: k.Waiters, Token: k.Token, LeaseLeftMs: k.LeaseLeftMs}
+	if k.Held {
+		d.Holders, d.Limit = 1, 1
+	}
+	return d, nil
+}
