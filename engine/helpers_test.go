@@ -98,6 +98,12 @@ type frame struct {
 	Token uint64
 	Code  uint8
 	Tail  string
+	// PROTOCOL.md §9: L's reason; V's and I's lease left; I's counts.
+	Reason    uint8
+	Remaining uint32
+	Holders   uint16
+	Limit     uint16
+	Waiters   uint32
 }
 
 // next reads one response within d; ok is false on timeout or EOF.
@@ -108,7 +114,8 @@ func (w *wire) next(d time.Duration) (frame, error) {
 			n, err := proto.ParseResponse(w.buf, &w.resp)
 			if err == nil {
 				r := w.resp
-				f := frame{Op: r.Op, ReqOp: r.ReqOp, ID: r.ID, Token: r.Token, Code: r.Code, Tail: string(r.Tail)}
+				f := frame{Op: r.Op, ReqOp: r.ReqOp, ID: r.ID, Token: r.Token, Code: r.Code, Tail: string(r.Tail),
+					Reason: r.Reason, Remaining: r.Remaining, Holders: r.Holders, Limit: r.Limit, Waiters: r.Waiters}
 				w.buf = w.buf[n:]
 				return f, nil
 			}
