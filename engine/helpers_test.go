@@ -50,6 +50,26 @@ func (ts *testServer) shutdown() {
 	}
 }
 
+// shutdownAsync starts the graceful shutdown on a goroutine of its own
+// (the test goes on talking to the server meanwhile); waitShutdown fails
+// the test, on its own goroutine, if it did not end well.
+func (ts *testServer) shutdownAsync() <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		done <- ts.Shutdown(ctx)
+	}()
+	return done
+}
+
+func (ts *testServer) waitShutdown(done <-chan error) {
+	ts.t.Helper()
+	if err := <-done; err != nil {
+		ts.t.Fatalf("Shutdown: %v", err)
+	}
+}
+
 // wire is a raw protocol client over one TCP connection.
 type wire struct {
 	t    testing.TB

@@ -415,10 +415,9 @@ func TestWatchReasons(t *testing.T) {
 
 	tok = holder.grant("w/shutdown", 30, 5)
 	watcher.watch("w/shutdown", tok)
-	done := make(chan struct{})
-	go func() { defer close(done); ts.shutdown() }()
+	done := ts.shutdownAsync()
 	watcher.lost("w/shutdown", tok, shard.ReasonCannotTell)
-	<-done
+	ts.waitShutdown(done)
 	m := ts.Metrics()
 	if m.Lost != [5]uint64{0, 3, 1, 1, 1} {
 		t.Fatalf("L by reason %v, want [0 3 1 1 1]", m.Lost)
@@ -530,8 +529,7 @@ func TestSharedShutdown(t *testing.T) {
 	tok := w.grantShared("s", 30, 1, 1)
 	q.shared("s", 10, 30, 2, 1)
 	q.watch("s", tok)
-	done := make(chan struct{})
-	go func() { defer close(done); ts.shutdown() }()
+	done := ts.shutdownAsync()
 	got := map[proto.Op]frame{}
 	for range 2 {
 		f, err := q.next(5 * time.Second)
@@ -559,7 +557,7 @@ func TestSharedShutdown(t *testing.T) {
 		w.send(c.frame)
 		w.expectE(c.op, c.id, proto.CodeShutdown)
 	}
-	<-done
+	ts.waitShutdown(done)
 }
 
 // TestSharedValidationOrder: the order of PROTOCOL.md §8.3 and §9.6 for
@@ -641,14 +639,13 @@ func TestSharedValidationOrder(t *testing.T) {
 		dts := startACL(t, func(c *engine.Config) { c.Drain = time.Second })
 		w := dial(t, dts.Addr())
 		w.login("orders")
-		done := make(chan struct{})
-		go func() { defer close(done); dts.shutdown() }()
+		done := dts.shutdownAsync()
 		lockdtest.WaitFor(t, "the drain", dts.Draining)
 		w.send(proto.AppendShared(nil, 0, 30, 30, 2, "billing/x"))
 		w.expectE(proto.OpShared, 30, proto.CodePermissionDenied)
 		w.send(proto.AppendShared(nil, 0, 30, 31, 2, "orders/x"))
 		w.expectE(proto.OpShared, 31, proto.CodeShutdown)
-		<-done
+		dts.waitShutdown(done)
 	})
 	t.Run("E 6 before M, M before E 7", func(t *testing.T) {
 		cts, node := startCommitting(t, func(c *engine.Config) {
