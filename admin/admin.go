@@ -58,8 +58,9 @@ func Handler(srv *engine.Server, build Build) http.Handler {
 	mux.HandleFunc("DELETE /keys/{key...}", release(srv))
 	membersRoutes(mux, srv) // members.go: GET, POST /members, DELETE /members/{id}
 	mux.HandleFunc("GET /debug/locks", func(w http.ResponseWriter, _ *http.Request) {
-		// One line per held key: its token, the lease left in ms and the
-		// key (escaped as a Go string), for comparing members' tables.
+		// One line per holder of a held key (a shared key has several):
+		// its token, the lease left in ms and the key (escaped as a Go
+		// string), for comparing members' tables.
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		bw := bufio.NewWriterSize(w, 64<<10)
 		var line []byte
