@@ -851,3 +851,34 @@ func TestSharedRestart(t *testing.T) {
 		t.Fatalf("token %d after the restart, not above %d", t2, tx)
 	}
 }
+
+// TestWatchRenewAway (docs/PROTOCOL.md decision 46): a grant that an admin
+// renewed (another identity's: forced) and whose lease then ends is L 3,
+// the admin set the lease it died of; its own identity's renew since
+// clears that, and its end is L 2.
+func TestWatchRenewAway(t *testing.T) {
+	ts := startACL(t, nil)
+	a, ops := dial(t, ts.Addr()), dial(t, ts.Addr())
+	a.login("orders")
+	ops.login("ops")
+	forced := a.grantShared("orders/r", 30, 1, 2)
+	cleared := a.grantShared("orders/r", 30, 2, 2)
+	for _, tok := range []uint64{forced, cleared} {
+		ops.watch("orders/r", tok)
+		ops.renew("orders/r", 1, tok) // forced: another identity's holder
+		ops.expect(proto.OpRenew, tok)
+	}
+	a.renew("orders/r", 1, cleared) // its own identity's renew
+	a.expect(proto.OpRenew, cleared)
+	got := map[uint64]uint8{}
+	for range 2 {
+		f, err := ops.next(5 * time.Second)
+		if err != nil || f.Op != proto.OpLost {
+			t.Fatalf("waiting for an L: %+v %v", f, err)
+		}
+		got[f.ID] = f.Reason
+	}
+	if got[forced] != uint8(shard.ReasonForced) || got[cleared] != uint8(shard.ReasonExpired) {
+		t.Fatalf("reasons %v: want %d for the admin's lease, %d after the owner's renew", got, shard.ReasonForced, shard.ReasonExpired)
+	}
+}
