@@ -1,8 +1,10 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -880,5 +882,55 @@ func TestWatchRenewAway(t *testing.T) {
 	}
 	if got[forced] != uint8(shard.ReasonForced) || got[cleared] != uint8(shard.ReasonExpired) {
 		t.Fatalf("reasons %v: want %d for the admin's lease, %d after the owner's renew", got, shard.ReasonForced, shard.ReasonExpired)
+	}
+}
+
+// TestSharedPendingGrantsCap: a connection with --max-pending-grants grants
+// it has not taken gets B for an S as for an A — but E 7 for an S whose
+// limit differs from the key's holders', which comes before every B
+// (docs/PROTOCOL.md decision 44).
+func TestSharedPendingGrantsCap(t *testing.T) {
+	ts := startServer(t, func(c *engine.Config) {
+		c.MaxOutbound = 64 << 20
+		c.MaxPendingGrants = 1
+	})
+	other := dial(t, ts.Addr())
+	other.grantShared("pin/shared", 30, 1, 4) // shared with limit 4
+	nc, err := net.DialTimeout("tcp", ts.Addr(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// 10 MB of pongs, more than loopback's socket buffers hold: the grant
+	// after them stays in the server's outbound buffer.
+	req := bytes.Repeat(proto.AppendPing(nil, 0), 1<<20)
+	req = proto.AppendShared(req, 0, 30, 10, 2, "pin/a")      // granted, not taken
+	req = proto.AppendShared(req, 0, 30, 11, 4, "pin/shared") // B: one grant pending
+	req = proto.AppendShared(req, 0, 30, 12, 3, "pin/shared") // E 7: another limit
+	req = proto.AppendShared(req, 0, 30, 13, 0, "pin/shared") // E 7: limit 0 (the parser's)
+	writeErr := make(chan error, 1)
+	go func() {
+		_ = nc.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		_, err := nc.Write(req)
+		writeErr <- err
+	}()
+	w := &wire{t: t, c: nc}
+	want := map[uint64]frame{10: {Op: proto.OpAcquire}, 11: {Op: proto.OpBusy}, 12: {Op: proto.OpError, Code: proto.CodeLimitMismatch},
+		13: {Op: proto.OpError, Code: proto.CodeLimitMismatch}}
+	for len(want) > 0 {
+		f, err := w.next(10 * time.Second)
+		if err != nil {
+			t.Fatalf("waiting for %v: %v", want, err)
+		}
+		if f.Op == proto.OpPing {
+			continue
+		}
+		if x, ok := want[f.ID]; !ok || x.Op != f.Op || x.Code != f.Code {
+			t.Fatalf("owner %d answered %c code %d, want %+v", f.ID, f.Op, f.Code, x)
+		}
+		delete(want, f.ID)
+	}
+	if err := <-writeErr; err != nil {
+		t.Fatal(err)
 	}
 }
