@@ -109,8 +109,13 @@ func TestInspect(t *testing.T) {
 	}
 	doc = inspectJSON{}
 	decodeStrict(t, "inspect --admin -o json", out, &doc)
-	if doc.Source != "admin" || doc.Holders != 1 || doc.Waiters != 1 || doc.Token != tok {
+	if doc.Source != "admin" || doc.Holders != 1 || doc.Limit != 1 || doc.Waiters != 1 || doc.Token != tok || doc.Shared == nil || *doc.Shared ||
+		len(doc.HolderList) != 1 || doc.HolderList[0].Token != tok || len(doc.Queue) != 1 || doc.Queue[0].Shared || doc.Queue[0].WaitLeftMs <= 0 {
 		t.Fatalf("inspect --admin: %+v", doc)
+	}
+	out, errs, code = ctl(t, append(env, "LOCKD_ADMIN="+s.admin), "inspect", "i-key")
+	if code != 0 || !strings.Contains(out, "holder    token "+tok) || !strings.Contains(out, "waiter 1  exclusive") {
+		t.Fatalf("inspect --admin: %d %q %s", code, out, errs)
 	}
 }
 
