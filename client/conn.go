@@ -607,6 +607,7 @@ func (c *conn) killLocked(cause error) bool {
 					// request behind it would be refused the same way.
 					switch {
 					case t.seq < no9.seq:
+						t.rerr = &closedBy9Error{no9}
 					case t.seq == no9.seq || is9(t.op):
 						res, t.rerr = resUnsupported, no9
 					default:

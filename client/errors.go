@@ -161,6 +161,18 @@ func (e *unsupportedError) Error() string {
 
 func (e *unsupportedError) Is(target error) bool { return target == ErrUnsupported }
 
+// closedBy9Error is ErrIndeterminate for an acquire sent on a connection
+// before a §9 request that the server refused (E 1) by closing it: the
+// server read the acquire, and may have granted it.
+type closedBy9Error struct{ refusal *unsupportedError }
+
+func (e *closedBy9Error) Error() string {
+	return ErrIndeterminate.Error() + ": lockd at " + e.refusal.addr + " closed the connection on refusing a later " +
+		e.refusal.op.String() + " it does not support (PROTOCOL.md §9), after it had read this request"
+}
+
+func (e *closedBy9Error) Is(target error) bool { return target == ErrIndeterminate }
+
 // bothErr is an error that matches two sentinels, for outcomes that are
 // both (errors.Is sees either).
 type bothErr struct {

@@ -190,7 +190,15 @@ func (t *Ticket) acquire() (Lock, error) {
 			return Lock{}, ErrClosed
 		case outUnauth, outUnsupported:
 			return Lock{}, t.rerr
-		default: // outLost, outAbandoned
+		case outLost:
+			if cl.isClosed() {
+				return Lock{}, errClosedIndeterminate
+			}
+			if e, ok := t.rerr.(*closedBy9Error); ok {
+				return Lock{}, e // the connection ended on a §9 refusal
+			}
+			return Lock{}, ErrIndeterminate
+		default: // outAbandoned
 			if cl.isClosed() {
 				return Lock{}, errClosedIndeterminate
 			}

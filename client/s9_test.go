@@ -707,6 +707,9 @@ func TestUnsupported(t *testing.T) {
 	}
 	_, err = queued.acquire()
 	wantErr(t, err, ErrIndeterminate)
+	if errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "closed the connection on refusing a later acquire-shared") {
+		t.Fatalf("the queued acquire: %v, want ErrIndeterminate saying the connection ended on a §9 refusal", err)
+	}
 	if err := rel.retrying(rel.hardBy, cfg.ReleaseRetryInterval); err != nil {
 		t.Fatalf("the release sent after the refused request: %v, want it sent again elsewhere and answered", err)
 	}
