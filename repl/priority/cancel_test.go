@@ -102,7 +102,7 @@ func (r *cancelRig) replica(t *testing.T, snap []SnapEntryAt, first int) *shard.
 // same keys with the same holders — tokens, identities, limits — and every
 // shard is at the same Seq).
 func (r *cancelRig) diff(tab *shard.Table) string {
-	if d := holdersDiff(holdersOf(tab), holdersOf(r.table)); d != "" {
+	if d := repltest.HoldersDiff(repltest.Holders(tab), repltest.Holders(r.table)); d != "" {
 		return d
 	}
 	for i := range r.table.Shards() {
@@ -209,7 +209,7 @@ func TestCancelKeepsReplicas(t *testing.T) {
 			}
 			rig.flush()
 
-			if holders, multi := sharedCount(holdersOf(tab)); tc.shared && (multi == 0 || holders < tc.keys/4) {
+			if holders, multi := repltest.SharedCount(repltest.Holders(tab)); tc.shared && (multi == 0 || holders < tc.keys/4) {
 				t.Fatalf("%d holders of shared keys, %d keys with several: not a test of them", holders, multi)
 			}
 			st := &rig.o.stats

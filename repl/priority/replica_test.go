@@ -182,7 +182,7 @@ func TestReplicaFollows(t *testing.T) {
 		}
 	}
 	same := func(t *testing.T, tab *shard.Table) {
-		want, got := holdersOf(active), holdersOf(tab)
+		want, got := repltest.Holders(active), repltest.Holders(tab)
 		named := 0
 		for _, hs := range want {
 			for _, h := range hs {
@@ -191,11 +191,11 @@ func TestReplicaFollows(t *testing.T) {
 				}
 			}
 		}
-		if holders, multi := sharedCount(want); len(want) == 0 || named == 0 || holders == 0 || multi == 0 {
+		if holders, multi := repltest.SharedCount(want); len(want) == 0 || named == 0 || holders == 0 || multi == 0 {
 			t.Fatalf("the active holds %d keys, %d holders with an identity, %d holders of shared keys (%d keys with several): not a test of them",
 				len(want), named, holders, multi)
 		}
-		if d := holdersDiff(got, want); d != "" {
+		if d := repltest.HoldersDiff(got, want); d != "" {
 			t.Fatalf("replica: %s", d)
 		}
 		for i := range active.Shards() {

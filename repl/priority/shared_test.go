@@ -1,12 +1,9 @@
 package priority
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,173 +19,6 @@ import (
 // of a shared key, with its token, its identity and its key's limit,
 // reaches the standbys in the stream and in snapshots, and the member
 // that takes over holds exactly them.
-
-// heldHolder is one holder of a held key as a table's Dump reports it.
-type heldHolder struct {
-	Token    uint64
-	Ident    string
-	Limit    uint16 // the key's limit, 0 exclusive
-	Deadline int64  // on that table's clock
-}
-
-func (h heldHolder) String() string { return fmt.Sprintf("%d/%q/%d", h.Token, h.Ident, h.Limit) }
-
-// holdersOf returns every holder of every held key of tab, by key, in
-// token order.
-func holdersOf(tab *shard.Table) map[string][]heldHolder {
-	m := map[string][]heldHolder{}
-	for i := range tab.Shards() {
-		tab.Dump(i, func(h *shard.HeldLock) {
-			m[string(h.Key)] = append(m[string(h.Key)], heldHolder{h.Token, string(h.Ident), h.Limit, h.Deadline})
-		})
-	}
-	for _, hs := range m {
-		slices.SortFunc(hs, func(a, b heldHolder) int { return cmp.Compare(a.Token, b.Token) })
-	}
-	return m
-}
-
-// holdersDiff says how got differs from want ("" when every key has the
-// same holders with the same tokens, identities and limits; deadlines are
-// not compared).
-func holdersDiff(got, want map[string][]heldHolder) string {
-	eq := func(a, b []heldHolder) bool {
-		return slices.EqualFunc(a, b, func(x, y heldHolder) bool {
-			return x.Token == y.Token && x.Ident == y.Ident && x.Limit == y.Limit
-		})
-	}
-	keys := make([]string, 0, len(want))
-	for k := range want {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		if !eq(got[k], want[k]) {
-			return fmt.Sprintf("%s: holders %v, want %v", k, got[k], want[k])
-		}
-	}
-	for k, hs := range got {
-		if _, ok := want[k]; !ok {
-			return fmt.Sprintf("%s: holders %v, want none", k, hs)
-		}
-	}
-	return ""
-}
-
-// waitHolders waits up to 10 s for tab to hold want's holders, and fails
-// the test with the difference.
-func waitHolders(t *testing.T, who string, tab *shard.Table, want map[string][]heldHolder) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		d := holdersDiff(holdersOf(tab), want)
-		if d == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not hold the active's holders after 10 s: %s", who, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// sharedKey is a key of sharedLoad and how it is acquired: shared with a
-// limit, or exclusively (limit 0; a read/write lock's key appears twice,
-// readers with 65535 and the writer with 0).
-type sharedKey struct {
-	key   []byte
-	limit uint16
-}
-
-// sharedLoad changes a table as clients of semaphores, read/write locks
-// and exclusive locks would: acquires shared and exclusive (some queued
-// behind full keys, so a release hands over to them in one step),
-// renewals and releases of one holder at a time, by token. Its grants go
-// to the identities in turn (and to none).
-type sharedLoad struct {
-	tab    *shard.Table
-	clock  func() int64
-	rng    *rand.Rand
-	keys   []sharedKey
-	idents []shard.Ident
-	conn   *shard.Conn
-	out    shard.Out
-	owner  uint64
-}
-
-func newSharedLoad(tab *shard.Table, clock func() int64, seed uint64) *sharedLoad {
-	l := &sharedLoad{tab: tab, clock: clock, rng: rand.New(rand.NewPCG(seed, 9)), conn: shard.NewConn(nil),
-		idents: []shard.Ident{shard.NoIdent, tab.Ident([]byte("orders")), tab.Ident([]byte("billing@example.com"))}}
-	for i := range 12 {
-		limit := []uint16{1, 2, 4, 65535}[i%4]
-		l.keys = append(l.keys, sharedKey{fmt.Appendf(nil, "sem/%d", i), limit})
-	}
-	for i := range 4 {
-		k := fmt.Appendf(nil, "rw/%d", i)
-		l.keys = append(l.keys, sharedKey{k, 65535}, sharedKey{k, 65535}, sharedKey{k, 0})
-	}
-	for i := range 6 {
-		l.keys = append(l.keys, sharedKey{fmt.Appendf(nil, "ex/%d", i), 0})
-	}
-	return l
-}
-
-// step makes one change (or tries to: a full key answers T).
-func (l *sharedLoad) step() {
-	l.out.Reset()
-	now := l.clock()
-	k := l.keys[l.rng.IntN(len(l.keys))]
-	d := l.tab.Detail(k.key)
-	id := l.idents[l.rng.IntN(len(l.idents))]
-	l.owner++
-	switch op := l.rng.IntN(10); {
-	case op < 5 || len(d.Holders) == 0:
-		wait := uint8(0)
-		if l.rng.IntN(4) == 0 {
-			wait = 60 // queued behind a full or exclusive key: a later release grants it
-		}
-		lease := uint8(30 + l.rng.IntN(30))
-		if k.limit == 0 {
-			l.tab.AcquireAs(now, k.key, wait, lease, l.owner, id, l.conn, &l.out)
-		} else {
-			l.tab.AcquireShared(now, k.key, wait, lease, l.owner, k.limit, id, l.conn, &l.out)
-		}
-	case op < 7:
-		h := d.Holders[l.rng.IntN(len(d.Holders))]
-		l.tab.Renew(now, k.key, uint8(30+l.rng.IntN(60)), h.Token, &l.out)
-	default:
-		h := d.Holders[l.rng.IntN(len(d.Holders))]
-		l.tab.Release(now, k.key, h.Token, &l.out)
-	}
-}
-
-// sharedCount is how many holders of shared keys hs has, and how many keys
-// with more than one.
-func sharedCount(hs map[string][]heldHolder) (holders, multi int) {
-	for _, h := range hs {
-		if h[0].Limit != 0 {
-			holders += len(h)
-			if len(h) > 1 {
-				multi++
-			}
-		}
-	}
-	return holders, multi
-}
-
-// wallDeadlines returns each holder's lease end as a wall-clock instant
-// (the table's clock moved onto time.Now), by token: tables of different
-// members have different clocks.
-func wallDeadlines(m *member) map[uint64]time.Time {
-	at, wall := m.clock(), time.Now()
-	out := map[uint64]time.Time{}
-	for _, hs := range holdersOf(m.table) {
-		for _, h := range hs {
-			out[h.Token] = wall.Add(time.Duration(h.Deadline - at))
-		}
-	}
-	return out
-}
 
 // TestPrioritySharedHolders: shared holders made on the active — grants,
 // handoffs to queued acquires, renewals, releases and expiries of one
@@ -221,9 +51,9 @@ func TestPrioritySharedHolders(t *testing.T) {
 				return ms[0].serving() && st.Role == "standby" && st.InSync
 			})
 			a := ms[0]
-			load := newSharedLoad(a.table, a.clock, uint64(len(tc.name)))
+			load := repltest.NewSharedLoad(a.table, a.clock, uint64(len(tc.name)))
 			for range 3000 {
-				load.step()
+				load.Step()
 			}
 			// Member 2 joins while the active keeps changing holders: its
 			// snapshot is cut shard by shard between changes, and the
@@ -239,7 +69,7 @@ func TestPrioritySharedHolders(t *testing.T) {
 						return
 					default:
 					}
-					load.step()
+					load.Step()
 					time.Sleep(20 * time.Microsecond)
 				}
 			}()
@@ -254,7 +84,7 @@ func TestPrioritySharedHolders(t *testing.T) {
 			close(stop)
 			wg.Wait()
 			for range 2000 {
-				load.step()
+				load.Step()
 			}
 			// Holders whose leases end: each expires alone.
 			var out shard.Out
@@ -273,14 +103,14 @@ func TestPrioritySharedHolders(t *testing.T) {
 				t.Fatalf("short: %d holders after their leases ended, want the renewed one", len(d.Holders))
 			}
 
-			want := holdersOf(a.table)
-			if holders, multi := sharedCount(want); holders < 20 || multi < 5 {
+			want := repltest.Holders(a.table)
+			if holders, multi := repltest.SharedCount(want); holders < 20 || multi < 5 {
 				t.Fatalf("the load left %d holders of shared keys, %d keys with several: not a test of them", holders, multi)
 			}
 			for i := 1; i < 3; i++ {
-				waitHolders(t, fmt.Sprintf("standby %d", i), ms[i].table, want)
+				repltest.WaitHolders(t, fmt.Sprintf("standby %d", i), ms[i].table, want)
 			}
-			before := wallDeadlines(a)
+			before := repltest.WallDeadlines(a.table, a.clock())
 
 			// The takeover.
 			s := ms[tc.to]
@@ -294,11 +124,11 @@ func TestPrioritySharedHolders(t *testing.T) {
 				ms[i] = nil
 			}
 			repltest.WaitFor(t, fmt.Sprintf("member %d to take over", tc.to), s.serving)
-			got := holdersOf(s.table)
-			if d := holdersDiff(got, want); d != "" {
+			got := repltest.Holders(s.table)
+			if d := repltest.HoldersDiff(got, want); d != "" {
 				t.Fatalf("the member that took over: %s", d)
 			}
-			for tok, w := range wallDeadlines(s) {
+			for tok, w := range repltest.WallDeadlines(s.table, s.clock()) {
 				if b := before[tok]; w.Before(b.Add(-time.Millisecond)) {
 					t.Fatalf("holder %d ends %v earlier on the member that took over", tok, b.Sub(w))
 				}
@@ -325,9 +155,9 @@ func TestPrioritySharedHolders(t *testing.T) {
 				}
 				h := hs[len(hs)-1]
 				if h.Ident != "" {
-					other := "orders"
+					other := repltest.SharedIdents[0]
 					if h.Ident == other {
-						other = "billing@example.com"
+						other = repltest.SharedIdents[1]
 					}
 					if r, _ := s.table.ReleaseAs(now, []byte(key), h.Token, shard.Who{Ident: s.table.Ident([]byte(other))}, &out); r != shard.ResultRefused {
 						t.Fatalf("%s: %s's release of %s's holder %d: %v, want refused", key, other, h.Ident, h.Token, r)
