@@ -75,6 +75,7 @@ type node struct {
 	logs     raft.LogStore // raft-wal (or bolt) itself; raft writes through the log cache and dur
 	dur      *durability   // raft-wal's deferred leader fsyncs (durable.go); nil with bolt
 	vfs      types.VFS     // tests: raft-wal's file system (nil: the real one)
+	segSize  int           // tests: raft-wal's segment size (0: its default, 64 MiB)
 	stable   raft.StableStore
 	snaps    *raft.FileSnapshotStore
 	closers  []io.Closer
@@ -256,7 +257,7 @@ func (n *node) openRaft() error {
 	if n.store == logStoreWAL {
 		n.dur = newDurability(n.logFailed)
 	}
-	ls, err := n.openLogStore(n.store, base, n.dur, n.vfs)
+	ls, err := n.openLogStore(n.store, base, n.dur, n.vfs, n.segSize)
 	if err != nil {
 		return fmt.Errorf("raft log in %s: %w", base, err)
 	}
