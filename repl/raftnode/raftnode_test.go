@@ -201,19 +201,17 @@ func (c *raftCluster) leader() int {
 }
 
 // settle waits until every live member's table equals the leader's
-// committed table (the leader has no record in flight).
+// committed table (the leader has no record in flight), holder by holder.
 func (c *raftCluster) settle(l int) {
 	c.t.Helper()
 	lm := c.ms[l]
 	repltest.WaitFor(c.t, "every proposed record to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
-	want := dumpTable(lm.table)
+	want := repltest.Holders(lm.table)
 	for i, m := range c.ms {
 		if m == nil || i == l {
 			continue
 		}
-		repltest.WaitFor(c.t, fmt.Sprintf("member %d to hold the leader's locks", i), func() bool {
-			return maps2Equal(dumpTable(m.table), want)
-		})
+		repltest.WaitHolders(c.t, fmt.Sprintf("member %d", i), m.table, want)
 	}
 }
 
