@@ -203,3 +203,63 @@ func TestRaftSharedHoldersAcrossTakeover(t *testing.T) {
 		})
 	}
 }
+
+// sharedRestartAll makes holders on member a, stops every member with
+// SIGTERM (the serving one last: a priority member that is the last one
+// live shuts down as a single node, with its shutdown snapshot), restarts
+// them all, and checks that the member that serves then holds every
+// holder with its token and limit.
+func sharedRestartAll(t *testing.T, c *clustertest.Cluster, a int, serving func() int) {
+	hc := dial(t, c, a)
+	var hs []sharedHolder
+	for i := range 3 {
+		hs = append(hs, sharedHolder{"sem", 3, acquireShared(t, hc, "sem", 3, 120, uint64(i+1))})
+	}
+	hs = append(hs, sharedHolder{"rw", 65535, acquireShared(t, hc, "rw", 65535, 120, 4)})
+	time.Sleep(150 * time.Millisecond)
+	for _, m := range c.Members() {
+		if m.Index() == a {
+			continue
+		}
+		if code, err := m.Term(); err != nil || code != 0 {
+			t.Fatalf("SIGTERM of member %d: exit %d, %v", m.Index(), code, err)
+		}
+	}
+	if code, err := c.Member(a).Term(); err != nil || code != 0 {
+		t.Fatalf("SIGTERM of member %d, the last: exit %d, %v", a, code, err)
+	}
+	for _, m := range c.Members() {
+		if err := m.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := serving()
+	nc := dial(t, c, n)
+	validAll(t, nc, hs, "the member serving after the restart")
+	if r := do(t, nc, proto.AppendInspect(nil, 7, "sem")); r.Op != proto.OpInspect || r.Holders != 3 || r.Limit != 3 {
+		t.Fatalf("inspect sem after the restart: %c holders %d limit %d, want 3 and 3", r.Op, r.Holders, r.Limit)
+	}
+	if r := do(t, nc, proto.AppendShared(nil, 0, 60, 9, 2, "sem")); r.Op != proto.OpError || r.Code != proto.CodeLimitMismatch {
+		t.Fatalf("another limit on sem after the restart: %c code %d, want E 7", r.Op, r.Code)
+	}
+}
+
+// TestPrioritySharedHoldersRestartAll: every member stopped, the active
+// last (its shutdown snapshot), then all restarted: the holders are back.
+func TestPrioritySharedHoldersRestartAll(t *testing.T) {
+	c, a := startPriority(t, 3, false)
+	sharedRestartAll(t, c, a, func() int {
+		n, _ := waitActive(t, c, 15*time.Second)
+		return n
+	})
+}
+
+// TestRaftSharedHoldersRestartAll: every member stopped, the leader last,
+// then all restarted: the holders are back from the log.
+func TestRaftSharedHoldersRestartAll(t *testing.T) {
+	c, l := startRaft(t, false)
+	sharedRestartAll(t, c, l, func() int {
+		n, _ := waitServing(t, c, 15*time.Second)
+		return n
+	})
+}
