@@ -3,13 +3,15 @@ GO          ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME    ?= 15s
 BENCHTIME   ?= 1s
-## PKGS: every module of the repository — the root one (library, server,
-## CLI) and bench/, a module of its own so that the bench's dependencies
-## (etcd's client, gRPC, gonum) stay out of the root go.mod that importers
-## of the client inherit. go.work puts both in one workspace, so the
-## patterns, `go run ./bench` and `go test ./bench/...` all resolve from
+## PKGS: every module of the repository — the root one (server, CLI, test
+## tools); the library's (client/, proto/, fence/: modules of their own so
+## that a program importing the client inherits none of the server's
+## dependencies); bench/ (so that the bench's, etcd's client, gRPC,
+## gonum, stay out of the root go.mod). A pattern stops at a module's
+## boundary: ./... is the root module alone. go.work joins them, so the
+## patterns, `go run ./bench` and `go test ./client/` all resolve from
 ## here; internal/layers' TestWorkspace checks PKGS names each module.
-PKGS        := ./... ./bench/...
+PKGS        := ./... ./bench/... ./client/... ./fence/... ./proto/...
 PYTHON      ?= /usr/bin/python3
 
 .PHONY: all build test test-ops test-short lint check-tracked tidy-check vet fmt-check staticcheck bench fuzz clean chaos chaos-short test-python lint-python
@@ -104,10 +106,14 @@ fuzz:
 clean:
 	rm -rf bin
 
-## bench-client: the client library against the raw generator (a lockd child process).
+## bench-client: the client library against the raw generator, each
+## loading a lockd process of its own (the raw generator's benchmarks are in
+## internal/lockdtest: the client module's tests import nothing of the root
+## module).
 .PHONY: bench-client
 bench-client:
-	$(GO) test -run '^$$' -bench 'Parallel64|RawPipelined' -benchmem -benchtime 800000x ./client/
+	$(GO) test -run '^$$' -bench 'Parallel64' -benchmem -benchtime 800000x ./client/
+	$(GO) test -run '^$$' -bench 'RawPipelined' -benchmem -benchtime 800000x ./internal/lockdtest/
 
 ## bench-peers: lockd against the echo ceiling, Redis and etcd, interleaved
 ## over ROUNDS rounds (installs redis-server and etcd-server with apt-get

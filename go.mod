@@ -10,6 +10,9 @@ require (
 	github.com/hashicorp/raft-boltdb/v2 v2.3.1
 	github.com/hashicorp/raft-wal v0.4.2
 	github.com/klauspost/compress v1.20.4
+	github.com/lockd-dev/lockd/client v0.0.0-00010101000000-000000000000
+	github.com/lockd-dev/lockd/fence v0.0.0-00010101000000-000000000000
+	github.com/lockd-dev/lockd/proto v0.0.0-00010101000000-000000000000
 	github.com/panjf2000/gnet/v2 v2.9.7
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/client_model v0.6.2
@@ -51,4 +54,15 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	google.golang.org/protobuf v1.36.11 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
+)
+
+// The client library and the frame codec are modules of their own, so that
+// a program importing the client requires neither this module nor the
+// server's dependencies; this module builds against the checkout's copies
+// (README, "Modules": a release tags proto/vX and client/vX first and
+// requires those tags here instead).
+replace (
+	github.com/lockd-dev/lockd/client => ./client
+	github.com/lockd-dev/lockd/fence => ./fence
+	github.com/lockd-dev/lockd/proto => ./proto
 )

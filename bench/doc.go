@@ -45,11 +45,11 @@
 // own, as Redis's and etcd's are.
 //
 // bench is a Go module of its own (bench/go.mod) so that etcd's client,
-// gRPC, gonum/plot and hdrhistogram-go stay out of the root module, which
-// every program importing the client inherits; the root's go.work joins
-// the two, so `go run ./bench` works from the root. Its go.mod replaces
-// the root module with ../, so this checkout is what it measures, in the
-// workspace or not (GOWORK=off).
+// gRPC, gonum/plot and hdrhistogram-go stay out of the root module's
+// go.mod; the root's go.work joins them all, so `go run ./bench` works
+// from the root. Its go.mod replaces the root module and the library's
+// (client, proto, fence) with their directories, so this checkout is what
+// it measures, in the workspace or not (GOWORK=off).
 //
 // What bench owns: bench/ and BENCHMARKS.md. What it may import: the
 // standard library, proto (the wire codec), engine (to start a server),

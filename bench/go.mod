@@ -5,6 +5,8 @@ go 1.26.0
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/lockd-dev/lockd v0.0.0-00010101000000-000000000000
+	github.com/lockd-dev/lockd/client v0.0.0-00010101000000-000000000000
+	github.com/lockd-dev/lockd/proto v0.0.0-00010101000000-000000000000
 	github.com/panjf2000/gnet/v2 v2.9.7
 	github.com/prometheus/client_model v0.6.2
 	github.com/prometheus/common v0.67.5
@@ -45,4 +47,10 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 )
 
-replace github.com/lockd-dev/lockd => ../
+// The repository's other modules, from this checkout.
+replace (
+	github.com/lockd-dev/lockd => ../
+	github.com/lockd-dev/lockd/client => ../client
+	github.com/lockd-dev/lockd/fence => ../fence
+	github.com/lockd-dev/lockd/proto => ../proto
+)

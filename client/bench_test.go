@@ -7,11 +7,16 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/lockd-dev/lockd/internal/lockdtest"
 )
 
-var benchKeys = lockdtest.Keys(1 << 16)
+// benchKeys are 65,536 distinct keys of about 16 bytes.
+var benchKeys = func() []string {
+	keys := make([]string, 1<<16)
+	for i := range keys {
+		keys[i] = "bench/key/" + strconv.Itoa(i)
+	}
+	return keys
+}()
 
 // BenchmarkAcquireRelease: one goroutine, one Acquire + Release round trip
 // per op through the client; reports allocations.
@@ -36,7 +41,8 @@ func BenchmarkAcquireRelease(b *testing.B) {
 
 // BenchmarkParallel64: 64 goroutines share one Client, each looping
 // Acquire + Release on random keys; reports pairs/s. Compare with
-// BenchmarkRawPipelined from the same run. "default" is the default
+// internal/lockdtest's BenchmarkRawPipelined (make bench-client runs
+// both). "default" is the default
 // configuration for one address (two connections); "conns=1" keeps the
 // whole pipeline on one connection.
 func BenchmarkParallel64(b *testing.B) {
@@ -134,29 +140,4 @@ func runWorkers(b *testing.B, cl *Client, pairsPerRound int, work func(w int, rn
 	el := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(rounds*parallelWorkers*pairsPerRound)/el.Seconds(), "pairs/s")
-}
-
-// BenchmarkRawPipelined is the reference: a raw proto-based load generator
-// on 16 connections × 32 acquires in flight, each grant answered by its
-// release at once; reports pairs/s.
-func BenchmarkRawPipelined(b *testing.B) {
-	benchRaw(b, 16, 32)
-}
-
-// BenchmarkRawPipelined2x32 is the raw generator at the client
-// benchmark's concurrency: 2 connections (the client's default for one
-// address) × 32 in flight = 64.
-func BenchmarkRawPipelined2x32(b *testing.B) {
-	benchRaw(b, 2, 32)
-}
-
-func benchRaw(b *testing.B, conns, depth int) {
-	addr := benchAddr(b)
-	b.ResetTimer()
-	r, err := lockdtest.Pipelined(addr, benchKeys, conns, depth, b.N, 5)
-	b.StopTimer()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.ReportMetric(r.PairsPerSec, "pairs/s")
 }

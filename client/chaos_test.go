@@ -101,7 +101,7 @@ func TestChaos(t *testing.T) {
 					if err := fences[k].Check(keys[k], l.Token); err != nil {
 						t.Errorf("key %d: fence rejected token %d: %v", k, l.Token, err)
 					}
-					if info := srv.Table().Lookup([]byte(keys[k])); !info.Held || info.Token != l.Token {
+					if info := srv.lookup(t, keys[k]); !info.Held || info.Token != l.Token {
 						t.Errorf("key %d: client holds token %d, server %+v", k, l.Token, info)
 					}
 					granted[k].Add(1)

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockd-dev/lockd/engine"
-	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -31,7 +29,7 @@ func TestAcquireRelease(t *testing.T) {
 	if l.Expires.Before(before.Add(10*time.Second)) || l.Expires.After(after.Add(10*time.Second)) {
 		t.Fatalf("Expires %v not within [%v, %v] + 10s", l.Expires, before, after)
 	}
-	if info := srv.Table().Lookup([]byte(l.Key)); !info.Held || info.Token != l.Token {
+	if info := srv.lookup(t, l.Key); !info.Held || info.Token != l.Token {
 		t.Fatalf("server: %+v, client: token %d", info, l.Token)
 	}
 	if err := cl.Release(ctx, l); err != nil {
@@ -76,10 +74,7 @@ func TestTimeoutIsDefinitive(t *testing.T) {
 // TestBusyAndServerError: a full queue gives B (ErrBusy); a key the server
 // rejects gives a *ServerError with code 2 and the connection stays usable.
 func TestBusyAndServerError(t *testing.T) {
-	srv := ownServer(t, func(c *engine.Config) {
-		c.MaxKey = 8
-		c.Table.MaxWaitersPerKey = 1
-	})
+	srv := ownServer(t, "--max-key", "8", "--max-waiters-per-key", "1")
 	cfg := fastConfig(srv.Addr())
 	cfg.ConnsPerAddr = 1
 	cl := newClient(t, cfg)
@@ -89,7 +84,7 @@ func TestBusyAndServerError(t *testing.T) {
 		t.Fatal(err)
 	}
 	queued := cl.AcquireAsync(ctx, "busy", AcquireOptions{Wait: 5 * time.Second})
-	lockdtest.WaitFor(t, "a waiter queued", func() bool { return srv.Table().Lookup([]byte("busy")).Waiters == 1 })
+	waitFor(t, "a waiter queued", func() bool { return srv.lookup(t, "busy").Waiters == 1 })
 	_, err = cl.Acquire(ctx, "busy", AcquireOptions{Wait: time.Second})
 	wantErr(t, err, ErrBusy)
 
@@ -130,8 +125,8 @@ func TestSameKeyTwoInFlightOneConn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("first: %v", err)
 	}
-	lockdtest.WaitFor(t, "the second acquire queued behind the first", func() bool {
-		info := srv.Table().Lookup([]byte("same-key"))
+	waitFor(t, "the second acquire queued behind the first", func() bool {
+		info := srv.lookup(t, "same-key")
 		return info.Token == l1.Token && info.Waiters == 1
 	})
 	if err := cl.Release(ctx, l1); err != nil {
@@ -267,7 +262,7 @@ func TestWithLockRenews(t *testing.T) {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
 			}
-			if info := srv.Table().Lookup([]byte("withlock")); info.Token != l.Token {
+			if info := srv.lookup(t, "withlock"); info.Token != l.Token {
 				t.Errorf("at %d: server holds %+v", i, info)
 			}
 		}
@@ -276,7 +271,7 @@ func TestWithLockRenews(t *testing.T) {
 	if err != nil {
 		t.Fatalf("WithLock: %v", err)
 	}
-	if info := srv.Table().Lookup([]byte("withlock")); info.Held {
+	if info := srv.lookup(t, "withlock"); info.Held {
 		t.Fatalf("still held after WithLock: %+v (token %d)", info, token)
 	}
 }

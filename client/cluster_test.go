@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -108,7 +107,7 @@ func TestClusterFindsActiveAndStays(t *testing.T) {
 	// The active dies; member 1 takes over, member 2 knows it.
 	setActive(&active, ms[1].addr())
 	ms[0].close()
-	lockdtest.WaitFor(t, "the client sees the dead active", func() bool { return liveConns(cl) == 2 })
+	waitFor(t, "the client sees the dead active", func() bool { return liveConns(cl) == 2 })
 	pairs("failover", 30)
 	if c := counts(); c[1] < 60 || c[2] > 1 {
 		t.Fatalf("after the failover, requests per member %v: want all 60 on member 1 (at most one M from member 2)", c)
@@ -185,7 +184,7 @@ func TestClusterRedirectSlotsBounded(t *testing.T) {
 	if n := len(*cl.slots.Load()); n > 1+MaxRedirectAddrs {
 		t.Fatalf("%d slots after %d redirects, want at most %d", n, hops, 1+MaxRedirectAddrs)
 	}
-	lockdtest.WaitFor(t, "evicted redirect connections closed", func() bool {
+	waitFor(t, "evicted redirect connections closed", func() bool {
 		open := 0
 		for _, f := range chain {
 			open += openConns(f)
@@ -235,7 +234,7 @@ func TestClusterRetiredSlotFinishesItsRequests(t *testing.T) {
 	if err := <-res; err != nil {
 		t.Fatalf("the acquire on the evicted connection: %v", err)
 	}
-	lockdtest.WaitFor(t, "the evicted connection closed once idle", func() bool { return openConns(slow) == 0 })
+	waitFor(t, "the evicted connection closed once idle", func() bool { return openConns(slow) == 0 })
 }
 
 // TestClusterMovedToDeadNode: an M naming a node that is down (it died

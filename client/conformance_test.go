@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockd-dev/lockd/internal/clustertest"
-	"github.com/lockd-dev/lockd/internal/testcerts"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -71,7 +69,7 @@ type confCase struct {
 // client of it needs.
 type confServer struct {
 	addr      string
-	ca        *testcerts.CA // nil without TLS
+	pki       *testPKI // nil without TLS
 	clientTLS tls.Certificate
 	hold      net.Conn // max_conns_0: the one connection the server takes
 }
@@ -97,28 +95,9 @@ func (s *confServers) get(t *testing.T, kind string) *confServer {
 	case "max_conns_0":
 		args = []string{"--max-conns", "1"}
 	case "tls", "mtls":
-		ca, err := testcerts.NewCA("conformance CA")
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir := s.t.TempDir()
-		srv, err := ca.Issue("lockd", "127.0.0.1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert, key, err := srv.Write(dir, "server")
-		if err != nil {
-			t.Fatal(err)
-		}
-		caFile, err := ca.Write(dir, "ca")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cli, err := ca.Issue("conformance")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs.ca, cs.clientTLS = ca, cli.TLS
+		pki := newPKI(s.t)
+		caFile, cert, key := pki.serverFiles(s.t)
+		cs.pki, cs.clientTLS = pki, pki.client
 		args = []string{"--tls-cert", cert, "--tls-key", key}
 		if kind == "mtls" {
 			args = append(args, "--tls-client-ca", caFile)
@@ -126,8 +105,7 @@ func (s *confServers) get(t *testing.T, kind string) *confServer {
 	default:
 		t.Fatalf("unknown server kind %q", kind)
 	}
-	c := clustertest.Start(s.t, clustertest.Options{Members: 1, ExtraArgs: args})
-	cs.addr = c.Member(0).Addr()
+	cs.addr = ownServer(s.t, args...).Addr()
 	if kind == "max_conns_0" {
 		// Take the server's one connection, and see it served.
 		nc, err := net.Dial("tcp", cs.addr)
@@ -152,12 +130,12 @@ func (s *confServers) get(t *testing.T, kind string) *confServer {
 // for mtls) unless the case says otherwise.
 func (cs *confServer) config(tlsOn, cert *bool, conns int) Config {
 	cfg := Config{Addrs: []string{cs.addr}, ConnsPerAddr: conns, ReconnectInterval: 3 * time.Second}
-	useTLS := cs.ca != nil
+	useTLS := cs.pki != nil
 	if tlsOn != nil {
 		useTLS = *tlsOn
 	}
 	if useTLS {
-		cfg.TLS = &tls.Config{RootCAs: cs.ca.Pool(), MinVersion: tls.VersionTLS12}
+		cfg.TLS = &tls.Config{RootCAs: cs.pki.pool, MinVersion: tls.VersionTLS12}
 		withCert := true
 		if cert != nil {
 			withCert = *cert
@@ -193,6 +171,7 @@ func TestConformanceDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts lockd processes")
 	}
+	lockdBinary(t) // skips where there is no lockd to run (the case file is the repository's too)
 	b, err := os.ReadFile(filepath.FromSlash(conformanceFile))
 	if err != nil {
 		t.Fatal(err)

@@ -263,6 +263,9 @@
 // # What it must not import
 //
 // package proto and the standard library only (crypto/tls for TLS):
-// never gnet, never engine (tests may import engine to run a real server
-// in process).
+// never gnet, never engine. The client is a module of its own
+// (client/go.mod requires only lockd's proto and fence modules), and its
+// tests import nothing else either: a test's import is recorded in go.mod
+// and reaches every program that imports the client. For a real server
+// they run the lockd binary.
 package client

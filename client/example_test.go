@@ -4,33 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"os"
 	"time"
 
 	"github.com/lockd-dev/lockd/client"
-	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/fence"
 )
 
-// startLockd runs an in-process lockd for the example; a real program
-// points Config.Addrs at its lockd servers.
-func startLockd() (addr string, stop func()) {
-	dir, _ := os.MkdirTemp("", "lockd-example-")
-	cfg := engine.DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.DataDir = dir
-	cfg.Loops = 1
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv, err := engine.New(cfg)
-	if err != nil {
-		panic(err)
-	}
-	go func() { _ = srv.Serve() }()
-	<-srv.Ready()
-	return srv.Addr(), func() { _ = srv.Close(); <-srv.Done(); _ = os.RemoveAll(dir) }
-}
+// startLockd runs a lockd process for the example; a real program points
+// Config.Addrs at its lockd servers.
+func startLockd() (addr string, stop func()) { return client.LockdForExamples() }
 
 // Take a lock, act on a fenced resource with its token, release it.
 func Example() {

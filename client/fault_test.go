@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -556,7 +555,7 @@ func TestLateGrantCompensated(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		tk := cl.AcquireAsync(ctx, "late-grant", AcquireOptions{Wait: 3 * time.Second})
 		f.next(time.Second)
-		lockdtest.WaitFor(t, "the A arrives", func() bool { return answered(tk) })
+		waitFor(t, "the A arrives", func() bool { return answered(tk) })
 		cancel()
 		_, err := tk.Wait()
 		wantErr(t, err, context.Canceled)
@@ -570,12 +569,12 @@ func TestLateGrantCompensated(t *testing.T) {
 		waitUp(t, cl, 2)
 		ctx, cancel := context.WithCancel(context.Background())
 		tk := cl.AcquireAsync(ctx, "late-grant-real", AcquireOptions{Wait: 3 * time.Second})
-		lockdtest.WaitFor(t, "the A arrives", func() bool { return answered(tk) })
+		waitFor(t, "the A arrives", func() bool { return answered(tk) })
 		cancel()
 		_, err := tk.Wait()
 		wantErr(t, err, context.Canceled)
 		deadline := time.Now().Add(3 * time.Second)
-		for srv.Table().Lookup([]byte("late-grant-real")).Held {
+		for srv.lookup(t, "late-grant-real").Held {
 			if time.Now().After(deadline) {
 				t.Fatal("compensating release did not free the key")
 			}
@@ -603,7 +602,7 @@ func TestLateTimeoutBusyDefinitive(t *testing.T) {
 	tb := cl.AcquireAsync(ctx, "b", AcquireOptions{Wait: time.Second})
 	f.next(time.Second)
 	f.next(time.Second)
-	lockdtest.WaitFor(t, "the answers arrive", func() bool { return answered(tt) && answered(tb) })
+	waitFor(t, "the answers arrive", func() bool { return answered(tt) && answered(tb) })
 	cancel()
 	_, err := tt.Wait()
 	wantErr(t, err, ErrTimeout)
@@ -687,7 +686,7 @@ func TestReleaseNoConnection(t *testing.T) {
 
 // TestClose: pending calls fail with ErrClosed (a possibly sent acquire
 // also matches ErrIndeterminate), later calls too; goroutines end
-// (goleak in TestMain).
+// (the leak check in TestMain).
 func TestClose(t *testing.T) {
 	f := newFake(t, silent)
 	cl, err := New(fastConfig(f.addr()))

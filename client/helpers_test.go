@@ -12,37 +12,30 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
-	"github.com/lockd-dev/lockd/engine"
-	"github.com/lockd-dev/lockd/internal/clustertest"
-	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
-var leakOpts = lockdtest.LeakOptions
-
 func TestMain(m *testing.M) {
-	if os.Getenv(benchServerEnv) != "" {
-		os.Exit(benchServerChild())
-	}
 	code := m.Run()
-	clustertest.RemoveBuild() // the lockd binary of the tests that start processes, if built
-	stopBenchChild()
+	stopBenchServer()
 	sharedMu.Lock()
 	if shared != nil {
-		_ = shared.Close()
-		<-shared.Done()
+		if err := shared.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "the shared lockd:", err)
+			code = 1
+		}
 	}
 	sharedMu.Unlock()
+	removeLockdBuild()
 	dataDirsMu.Lock()
 	for _, d := range dataDirs {
 		_ = os.RemoveAll(d)
 	}
 	dataDirsMu.Unlock()
+	adminHTTP.CloseIdleConnections()
 	if code == 0 {
-		if err := goleak.Find(leakOpts...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
+		if leaked := leakedGoroutines(); leaked != "" {
+			fmt.Fprintln(os.Stderr, "goroutines of the client or its tests still running after the tests:\n"+leaked)
 			code = 1
 		}
 	}
@@ -51,29 +44,29 @@ func TestMain(m *testing.M) {
 
 var (
 	sharedMu sync.Mutex
-	shared   *engine.Server
+	shared   *lockdProc
 	dataDirs []string // every server's data dir, removed by TestMain (guarded by dataDirsMu)
 
 	dataDirsMu sync.Mutex
 )
 
-// sharedServer is one in-process lockd for every test that needs no
-// special configuration (a server's Close takes ~0.5 s). Tests use
-// distinct keys (named after the test).
-func sharedServer(t testing.TB) *engine.Server {
+// sharedServer is one lockd for every test that needs no special
+// configuration. Tests use distinct keys (named after the test).
+func sharedServer(t testing.TB) *lockdProc {
 	t.Helper()
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	if shared == nil {
-		shared = newServer(t, nil)
+		shared = newServer(t)
 	}
 	return shared
 }
 
-// newServer starts a lockd on 127.0.0.1:0; the caller closes it, and
-// TestMain removes its data dir.
-func newServer(t testing.TB, mod func(*engine.Config)) *engine.Server {
+// newServer starts a lockd on 127.0.0.1 with the flags args; the caller
+// closes it, and TestMain removes its data dir.
+func newServer(t testing.TB, args ...string) *lockdProc {
 	t.Helper()
+	lockdBinary(t) // skips or fails before a data dir is made
 	dir, err := os.MkdirTemp("", "lockd-client-test-")
 	if err != nil {
 		t.Fatal(err)
@@ -81,24 +74,18 @@ func newServer(t testing.TB, mod func(*engine.Config)) *engine.Server {
 	dataDirsMu.Lock()
 	dataDirs = append(dataDirs, dir)
 	dataDirsMu.Unlock()
-	cfg := lockdtest.Config(dir)
-	if mod != nil {
-		mod(&cfg)
-	}
-	srv, err := lockdtest.Serve(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return srv
+	return startLockd(t, dir, args...)
 }
 
-// ownServer starts a server closed at the end of the test.
-func ownServer(t *testing.T, mod func(*engine.Config)) *engine.Server {
+// ownServer starts a server with the flags args, closed at the end of the
+// test.
+func ownServer(t *testing.T, args ...string) *lockdProc {
 	t.Helper()
-	srv := newServer(t, mod)
+	srv := newServer(t, args...)
 	t.Cleanup(func() {
-		_ = srv.Close()
-		<-srv.Done()
+		if err := srv.Close(); err != nil {
+			t.Error(err)
+		}
 	})
 	return srv
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -139,7 +138,7 @@ func rejecting(t *testing.T) string {
 // message that names the connection limit. Against a fake and against a
 // real lockd at its --max-conns.
 func TestRejectedConnection(t *testing.T) {
-	srv := ownServer(t, func(c *engine.Config) { c.MaxConns = 1 })
+	srv := ownServer(t, "--max-conns", "1")
 	hold, err := net.Dial("tcp", srv.Addr())
 	if err != nil {
 		t.Fatal(err)

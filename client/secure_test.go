@@ -1,15 +1,37 @@
 package client
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/lockd-dev/lockd/acl"
-	"github.com/lockd-dev/lockd/engine"
-	"github.com/lockd-dev/lockd/internal/testcerts"
 )
+
+// aclFile writes an identity file (PROTOCOL.md §8.2) of lines and returns
+// its path, for lockd's --acl.
+func aclFile(t *testing.T, lines ...string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "acl")
+	var b []byte
+	for _, l := range lines {
+		b = append(b, l+"\n"...)
+	}
+	if err := os.WriteFile(f, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// aclDigest is a secret's entry in an identity file: its SHA-256.
+func aclDigest(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
 
 // TestSecureServer runs the client against a real server with every client
 // protection of PROTOCOL.md §8 on: mutual TLS and an ACL. An identity
@@ -18,31 +40,16 @@ import (
 // identity's grant is ErrNotHeld even with its current token, while an
 // admin's release of it is done; a certificate identity needs no secret.
 func TestSecureServer(t *testing.T) {
-	ca, err := testcerts.NewCA("client test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	issue := func(cn string, hosts ...string) tls.Certificate {
-		p, err := ca.Issue(cn, hosts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p.TLS
-	}
-	rules, err := acl.Parse("test", []byte(
-		"orders "+acl.Digest([]byte("orders-secret"))+" orders/ client\n"+
-			"ops "+acl.Digest([]byte("ops-secret"))+" * admin\n"+
-			"billing cert billing/ client\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := ownServer(t, func(c *engine.Config) {
-		c.ACL = rules
-		c.TLS = &tls.Config{Certificates: []tls.Certificate{issue("lockd", "127.0.0.1")}, MinVersion: tls.VersionTLS12,
-			ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool()}
-	})
+	pki := newPKI(t)
+	caFile, certFile, keyFile := pki.serverFiles(t)
+	acl := aclFile(t,
+		"orders "+aclDigest("orders-secret")+" orders/ client",
+		"ops "+aclDigest("ops-secret")+" * admin",
+		"billing cert billing/ client")
+	srv := ownServer(t, "--acl", acl, "--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", caFile)
 	clientTLS := func(cn string) *tls.Config {
-		return &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{issue(cn)}, MinVersion: tls.VersionTLS12}
+		cert, _, _ := pki.issue(t, cn, nil, nil, x509.ExtKeyUsageClientAuth)
+		return &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	ctx := ctxT(t, 20*time.Second)
 	opts := AcquireOptions{Wait: time.Second, Lease: 10 * time.Second}
@@ -102,13 +109,9 @@ func TestSecureServer(t *testing.T) {
 // carrying another identity's current token on a key both may use is
 // ErrNotHeld — a leaked token is worth nothing (PROTOCOL.md §8.3).
 func TestSecureServerOtherIdentityNotHeld(t *testing.T) {
-	rules, err := acl.Parse("test", []byte(
-		"a "+acl.Digest([]byte("a-secret"))+" shared/ client\n"+
-			"b "+acl.Digest([]byte("b-secret"))+" shared/ client\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := ownServer(t, func(c *engine.Config) { c.ACL = rules })
+	srv := ownServer(t, "--acl", aclFile(t,
+		"a "+aclDigest("a-secret")+" shared/ client",
+		"b "+aclDigest("b-secret")+" shared/ client"))
 	ctx := ctxT(t, 20*time.Second)
 	mk := func(id, secret string) *Client {
 		cfg := fastConfig(srv.Addr())

@@ -28,6 +28,10 @@ type testPKI struct {
 	server, client, wrongN tls.Certificate // wrongN: a server certificate for another name
 	serverPEM, serverKey   []byte
 	clientPEM, clientKey   []byte
+
+	ca     *x509.Certificate
+	caKey  *ecdsa.PrivateKey
+	serial atomic.Int64 // the last serial number issued
 }
 
 func newPKI(t testing.TB) *testPKI {
@@ -43,33 +47,52 @@ func newPKI(t testing.TB) *testPKI {
 		t.Fatal(err)
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	p := &testPKI{caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), pool: x509.NewCertPool()}
+	p := &testPKI{caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), pool: x509.NewCertPool(), ca: ca, caKey: caKey}
+	p.serial.Store(1)
 	p.pool.AddCert(ca)
-	leaf := func(serial int64, cn string, ips []net.IP, dns []string, usage x509.ExtKeyUsage) (tls.Certificate, []byte, []byte) {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			IPAddresses: ips, DNSNames: dns,
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kder, _ := x509.MarshalECPrivateKey(key)
-		cp := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-		kp := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-		c, err := tls.X509KeyPair(cp, kp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c, cp, kp
-	}
-	p.server, p.serverPEM, p.serverKey = leaf(2, "lockd", []net.IP{net.IPv4(127, 0, 0, 1)}, []string{"localhost"}, x509.ExtKeyUsageServerAuth)
-	p.client, p.clientPEM, p.clientKey = leaf(3, "orders", nil, nil, x509.ExtKeyUsageClientAuth)
-	p.wrongN, _, _ = leaf(4, "elsewhere", nil, []string{"lockd.example"}, x509.ExtKeyUsageServerAuth)
+	p.server, p.serverPEM, p.serverKey = p.issue(t, "lockd", []net.IP{net.IPv4(127, 0, 0, 1)}, []string{"localhost"}, x509.ExtKeyUsageServerAuth)
+	p.client, p.clientPEM, p.clientKey = p.issue(t, "orders", nil, nil, x509.ExtKeyUsageClientAuth)
+	p.wrongN, _, _ = p.issue(t, "elsewhere", nil, []string{"lockd.example"}, x509.ExtKeyUsageServerAuth)
 	return p
+}
+
+// issue signs a certificate for cn (and ips and dns), returning it and its
+// certificate and key PEMs.
+func (p *testPKI) issue(t testing.TB, cn string, ips []net.IP, dns []string, usage x509.ExtKeyUsage) (tls.Certificate, []byte, []byte) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(p.serial.Add(1)), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+		IPAddresses: ips, DNSNames: dns,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	cp := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	kp := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	c, err := tls.X509KeyPair(cp, kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, cp, kp
+}
+
+// serverFiles writes the CA and the server's certificate and key to dir
+// for a lockd's --tls-client-ca, --tls-cert and --tls-key.
+func (p *testPKI) serverFiles(t testing.TB) (ca, cert, key string) {
+	t.Helper()
+	dir := t.TempDir()
+	ca, cert, key = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
+	for f, b := range map[string][]byte{ca: p.caPEM, cert: p.serverPEM, key: p.serverKey} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ca, cert, key
 }
 
 // files writes the CA, server and client PEMs to dir.

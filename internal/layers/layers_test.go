@@ -105,7 +105,7 @@ var rules = map[string]rule{
 	"internal/version": {noStd: []string{"net", "os", "syscall"}, noDeps: []string{mod + "/"}},
 	// The bench, a module of its own (bench/go.mod) so that its peers'
 	// clients (etcd, gRPC) and its plots (gonum) stay out of the root
-	// go.mod, which every importer of the client inherits.
+	// go.mod.
 	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "acl", "tlsconf", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},

@@ -13,87 +13,93 @@ import (
 	"testing"
 )
 
-// benchOnly names, by path prefix, the modules that only the bench module
-// needs: etcd's client and what it brings (gRPC, zap, the old and new etcd
-// trees), the plots (gonum, their fonts and image libraries) and the
-// histograms. A program that imports the client must not inherit any of
-// them through the root go.mod, where minimal version selection would
-// raise its own versions of them.
-var benchOnly = []string{
-	"go.etcd.io/", "github.com/coreos/", "google.golang.org/grpc", "google.golang.org/genproto/",
-	"github.com/grpc-ecosystem/", "github.com/golang/protobuf", "go.opentelemetry.io/", "go.uber.org/zap",
-	"gonum.org/", "codeberg.org/", "git.sr.ht/~sbinet/", "github.com/ajstarks/", "github.com/golang/freetype",
-	"golang.org/x/image", "github.com/HdrHistogram/",
-}
-
-// serverNeeds lets through the modules of benchOnly that the server itself
-// needs, each brought in by the library named (the first package outside
-// lockd on the path `go mod why -m` prints in the root module), which the
-// test checks is still so: a module the server stops needing, or comes to
-// need another way, is forbidden again.
-var serverNeeds = map[string]string{
-	"go.uber.org/zap":              "github.com/panjf2000/gnet/v2",        // gnet's default logger (engine)
-	"github.com/coreos/etcd":       "github.com/hashicorp/raft-wal/",      // pkg/fileutil, for the raft log's files
-	"github.com/coreos/pkg":        "github.com/hashicorp/raft-wal/",      // capnslog, which fileutil logs with
-	"github.com/coreos/go-systemd": "github.com/hashicorp/raft-wal/",      // capnslog's journal writer
-	"go.etcd.io/bbolt":             "github.com/hashicorp/raft-boltdb/v2", // the raft stable store
-}
-
 // TestClientConsumerModules builds a throwaway module that imports only
-// github.com/lockd-dev/lockd/client (a replace to this checkout, as a
-// released version would be required) and checks what it inherits: its
-// module graph (`go list -m all`, what minimal version selection weighs)
-// holds none of the bench's modules, and the packages it compiles are the
-// standard library and lockd's own, nothing third-party. It runs offline
-// from the module cache (GOPROXY=off) and asks the proxy only when the cache
-// lacks a go.mod; without either it skips, except under CI=true.
+// github.com/lockd-dev/lockd/client and requires, as a released version
+// would, the client's module and the lockd modules that one requires (each a
+// replace to this checkout: client/, proto/, fence/). `go mod tidy` must
+// succeed in it offline (GOPROXY=off: nothing to fetch) — tidy loads the
+// tests of the packages a module imports, so an import in the client's
+// tests that client/go.mod cannot provide fails it, or, with a proxy,
+// brings the root module in. Then what it inherits: its module graph (`go
+// list -m all`, what minimal version selection weighs) holds lockd's
+// library modules and nothing else — no third-party module, and not the
+// root module, whose go.mod carries the server's dependencies — and the
+// packages it compiles are the standard library, the client's and proto's.
 func TestClientConsumerModules(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
+	lib := libraryModules(t, root)
 	dir := t.TempDir()
-	gomod := "module example.com/lockdconsumer\n\ngo 1.26.0\n\n" +
-		"require " + mod + " v0.0.0-00010101000000-000000000000\n\n" +
-		"replace " + mod + " => " + root + "\n"
-	// The root's go.sum covers the consumer's graph, a subset of the
-	// root's: the go command verifies against it instead of asking the
-	// checksum database.
-	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
-	if err != nil {
-		t.Fatal(err)
+	gomod := "module example.com/lockdconsumer\n\ngo 1.26.0\n\nrequire " + lib[0].Path + " v0.0.0-00010101000000-000000000000\n"
+	for _, m := range lib {
+		gomod += "\nreplace " + m.Path + " => " + m.Dir + "\n"
 	}
-	for name, data := range map[string][]byte{
+	files := map[string][]byte{
 		"go.mod":  []byte(gomod),
-		"go.sum":  sum,
 		"main.go": []byte("package main\n\nimport _ \"" + mod + "/client\"\n\nfunc main() {}\n"),
-	} {
+	}
+	// The client module's go.sum, if it has third-party requirements (it
+	// should not): the go command verifies against it instead of asking the
+	// checksum database.
+	if sum, err := os.ReadFile(filepath.Join(lib[0].Dir, "go.sum")); err == nil {
+		files["go.sum"] = sum
+	}
+	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 
+	cmd := exec.Command("go", "mod", "tidy")
+	cmd.Dir, cmd.Env = dir, append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go mod tidy in a module importing only %s/client: %v\n%s\n"+
+			"(a consumer's tidy loads the client's tests: whatever they import, client/go.mod must provide)", mod, err, out)
+	}
 	modules := goOffline(t, dir, "-mod=mod", "list", "-m", "-f", "{{.Path}} {{.Version}}", "all")
-	t.Logf("a module importing only the client inherits %d modules:\n%s", len(modules), strings.Join(modules, "\n"))
+	t.Logf("lockd's library modules: %v; a module importing only the client inherits %d modules:\n%s", lib, len(modules)-1, strings.Join(modules, "\n"))
 	for _, line := range modules {
 		path, _, _ := strings.Cut(line, " ")
-		if hasPrefix(path, benchOnly) && serverNeeds[path] == "" {
-			t.Errorf("a module importing only %s/client requires %s: only the bench module needs it (keep it out of the root go.mod)", mod, line)
+		if path != "example.com/lockdconsumer" && !slices.ContainsFunc(lib, func(m module) bool { return m.Path == path }) {
+			t.Errorf("a module importing only %s/client requires %s: only lockd's library modules may be in its graph "+
+				"(every importer of the client inherits what client/go.mod requires)", mod, line)
 		}
 	}
-	for path, via := range serverNeeds {
-		why := goOffline(t, root, "-mod=readonly", "mod", "why", "-vendor", "-m", path)
-		if len(why) < 3 || !strings.HasPrefix(why[1], mod+"/") || !hasPrefix(why[2], []string{via}) {
-			t.Errorf("%s is let through only as what %s brings into the server, and `go mod why -m` shows another path or none:\n%s\n"+
-				"no lockd package may import it itself; if the server no longer needs it, drop it from serverNeeds",
-				path, via, strings.Join(why, "\n"))
+	for _, m := range lib {
+		if m.Path == mod {
+			t.Errorf("the client's module graph holds the root module %s: its go.mod (the server's dependencies) would reach every importer of the client", mod)
 		}
 	}
 	for _, pkg := range goOffline(t, dir, "-mod=mod", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".") {
-		if pkg != "" && pkg != "example.com/lockdconsumer" && !strings.HasPrefix(pkg, mod+"/") {
+		if pkg != "" && pkg != "example.com/lockdconsumer" && !strings.HasPrefix(pkg, mod+"/client") && !strings.HasPrefix(pkg, mod+"/proto") {
 			t.Errorf("a program importing only %s/client compiles %s", mod, pkg)
 		}
 	}
+}
+
+// module is a module of the build list: its path and its directory.
+type module struct{ Path, Dir string }
+
+// libraryModules returns what a program importing the client requires: the
+// client's module (first) and the lockd modules of its module graph alone
+// (GOWORK=off), each with its directory in this checkout. Third-party
+// modules of that graph are left out (TestClientConsumerModules fails on
+// them).
+func libraryModules(t *testing.T, root string) []module {
+	t.Helper()
+	var lib []module
+	for _, line := range goOffline(t, filepath.Join(root, "client"), "", "list", "-m", "-f", "{{.Path}}|{{.Dir}}", "all") {
+		path, dir, _ := strings.Cut(line, "|")
+		if path == mod || strings.HasPrefix(path, mod+"/") {
+			lib = append(lib, module{path, dir})
+		}
+	}
+	if len(lib) == 0 {
+		t.Fatalf("no lockd module in the client's module graph")
+	}
+	return lib
 }
 
 // goOffline runs the go command in the module directory dir, outside any
@@ -176,12 +182,14 @@ func repoModules(t *testing.T) (root string, dirs []string) {
 }
 
 // TestWorkspace checks what lets `go run ./bench` and make test work from
-// the root although the bench is a module of its own: go.work uses every
-// module of the repository; the Makefile's PKGS (what make test, vet and
-// staticcheck cover) names every one; and the workspace compiles each
-// module's packages and tests against the same versions as the module
-// alone, so that what the repository tests and builds is what `go install`
-// and the client's importers get.
+// the root although the bench and the library (client, proto, fence) are
+// modules of their own: go.work uses every module of the repository; the Makefile's PKGS
+// (what make test, vet and staticcheck cover) names every one; and the
+// workspace compiles each module's packages and tests against the same
+// versions as the module alone, so that what the repository tests and
+// builds is what `go install` and the client's importers get. Alone
+// (GOWORK=off) each module must resolve its own tests' imports: the client
+// module's tests import nothing of the root module.
 func TestWorkspace(t *testing.T) {
 	root, dirs := repoModules(t)
 	work := filepath.Join(root, "go.work")

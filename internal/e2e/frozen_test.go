@@ -1,4 +1,4 @@
-package client
+package e2e
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 )
 
@@ -15,11 +16,11 @@ import (
 // keeps a 3 s lock alive. The renewal that goes to the frozen member is
 // given up on within its window, its connection closed, and the next one
 // reaches the member that took over, which holds the lock: the lock is
-// never reported lost.
+// never reported lost. (A test of the client's KeepAlive, here because it
+// needs the cluster harness, which the client module's tests cannot
+// import: client/go.mod would carry the server's dependencies.)
 func TestKeepAliveFrozenServing(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts lockd clusters")
-	}
+	short(t)
 	for _, mode := range []string{clustertest.ModePriority, clustertest.ModeRaft} {
 		t.Run(mode, func(t *testing.T) {
 			c := clustertest.Start(t, clustertest.Options{Mode: mode, Members: 3})
@@ -27,15 +28,19 @@ func TestKeepAliveFrozenServing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg := Config{Addrs: c.Addrs()}
-			cl := newClient(t, cfg)
-			ctx := ctxT(t, 30*time.Second)
-			l, err := cl.Acquire(ctx, "frozen/"+mode, AcquireOptions{Wait: 5 * time.Second, Lease: 3 * time.Second})
+			cl, err := client.New(client.Config{Addrs: c.Addrs()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			l, err := cl.Acquire(ctx, "frozen/"+mode, client.AcquireOptions{Wait: 5 * time.Second, Lease: 3 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var failed atomic.Int32
-			ka, err := cl.KeepAlive(ctx, l, KeepAliveOptions{Lease: 3 * time.Second, OnRenewError: func(error) { failed.Add(1) }})
+			ka, err := cl.KeepAlive(ctx, l, client.KeepAliveOptions{Lease: 3 * time.Second, OnRenewError: func(error) { failed.Add(1) }})
 			if err != nil {
 				t.Fatal(err)
 			}

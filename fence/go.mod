@@ -1,0 +1,3 @@
+module github.com/lockd-dev/lockd/fence
+
+go 1.26.0
