@@ -12,11 +12,22 @@ import (
 // never waits: at the limit it returns 0 and the table answers Busy, so a
 // slow or failing disk costs grants, never a stalled event loop. Safe for
 // concurrent use.
+//
+// The sequence is one word that every grant of every event loop adds to
+// (docs/DESIGN.md, "Tokens": one atomic add, measured against a
+// compare-and-swap loop and a clock floor). A value taken above the limit
+// is never handed out, and never comes back: Last may exceed every token
+// handed out by the requests that found the limit reached at the same
+// moment as another Next (a refusal alone gives its value back).
 type Tokens struct {
-	last  atomic.Uint64 // highest token handed out or observed (start if none)
-	_     [56]byte      // keep the hot counter on its own cache line
+	_    [64]byte      // keep the hot counter off whatever is allocated before
+	last atomic.Uint64 // highest value taken (handed out, observed, or taken above the limit); start if none
+	_    [56]byte      // and on its own cache line
+	// limit, span and dry are read by every Next, written by Extend (and
+	// dry by a Next that found the limit reached).
 	limit atomic.Uint64 // highest token that may be handed out
 	span  atomic.Uint64 // size of the range reserved at the last Extend (or creation)
+	dry   atomic.Bool   // a Next found the limit reached and no Extend came since
 
 	mu   sync.Mutex // serialises Extend and Observe's limit checks
 	want chan struct{}
@@ -36,19 +47,31 @@ func NewTokens(start, limit uint64) *Tokens {
 
 // Next returns the next token, or 0 if the reserved limit is reached (Want
 // is then signalled; the caller answers Busy and tries again later).
+//
+// The limit is read before the add: Extend only raises it, so a value at
+// or below the limit read is below the current one too. A value above it
+// is dropped (0): taken from the sequence, never handed out.
 func (t *Tokens) Next() uint64 {
-	for {
-		v := t.last.Load()
-		lim := t.limit.Load()
-		if v >= lim {
+	lim := t.limit.Load()
+	if t.dry.Load() {
+		// Refused since the last Extend: refuse without taking a value
+		// (a hammering client would otherwise burn one per request).
+		if t.last.Load() >= lim {
 			t.signal()
 			return 0
 		}
-		if t.last.CompareAndSwap(v, v+1) {
-			t.check(v+1, lim)
-			return v + 1
-		}
 	}
+	v := t.last.Add(1)
+	if v > lim {
+		// Give the value back unless another Next or an Observe moved the
+		// sequence since: alone, a refusal takes nothing from it.
+		t.last.CompareAndSwap(v, v-1)
+		t.dry.Store(true)
+		t.signal()
+		return 0
+	}
+	t.check(v, lim)
+	return v
 }
 
 // check signals Want if fewer than half of the reserved range remains after
@@ -80,6 +103,7 @@ func (t *Tokens) Extend(limit uint64) {
 		}
 		t.span.Store(span)
 		t.limit.Store(limit)
+		t.dry.Store(false)
 	}
 	t.mu.Unlock()
 }
@@ -102,8 +126,9 @@ func (t *Tokens) Observe(v uint64) {
 // persistence owner to reserve more.
 func (t *Tokens) Want() <-chan struct{} { return t.want }
 
-// Last returns the highest token handed out or observed so far (start if
-// none).
+// Last returns the highest value taken so far: every token handed out or
+// observed is at most Last (start if none). It may be above all of them by
+// values that concurrent Next calls took above the limit and dropped.
 func (t *Tokens) Last() uint64 { return t.last.Load() }
 
 // Limit returns the reserved limit.
