@@ -35,8 +35,9 @@
 // handshake, every batch and the close; its flusher goroutine, started
 // only while the kernel does not take its records, touches nothing but
 // the sink's buffers (under the sink's mutex, a leaf lock). Every batch and
-// tick holds the batch barrier's read lock from the gate it reads to the
-// write of its answers; the node's gate changes take its write lock. A
+// tick holds the batch barrier's read lock — its loop's stripe, barrier.go —
+// from the gate it reads to the write of its answers; the node's gate
+// changes take its write lock (every stripe). A
 // closing connection with more queued acquires than OnClose drops at once
 // has the rest dropped on a goroutine of its own (OnShutdown waits for it). A
 // session's loop-owned fields are touched only from its loop; its mailbox is

@@ -58,7 +58,7 @@ func benchServer(b *testing.B) (*Server, *handler) {
 type benchLoop struct{ st *loopStats }
 
 func newBenchLoop(s *Server) *benchLoop {
-	st := new(loopStats)
+	st := s.newLoopStats()
 	s.loops.Store(st, st)
 	return &benchLoop{st: st}
 }
