@@ -28,8 +28,12 @@ type Tokens struct {
 	limit atomic.Uint64 // highest token that may be handed out
 	span  atomic.Uint64 // size of the range reserved at the last Extend (or creation)
 	dry   atomic.Bool   // a Next found the limit reached and no Extend came since
+	// floor is the highest value observed: last never goes below it. It
+	// is stored under mu once last is raised to it.
+	floor atomic.Uint64
 
-	mu   sync.Mutex // serialises Extend and Observe's limit checks
+	// mu serialises Extend, Observe and a refused Next's give-back.
+	mu   sync.Mutex
 	want chan struct{}
 }
 
@@ -63,15 +67,27 @@ func (t *Tokens) Next() uint64 {
 	}
 	v := t.last.Add(1)
 	if v > lim {
-		// Give the value back unless another Next or an Observe moved the
-		// sequence since: alone, a refusal takes nothing from it.
-		t.last.CompareAndSwap(v, v-1)
+		t.giveBack(v)
 		t.dry.Store(true)
 		t.signal()
 		return 0
 	}
 	t.check(v, lim)
 	return v
+}
+
+// giveBack returns v, a value that a refused Next took above the limit,
+// unless another Next moved the sequence since or an Observe covers it:
+// alone, a refusal takes nothing from the sequence. The floor is read
+// under mu, which Observe holds from its read of last to its store of the
+// floor: an Observe of v itself that found last at v (this very take)
+// left it there and raised the floor, so v stays taken.
+func (t *Tokens) giveBack(v uint64) {
+	t.mu.Lock()
+	if t.floor.Load() < v {
+		t.last.CompareAndSwap(v, v-1)
+	}
+	t.mu.Unlock()
 }
 
 // check signals Want if fewer than half of the reserved range remains after
@@ -113,12 +129,20 @@ func (t *Tokens) Extend(limit uint64) {
 // out again or go below. It does not raise the limit: tokens above v need a
 // reservation of their own.
 func (t *Tokens) Observe(v uint64) {
+	if v <= t.floor.Load() {
+		return // last was raised to the floor, and never goes below it
+	}
+	t.mu.Lock()
 	for {
 		cur := t.last.Load()
 		if v <= cur || t.last.CompareAndSwap(cur, v) {
-			return
+			break
 		}
 	}
+	if v > t.floor.Load() {
+		t.floor.Store(v)
+	}
+	t.mu.Unlock()
 }
 
 // Want is signalled (non-blocking, capacity 1) whenever fewer than half of
