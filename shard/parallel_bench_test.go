@@ -1,8 +1,11 @@
 package shard
 
 import (
+	"strconv"
 	"sync/atomic"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // The benchmarks below run the table's request paths from parallel
@@ -85,4 +88,48 @@ func BenchmarkParallelShared(b *testing.B) {
 			tab.Release(int64(i), key, t1, &out)
 		}
 	})
+}
+
+// BenchmarkParallelPairsIsolated is ParallelPairs with the chance sharing
+// of shards taken out, to show what every request still shares: in
+// "own-shard" each goroutine's keys all lie in a shard of its own (one
+// table: the goroutines share only what every request writes — the token
+// sequence, and any table-wide count), in "own-table" each goroutine has
+// a table of its own (nothing shared at all). The difference between the
+// two at -cpu 2 and more is the cost of the table-wide writes.
+func BenchmarkParallelPairsIsolated(b *testing.B) {
+	for _, own := range []string{"own-shard", "own-table"} {
+		b.Run(own, func(b *testing.B) {
+			shared := benchTable(b)
+			var g atomic.Int64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				id := int(g.Add(1))
+				tab := shared
+				if own == "own-table" {
+					tab = benchTable(b)
+				}
+				keys := shardKeys(tab, id%len(tab.shards), id, 1024)
+				var out Out
+				for i := 0; pb.Next(); i++ {
+					key := keys[i&1023]
+					_, tok := tab.Acquire(int64(i), key, 0, 10, 1, nil, &out)
+					tab.Release(int64(i), key, tok, &out)
+				}
+			})
+		})
+	}
+}
+
+// shardKeys returns n distinct keys of goroutine g that all lie in shard i
+// of tab.
+func shardKeys(tab *Table, i, g, n int) [][]byte {
+	keys := make([][]byte, 0, n)
+	for k := 0; len(keys) < n; k++ {
+		key := []byte("iso/" + strconv.Itoa(g) + "/" + strconv.Itoa(k))
+		if tab.shardOf(xxhash.Sum64(key)) == &tab.shards[i] {
+			keys = append(keys, key)
+		}
+	}
+	return keys
 }
