@@ -1,10 +1,13 @@
 """The Python codec against proto/testdata/vectors9.json, the §9 frames
 (acquire shared, validate, watch, inspect, the pushed L, error codes 7 and 8)
 that the Go codec's tests (proto/vectors_test.go) read too: every vector
-parses to its fields and encodes back to its bytes."""
+parses to its fields and encodes back to its bytes, and the client's reader
+hands every §9 answer to its request or watch whatever the cut of the
+stream."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -12,6 +15,8 @@ import pytest
 
 from harness import repo_path
 from lockd import proto
+from lockd._conn import Conn
+from lockd._request import RES_ANSWER, SENT, Req, WatchReg
 
 VECTORS: dict[str, Any] = json.loads(repo_path("proto/testdata/vectors9.json").read_text("utf-8"))
 
@@ -52,6 +57,24 @@ def test_request(v: dict[str, Any]) -> None:
         assert op == proto.OP_INSPECT
         enc = proto.encode_inspect(v["id"], key)
     assert enc == raw
+    # The client's own encoder (the wire wait aside) writes the same bytes.
+    q = Req(op, v["key"], key, v["id"], v["lease"])
+    q.limit = v["limit"]
+    if op == proto.OP_SHARED:
+        if v["wait"] != 0:
+            return
+        q.wait0 = True
+    assert q.encode(0.0) == raw
+
+
+def test_shared_wire_wait() -> None:
+    """An acquire shared's wire wait is computed at the send, like an
+    acquire's: the time left rounded up, capped at 255."""
+    for left, wire in ((0.001, 1), (2.5, 3), (300.0, 255)):
+        q = Req(proto.OP_SHARED, "k", b"k", 9, 30)
+        q.limit = 4
+        q.wait_end = 100.0 + left
+        assert q.encode(100.0) == proto.encode_shared(wire, 30, 9, 4, b"k")
 
 
 @pytest.mark.parametrize("v", VECTORS["bad_requests"], ids=_id)
@@ -140,3 +163,84 @@ def test_op_names() -> None:
         "inspect",
         "lost",
     ]
+
+
+class _StubOwner:
+    """A connection's owner (lockd._conn.Owner) that records nothing."""
+
+    def conn_heard(self, conn: Conn) -> None:
+        pass
+
+    def conn_welcomed(self, conn: Conn) -> None:
+        pass
+
+    def conn_refused(self, conn: Conn, err: BaseException) -> None:
+        pass
+
+    def conn_wrote(self, conn: Conn) -> None:
+        pass
+
+    def conn_ended(self, conn: Conn) -> None:
+        pass
+
+    def late_grant(self, key: str, token: int) -> None:
+        raise AssertionError("no grant here is late")
+
+    def unsupported(self, conn: Conn, op: int, msg: str) -> None:
+        raise AssertionError("no E 1 here")
+
+
+# Which pending table a request of each answer waits in.
+_TABLE = {"V": "V", "W": "W", "I": "I"}
+
+
+async def test_reader_split_at_every_offset() -> None:
+    """Every §9 answer of the vectors reaches its request — a V its
+    validate, a W its watch (which registers), an I its inspect, N, M and E
+    theirs by the op they carry — and every L the watch it ends, whatever
+    the cut of the stream: every frame split at every offset."""
+    loop = asyncio.get_running_loop()
+    # The watching answer is sent once per L, so that each L finds the
+    # registration it ends.
+    answers = [v for v in VECTORS["responses"] if v["op"] not in ("L", "W")]
+    (watching,) = [v for v in VECTORS["responses"] if v["op"] == "W"]
+    lost = [v for v in VECTORS["responses"] if v["op"] == "L"]
+    assert {(v["id"], v["tail"]) for v in lost} == {(watching["id"], watching["tail"])}
+    stream = b"".join(bytes.fromhex(v["hex"]) for v in answers)
+    stream += bytes.fromhex(watching["hex"]) * len(lost)
+    stream += b"".join(bytes.fromhex(v["hex"]) for v in lost)
+    for cut in range(len(stream) + 1):
+        c = Conn(_StubOwner(), loop, "test", None, 0, 5.0)  # type: ignore[arg-type]
+        reqs: list[tuple[dict[str, Any], Req]] = []
+        ended: list[tuple[int, int]] = []
+
+        def add(op: str, ident: int) -> Req:
+            r = Req(ord(op), "k", b"k", ident, 1)
+            r.conn = c
+            r.state = SENT
+            r.fut = loop.create_future()
+            c._add_pending(c.pend[Conn.table_of(r.op)], r)
+            return r
+
+        for v in answers:
+            op = _TABLE.get(v["op"]) or v["req_op"]
+            reqs.append((v, add(op, v["id"])))
+        for v in lost:
+            r = add("W", v["id"])
+            r.reg = WatchReg(lambda reason, err, t=v["id"]: ended.append((t, reason)))
+        c.wflight = sum(1 for _, r in reqs if r.op == proto.OP_WATCH) + len(lost)  # as if written
+        c.data_received(stream[:cut])
+        c.data_received(stream[cut:])
+        assert not c.dead, f"cut {cut}: connection failed: {c.cause}"
+        for v, r in reqs:
+            assert r.res == RES_ANSWER, f"cut {cut}: {v['name']}: not answered"
+            assert chr(r.rop) == v["op"], f"cut {cut}: {v['name']}"
+            assert r.rcode == v["code"], f"cut {cut}: {v['name']}"
+            if v["op"] == "V":
+                assert r.rremain == v["remaining"]
+            if v["op"] == "I":
+                assert (r.rtoken, r.rinsp) == (v["token"], (v["holders"], v["limit"], v["waiters"], v["remaining"]))
+            if v["op"] in ("M", "E"):
+                assert r.rtail == v["tail"]
+        assert sorted(ended) == sorted((v["id"], v["reason"]) for v in lost), f"cut {cut}"
+        assert (c.nreg, c.wflight, c.watches) == (0, 0, {}), f"cut {cut}: watches counted after every L"
