@@ -96,8 +96,11 @@ func (id *Identity) Index() int { return id.index }
 // certificate whose Common Name is its name (secret "cert").
 func (id *Identity) CertOnly() bool { return id.certOnly }
 
-// MayLock reports whether the identity may make lock requests (A, R, K):
-// every role but monitor.
+// MayLock reports whether the identity may make lock requests (A, R, K,
+// and S, PROTOCOL.md §9.1): every role but monitor. Validate, watch and
+// inspect (V, W, I) need no more than an identity of any role whose
+// prefixes allow the key (Allows): a resource server that only checks
+// tokens gets a monitor identity.
 func (id *Identity) MayLock() bool { return id.Role == RoleClient || id.Role == RoleAdmin }
 
 // Allows reports whether key starts with one of the identity's prefixes

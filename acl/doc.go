@@ -13,7 +13,8 @@
 //     the same hash and comparison against a decoy digest, so the time of a
 //     failed hello does not tell which identities exist.
 //   - Authorization (Identity.Allows, Identity.MayLock): byte-prefix key
-//     matching and the roles client, monitor and admin.
+//     matching and the roles client, monitor and admin (lock requests —
+//     A, R, K, S — for client and admin; V, W, I for any role).
 //
 // The file holds no secret, only digests; neither does anything this
 // package returns or prints: an Identity's String and a LineError never

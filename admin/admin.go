@@ -58,8 +58,9 @@ func Handler(srv *engine.Server, build Build) http.Handler {
 	mux.HandleFunc("DELETE /keys/{key...}", release(srv))
 	membersRoutes(mux, srv) // members.go: GET, POST /members, DELETE /members/{id}
 	mux.HandleFunc("GET /debug/locks", func(w http.ResponseWriter, _ *http.Request) {
-		// One line per held key: its token, the lease left in ms and the
-		// key (escaped as a Go string), for comparing members' tables.
+		// One line per holder of a held key (a shared key has several):
+		// its token, the lease left in ms and the key (escaped as a Go
+		// string), for comparing members' tables.
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		bw := bufio.NewWriterSize(w, 64<<10)
 		var line []byte
@@ -146,11 +147,14 @@ func status(srv *engine.Server, version string) api.Status {
 		Keys:          m.Keys,
 		Waiters:       m.Waiters,
 		Connections:   m.Conns,
+		SharedHolders: m.Holders,
+		Watches:       m.Watches,
 		TokenLast:     strconv.FormatUint(m.TokenLast, 10),
 		TokenReserved: strconv.FormatUint(m.TokenReserved, 10),
 		Limits: api.Limits{
 			MaxKey: cfg.MaxKey, MaxKeys: cfg.Table.MaxKeys, MaxWaitersPerKey: cfg.Table.MaxWaitersPerKey,
 			MaxWaiters: cfg.Table.MaxWaiters, MaxConns: cfg.MaxConns, MaxOutbound: cfg.MaxOutbound, Loops: cfg.Loops,
+			MaxHolders: cfg.Table.MaxHolders, MaxWatchesPerConn: cfg.Table.MaxWatchesPerConn,
 		},
 		Mode:       node.Mode,
 		Active:     node.Active,
@@ -195,13 +199,23 @@ func members(ms []repl.Member) []api.Member {
 	return out
 }
 
+// keyState is /keys/{key}: every holder and every waiter of the key in
+// queue order (PROTOCOL.md §9.5), and the newest holder's token, lease
+// and identity in the fields a key had before it could be shared.
 func keyState(srv *engine.Server, key string) api.Key {
-	st := srv.Key([]byte(key))
-	k := api.Key{Key: key, Held: st.Held, Waiters: st.Waiters}
-	if st.Held {
-		k.Token = strconv.FormatUint(st.Token, 10)
-		k.LeaseLeftMs = st.LeaseLeft.Milliseconds()
-		k.Identity = st.Ident
+	d := srv.KeyDetail([]byte(key))
+	k := api.Key{Key: key, Held: len(d.Holders) > 0, Waiters: len(d.Waiters), Limit: d.Limit, Shared: d.Shared}
+	for _, h := range d.Holders {
+		k.Holders = append(k.Holders, api.KeyHolder{Token: strconv.FormatUint(h.Token, 10), Identity: h.Ident,
+			LeaseLeftMs: h.LeaseLeft.Milliseconds()})
+	}
+	if n := len(k.Holders); n > 0 {
+		newest := k.Holders[n-1] // oldest first: the newest is the last
+		k.Token, k.LeaseLeftMs, k.Identity = newest.Token, newest.LeaseLeftMs, newest.Identity
+	}
+	for _, w := range d.Waiters {
+		k.Queue = append(k.Queue, api.KeyWaiter{Owner: strconv.FormatUint(w.Owner, 10), Identity: w.Ident,
+			WaitLeftMs: w.WaitLeft.Milliseconds(), Shared: w.Limit != 0, Limit: int(w.Limit), LeaseSeconds: int(w.Lease)})
 	}
 	return k
 }

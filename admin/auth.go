@@ -124,7 +124,7 @@ func release(srv *engine.Server) http.HandlerFunc {
 		var ns *engine.NotServingError
 		switch {
 		case err == nil:
-			writeJSON(w, http.StatusOK, api.Release{Key: key, Released: true, Token: strconv.FormatUint(rel.Token, 10), Identity: rel.Ident})
+			writeJSON(w, http.StatusOK, releaseDoc(key, rel))
 		case errors.Is(err, engine.ErrBadKey):
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "bad key: DELETE /keys/{key} with 1..max-key bytes of UTF-8"})
 		case errors.Is(err, engine.ErrNotHeld):
@@ -142,4 +142,17 @@ func release(srv *engine.Server) http.HandlerFunc {
 				"token": strconv.FormatUint(rel.Token, 10), "identity": rel.Ident})
 		}
 	}
+}
+
+// releaseDoc is the answer of a release that happened: the grant, or, when
+// a shared key was released without a token, its newest holder and every
+// holder released (docs/PROTOCOL.md decision 50).
+func releaseDoc(key string, rel engine.Released) api.Release {
+	doc := api.Release{Key: key, Released: true, Token: strconv.FormatUint(rel.Token, 10), Identity: rel.Ident}
+	if len(rel.All) > 1 {
+		for _, r := range rel.All {
+			doc.Holders = append(doc.Holders, api.ReleasedGrant{Token: strconv.FormatUint(r.Token, 10), Identity: r.Ident})
+		}
+	}
+	return doc
 }

@@ -20,6 +20,7 @@ type collector struct {
 	noToken, reserveErrs, reserveFailing, moved, otherIdent                  *prometheus.Desc
 	authFailures, aclClosed, aclReloads, adminReleases, adminAuth            *prometheus.Desc
 	tlsHandshakes, tlsFailures                                               *prometheus.Desc
+	sharedHolders, watches, lost                                             *prometheus.Desc
 
 	// cluster
 	epoch, failovers, handovers, demotions, snapshots, batches, records, rawBytes, wireBytes *prometheus.Desc
@@ -40,7 +41,7 @@ func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
 	return &collector{
 		srv: srv, build: build, auth: auth,
 		requests:          d("requests_total", "Requests by op and result.", "op", "result"),
-		errors:            d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down, 5 unauthenticated, 6 permission denied).", "code"),
+		errors:            d("errors_total", "E frames sent, by code (1 bad frame, 2 bad key, 3 bad lease, 4 shutting down, 5 unauthenticated, 6 permission denied, 7 limit mismatch, 8 watch limit reached).", "code"),
 		grants:            d("grants_total", "Grants, immediate or handoff."),
 		handoffs:          d("handoffs_total", "Grants to a queued acquire, on release or lease expiry."),
 		expiries:          d("expiries_total", "Leases that ended without a release."),
@@ -91,8 +92,11 @@ func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
 		authFailures:      d("auth_failures_total", "Refusals of --acl on the client port: failed hellos and lock requests before authentication (E 5, reason hello and unauthenticated), requests outside an identity's keys or from a monitor (E 6, permission_denied).", "reason"),
 		aclClosed:         d("acl_closed_connections_total", "Connections closed because an ACL reload removed their identity."),
 		aclReloads:        d("acl_reloads_total", "ACL reloads (SIGHUP): ok put a new file in force, failed kept the old one.", "result"),
-		adminReleases:     d("admin_releases_total", "Grants released through the admin endpoint (DELETE /keys/{key})."),
+		adminReleases:     d("admin_releases_total", "Grants released through the admin endpoint (DELETE /keys/{key}; each holder of a shared key counts)."),
 		adminAuth:         d("admin_auth_failures_total", "Admin endpoint requests refused by --acl: 401 without valid credentials, 403 for a client identity or a change without admin.", "code"),
+		sharedHolders:     d("shared_holders", "Holders of shared keys beyond each key's first, now (what --max-holders bounds; a key's first holder counts in lockd_held_keys)."),
+		watches:           d("watches", "Watches registered now (W), over every connection."),
+		lost:              d("lost_total", "L frames pushed to watches, by reason: released, expired, forced (an admin's release, or a lease an admin renewed), cannot_tell (shutdown, or this node stopped executing).", "reason"),
 		otherIdent:        d("other_identity_ops_total", "Releases and renews carrying the current token of a grant made to another identity (--acl): forced (by an admin, done) or refused (answered N).", "op", "result"),
 	}
 }
@@ -101,7 +105,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
 		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenHeadroom, c.wait, c.role, c.buildInfo, c.up,
 		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.otherIdent, c.tlsHandshakes, c.tlsFailures,
-		c.authFailures, c.aclClosed, c.aclReloads, c.adminReleases, c.adminAuth,
+		c.authFailures, c.aclClosed, c.aclReloads, c.adminReleases, c.adminAuth, c.sharedHolders, c.watches, c.lost,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
 		c.cancelled, c.lagSecs, c.lagRecords, c.lagBytes, c.memberLive, c.memberRole, c.memberRefused,
 		c.raftTerm, c.raftCommit, c.raftApplied, c.raftEntries, c.raftEntryRecords, c.raftCommitLatency,
@@ -128,6 +132,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.keys, float64(m.Keys))
 	gauge(c.waiters, float64(m.Waiters))
 	gauge(c.conns, float64(m.Conns))
+	gauge(c.sharedHolders, float64(m.Holders))
+	gauge(c.watches, float64(m.Watches))
+	for r, name := range lostReasons {
+		if name != "" {
+			counter(c.lost, m.Lost[r], name)
+		}
+	}
 	if m.TokenReserved >= m.TokenLast {
 		gauge(c.tokenHeadroom, float64(m.TokenReserved-m.TokenLast))
 	} else {
@@ -177,6 +188,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		c.collectRaft(ch, node)
 	}
 }
+
+// lostReasons are the reason labels of lockd_lost_total, by the L
+// frame's reason byte (PROTOCOL.md §9.4).
+var lostReasons = [len(engine.Metrics{}.Lost)]string{1: "released", 2: "expired", 3: "forced", 4: "cannot_tell"}
 
 // roles sends d's series for every role of mode (api.Roles), labelled
 // with lead (a member's address) and the role: 1 for current, 0 for the

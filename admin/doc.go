@@ -1,7 +1,8 @@
 // Package admin is lockd's operator endpoint: an HTTP handler serving
 // /metrics (Prometheus text format), the health probes /healthz, /livez
 // (the loops run) and /readyz (serving, or a standby or follower in sync),
-// /status (JSON), /keys/{key} (JSON; DELETE releases the key's grant),
+// /status (JSON), /keys/{key} (JSON: every holder and waiter of the key;
+// DELETE releases its grant, or every holder of a shared key),
 // /members (JSON: a raft cluster's configuration; POST adds a member,
 // DELETE /members/{id} removes one: members.go), /debug/locks and
 // /debug/pprof/. docs/ADMIN.md lists every path and metric.
@@ -14,7 +15,7 @@
 // but GET, HEAD, OPTIONS) by anyone but an admin.
 //
 // It reads the engine only through engine.Server's snapshot methods
-// (Metrics, NodeStatus, Key, Locks, Config): a scrape never touches a
+// (Metrics, NodeStatus, KeyDetail, Locks, Config): a scrape never touches a
 // connection and costs the hot path nothing but the atomic loads it reads.
 // The per-loop counters are aggregated at scrape time. The JSON documents
 // are package api's types: admin maps engine.Metrics and repl.Status onto

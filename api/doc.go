@@ -9,8 +9,9 @@
 // # What it owns
 //
 //   - Status (GET /status) with Limits, Member and RaftStatus; Key (GET
-//     /keys/{key}) and KeyPath, which escapes a key for that path; Release
-//     (DELETE /keys/{key}); Error (the body of a 4xx answer).
+//     /keys/{key}) with every holder (KeyHolder) and waiter (KeyWaiter),
+//     and KeyPath, which escapes a key for that path; Release (DELETE
+//     /keys/{key}) with ReleasedGrant; Error (the body of a 4xx answer).
 //   - A raft cluster's membership (members.go): Members (GET /members,
 //     with RaftMember, which RaftStatus.Configuration carries too),
 //     AddMember (POST /members), MemberChange (their answer) and

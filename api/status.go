@@ -23,6 +23,11 @@ type Status struct {
 	Keys          int     `json:"keys"`           // keys held now
 	Waiters       int     `json:"waiters"`        // acquires queued now
 	Connections   int64   `json:"connections"`    // open client connections
+	// SharedHolders counts the holders of shared keys beyond each key's
+	// first (what --max-holders bounds; a key's first holder is in Keys),
+	// Watches the watches registered now (PROTOCOL.md §9).
+	SharedHolders int `json:"shared_holders"`
+	Watches       int `json:"watches"`
 	// TokenLast is the highest fencing token issued, TokenReserved the
 	// mark up to which tokens are durably reserved (no token above it is
 	// handed out): decimal strings.
@@ -53,6 +58,11 @@ type Limits struct {
 	MaxConns         int `json:"max_conns"`           // --max-conns: open client connections
 	MaxOutbound      int `json:"max_outbound"`        // --max-outbound: bytes of answers buffered for a connection that does not read
 	Loops            int `json:"loops"`               // --loops: event loops
+	// MaxHolders (--max-holders) bounds the holders of shared keys beyond
+	// each key's first; MaxWatchesPerConn (--max-watches-per-conn) one
+	// connection's watches (PROTOCOL.md §9).
+	MaxHolders        int `json:"max_holders"`
+	MaxWatchesPerConn int `json:"max_watches_per_conn"`
 }
 
 // Member is what a cluster member knows of another member. The lag figures
@@ -87,7 +97,10 @@ type RaftStatus struct {
 }
 
 // Key is the document of GET /keys/{key}: one key on the node asked (the
-// active's or leader's is the one that counts).
+// active's or leader's is the one that counts). Token, LeaseLeftMs and
+// Identity are the newest holder's (the only one of an exclusive key);
+// Holders and Queue list every holder and every waiter (PROTOCOL.md
+// §9.5).
 type Key struct {
 	Key         string `json:"key"`
 	Held        bool   `json:"held"`
@@ -97,6 +110,35 @@ type Key struct {
 	// Identity is the identity the grant was made to (PROTOCOL.md §8.3);
 	// absent when free or granted without an ACL.
 	Identity string `json:"identity,omitempty"`
+	// Limit is 1 for an exclusive key, the limit of a shared key (1 too
+	// for a key shared with limit 1: Shared tells them apart); absent
+	// when free.
+	Limit  int  `json:"limit,omitempty"`
+	Shared bool `json:"shared,omitempty"`
+	// Holders are the key's grants, oldest first; absent when free.
+	Holders []KeyHolder `json:"holders,omitempty"`
+	// Queue are the acquires queued for it in queue order, the head
+	// first; absent when none.
+	Queue []KeyWaiter `json:"queue,omitempty"`
+}
+
+// KeyHolder is one holder of a key (Key.Holders).
+type KeyHolder struct {
+	Token       string `json:"token"`              // its fencing token, decimal
+	Identity    string `json:"identity,omitempty"` // the identity it was granted to; absent without an ACL
+	LeaseLeftMs int64  `json:"lease_left_ms"`      // its lease left, ms
+}
+
+// KeyWaiter is one queued acquire of a key (Key.Queue).
+type KeyWaiter struct {
+	Owner      string `json:"owner"`              // the acquire's owner id, decimal (a correlation id, not an identity)
+	Identity   string `json:"identity,omitempty"` // the identity it came from; absent without an ACL
+	WaitLeftMs int64  `json:"wait_left_ms"`       // its wait left, ms (0 once over: its T is on its way)
+	// Shared is false for an exclusive acquire (A), true for an acquire
+	// shared (S), whose Limit it carries.
+	Shared       bool `json:"shared"`
+	Limit        int  `json:"limit,omitempty"`
+	LeaseSeconds int  `json:"lease_seconds"` // the lease it asked for
 }
 
 // Release is the answer of DELETE /keys/{key}[?token=T] (PROTOCOL.md
@@ -104,8 +146,18 @@ type Key struct {
 type Release struct {
 	Key      string `json:"key"`
 	Released bool   `json:"released"`
-	Token    string `json:"token"`              // the released grant's token, decimal
+	Token    string `json:"token"`              // the released grant's token, decimal (several: the newest)
 	Identity string `json:"identity,omitempty"` // the identity it was made to
+	// Holders lists every grant released when a shared key was released
+	// without a token (each of its holders, oldest first); absent when
+	// one grant was.
+	Holders []ReleasedGrant `json:"holders,omitempty"`
+}
+
+// ReleasedGrant is one grant of a Release.
+type ReleasedGrant struct {
+	Token    string `json:"token"`
+	Identity string `json:"identity,omitempty"`
 }
 
 // Error is the body of an answer 4xx of a JSON path (GET /keys/ without a

@@ -26,6 +26,7 @@ var (
 		"prom":     "prom-secret",
 		"ops":      "ops-secret",
 		"long":     " " + strings.Repeat("s p", 85),
+		"guard":    "guard-secret", // a monitor of orders/ (TestSharedACL)
 	}
 	aclText = line("orders", "orders/,jobs/", "client") + line("orders-b", "orders/", "client") +
 		line("billing", "billing/", "client") + line("prom", "-", "monitor") + line("ops", "*", "admin") +

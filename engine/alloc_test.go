@@ -110,3 +110,78 @@ func TestRequestAllocs(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedRequestAllocs: the requests of PROTOCOL.md §9 allocate nothing
+// in the steady state either, with and without an ACL: an S and its
+// release, a V, an I, and a W whose grant is then released (its L pushed
+// on the same connection).
+func TestSharedRequestAllocs(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		mod  func(*engine.Config)
+	}{
+		{"no ACL", nil},
+		{"ACL", func(c *engine.Config) { c.ACL = parseACL(t, aclText) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ts := startServer(t, c.mod)
+			r := newRoundTrip(t, ts.Addr(), "orders/shared")
+			r.out = proto.AppendHello(r.out[:0], 1, "orders", secrets["orders"])
+			r.do(1+proto.WelcomeHeaderLen+len("orders")+1, 'H')
+			kl := len(r.key)
+			shared := func() {
+				r.seq++
+				r.out = proto.AppendShared(r.out[:0], 0, 30, r.seq, 4, r.key)
+				r.do(1+proto.AcquiredHeaderLen+kl+1, 'A')
+				r.tok = binary.BigEndian.Uint64(r.in[9:17])
+			}
+			release := func() {
+				r.out = proto.AppendRelease(r.out[:0], r.tok, r.key)
+				r.do(1+proto.ReleasedHeaderLen+kl+1, 'R')
+			}
+			pair := func() { shared(); release() }
+			watched := func() {
+				shared()
+				r.out = proto.AppendWatch(r.out[:0], r.tok, r.key)
+				r.do(1+proto.WatchingHeaderLen+kl+1, 'W')
+				r.out = proto.AppendRelease(r.out[:0], r.tok, r.key)
+				r.do(1+proto.ReleasedHeaderLen+kl+1+1+proto.LostHeaderLen+kl+1, 'R')
+				if r.fail == "" && r.in[1+proto.ReleasedHeaderLen+kl+1] != 'L' {
+					r.fail = "no L after the R: " + string(r.in[:1+proto.ReleasedHeaderLen+kl+1+1+proto.LostHeaderLen+kl+1])
+				}
+			}
+			validate := func() {
+				r.out = proto.AppendValidate(r.out[:0], r.tok, r.key)
+				r.do(1+proto.ValidHeaderLen+kl+1, 'V')
+			}
+			inspect := func() {
+				r.out = proto.AppendInspect(r.out[:0], 9, r.key)
+				r.do(1+proto.InspectionHeaderLen+kl+1, 'I')
+			}
+			for range 100 { // warm the pools
+				pair()
+				watched()
+			}
+			if r.fail != "" {
+				t.Fatal(r.fail)
+			}
+			for _, op := range []struct {
+				name string
+				fn   func()
+			}{{"S+R", pair}, {"S+W+R with its L", watched}} {
+				if n := testing.AllocsPerRun(2000, op.fn); n != 0 || r.fail != "" {
+					t.Fatalf("%s: %v allocs per run (%s)", op.name, n, r.fail)
+				}
+			}
+			shared() // held for V and I
+			for _, op := range []struct {
+				name string
+				fn   func()
+			}{{"V", validate}, {"I", inspect}} {
+				if n := testing.AllocsPerRun(2000, op.fn); n != 0 || r.fail != "" {
+					t.Fatalf("%s: %v allocs per run (%s)", op.name, n, r.fail)
+				}
+			}
+		})
+	}
+}

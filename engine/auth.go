@@ -31,10 +31,11 @@ import (
 // authenticated against the old file looks at the pointer again at its
 // end, so a session the sweep could not see yet is closed then.
 //
-// The checks, in the order of §8.3 around the parser's own (E 1, E 5, E 2,
-// E 3, E 6, then the shutdown drain's E 4, the gate's M and the table):
-// admit (E 5 for A, R, K without an identity; the connection closes),
-// permit (E 6 for a key outside the identity's prefixes or a monitor),
+// The checks, in the order of §8.3 and §9.6 around the parser's own (E 1,
+// E 5, E 2, E 3, E 7 for limit 0, E 6, then the shutdown drain's E 4, the
+// gate's M and the table): admit (E 5 for A, R, K, S, V, W, I without an
+// identity; the connection closes), permit (E 6 for a key outside the
+// identity's prefixes, or a lock request — A, R, K, S — from a monitor),
 // hello (E 5 for a failed hello; close). Each costs a few loads and, for
 // permit, a prefix comparison: nothing is allocated.
 
@@ -107,18 +108,26 @@ func (s *Server) refreshAuth(ss *session) bool {
 	return true
 }
 
-// locks reports whether op is a lock request (A, R, K): the ops an identity
-// must be authenticated and permitted for.
-func locks(op proto.Op) bool {
-	return op == proto.OpAcquire || op == proto.OpRelease || op == proto.OpRenew
+// What a request needs of the connection's identity (opNeeds).
+const (
+	needNothing = iota // P, H: answered on any connection
+	needLock           // A, R, K, S: a client or admin whose prefixes allow the key
+	needKey            // V, W, I: any role whose prefixes allow the key (PROTOCOL.md §9.1)
+)
+
+// opNeeds is what each request op needs of the connection's identity.
+var opNeeds = [256]uint8{
+	proto.OpAcquire: needLock, proto.OpRelease: needLock, proto.OpRenew: needLock, proto.OpShared: needLock,
+	proto.OpValidate: needKey, proto.OpWatch: needKey, proto.OpInspect: needKey,
 }
 
-// admit answers E 5 to a lock request on a connection that has no
-// identity (PROTOCOL.md §8.3) and reports false: the caller closes the
-// connection and reads nothing more. Ping and hello are always admitted.
+// admit answers E 5 to a request about a key (A, R, K, S, V, W, I) on a
+// connection that has no identity (PROTOCOL.md §8.3, §9.6) and reports
+// false: the caller closes the connection and reads nothing more. Ping
+// and hello are always admitted.
 func (h *handler) admit(ss *session, b *scratch) bool {
 	r := &b.req
-	if ss.auth.id != nil || !locks(r.Op) {
+	if ss.auth.id != nil || opNeeds[r.Op] == needNothing {
 		return true
 	}
 	b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeUnauthenticated, msgUnauthenticated)
@@ -128,13 +137,16 @@ func (h *handler) admit(ss *session, b *scratch) bool {
 	return false
 }
 
-// permit answers E 6 to a lock request on a key outside the identity's
-// prefixes, or from a monitor, and reports false; the connection stays
-// open.
+// permit answers E 6 to a request on a key outside the identity's
+// prefixes, or to a lock request (A, R, K, S) from a monitor, and reports
+// false; the connection stays open. V, W and I are any role's whose
+// prefixes allow the key (PROTOCOL.md §9.6: a resource checks other
+// identities' tokens by design).
 func (h *handler) permit(ss *session, b *scratch) bool {
 	r := &b.req
 	id := ss.auth.id
-	if !locks(r.Op) || id.MayLock() && id.Allows(r.Key) {
+	need := opNeeds[r.Op]
+	if need == needNothing || (need == needKey || id.MayLock()) && id.Allows(r.Key) {
 		return true
 	}
 	b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodePermissionDenied, msgDenied)
@@ -178,16 +190,16 @@ func (h *handler) hello(ss *session, b *scratch) gnet.Action {
 // Kinds of refusal counted in AuthFailures.
 const (
 	authHello           = iota // a hello failed
-	authUnauthenticated        // a lock request before any identity
-	authDenied                 // outside the identity's keys, or a monitor
+	authUnauthenticated        // a request about a key before any identity
+	authDenied                 // outside the identity's keys, or a lock request from a monitor
 	nAuth
 )
 
 // AuthFailures counts what the ACL refused (PROTOCOL.md §8.3).
 type AuthFailures struct {
 	Hello           uint64 // hellos answered E 5 (unknown identity, wrong secret, cert-only, malformed)
-	Unauthenticated uint64 // A, R, K before any identity: E 5
-	Denied          uint64 // A, R, K outside the identity's keys or from a monitor: E 6
+	Unauthenticated uint64 // A, R, K, S, V, W, I before any identity: E 5
+	Denied          uint64 // a key outside the identity's prefixes, or A, R, K, S from a monitor: E 6
 	Removed         uint64 // connections closed because a reload removed their identity
 }
 

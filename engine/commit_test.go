@@ -180,3 +180,79 @@ func TestAbandonRemembersEveryRange(t *testing.T) {
 	}
 	other.expect(proto.OpMoved, 2)
 }
+
+// TestLostWaitsForCommit: the L of a watch whose grant a release ended
+// leaves only once the release's record commits (it must not tell the
+// watcher of a release that may never happen), on the watcher's connection
+// as on the releasing one.
+func TestLostWaitsForCommit(t *testing.T) {
+	ts, node := startCommitting(t)
+	holder, watcher := dial(t, ts.Addr()), dial(t, ts.Addr())
+	holder.send(proto.AppendShared(nil, 0, 30, 1, 2, "k"))
+	lockdtest.WaitFor(t, "the grant's record", func() bool { return node.Barrier() == 1 })
+	ts.Committed(1)
+	tok := holder.expect(proto.OpAcquire, 1).Token
+	watcher.watch("k", tok)
+	holder.watch("k", tok)
+	holder.send(proto.AppendRelease(nil, tok, "k"))
+	lockdtest.WaitFor(t, "the release's record", func() bool { return node.Barrier() == 2 })
+	noAnswer(t, watcher, 200*time.Millisecond)
+	noAnswer(t, holder, 10*time.Millisecond)
+	ts.Committed(2)
+	holder.expect(proto.OpRelease, tok)
+	holder.lost("k", tok, shard.ReasonReleased)
+	watcher.lost("k", tok, shard.ReasonReleased)
+}
+
+// TestValidWaitsForCommit: a V that says "valid" and an I that counts a
+// holder rest on the grant's record: while it is not committed they wait,
+// and a W too (the L that follows must come after it).
+func TestValidWaitsForCommit(t *testing.T) {
+	ts, node := startCommitting(t)
+	holder, checker := dial(t, ts.Addr()), dial(t, ts.Addr())
+	holder.send(proto.AppendAcquire(nil, 0, 30, 1, "k"))
+	lockdtest.WaitFor(t, "the grant's record", func() bool { return node.Barrier() == 1 })
+	// The grant is made, not committed: the checker learns its token
+	// from the table (a client that guessed it).
+	tok := ts.Table().Lookup([]byte("k")).Token
+	checker.send(proto.AppendValidate(nil, tok, "k"))
+	checker.send(proto.AppendInspect(nil, 2, "k"))
+	checker.send(proto.AppendWatch(nil, tok, "k"))
+	noAnswer(t, checker, 200*time.Millisecond)
+	ts.Committed(1)
+	if f := checker.expect(proto.OpValidate, tok); f.Remaining == 0 {
+		t.Fatalf("V: %+v", f)
+	}
+	if f := checker.expect(proto.OpInspect, 2); f.Holders != 1 || f.Token != tok {
+		t.Fatalf("I: %+v", f)
+	}
+	checker.expect(proto.OpWatch, tok)
+	holder.expect(proto.OpAcquire, 1)
+}
+
+// TestLostCannotTellSurvivesAbandon: a leader that loses its leadership
+// with records in flight (its gate redirects, then it abandons them) ends
+// every watch with an L 4, which rests on no record: a watcher with no
+// answer waiting for the abandoned records gets it, where the connection
+// waiting for an abandoned grant is closed.
+func TestLostCannotTellSurvivesAbandon(t *testing.T) {
+	ts, node := startCommitting(t)
+	holder, watcher, other := dial(t, ts.Addr()), dial(t, ts.Addr()), dial(t, ts.Addr())
+	holder.send(proto.AppendAcquire(nil, 0, 30, 1, "k"))
+	lockdtest.WaitFor(t, "the grant's record", func() bool { return node.Barrier() == 1 })
+	ts.Committed(1)
+	tok := holder.expect(proto.OpAcquire, 1).Token
+	watcher.watch("k", tok)
+	other.send(proto.AppendAcquire(nil, 0, 30, 2, "lost"))
+	lockdtest.WaitFor(t, "the second grant's record", func() bool { return node.Barrier() == 2 })
+	node.gate.Store(&repl.Gate{State: repl.Redirect, Addr: "127.0.0.1:1"})
+	ts.GateChanged()
+	noAnswer(t, watcher, 100*time.Millisecond) // the L 4 waits behind record 2, which is in flight
+	ts.Abandon(1)
+	watcher.lost("k", tok, shard.ReasonCannotTell)
+	_ = other.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var buf [64]byte
+	if n, err := other.c.Read(buf[:]); err == nil {
+		t.Fatalf("the abandoned grant reached its client: %q", buf[:n])
+	}
+}

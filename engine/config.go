@@ -56,7 +56,8 @@ type Config struct {
 	// within 5 s of the signal.
 	Drain time.Duration
 	// Table sizes the lock table and its limits (MaxKeys, MaxWaitersPerKey,
-	// MaxWaiters, MaxWaitersPerConn: each 1..2^40).
+	// MaxWaiters, MaxWaitersPerConn, MaxHolders: each 1..2^40;
+	// MaxWatchesPerConn: 1..2^30).
 	Table shard.Config
 	// TLS, when set, makes the client port speak TLS and nothing else
 	// (PROTOCOL.md §8.1): its certificate, and ClientCAs with ClientAuth
@@ -83,8 +84,8 @@ type Config struct {
 
 // Bounds of Config fields.
 const (
-	maxLimit = 1 << 40 // MaxKeys, MaxWaitersPerKey, MaxWaiters, MaxOutbound
-	maxConns = 1 << 30
+	maxLimit = 1 << 40 // MaxKeys, MaxWaitersPerKey, MaxWaiters, MaxHolders, MaxOutbound
+	maxConns = 1 << 30 // MaxConns, MaxPendingGrants, MaxWatchesPerConn
 	maxLoops = 1024
 	minOut   = 64 << 10
 	minDrain = time.Millisecond
@@ -149,6 +150,8 @@ func (c *Config) SetDefaults() {
 	setInt(&c.Table.MaxWaitersPerKey, d.Table.MaxWaitersPerKey)
 	setInt(&c.Table.MaxWaiters, d.Table.MaxWaiters)
 	setInt(&c.Table.MaxWaitersPerConn, d.Table.MaxWaitersPerConn)
+	setInt(&c.Table.MaxHolders, d.Table.MaxHolders)
+	setInt(&c.Table.MaxWatchesPerConn, d.Table.MaxWatchesPerConn)
 	setInt(&c.MaxPendingGrants, d.MaxPendingGrants)
 	if c.FrameTimeout == 0 {
 		c.FrameTimeout = d.FrameTimeout
@@ -184,6 +187,8 @@ func (c *Config) Validate() error {
 		{"Table.MaxWaitersPerKey", c.Table.MaxWaitersPerKey, 1, maxLimit},
 		{"Table.MaxWaiters", c.Table.MaxWaiters, 1, maxLimit},
 		{"Table.MaxWaitersPerConn", c.Table.MaxWaitersPerConn, 1, maxLimit},
+		{"Table.MaxHolders", c.Table.MaxHolders, 1, maxLimit},
+		{"Table.MaxWatchesPerConn", c.Table.MaxWatchesPerConn, 1, maxConns},
 		{"MaxPendingGrants", c.MaxPendingGrants, 1, maxConns},
 		{"MaxConns", c.MaxConns, 1, maxConns},
 		{"MaxOutbound", c.MaxOutbound, minOut, maxLimit},

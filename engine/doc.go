@@ -11,11 +11,14 @@
 //
 // It owns the connections (sessions), the per-connection mailboxes through
 // which answers made elsewhere reach their connection (a handoff caused by
-// another connection's release, a timer's T or expiry handoff), the
-// delivered-or-not bookkeeping of grants (PROTOCOL.md §4: a grant that never
-// reached its socket is released at once), the gate a repl.Node sets
-// (serve, hold, or redirect with M), the answers held until a committing
-// node's changes commit (commit.go), and the shutdown sequence of §4.
+// another connection's release, a timer's T or expiry handoff, a watch's
+// pushed L), the delivered-or-not bookkeeping of grants (PROTOCOL.md §4: a
+// grant that never reached its socket is released at once, a shared
+// holder's as an exclusive one's), the gate a repl.Node sets (serve, hold,
+// or redirect with M; a redirect ends every watch with L 4), the answers
+// held until a committing node's changes commit (commit.go), and the
+// shutdown sequence of §4 and §9.6. The requests of §9 — S, V, W, I —
+// take the same path as A, R and K (shared.go).
 // Persistence, token reservations and membership are the node's
 // (repl.Node, docs/DESIGN.md "The seam"); the engine knows no cluster mode.
 //

@@ -20,6 +20,10 @@ const (
 	msgBadFrame = "bad frame: unknown op, tail over 1024 bytes, or non-empty ping tail"
 	msgBadLease = "bad lease: must be 1..255 seconds"
 	msgShutdown = "server shutting down"
+	// PROTOCOL.md §9: an S with limit 0 or a limit other than the key's
+	// holders' (E 7), a W beyond the connection's bound (E 8).
+	msgBadLimit     = "limit mismatch: an acquire shared needs limit 1..65535, the limit of the key's holders"
+	msgLimitReached = "limit reached: this connection has --max-watches-per-conn watches"
 )
 
 // dropInline is how many queued acquires of a closing connection OnClose
@@ -266,8 +270,10 @@ func (h *handler) traffic(ss *session) gnet.Action {
 			// until GateChanged wakes it under the next gate.
 			buf = nil
 		}
-		// Validation order (PROTOCOL.md §3, §6.2, §8.3): E 1, E 5, E 2,
-		// E 3, E 6, then E 4 or M, then the table's answers.
+		// Validation order (PROTOCOL.md §3, §6.2, §8.3, §9.6): E 1, E 5,
+		// E 2, E 3, E 7 for an S with limit 0, E 6, then E 4 or M, then
+		// the table's answers (E 7 for another limit and E 8 before N, T
+		// and B: apply).
 		n := 0
 		for n < len(buf) {
 			m, err := proto.ParseRequest(buf[n:], s.cfg.MaxKey, &b.req)
@@ -298,6 +304,13 @@ func (h *handler) traffic(ss *session) gnet.Action {
 			if err == proto.ErrBadLease {
 				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeBadLease, msgBadLease)
 				b.cnt.error(r.Op, proto.CodeBadLease)
+				continue
+			}
+			if err == proto.ErrBadLimit {
+				// An S with limit 0: E 7 right after E 3, it needs no
+				// state (PROTOCOL.md §9.6).
+				b.out = proto.AppendError(b.out, r.Op, r.ID, proto.CodeLimitMismatch, msgBadLimit)
+				b.cnt.error(r.Op, proto.CodeLimitMismatch)
 				continue
 			}
 			if auth && !h.permit(ss, b) {
@@ -342,8 +355,8 @@ func (h *handler) traffic(ss *session) gnet.Action {
 	for _, o := range b.local {
 		if !o.gone {
 			ob := s.getScratch()
-			o.takeMail(ob)
-			if h.write(o, ob, gnet.None, true) == gnet.Close {
+			spec := o.takeMail(ob)
+			if h.write(o, ob, gnet.None, spec) == gnet.Close {
 				_ = o.c.Close()
 			}
 			s.putScratch(ob)
@@ -385,8 +398,10 @@ func (h *handler) write(ss *session, b *scratch, action gnet.Action, spec bool) 
 	return action
 }
 
-// acquireResult maps a shard status to its counter.
-var acquireResult = [...]int{shard.Granted: resGranted, shard.TimedOut: resTimeout, shard.Busy: resBusy, shard.Queued: resQueued}
+// acquireResult maps a shard status to its counter (a Mismatch, E 7, is
+// counted as an error by its caller).
+var acquireResult = [...]int{shard.Granted: resGranted, shard.TimedOut: resTimeout, shard.Busy: resBusy, shard.Queued: resQueued,
+	shard.Mismatch: resError}
 
 // apply executes one well-formed request that passed the ACL's checks and
 // appends its immediate answer. It returns gnet.Close after a failed hello
@@ -446,6 +461,14 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) gnet.
 	case proto.OpPing:
 		b.out = proto.AppendPong(b.out, r.ID)
 		b.cnt.request(proto.OpPing, resPong)
+	case proto.OpShared:
+		h.acquireShared(ss, b, now, who)
+	case proto.OpValidate:
+		h.validate(b, now)
+	case proto.OpWatch:
+		h.watch(ss, b, now)
+	case proto.OpInspect:
+		h.inspect(b, now)
 	case proto.OpHello:
 		if s.acl.Load() != nil {
 			return h.hello(ss, b)
@@ -583,6 +606,9 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 		}
 		if ss == cur {
 			b.out = appendEffect(b.out, &b.grants, &e, s.node.Gate().Addr)
+			if e.Kind == shard.EffectLost {
+				s.lostL[min(e.Reason, shard.ReasonCannotTell)].Add(1)
+			}
 			continue
 		}
 		// A TLS session (loop nil) has no loop-mates: it is woken.
@@ -590,6 +616,9 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 		ok, flush := ss.post(&e, local, s.node.Gate().Addr, b.gen)
 		if !ok && e.Kind == shard.EffectGrant {
 			s.table.Release(now, e.Key, e.Token, &b.fx)
+		}
+		if ok && e.Kind == shard.EffectLost {
+			s.lostL[min(e.Reason, shard.ReasonCannotTell)].Add(1)
 		}
 		if flush {
 			b.local = append(b.local, ss)

@@ -50,6 +50,26 @@ func (ts *testServer) shutdown() {
 	}
 }
 
+// shutdownAsync starts the graceful shutdown on a goroutine of its own
+// (the test goes on talking to the server meanwhile); waitShutdown fails
+// the test, on its own goroutine, if it did not end well.
+func (ts *testServer) shutdownAsync() <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		done <- ts.Shutdown(ctx)
+	}()
+	return done
+}
+
+func (ts *testServer) waitShutdown(done <-chan error) {
+	ts.t.Helper()
+	if err := <-done; err != nil {
+		ts.t.Fatalf("Shutdown: %v", err)
+	}
+}
+
 // wire is a raw protocol client over one TCP connection.
 type wire struct {
 	t    testing.TB
@@ -98,6 +118,12 @@ type frame struct {
 	Token uint64
 	Code  uint8
 	Tail  string
+	// PROTOCOL.md §9: L's reason; V's and I's lease left; I's counts.
+	Reason    uint8
+	Remaining uint32
+	Holders   uint16
+	Limit     uint16
+	Waiters   uint32
 }
 
 // next reads one response within d; ok is false on timeout or EOF.
@@ -108,7 +134,8 @@ func (w *wire) next(d time.Duration) (frame, error) {
 			n, err := proto.ParseResponse(w.buf, &w.resp)
 			if err == nil {
 				r := w.resp
-				f := frame{Op: r.Op, ReqOp: r.ReqOp, ID: r.ID, Token: r.Token, Code: r.Code, Tail: string(r.Tail)}
+				f := frame{Op: r.Op, ReqOp: r.ReqOp, ID: r.ID, Token: r.Token, Code: r.Code, Tail: string(r.Tail),
+					Reason: r.Reason, Remaining: r.Remaining, Holders: r.Holders, Limit: r.Limit, Waiters: r.Waiters}
 				w.buf = w.buf[n:]
 				return f, nil
 			}

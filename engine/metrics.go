@@ -23,10 +23,14 @@ const (
 	resError
 	resMoved
 	resWelcome
+	resValid     // V: the token holds a grant
+	resWatching  // W: registered
+	resInspected // I
 	nResults
 )
 
-var resultNames = [nResults]string{"granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved", "welcome"}
+var resultNames = [nResults]string{"granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved", "welcome",
+	"valid", "watching", "inspected"}
 
 // counts is one batch's tally, kept in its scratch (no atomics) and added
 // to its loop's stats once per batch.
@@ -118,21 +122,29 @@ func (h *waitHist) observe(d int64) {
 
 // RequestCount is the number of requests of one op with one result.
 type RequestCount struct {
-	Op     string // "acquire", "release", "renew", "ping", "hello"
-	Result string // "granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved", "welcome"
+	Op     string // "acquire", "release", "renew", "ping", "hello", "acquire-shared", "validate", "watch", "inspect"
+	Result string // "granted", "timeout", "busy", "queued", "released", "renewed", "not_held", "pong", "error", "moved", "welcome", "valid", "watching", "inspected"
 	N      uint64
 }
 
 // Metrics is a snapshot of the server's counters and gauges.
 type Metrics struct {
-	Requests      []RequestCount            // non-zero cells only
-	Errors        [proto.MaxCode + 1]uint64 // E frames sent, by code (index 0 unused)
-	Table         shard.Counters            // grants, handoffs, expiries, timeouts, releases, renews
-	Keys          int                       // keys held
-	Waiters       int                       // queued acquires
-	Conns         int64                     // open connections
-	TokenLast     uint64                    // highest token issued
-	TokenReserved uint64                    // durable reservation mark
+	Requests []RequestCount            // non-zero cells only
+	Errors   [proto.MaxCode + 1]uint64 // E frames sent, by code (index 0 unused)
+	Table    shard.Counters            // grants, handoffs, expiries, timeouts, releases, renews
+	Keys     int                       // keys held
+	Waiters  int                       // queued acquires
+	// Holders counts the holders of shared keys beyond each key's first
+	// (what --max-holders bounds; a key's first holder is in Keys), and
+	// Watches the watches registered now (PROTOCOL.md §9).
+	Holders, Watches int
+	// Lost counts the L frames pushed to watches, by reason (index 0
+	// unused; 1 released, 2 expired, 3 forced, 4 this node can no longer
+	// tell).
+	Lost          [shard.ReasonCannotTell + 1]uint64
+	Conns         int64  // open connections
+	TokenLast     uint64 // highest token issued
+	TokenReserved uint64 // durable reservation mark
 	// Wait is the acquire-to-grant histogram: immediate grants count as 0,
 	// queued ones by their time in the queue. Counts are per bucket of
 	// WaitBuckets (not cumulative), the last one +Inf.
@@ -186,6 +198,10 @@ func (s *Server) Metrics() Metrics {
 	m.Table = s.table.Counters()
 	st := s.table.Stats()
 	m.Keys, m.Waiters = st.Keys, st.Waiters
+	m.Holders, m.Watches = st.Holders, st.Watches
+	for r := range s.lostL {
+		m.Lost[r] = s.lostL[r].Load()
+	}
 	m.Conns = s.conns.Load()
 	m.TokenLast, m.TokenReserved = s.table.Tokens().Last(), s.table.Tokens().Limit()
 	m.WaitCounts = make([]uint64, len(s.wait.buckets))

@@ -38,8 +38,11 @@ func (e *NotServingError) Error() string {
 
 // Released is what AdminRelease released.
 type Released struct {
-	Token uint64 // the grant's token
+	Token uint64 // the grant's token (several released: the newest)
 	Ident string // the identity it was made to ("": none)
+	// All lists every grant the call released, oldest first: one, but
+	// every holder of a shared key released without a token.
+	All []Released
 }
 
 // commitWait bounds how long AdminRelease waits for its release to commit.
@@ -47,12 +50,14 @@ const commitWait = 5 * time.Second
 
 // AdminRelease releases key's grant on behalf of the admin endpoint (an
 // operator freeing a lock whose holder is stuck): the grant with token, or
-// — token 0 — whatever grant holds the key now. by is the admin identity
-// that asked ("" without an ACL). The release is an admin's forced release
-// (PROTOCOL.md §8.2): it does not need the grant's identity; it is counted
-// (Metrics.AdminReleases, and as forced when the grant was another
-// identity's), logged with both identities, and hands the key to its next
-// waiter as any release does.
+// — token 0 — whatever holds the key now: its grant, or every holder of a
+// shared key (docs/PROTOCOL.md decision 50). by is the admin identity
+// that asked ("" without an ACL). The release is an admin's forced
+// release (PROTOCOL.md §8.2): it does not need the grant's identity; it
+// is counted (Metrics.AdminReleases, one per grant, and as forced when the
+// grant was another identity's), logged with both identities, ends the
+// grant's watches with reason 3 whoever held it (§9.6), and hands the key
+// to its next waiters as any release does.
 //
 // It runs like a batch: under the batch barrier and the node's gate, so
 // only a member that executes requests does it (else *NotServingError), and
@@ -63,7 +68,7 @@ func (s *Server) AdminRelease(ctx context.Context, key []byte, token uint64, by 
 	if len(key) == 0 || len(key) > s.cfg.MaxKey || !utf8.Valid(key) || containsNL(key) {
 		return Released{}, ErrBadKey
 	}
-	who := shard.Who{Ident: s.table.Ident([]byte(by)), Admin: true}
+	who := shard.Who{Ident: s.table.Ident([]byte(by)), Admin: true, Operator: true}
 	s.barrier.RLock()
 	now := s.now()
 	if s.draining.Load() {
@@ -76,33 +81,45 @@ func (s *Server) AdminRelease(ctx context.Context, key []byte, token uint64, by 
 	}
 	gen := s.abandonsA.Load() // Abandon calls before the state this release acts on
 	b := s.getScratch()
-	res, holder, tok := shard.ResultNotHeld, shard.NoIdent, token
-	for range 3 { // token 0: the grant may change between the lookup and the release
-		if token == 0 {
-			info := s.table.Lookup(key)
-			if !info.Held {
+	var rel Released
+	release := func(tok uint64) {
+		res, holder := s.table.ReleaseAs(now, key, tok, who, &b.fx)
+		if !res.Done() {
+			return
+		}
+		r := Released{Token: tok, Ident: string(s.table.IdentName(holder))}
+		rel.Token, rel.Ident = r.Token, r.Ident
+		rel.All = append(rel.All, r)
+		s.log.Info("admin release", "key", string(key), "token", tok, "by", by, "holder", r.Ident,
+			"forced", res == shard.ResultForced)
+	}
+	if token != 0 {
+		release(token)
+	} else {
+		// Every holder the key has now (Detail lists them oldest first);
+		// the grants may change between the look and the releases (an
+		// expiry, a release), so look again if none was released.
+		for range 3 {
+			d := s.table.Detail(key)
+			for _, x := range d.Holders {
+				release(x.Token)
+			}
+			if len(d.Holders) == 0 || len(rel.All) > 0 {
 				break
 			}
-			tok = info.Token
-		}
-		if res, holder = s.table.ReleaseAs(now, key, tok, who, &b.fx); res.Done() || token != 0 {
-			break
 		}
 	}
-	s.deliver(b, nil, now) // a handoff, or an expiry the release processed first
+	s.deliver(b, nil, now) // a handoff, an expiry the release processed first, the L 3s
 	s.putScratch(b)
 	var bar uint64
 	if s.committer != nil {
 		bar = s.committer.Barrier()
 	}
 	s.barrier.RUnlock()
-	if !res.Done() {
+	if len(rel.All) == 0 {
 		return Released{}, ErrNotHeld
 	}
-	s.adminReleases.Add(1)
-	rel := Released{Token: tok, Ident: string(s.table.IdentName(holder))}
-	s.log.Info("admin release", "key", string(key), "token", tok, "by", by, "holder", rel.Ident,
-		"forced", res == shard.ResultForced)
+	s.adminReleases.Add(uint64(len(rel.All)))
 	if s.committer != nil {
 		ctx, cancel := context.WithTimeout(ctx, commitWait)
 		defer cancel()

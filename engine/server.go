@@ -78,6 +78,9 @@ type Server struct {
 	wait      waitHist      // acquire-to-grant of queued acquires
 	cancelled atomic.Uint64 // queued acquires answered E 4 at shutdown
 	moved     atomic.Uint64 // queued acquires answered M when the gate closed
+	// lostL counts the L frames handed to their connection (written, or
+	// posted to its mailbox), by reason.
+	lostL [shard.ReasonCannotTell + 1]atomic.Uint64
 
 	// The ACL in force (auth.go): nil without Config.ACL. aclMu orders
 	// reloads.
@@ -388,7 +391,8 @@ func (s *Server) snapshotSessions() []*session {
 }
 
 // Shutdown runs PROTOCOL.md §4's shutdown: stop accepting, answer every
-// queued acquire with E 4, answer new A/R/K with E 4 (P still pongs), flush
+// queued acquire with E 4 and end every watch with an L of reason 4 (§9.6),
+// answer new requests with E 4 (P still pongs), flush
 // and close every connection within ShutdownGrace, then let the node write
 // what must survive (a single node: the held locks and the token mark).
 // A cluster node first hands its work to a live successor (Node.Stop);
@@ -416,15 +420,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if err := s.wait4Batches(ctx); err != nil {
 		return err
 	}
+	sc := s.getScratch()
 	if successor == "" {
 		s.log.Info("shutting down: answering queued acquires with E 4")
-		sc := s.getScratch()
 		s.table.CancelWaiters(&sc.fx)
-		s.deliver(sc, nil, s.now())
-		s.putScratch(sc)
 	} else {
 		s.log.Info("shutting down: handed over, answering with M", "successor", successor)
 	}
+	// Every watch gets its L 4 before its connection closes (PROTOCOL.md
+	// §9.6): from here on this node tells nothing more of its grants. A
+	// node that handed over ended them when its gate left Serve; the
+	// drain below writes them with the other answers.
+	s.table.EndWatches(&sc.fx)
+	s.deliver(sc, nil, s.now())
+	s.putScratch(sc)
 
 	// Keep connections open for the drain window (new A/R/K get E 4, P
 	// still pongs) or until every client has left, with every answer
@@ -466,10 +475,14 @@ func (s *Server) wait4Batches(ctx context.Context) error {
 }
 
 // GateChanged applies the node's current gate (repl.Host): once no batch
-// that read the old gate is running, a gate that no longer serves answers
-// every queued acquire with M (Redirect) or keeps them (Hold); then every
-// connection is woken so that what it left unread is read under the new
-// gate.
+// that read the old gate is running, a gate that redirects answers every
+// queued acquire with M and ends every watch with an L of reason 4 (this
+// node can no longer tell: a step-down, a demotion, a planned handover, a
+// raft leader that lost its leadership; PROTOCOL.md §9.4), and a gate
+// that holds keeps both (a pause: the node will serve again, or redirect,
+// and nothing changes its table meanwhile — docs/DESIGN.md "Watches and
+// the gate"); then every connection is woken so that what it left unread
+// is read under the new gate.
 func (s *Server) GateChanged() {
 	_ = s.wait4Batches(context.Background())
 	g := s.node.Gate()
@@ -477,6 +490,7 @@ func (s *Server) GateChanged() {
 	if g.State == repl.Redirect {
 		sc := s.getScratch()
 		s.table.MoveWaiters(&sc.fx)
+		s.table.EndWatches(&sc.fx)
 		s.deliver(sc, nil, s.now())
 		s.putScratch(sc)
 	}

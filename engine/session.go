@@ -153,6 +153,9 @@ type session struct {
 	woken   bool       // a Wake is on its way
 	closed  bool       // no more mail: grants posted now are undeliverable
 	mgen    uint64     // the lowest scratch.gen of the mail in mbox
+	// mspec: some mail in mbox was made from the table's state (every
+	// effect but an L with reason 4, which rests on nothing: commit.go).
+	mspec bool
 }
 
 // pgrant is a grant frame that may not have reached the socket.
@@ -196,6 +199,7 @@ func (ss *session) post(e *shard.Effect, local bool, moved string, gen uint64) (
 	if len(ss.mbox) == 0 || gen < ss.mgen {
 		ss.mgen = gen
 	}
+	ss.mspec = ss.mspec || speculative(e)
 	ss.mbox = appendEffect(ss.mbox, &ss.mgrants, e, moved)
 	claim := !ss.woken
 	ss.woken = true
@@ -206,19 +210,31 @@ func (ss *session) post(e *shard.Effect, local bool, moved string, gen uint64) (
 	return true, claim && local
 }
 
-// takeMail moves the mailbox into b (called on the session's loop).
-func (ss *session) takeMail(b *scratch) (took bool) {
+// takeMail moves the mailbox into b (called on the session's loop). spec
+// reports whether any of the mail was made from the table's state (see
+// hold, commit.go); an empty mailbox gives false.
+func (ss *session) takeMail(b *scratch) (spec bool) {
 	ss.mu.Lock()
 	ss.woken = false
-	took = len(ss.mbox) > 0
-	if took {
+	if len(ss.mbox) > 0 {
+		spec = ss.mspec
 		b.gen = min(b.gen, ss.mgen)
 		b.out, b.grants = appendAnswers(b.out, b.grants, ss.mbox, ss.mgrants)
 		ss.mbox = ss.mbox[:0]
 		ss.mgrants = ss.mgrants[:0]
+		ss.mspec = false
 	}
 	ss.mu.Unlock()
-	return took
+	return spec
+}
+
+// speculative reports whether e's answer rests on the table's state, so
+// that a node that commits before answering must hold it until the
+// records before it commit (commit.go). Only an L with reason 4 does not:
+// it says that this node can no longer tell (its gate left Serve, or it
+// shuts down), which is true whatever becomes of the records in flight.
+func speculative(e *shard.Effect) bool {
+	return e.Kind != shard.EffectLost || e.Reason != shard.ReasonCannotTell
 }
 
 // appendEffect encodes e's answer, recording a grant; an EffectMoved's M
@@ -232,10 +248,23 @@ func appendEffect(dst []byte, grants *[]grantRef, e *shard.Effect, moved string)
 	case shard.EffectBusy:
 		return proto.AppendBusy(dst, e.Owner, e.Key)
 	case shard.EffectMoved:
-		return proto.AppendMoved(dst, proto.OpAcquire, e.Owner, moved)
+		return proto.AppendMoved(dst, waiterOp(e), e.Owner, moved)
+	case shard.EffectLost:
+		// A watched grant ended (PROTOCOL.md §9.4): correlated with its
+		// W by (op, token).
+		return proto.AppendLost(dst, e.Token, uint8(e.Reason), e.Key)
 	default: // shard.EffectCancel
-		return proto.AppendError(dst, proto.OpAcquire, e.Owner, proto.CodeShutdown, msgShutdown)
+		return proto.AppendError(dst, waiterOp(e), e.Owner, proto.CodeShutdown, msgShutdown)
 	}
+}
+
+// waiterOp is the op of the queued acquire an effect answers: S for an
+// acquire shared (it has a limit), A otherwise — what an M or E names.
+func waiterOp(e *shard.Effect) proto.Op {
+	if e.Limit != 0 {
+		return proto.OpShared
+	}
+	return proto.OpAcquire
 }
 
 // afterWrite runs after b.out was handed to c.Write: grants whose bytes

@@ -30,6 +30,60 @@ func (s *Server) Key(key []byte) KeyState {
 	return KeyState{Held: true, Token: info.Token, LeaseLeft: left, Waiters: info.Waiters, Ident: info.Ident}
 }
 
+// KeyDetail is everything the server knows of one key right now: every
+// holder and every waiter (PROTOCOL.md §9.5), for the admin endpoint's
+// per-key view.
+type KeyDetail struct {
+	// Limit is 0 when free, 1 for an exclusive key, the limit of a shared
+	// key; Shared tells a key shared with limit 1 from an exclusive one.
+	Limit  int
+	Shared bool
+	// Holders are the grants whose lease has not ended, oldest first.
+	Holders []HolderState
+	// Waiters are the queued acquires in queue order, the head first.
+	Waiters []WaiterState
+}
+
+// HolderState is one holder of a key.
+type HolderState struct {
+	Token     uint64
+	Ident     string        // the identity it was granted to ("": none)
+	LeaseLeft time.Duration // until its lease ends
+}
+
+// WaiterState is one queued acquire of a key.
+type WaiterState struct {
+	Owner    uint64
+	Ident    string        // the identity it came from ("": none)
+	WaitLeft time.Duration // until its wait ends (0 once it has: its T is on its way)
+	Lease    uint8         // the lease it asked for, seconds
+	// Limit is 0 for an exclusive acquire (A), the limit of an acquire
+	// shared (S).
+	Limit uint16
+}
+
+// KeyDetail returns key's holders and waiters. Like Key it reports a
+// lease that has ended, but that no timer has processed yet, as gone. It
+// allocates (for the admin endpoint, not the request path).
+func (s *Server) KeyDetail(key []byte) KeyDetail {
+	d := s.table.Detail(key)
+	now := s.now()
+	out := KeyDetail{Limit: d.Limit, Shared: d.Shared, Holders: []HolderState{}, Waiters: []WaiterState{}}
+	for _, x := range d.Holders {
+		if x.Deadline > now {
+			out.Holders = append(out.Holders, HolderState{Token: x.Token, Ident: x.Ident, LeaseLeft: time.Duration(x.Deadline - now)})
+		}
+	}
+	for _, w := range d.Waiters {
+		out.Waiters = append(out.Waiters, WaiterState{Owner: w.Owner, Ident: w.Ident, WaitLeft: time.Duration(max(w.Deadline-now, 0)),
+			Lease: w.Lease, Limit: w.Limit})
+	}
+	if len(out.Holders) == 0 && len(out.Waiters) == 0 {
+		out.Limit, out.Shared = 0, false
+	}
+	return out
+}
+
 // Locks calls fn for every held key whose lease has not ended, with its
 // token and the lease time left, one shard at a time. Each shard is copied
 // under its lock and fn runs after the lock is released, so a slow fn (an

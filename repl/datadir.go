@@ -133,8 +133,9 @@ func RunWithin(ctx context.Context, f func() error) error {
 func WallFloor() uint64 { return uint64(time.Now().UnixNano()) }
 
 // tableSnapshot copies t's held locks whose lease has not ended at now (t's
-// clock) into a snapshot with wall-clock deadlines and each grant's
-// identity (PROTOCOL.md §8.3), and the last token as its mark.
+// clock) into a snapshot with wall-clock deadlines, each grant's identity
+// (PROTOCOL.md §8.3) and, for a shared key, every holder with the key's
+// limit (§9.2), and the last token as its mark.
 func tableSnapshot(t *shard.Table, now int64) store.Snapshot {
 	wallNow := time.Now()
 	var snap store.Snapshot
@@ -148,6 +149,7 @@ func tableSnapshot(t *shard.Table, now int64) store.Snapshot {
 				Token:    h.Token,
 				Deadline: wallNow.Add(time.Duration(h.Deadline - now)),
 				Ident:    string(h.Ident),
+				Limit:    h.Limit,
 			})
 		})
 	}
@@ -157,7 +159,8 @@ func tableSnapshot(t *shard.Table, now int64) store.Snapshot {
 
 // restoreLocks installs the locks whose wall-clock deadline has not passed
 // into t, their deadlines moved onto t's clock (now), each granted to its
-// identity, and returns how many.
+// identity, a shared key's holders one by one with its limit
+// (shard.Table.RestoreHolder), and returns how many.
 func restoreLocks(t *shard.Table, locks []store.Lock, now int64) (int, error) {
 	wallNow := time.Now()
 	n := 0
@@ -166,7 +169,8 @@ func restoreLocks(t *shard.Table, locks []store.Lock, now int64) (int, error) {
 		if left <= 0 {
 			continue
 		}
-		if err := t.RestoreAs(l.Key, l.Token, now+int64(left), []byte(l.Ident)); err != nil {
+		h := shard.HeldLock{Key: l.Key, Token: l.Token, Deadline: now + int64(left), Ident: []byte(l.Ident), Limit: l.Limit}
+		if err := t.RestoreHolder(&h); err != nil {
 			return n, err
 		}
 		t.Tokens().Observe(l.Token)

@@ -186,3 +186,63 @@ func TestSnapshotAcrossOpen(t *testing.T) {
 		t.Fatalf("Restored = %d", n2.restored)
 	}
 }
+
+// TestSharedSnapshotAcrossOpen: a shutdown writes every holder of a shared
+// key with its token, identity and the key's limit (PROTOCOL.md §9.2), and
+// the next Open reloads them all: the key is shared with the same limit,
+// each holder valid with its lease, and an acquire shared with another
+// limit is still a mismatch.
+func TestSharedSnapshotAcrossOpen(t *testing.T) {
+	dir := t.TempDir()
+	n := NewLocal(LocalConfig{DataDir: dir})
+	now := repltest.Clock()
+	tab, err := n.Open(shard.Config{}, now, repltest.Quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out shard.Out
+	ids := []string{"orders", "", "ops"}
+	var toks []uint64
+	for i, id := range ids {
+		st, tok := tab.AcquireShared(now(), []byte("sem"), 0, uint8(20+i), uint64(i), 3, tab.Ident([]byte(id)), nil, &out)
+		if st != shard.Granted {
+			t.Fatalf("holder %d: %v", i, st)
+		}
+		toks = append(toks, tok)
+	}
+	_, excl := tab.Acquire(now(), []byte("excl"), 0, 30, 9, nil, &out)
+	if err := n.Start("127.0.0.1:1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(context.Background(), Shutdown); err != nil {
+		t.Fatal(err)
+	}
+	n2 := NewLocal(LocalConfig{DataDir: dir})
+	now2 := repltest.Clock()
+	tab2, err := n2.Open(shard.Config{}, now2, repltest.Quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n2.Close(context.Background(), Discard)
+	d := tab2.Detail([]byte("sem"))
+	if !d.Shared || d.Limit != 3 || len(d.Holders) != 3 {
+		t.Fatalf("reloaded shared key: %+v, want 3 holders of limit 3", d)
+	}
+	for i, h := range d.Holders {
+		if h.Token != toks[i] || h.Ident != ids[i] {
+			t.Fatalf("holder %d: %+v, want token %d identity %q", i, h, toks[i], ids[i])
+		}
+		if left := time.Duration(h.Deadline - now2()); left < time.Duration(19+i)*time.Second || left > time.Duration(20+i)*time.Second {
+			t.Fatalf("holder %d: lease left %v, want just under %ds", i, left, 20+i)
+		}
+	}
+	if st, _ := tab2.AcquireShared(now2(), []byte("sem"), 0, 30, 5, 4, shard.NoIdent, nil, &out); st != shard.Mismatch {
+		t.Fatalf("an acquire shared with another limit after the restart: %v", st)
+	}
+	if e := tab2.Detail([]byte("excl")); e.Shared || len(e.Holders) != 1 || e.Holders[0].Token != excl {
+		t.Fatalf("the exclusive key after the restart: %+v", e)
+	}
+	if n2.restored != 4 {
+		t.Fatalf("restored %d holders, want 4", n2.restored)
+	}
+}

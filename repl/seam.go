@@ -106,6 +106,14 @@ type Host interface {
 	// unread are read under the new gate. Safe from any goroutine; it
 	// returns once the barrier has passed (the answers may still be on their
 	// way).
+	//
+	// A gate that redirects also ends every watch of the table with an L
+	// of reason 4 (PROTOCOL.md §9.4: this member can no longer tell), before
+	// GateChanged returns; a gate that holds keeps them (docs/PROTOCOL.md
+	// decision 51). So a node that is about to replace its table (a
+	// rebuild, Table.Reset, a snapshot from another member) redirects
+	// first: the watches are then gone, and the effects of the replacement
+	// owe no one an L.
 	GateChanged()
 	// Committed tells the engine that every record numbered up to seq
 	// (see Committer) is committed: answers held for them may leave.

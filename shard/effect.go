@@ -101,6 +101,10 @@ func (k EffectKind) String() string {
 type Effect struct {
 	Kind   EffectKind
 	Reason Reason // EffectLost: why the grant ended
+	// Limit is the waiter's: 0 for an acquire (A), the limit of an
+	// acquire shared (S), so that an answer correlated by (op, owner) — M,
+	// E — names the request's op. 0 for EffectLost.
+	Limit  uint16
 	Conn   *Conn  // the waiter's or the watch's connection
 	Owner  uint64 // the waiter's owner id (0 for EffectLost)
 	Token  uint64 // EffectGrant: the new token; EffectLost: the ended grant's token
@@ -132,6 +136,7 @@ func (o *Out) add(kind EffectKind, w *waiter, token uint64, key []byte) {
 	m := len(o.arena)
 	o.Effects = append(o.Effects, Effect{
 		Kind:   kind,
+		Limit:  w.limit,
 		Conn:   w.conn,
 		Owner:  w.owner,
 		Token:  token,

@@ -251,3 +251,28 @@ func waitDeadline(tab *Table, key []byte) int64 {
 	_, e := s.find(h, key)
 	return s.head(e).deadline
 }
+
+// TestEffectNamesTheWaitersOp: an effect owed to a queued acquire says
+// whether it was an acquire shared (its limit) or an acquire (0), so that
+// the answers correlated by (op, owner) — M when the node stops executing,
+// E 4 at shutdown — name the request's op (PROTOCOL.md §3, §9.1).
+func TestEffectNamesTheWaitersOp(t *testing.T) {
+	tab, _ := New(Config{Shards: 1}, NewTokens(0, 1<<40))
+	var out Out
+	c := NewConn("c")
+	tab.Acquire(0, []byte("k"), 0, 10, 1, nil, &out)
+	tab.Acquire(0, []byte("k"), 5, 10, 2, c, &out)
+	tab.AcquireShared(0, []byte("k"), 5, 10, 3, 7, NoIdent, c, &out)
+	tab.Acquire(0, []byte("j"), 0, 10, 4, nil, &out)
+	tab.AcquireShared(0, []byte("j"), 5, 10, 5, 65535, NoIdent, c, &out)
+	tab.CancelWaiters(&out)
+	want := map[uint64]uint16{2: 0, 3: 7, 5: 65535}
+	if len(out.Effects) != len(want) {
+		t.Fatalf("%d effects: %+v", len(out.Effects), out.Effects)
+	}
+	for _, e := range out.Effects {
+		if l, ok := want[e.Owner]; !ok || e.Kind != EffectCancel || e.Limit != l {
+			t.Fatalf("effect of owner %d: kind %s limit %d, want cancel limit %d", e.Owner, e.Kind, e.Limit, l)
+		}
+	}
+}

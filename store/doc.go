@@ -1,9 +1,10 @@
 // Package store owns lockd's data directory: the token reservation mark that
 // keeps fencing tokens increasing across crashes (PROTOCOL.md §5), the
 // shutdown snapshot of held locks, with the identity each was granted to
-// (§8.3), that a planned restart reloads (§4 "Shutdown"; a snapshot of the
-// format before identities still loads), and the lock file that keeps two
-// daemons off one directory.
+// (§8.3) and, for each holder of a shared key, the key's limit (§9.2), that
+// a planned restart reloads (§4 "Shutdown"; snapshots of the formats before
+// identities and before shared holders still load), and the lock file that
+// keeps two daemons off one directory.
 //
 // Every write is atomic and durable: a temporary file is written and synced,
 // renamed over the old one, and the directory is synced. A reader never sees

@@ -110,6 +110,10 @@ type Lock struct {
 	// Ident is the name of the identity the grant was made to
 	// (PROTOCOL.md §8.3; "" for none), at most MaxIdent bytes.
 	Ident string
+	// Limit is the key's holder limit when the lock is one holder of a
+	// shared key (PROTOCOL.md §9.2, 1..65535; a shared key has one Lock
+	// per holder, each with the limit), 0 for an exclusive lock.
+	Limit uint16
 }
 
 // MaxIdent is the longest identity name a snapshot stores.
@@ -121,20 +125,23 @@ type Snapshot struct {
 	Locks []Lock
 }
 
-// Snapshot formats: version 1 (before identities) is still read; version 2
-// is written.
+// Snapshot formats: versions 1 (before identities) and 2 (before shared
+// holders) are still read; version 3 is written.
 var (
 	snapMagicV1 = []byte("LOCKDSNAP1\n")
-	snapMagic   = []byte("LOCKDSNAP2\n")
+	snapMagicV2 = []byte("LOCKDSNAP2\n")
+	snapMagic   = []byte("LOCKDSNAP3\n")
 )
 
 // WriteSnapshot durably writes s, replacing any earlier snapshot.
 //
-// Layout (version 2): magic "LOCKDSNAP2\n", u64 mark, u32 count, then per
+// Layout (version 3): magic "LOCKDSNAP3\n", u64 mark, u32 count, then per
 // lock u16 key length, key, u64 token, i64 deadline (Unix ns), u8 identity
-// length, identity; then a CRC-32C of everything before it. Integers are
-// big-endian. Version 1 ("LOCKDSNAP1\n", written before identities) is the
-// same without the identity fields; ReadSnapshot reads both (a version 1
+// length, identity, u16 limit (0: exclusive); then a CRC-32C of everything
+// before it. Integers are big-endian. Version 2 ("LOCKDSNAP2\n", written
+// before shared holders) is the same without the limit, version 1
+// ("LOCKDSNAP1\n", before identities) without the identity fields too;
+// ReadSnapshot reads all three (their locks are exclusive, a version 1
 // lock has no identity).
 func (d *Dir) WriteSnapshot(s Snapshot) error {
 	b, err := encodeSnapshot(s)
@@ -163,6 +170,7 @@ func encodeSnapshot(s Snapshot) ([]byte, error) {
 		}
 		b = append(b, byte(len(l.Ident)))
 		b = append(b, l.Ident...)
+		b = binary.BigEndian.AppendUint16(b, l.Limit)
 	}
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
 }
@@ -209,9 +217,11 @@ func parseSnapshot(b []byte) (Snapshot, error) {
 	if len(b) < len(snapMagic)+8+4+4 {
 		return s, ErrCorrupt
 	}
-	var idents bool
+	var idents, limits bool
 	switch {
 	case bytes.Equal(b[:len(snapMagic)], snapMagic):
+		idents, limits = true, true
+	case bytes.Equal(b[:len(snapMagicV2)], snapMagicV2):
 		idents = true
 	case bytes.Equal(b[:len(snapMagicV1)], snapMagicV1):
 	default:
@@ -256,6 +266,13 @@ func parseSnapshot(b []byte) (Snapshot, error) {
 				return s, ErrCorrupt
 			}
 			l.Ident = string(id)
+		}
+		if limits {
+			var lim [2]byte
+			if _, err := io.ReadFull(r, lim[:]); err != nil {
+				return s, ErrCorrupt
+			}
+			l.Limit = binary.BigEndian.Uint16(lim[:])
 		}
 		s.Locks = append(s.Locks, l)
 	}

@@ -232,3 +232,75 @@ func TestSnapshotVersion1Loads(t *testing.T) {
 		t.Fatal("the golden file is not version 1")
 	}
 }
+
+// TestSnapshotLimits: every holder of a shared key keeps its key's limit
+// (PROTOCOL.md §9.2), beside its token, deadline and identity; an
+// exclusive lock has limit 0.
+func TestSnapshotLimits(t *testing.T) {
+	d, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	dl := time.Unix(1700000000, 5)
+	in := Snapshot{Mark: 12, Locks: []Lock{
+		{Key: []byte("sem"), Token: 7, Deadline: dl, Ident: "orders", Limit: 3},
+		{Key: []byte("sem"), Token: 9, Deadline: dl.Add(time.Second), Ident: "ops", Limit: 3},
+		{Key: []byte("excl"), Token: 10, Deadline: dl, Ident: "orders"},
+		{Key: []byte("rw"), Token: 12, Deadline: dl, Limit: 65535},
+	}}
+	if err := d.WriteSnapshot(in); err != nil {
+		t.Fatal(err)
+	}
+	out, ok, err := d.ReadSnapshot()
+	if !ok || err != nil || out.Mark != in.Mark || len(out.Locks) != len(in.Locks) {
+		t.Fatalf("ReadSnapshot: %+v ok=%v err=%v", out, ok, err)
+	}
+	for i, a := range in.Locks {
+		b := out.Locks[i]
+		if !bytes.Equal(a.Key, b.Key) || a.Token != b.Token || !a.Deadline.Equal(b.Deadline) || a.Ident != b.Ident || a.Limit != b.Limit {
+			t.Fatalf("lock %d: got %+v want %+v", i, b, a)
+		}
+	}
+}
+
+// TestSnapshotVersion2Loads: a snapshot written before shared holders
+// (testdata/locks-v2.snap, made by the code of that time: main at 8178baa)
+// still loads, identities included; its locks are exclusive (limit 0).
+func TestSnapshotVersion2Loads(t *testing.T) {
+	dir := t.TempDir()
+	b, err := os.ReadFile("testdata/locks-v2.snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, snapMagicV2) {
+		t.Fatal("the golden file is not version 2")
+	}
+	if err := os.WriteFile(filepath.Join(dir, snapFile), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	s, ok, err := d.ReadSnapshot()
+	if !ok || err != nil {
+		t.Fatalf("ReadSnapshot: ok=%v err=%v", ok, err)
+	}
+	dl := time.Unix(4102444800, 123456789)
+	want := []Lock{
+		{Key: []byte("orders/1"), Token: 4241, Deadline: dl, Ident: "orders"},
+		{Key: []byte("\x00ключ"), Token: 4242, Deadline: dl.Add(time.Second)},
+		{Key: []byte("jobs/x"), Token: 4243, Deadline: dl.Add(2 * time.Second), Ident: "ops"},
+	}
+	if s.Mark != 4243 || len(s.Locks) != len(want) {
+		t.Fatalf("got %+v", s)
+	}
+	for i, w := range want {
+		g := s.Locks[i]
+		if !bytes.Equal(g.Key, w.Key) || g.Token != w.Token || !g.Deadline.Equal(w.Deadline) || g.Ident != w.Ident || g.Limit != 0 {
+			t.Fatalf("lock %d: got %+v want %+v", i, g, w)
+		}
+	}
+}

@@ -90,6 +90,8 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	fs.IntVar(&cfg.Table.MaxWaitersPerKey, "max-waiters-per-key", cfg.Table.MaxWaitersPerKey, "queued acquires per key; more are answered B")
 	fs.IntVar(&cfg.Table.MaxWaiters, "max-waiters", cfg.Table.MaxWaiters, "queued acquires over all keys; more are answered B")
 	fs.IntVar(&cfg.Table.MaxWaitersPerConn, "max-waiters-per-conn", cfg.Table.MaxWaitersPerConn, "queued acquires of one connection; more are answered B")
+	fs.IntVar(&cfg.Table.MaxHolders, "max-holders", cfg.Table.MaxHolders, "holders of shared keys beyond each key's first (PROTOCOL.md §9.2), over all keys; an acquire shared beyond it is answered B")
+	fs.IntVar(&cfg.Table.MaxWatchesPerConn, "max-watches-per-conn", cfg.Table.MaxWatchesPerConn, "watches one connection may register (PROTOCOL.md §9.4); a watch beyond it is answered E 8")
 	fs.IntVar(&cfg.MaxPendingGrants, "max-pending-grants", cfg.MaxPendingGrants, "grants one connection has not taken from its socket; while it has that many, its acquires are answered B")
 	fs.DurationVar(&cfg.FrameTimeout, "frame-timeout", cfg.FrameTimeout, "a connection whose partial frame is older than this is closed (100ms..1h)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", cfg.MaxConns, "open client connections; more are closed at once")
@@ -265,6 +267,8 @@ var flags = map[string]string{
 	"Loops":                   "--loops",
 	"Drain":                   "--drain",
 	"Table.MaxWaitersPerConn": "--max-waiters-per-conn",
+	"Table.MaxHolders":        "--max-holders",
+	"Table.MaxWatchesPerConn": "--max-watches-per-conn",
 	"MaxPendingGrants":        "--max-pending-grants",
 	"FrameTimeout":            "--frame-timeout",
 	"TokenBlock":              "--token-block",
