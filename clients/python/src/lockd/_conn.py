@@ -149,6 +149,26 @@ log = logging.getLogger("lockd")
 # The pending table an answer's request waits in, by request op: an acquire
 # shared is answered like an acquire (A, T, B by owner).
 _TABLE = bytes(OP_ACQUIRE if i == OP_SHARED else i for i in range(256))
+# How the reader handles an answer, by answer op (one lookup, the common
+# answers first): the pending table is the op's own (A, R, K, P, W), the
+# acquire table (T, B), the one of the op the answer names (N; M, whose
+# tail is kept), or the op's own with the §9 fields kept (V, I); H and L
+# are no request's answer; E is looked at first.
+_K_OWN, _K_ACQ, _K_REQ_OP, _K_TAIL, _K_LOST, _K_HELLO, _K_QUERY, _K_ERROR = range(8)
+_KIND = bytes(
+    {
+        OP_TIMEOUT: _K_ACQ,
+        OP_BUSY: _K_ACQ,
+        OP_NOT_HELD: _K_REQ_OP,
+        OP_MOVED: _K_TAIL,
+        OP_LOST: _K_LOST,
+        OP_HELLO: _K_HELLO,
+        OP_VALIDATE: _K_QUERY,
+        OP_INSPECT: _K_QUERY,
+        OP_ERROR: _K_ERROR,
+    }.get(i, _K_OWN)
+    for i in range(256)
+)
 
 
 class Conn(asyncio.Protocol):
@@ -428,10 +448,25 @@ class Conn(asyncio.Protocol):
                 pos = end
                 first = not self.answered
                 self.answered = True
-                if op == OP_LOST:
+                kind = _KIND[op]
+                if kind == _K_OWN:
+                    t = op
+                elif kind == _K_ACQ:
+                    t = OP_ACQUIRE
+                elif kind == _K_REQ_OP or kind == _K_TAIL:
+                    t = _TABLE[req_op]
+                elif kind == _K_LOST:
                     self._lost(ident, data[start + 9])
                     continue
-                if op == OP_ERROR:
+                elif kind == _K_HELLO:
+                    if self.hello_pending and ident == self.hello_nonce:
+                        self.hello_pending = False
+                        self.identity = data[ts:te].decode("utf-8", "replace")
+                        self.owner.conn_welcomed(self)
+                    continue
+                elif kind == _K_QUERY:
+                    t = op
+                else:  # _K_ERROR
                     msg = data[ts:te].decode("utf-8", "replace")
                     if code == CODE_BAD_FRAME and req_op in S9_OPS:
                         self._unsupported(req_op, ident, msg)
@@ -457,20 +492,8 @@ class Conn(asyncio.Protocol):
                             )
                         )
                         return
-                    t = req_op
-                elif op == OP_TIMEOUT or op == OP_BUSY:
-                    t = OP_ACQUIRE
-                elif op == OP_NOT_HELD or op == OP_MOVED:
-                    t = req_op
-                elif op == OP_HELLO:
-                    if self.hello_pending and ident == self.hello_nonce:
-                        self.hello_pending = False
-                        self.identity = data[ts:te].decode("utf-8", "replace")
-                        self.owner.conn_welcomed(self)
-                    continue
-                else:
-                    t = op
-                table = pend.get(_TABLE[t])
+                    t = _TABLE[req_op]
+                table = pend.get(t)
                 if table is None:
                     continue
                 r = table.pop(ident, None)
@@ -480,7 +503,7 @@ class Conn(asyncio.Protocol):
                 if nx is not None:
                     table[ident] = nx
                     r.next = None
-                if r.op == OP_WATCH:
+                if t == OP_WATCH:
                     self.wflight -= 1
                     if op == OP_WATCH:
                         # Registered now: an L right behind finds it.
@@ -496,9 +519,9 @@ class Conn(asyncio.Protocol):
                 r.rop = op
                 r.rtoken = token
                 r.rcode = code
-                if op == OP_MOVED or op == OP_ERROR:
+                if kind == _K_TAIL or kind == _K_ERROR:
                     r.rtail = data[ts:te].decode("utf-8", "replace")
-                elif op == OP_VALIDATE or op == OP_INSPECT:
+                elif kind == _K_QUERY:
                     _reason, remaining, holders, limit, waiters = _extra(data, start, op)
                     r.rremain = remaining
                     if op == OP_INSPECT:
