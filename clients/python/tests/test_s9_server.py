@@ -305,4 +305,4 @@ async def test_watch_moves_to_the_new_active_after_L4(cluster: Cluster, caplog: 
                 await asyncio.sleep(30)
         assert ei.value.ended is lockd.Reason.FORCED, repr(ei.value)
         assert lost_at[0] - t0 < 0.2
-    assert any("(L 4): watching it again" in r.getMessage() for r in caplog.records), "no L 4 came"
+    assert any("can no longer tell (L 4)" in r.getMessage() for r in caplog.records), "no L 4 came"

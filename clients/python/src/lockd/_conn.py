@@ -51,8 +51,9 @@ at once — before any later frame is read, so an ``L`` right behind the
 connection that ends ends every registration on it with reason 4 (it can no
 longer tell) and its cause. The connection counts what the server counts
 against its bound of watches (registrations, and watch requests on their
-way), to send a watch only where there is room; an ``E`` 8 lowers the bound
-to what the server holds.
+way), to send a watch only where there is room: none is known until an
+``E`` 8, which sets the bound to the registrations the connection holds, so
+it takes no watch until one of them ends.
 
 A server without §9 answers a §9 request ``E`` 1 and closes: that request
 fails with :class:`~lockd.errors.Unsupported`; the requests written after it
@@ -116,6 +117,10 @@ from .proto import (
 
 S9_OPS = frozenset((OP_SHARED, OP_VALIDATE, OP_WATCH, OP_INSPECT))
 """The request ops of PROTOCOL.md §9: a server without §9 answers them E 1."""
+
+WATCH_BOUND_MAX = 1 << 30
+"""The largest --max-watches-per-conn lockd takes: the bound a connection
+assumes until an E 8 tells it the server's."""
 
 
 class Owner(Protocol):
@@ -182,7 +187,6 @@ class Conn(asyncio.Protocol):
         hello: bytes | None,
         nonce: int,
         transport_timeout: float,
-        watch_bound: int = 1024,
     ) -> None:
         self.owner = owner
         self.loop = loop
@@ -197,7 +201,9 @@ class Conn(asyncio.Protocol):
         self.watches: dict[int, list[WatchReg]] = {}  # registered watches by token, oldest first
         self.nreg = 0  # registered watches (those detached included): the server counts them
         self.wflight = 0  # watch requests written and not answered yet
-        self.watch_bound = watch_bound  # the server's bound of watches, as far as this client knows
+        # The server's bound of watches (--max-watches-per-conn) as far as
+        # this client knows: none until an E 8 said how many it holds.
+        self.watch_bound = WATCH_BOUND_MAX
         self.unsupported_op = 0  # the §9 op the server answered E 1 (it does not speak §9)
         self.dead = False
         self.flushing = False  # a flush is scheduled

@@ -6,17 +6,14 @@ and :class:`LockContext`, and the entry and exit of a ``lock()`` block that
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from types import TracebackType
 from typing import Callable
 
 from . import errors
 from ._ops import Core
-from ._request import WatchReg
 from ._types import Lock, check_key, check_limit
-from ._watch import reason_of
-from .proto import REASON_CANNOT_TELL
+from ._watch import Watcher
 
 __all__ = ["HeldLock", "LockContext", "Semaphore", "RWLock", "READERS"]
 
@@ -29,15 +26,17 @@ class Renewer:
     the lock is lost the moment lockd pushes ``L`` for it, not at the next
     renewal.
 
-    The watch: a ``W`` is registered when the renewals start. An ``L`` with
-    reason 1–3 (released, expired, forced) loses the lock at once. Reason 4
-    (the member can no longer tell) or a lost connection registers the
-    watch again at once, where the key is served now (the request follows
-    ``M`` like any other): its ``W`` confirms the grant, its ``N`` loses the
-    lock. A watch that cannot be registered (no connection, every
-    connection at its bound of watches, a server without §9) leaves the
-    lock to its renewals, and is tried again after the next renewal that
-    succeeds.
+    The watch (a :class:`~lockd._watch.Watcher`, started with the renewals
+    unless the client's ``watch_locks`` is off) follows the grant: an ``L``
+    with reason 1–3 (released, expired, forced) loses the lock at once.
+    When a registration lapses — an ``L`` 4, the member can no longer tell;
+    its connection lost — the lock renews at once (the renewal reaches the
+    member that serves now and confirms or denies the grant) and the watch
+    registers again there; a registration answered ``N`` loses the lock.
+    A watch that every connection refuses (``E`` 8) is tried again a
+    renewal interval later; one that cannot be had at all (a server without
+    §9, no permission) leaves the lock to its renewals, said once at
+    WARNING.
     """
 
     def __init__(
@@ -61,9 +60,8 @@ class Renewer:
         self.callbacks: list[Callable[[errors.LockLost], None]] = []
         self.error: errors.LockLost | None = None
         self.stopped = False
-        self.reg: WatchReg | None = None  # the lock's watch, registered or on its way
-        self.wtask: asyncio.Task[None] | None = None  # registering the watch
-        self.want_watch = False  # register (again) once wtask's attempt is over
+        self.watcher: Watcher | None = None
+        self.wake = asyncio.Event()  # renew now: the watch lapsed
 
     @property
     def stop_by(self) -> float:
@@ -78,7 +76,8 @@ class Renewer:
         self.callbacks.append(fn)
 
     def lose(self, err: errors.LockLost) -> None:
-        """The lock is lost: record why and tell the callbacks."""
+        """The lock is lost: record why, end the renewals and the watch, and
+        tell the callbacks."""
         if self.error is not None:
             return
         level = logging.INFO if isinstance(err.reason, errors.Closed) else logging.WARNING
@@ -109,86 +108,66 @@ class Renewer:
 
     # The watch.
 
-    def _unwatch(self) -> None:
-        """Stop caring about the watch (lockd keeps it until its L)."""
-        if self.reg is not None:
-            self.reg.detach()
-            self.reg = None
-        self.want_watch = False
-        t = self.wtask
-        if t is not None and not t.done() and t is not asyncio.current_task():
-            t.cancel()
-
     def watch(self) -> None:
-        """Register the lock's watch, in the background, unless it is
-        registered or being registered."""
+        """Start watching the lock in the background."""
         core = self.core
-        if not core.st.watch_locks or self.error is not None or self.stopped or core.closed or self.reg is not None:
+        if not core.st.watch_locks or self.error is not None or self.stopped or core.closed:
             return
-        self.want_watch = True
-        if self.wtask is None:
-            self.wtask = core.spawn(self._watch())
+        w = Watcher(core, self.lock.key, self.lock.token, self._watch_ended, self._lapsed, limit_retry=self.every)
+        self.watcher = w
+        w.start(None)
 
-    async def _watch(self) -> None:
+    def _unwatch(self) -> None:
+        w, self.watcher = self.watcher, None
+        if w is not None:
+            w.stop()
+
+    def _lapsed(self, reason: int, err: BaseException | None) -> None:
+        """A registration lapsed (L 4, or its connection ended): renew now."""
+        why = f"its connection ended ({err})" if err is not None else f"the member can no longer tell (L {reason})"
+        log.info(
+            "lockd: the watch of %r (token %d) lapsed: %s; renewing and watching it again",
+            self.lock.key,
+            self.lock.token,
+            why,
+        )
+        self.wake.set()
+
+    def _watch_ended(self, result: errors.GrantEnded | BaseException) -> None:
+        self.watcher = None
         core = self.core
-        key, token = self.lock.key, self.lock.token
-        try:
-            while self.want_watch and self.error is None and not self.stopped and not core.closed:
-                self.want_watch = False
-                reg = WatchReg(None)
-                reg.cb = functools.partial(self._watch_ended, reg)
-                self.reg = reg
-                try:
-                    await core.watch(key, token, reg)
-                except asyncio.CancelledError:
-                    reg.detach()
-                    raise
-                except errors.NotHeld as e:
-                    if self.reg is reg:
-                        self.reg = None
-                    if not self.stopped:
-                        self.lose(errors.LockLost("lockd: lock lost: a watch of it was answered N (not held)", e))
-                    return
-                except errors.LockdError as e:
-                    if self.reg is reg:
-                        self.reg = None
-                    if not self.stopped and not core.closed:
-                        # Once in a row at WARNING: with many locks and no
-                        # room, one line says it.
-                        log.log(
-                            logging.DEBUG if core.unwatched else logging.WARNING,
-                            "lockd: %r (token %d) is not watched (%s): its loss is noticed by its renewals; "
-                            "watching it is tried again after each",
-                            key,
-                            token,
-                            e,
-                        )
-                        core.unwatched = True
-                    return
-                if not reg.ended:
-                    core.unwatched = False
-                    log.debug("lockd: watching %r (token %d)", key, token)
-        finally:
-            self.wtask = None
-
-    def _watch_ended(self, reg: WatchReg, reason: int, err: BaseException | None) -> None:
-        """The lock's watch ended: an L, or its connection ended."""
-        if self.reg is reg:
-            self.reg = None
-        if self.error is not None or self.stopped or self.core.closed or isinstance(err, errors.Closed):
+        if self.error is not None or self.stopped or core.closed or isinstance(result, errors.Closed):
             return
-        key, token = self.lock.key, self.lock.token
-        if reason != REASON_CANNOT_TELL and err is None:
-            why = reason_of(key, token, reason)
-            if why != errors.Reason.CANNOT_TELL:
-                ended = errors.GrantEnded(key, token, why)
-                self.lose(errors.LockLost(f"lockd: lock lost: {ended}", ended))
-                return
-        if err is None:
-            log.info("lockd: the member watching %r (token %d) can no longer tell (L 4): watching it again", key, token)
-        else:
-            log.info("lockd: the watch of %r (token %d) ended with its connection (%s): watching it again", key, token, err)
-        self.watch()
+        if isinstance(result, errors.NotHeld):
+            if isinstance(result, errors.GrantEnded):
+                self.lose(errors.LockLost(f"lockd: lock lost: {result}", result))
+            else:
+                self.lose(errors.LockLost("lockd: lock lost: a watch of it was answered N (not held)", result))
+            return
+        # Once in a row at WARNING: with many locks, one line says it.
+        log.log(
+            logging.DEBUG if core.unwatched else logging.WARNING,
+            "lockd: %r (token %d) is not watched (%s): its loss is noticed by its renewals",
+            self.lock.key,
+            self.lock.token,
+            result,
+        )
+        core.unwatched = True
+
+    async def _pause(self, d: float) -> bool:
+        """Sleep ``d``, or until :attr:`wake` is set; False if the client
+        closed."""
+        core = self.core
+        if not self.wake.is_set() and d > 0:
+            closing = core.pool.closing
+            waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(closing.wait())]
+            try:
+                await asyncio.wait(waits, timeout=d, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in waits:
+                    t.cancel()
+        self.wake.clear()
+        return not core.closed
 
     def _next_renewal(self) -> float:
         left = self.stop_by - self.core.loop.time()
@@ -197,7 +176,6 @@ class Renewer:
     async def run(self) -> None:
         """The renewal loop."""
         core = self.core
-        pool = core.pool
         loop = core.loop
         key, token = self.lock.key, self.lock.token
         delay = self._next_renewal()
@@ -206,7 +184,7 @@ class Renewer:
         while True:
             by = self.stop_by
             at = min(loop.time() + delay, by)
-            if core.closed or not await pool.sleep(at - loop.time(), by + 1):
+            if core.closed or not await self._pause(at - loop.time()):
                 self.lose(errors.LockLost("lockd: lock lost: the client was closed", errors.Closed("lockd: client closed")))
                 return
             if loop.time() >= by:
@@ -227,8 +205,6 @@ class Renewer:
                 err = e
             else:
                 self.lock = nl
-                if self.reg is None and self.wtask is None:
-                    self.watch()  # not watched: try again
                 if failures:
                     log.info("lockd: renewed %r (token %d) after %d failed attempts", key, token, failures)
                 else:

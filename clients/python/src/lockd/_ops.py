@@ -363,8 +363,8 @@ class Core:
             elif o == OUT_NO_ROOM:
                 raise errors.WatchLimit(
                     r.key,
-                    f"every connection to {r.from_addr or 'the server'} holds its bound of watches "
-                    f"(max_watches_per_conn, or what an E 8 said)",
+                    f"every connection to {r.from_addr or 'the server'} answered E 8 (it holds the server's bound "
+                    "of watches, --max-watches-per-conn) and none of their watches has ended since",
                 )
             elif o == OUT_LOST or o == OUT_ABANDONED or o == OUT_DEADLINE:
                 sent = True

@@ -266,7 +266,7 @@ class Pool:
         nonce = self.rand.getrandbits(64)
         async with asyncio.timeout(st.dial_timeout):
             _, conn = await self.loop.create_connection(
-                lambda: Conn(self, self.loop, addr, st.hello, nonce, st.transport_timeout, st.max_watches_per_conn),
+                lambda: Conn(self, self.loop, addr, st.hello, nonce, st.transport_timeout),
                 host,
                 port,
                 ssl=st.ssl,

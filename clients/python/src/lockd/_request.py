@@ -77,17 +77,21 @@ class WatchReg:
     ``L``). A detached registration (its watcher lost interest) still counts
     until its ``L`` comes, and calls nothing."""
 
-    __slots__ = ("cb", "ended")
+    __slots__ = ("cb", "ended", "reason", "err")
 
     def __init__(self, cb: Callable[[int, BaseException | None], None] | None) -> None:
         self.cb = cb
         self.ended = False
+        self.reason = 0  # the L's reason, once ended (4 when the connection ended)
+        self.err: BaseException | None = None  # the connection's cause, when it ended with it
 
     def end(self, reason: int, err: BaseException | None) -> None:
-        """End the registration: call the callback once."""
+        """End the registration: record how and call the callback once."""
         if self.ended:
             return
         self.ended = True
+        self.reason = reason
+        self.err = err
         cb, self.cb = self.cb, None
         if cb is not None:
             cb(reason, err)

@@ -45,7 +45,6 @@ class Settings:
     default_lease: float
     fail_fast: bool
     watch_locks: bool = True  # watch every held lock (PROTOCOL.md §9.4)
-    max_watches_per_conn: int = 1024  # the bound of watches the client assumes per connection
 
     def renew_timeout(self, lease: int) -> float:
         """How long one renewal attempt of a ``lease``-second lease waits for
@@ -74,7 +73,6 @@ def settings(
     default_lease: float,
     fail_fast: bool,
     watch_locks: bool = True,
-    max_watches_per_conn: int = 1024,
 ) -> Settings:
     """Check the options; raise :class:`lockd.InvalidArgument`."""
     if isinstance(addrs, str):
@@ -105,8 +103,6 @@ def settings(
         raise errors.InvalidArgument("lockd: ssl must be an ssl.SSLContext")
     if server_hostname is not None and ssl is None:
         raise errors.InvalidArgument("lockd: server_hostname needs ssl")
-    if isinstance(max_watches_per_conn, bool) or not isinstance(max_watches_per_conn, int) or max_watches_per_conn < 0:
-        raise errors.InvalidArgument("lockd: max_watches_per_conn must be an int >= 0")
     return Settings(
         addrs=tuple(addrs),
         ssl=ssl,
@@ -124,7 +120,6 @@ def settings(
         default_lease=float(default_lease),
         fail_fast=bool(fail_fast),
         watch_locks=bool(watch_locks),
-        max_watches_per_conn=max_watches_per_conn,
     )
 
 

@@ -163,10 +163,11 @@ class Client:
     **Every held lock is watched** (``watch_locks``, default True): its
     ``lost`` is set the moment lockd pushes ``L`` for it (released, expired,
     forced), not at the next renewal; after an ``L`` 4 or a lost connection
-    the watch is registered again where the key is served now. A
-    connection carries at most ``max_watches_per_conn`` watches (lockd's
-    default bound, 1024; an ``E`` 8 teaches the client a lower one); a lock
-    for which no connection has room is left to its renewals. A server
+    it renews at once and registers the watch again where the key is
+    served now. A connection that answered ``E`` 8 gets no watch until one
+    of its watches ends (the watch goes to another connection); a lock
+    that no connection has room for is left to its renewals and watched a
+    renewal interval later. A server
     without §9 answers a §9 request ``E`` 1 and closes the connection: the
     call raises :class:`Unsupported`, the requests that shared the
     connection say why they were lost (those written after it were never
@@ -195,7 +196,6 @@ class Client:
         default_lease: float = 30.0,
         fail_fast: bool = False,
         watch_locks: bool = True,
-        max_watches_per_conn: int = 1024,
     ) -> None:
         self._st: Settings = settings(
             addrs,
@@ -215,7 +215,6 @@ class Client:
             default_lease=default_lease,
             fail_fast=fail_fast,
             watch_locks=watch_locks,
-            max_watches_per_conn=max_watches_per_conn,
         )
         self._core: Core | None = None
         self._closed = False
@@ -351,23 +350,25 @@ class Client:
         """Watch the grant ``token`` of ``key`` — or a :class:`Lock`, a held
         lock (PROTOCOL.md §9.4: ``W``): returns a :class:`Watch` once lockd
         registered it; ``await`` the watch (or ``async for`` over it) for
-        the one end lockd pushes with its :class:`Reason`::
+        the one end lockd pushes, with its :class:`Reason`::
 
             w = await c.watch(lock)
-            reason = await w            # Reason.RELEASED, EXPIRED, FORCED, CANNOT_TELL
+            reason = await w            # Reason.RELEASED, EXPIRED or FORCED
 
-        Anyone allowed the key may watch any of its holders. Raises
-        :class:`NotHeld` when the token is not a current holder,
-        :class:`WatchLimit` when no connection has room for another watch
-        (``E`` 8), and :meth:`validate`'s other errors. The client's own
-        held locks are watched without this (``watch_locks``).
+        The watch follows the grant across a failover: when the member can
+        no longer tell (``L`` 4) or the connection is lost, it registers
+        again where the key is served now (see :class:`Watch` for how it
+        can end otherwise). Anyone allowed the key may watch any of its
+        holders. Raises :class:`NotHeld` when the token is not a current
+        holder, :class:`WatchLimit` when every connection refused another
+        watch (``E`` 8), and :meth:`validate`'s other errors. The client's
+        own held locks are watched without this (``watch_locks``).
         """
         k, t = grant_of(key, token)
         check_key(k)
-        core = self._started()
-        w = Watch(k, t, core.loop)
+        w = Watch(self._started(), k, t)
         try:
-            await core.watch(k, t, w.reg)
+            await w._start()
         except BaseException:
             w.cancel()
             raise

@@ -63,7 +63,8 @@ __all__ = [
 
 class Reason(enum.IntEnum):
     """Why a watched grant ended: the reason of lockd's ``L`` (PROTOCOL.md
-    §9.4)."""
+    §9.4). (The protocol's fourth, "this member can no longer tell", is no
+    end: the client watches again where the grant is served now.)"""
 
     RELEASED = 1
     """Released, by any connection (the holder's own release included)."""
@@ -71,12 +72,8 @@ class Reason(enum.IntEnum):
     """Its lease ended without a renewal."""
     FORCED = 3
     """Released by an operator: an ``admin`` identity, or the admin
-    endpoint's ``DELETE /keys/{key}``."""
-    CANNOT_TELL = 4
-    """The member that registered the watch can no longer tell (it is
-    shutting down, stepping down, demoted or frozen), or the client's
-    connection to it was lost: the grant may live on at the member that
-    serves the key now; watch again."""
+    endpoint's ``DELETE /keys/{key}`` (or its lease, set by an admin's
+    renew, ended)."""
 
     def describe(self) -> str:
         """The reason in words, for messages."""
@@ -87,7 +84,6 @@ _REASON_WORDS = {
     Reason.RELEASED: "it was released",
     Reason.EXPIRED: "its lease expired",
     Reason.FORCED: "an operator released it (forced)",
-    Reason.CANNOT_TELL: "the member watching it can no longer tell",
 }
 
 
@@ -261,10 +257,11 @@ class LimitMismatch(LockdError):
 
 
 class WatchLimit(LockdError):
-    """``E`` code 8 (§9.4): no connection of the client had room for another
-    watch (every one holds the server's bound of watches,
-    ``--max-watches-per-conn``); definitive, not executed. ``message`` is the
-    server's text, or the client's when it knew without asking."""
+    """``E`` code 8 (§9.4): every connection to the member refused another
+    watch (each holds the server's bound of watches,
+    ``--max-watches-per-conn``, and none of them has ended since);
+    definitive, not executed. ``message`` is the server's text, or the
+    client's when it knew without asking."""
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"lockd: cannot watch {key!r}: {message}")

@@ -66,7 +66,6 @@ class SyncClient:
         default_lease: float = 30.0,
         fail_fast: bool = False,
         watch_locks: bool = True,
-        max_watches_per_conn: int = 1024,
     ) -> None:
         self._client = Client(
             addrs,
@@ -86,7 +85,6 @@ class SyncClient:
             default_lease=default_lease,
             fail_fast=fail_fast,
             watch_locks=watch_locks,
-            max_watches_per_conn=max_watches_per_conn,
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="lockd-client", daemon=True)
@@ -340,20 +338,22 @@ class SyncLockContext:
 
 
 class SyncWatch:
-    """A registered watch (:meth:`SyncClient.watch`), as
-    :class:`lockd.Watch` for threads: :meth:`wait` blocks until the grant
-    ends and returns its :class:`Reason`; ``for reason in watch`` yields it
-    once. Safe from any thread. Made on the loop."""
+    """A registered watch (:meth:`SyncClient.watch`), as :class:`lockd.Watch`
+    for threads: :meth:`wait` blocks until the grant ends and returns its
+    :class:`Reason` (or raises what ended the watch otherwise); ``for reason
+    in watch`` yields it once. Safe from any thread. Made on the loop."""
 
     def __init__(self, sc: SyncClient, w: Watch) -> None:
         self._sc = sc
         self._w = w
         self._ev = threading.Event()
         self._reason: Reason | None = None
+        self._error: BaseException | None = None
         w.add_done_callback(self._ended)
 
-    def _ended(self, reason: Reason) -> None:
-        self._reason = reason
+    def _ended(self, w: Watch) -> None:
+        self._reason = w.reason
+        self._error = w.error
         self._ev.set()
 
     @property
@@ -368,14 +368,15 @@ class SyncWatch:
 
     @property
     def reason(self) -> Reason | None:
-        """How the grant ended; None until it did."""
+        """How the grant ended, as lockd said; None until then, or when the
+        watch ended otherwise (:attr:`error`)."""
         return self._reason if self._ev.is_set() else None
 
     @property
     def error(self) -> BaseException | None:
-        """Why the watch ended with :attr:`Reason.CANNOT_TELL` without an
-        ``L`` (its connection was lost); None otherwise."""
-        return self._w.error if self._ev.is_set() else None
+        """Why the watch ended without lockd's reason (see
+        :class:`lockd.Watch`); None otherwise."""
+        return self._error if self._ev.is_set() else None
 
     def done(self) -> bool:
         """Whether the watch ended (or was cancelled)."""
@@ -383,9 +384,13 @@ class SyncWatch:
 
     def wait(self, timeout: float | None = None) -> Reason | None:
         """Block until the grant ends (at most ``timeout`` seconds) and
-        return its reason; None if the timeout passed first, or after
-        :meth:`cancel`."""
+        return its reason, or raise what ended the watch otherwise
+        (:class:`NotHeld`, :class:`WatchLimit`, ...); None if the timeout
+        passed first, or after :meth:`cancel`."""
         self._ev.wait(timeout)
+        err = self.error
+        if err is not None:
+            raise err
         return self.reason
 
     def __iter__(self) -> Iterator[Reason]:
@@ -394,7 +399,7 @@ class SyncWatch:
             yield r
 
     def cancel(self) -> None:
-        """Stop waiting: :meth:`wait` returns None (see
+        """Stop following the grant: :meth:`wait` returns None (see
         :meth:`lockd.Watch.cancel`)."""
         try:
             self._sc._loop.call_soon_threadsafe(self._w.cancel)
@@ -403,7 +408,7 @@ class SyncWatch:
         self._ev.set()
 
     def __repr__(self) -> str:
-        return f"lockd.SyncWatch(key={self.key!r}, token={self.token}, reason={self.reason!r})"
+        return f"lockd.SyncWatch(key={self.key!r}, token={self.token}, reason={self.reason!r}, error={self.error!r})"
 
 
 class SyncSemaphore:
