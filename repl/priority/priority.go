@@ -85,6 +85,10 @@ type node struct {
 	// noWallFloor leaves the wall-clock floor out of a promotion's first
 	// token, so tests see the reservation rule alone.
 	noWallFloor bool
+	// version is the member-link version this member's Hello says and
+	// accepts: protocolVersion (tests set an older one to play a member of
+	// an older lockd beside this one, before Start).
+	version uint16
 }
 
 // stopRequest is Stop handed to run.
@@ -108,7 +112,8 @@ func newNode(cfg repl.ClusterConfig) (*node, error) {
 		return nil, err
 	}
 	p := &node{cfg: cfg, self: cfg.Peers[cfg.Self], quit: make(chan struct{}), inbox: make(chan machine.Msg, 256),
-		stops: make(chan stopRequest), busySince: make([]atomic.Int64, len(cfg.Peers)), heardAt: make([]atomic.Int64, len(cfg.Peers))}
+		stops: make(chan stopRequest), busySince: make([]atomic.Int64, len(cfg.Peers)), heardAt: make([]atomic.Int64, len(cfg.Peers)),
+		version: protocolVersion}
 	p.reserves.init()
 	p.gate.Store(&gate{Gate: repl.Gate{State: repl.Hold}})
 	return p, nil
@@ -497,7 +502,7 @@ func (p *node) Health() error {
 
 // hello is what this member says first on every link.
 func (p *node) hello() hello {
-	return hello{Version: protocolVersion, Mode: modePriority, Members: uint8(len(p.cfg.Peers)), Self: uint8(p.cfg.Self),
+	return hello{Version: p.version, Mode: modePriority, Members: uint8(len(p.cfg.Peers)), Self: uint8(p.cfg.Self),
 		Offset: uint32(p.cfg.PeerOffset), Shards: uint32(p.table.Shards()), FailoverMS: uint32(p.cfg.FailoverTimeout / time.Millisecond),
 		Peers: p.cfg.Peers}
 }

@@ -75,6 +75,7 @@ type node struct {
 	logs     raft.LogStore // raft-wal (or bolt) itself; raft writes through the log cache and dur
 	dur      *durability   // raft-wal's deferred leader fsyncs (durable.go); nil with bolt
 	vfs      types.VFS     // tests: raft-wal's file system (nil: the real one)
+	segSize  int           // tests: raft-wal's segment size (0: its default, 64 MiB)
 	stable   raft.StableStore
 	snaps    *raft.FileSnapshotStore
 	closers  []io.Closer
@@ -125,6 +126,7 @@ type node struct {
 	// and this member does not serve (it retries, with retryAt and
 	// retryWait under actMu).
 	stale       atomic.Bool
+	staleWhy    atomic.Pointer[string] // the last rebuild's error, for Health
 	retryAt     time.Time
 	retryWait   time.Duration
 	replayHook  func() // tests: runs inside a rebuild between the snapshot and the log
@@ -256,7 +258,7 @@ func (n *node) openRaft() error {
 	if n.store == logStoreWAL {
 		n.dur = newDurability(n.logFailed)
 	}
-	ls, err := n.openLogStore(n.store, base, n.dur, n.vfs)
+	ls, err := n.openLogStore(n.store, base, n.dur, n.vfs, n.segSize)
 	if err != nil {
 		return fmt.Errorf("raft log in %s: %w", base, err)
 	}
@@ -675,6 +677,8 @@ func (n *node) rebuild(why string) error {
 		n.dirty = true
 		n.mu.Unlock()
 		n.stale.Store(true)
+		why := err.Error()
+		n.staleWhy.Store(&why)
 		n.retryWait = min(max(2*n.retryWait, n.cfg.FailoverTimeout/10), 10*time.Second)
 		n.retryAt = time.Now().Add(n.retryWait)
 		n.log.Error("rebuilding the table from the raft log failed: this member does not serve until a rebuild succeeds",
@@ -682,6 +686,7 @@ func (n *node) rebuild(why string) error {
 		return err
 	}
 	n.stale.Store(false)
+	n.staleWhy.Store(nil)
 	n.retryWait, n.retryAt = 0, time.Time{}
 	n.log.Info("table rebuilt from the raft log", "why", why, "snapshot_index", from, "applied_index", n.applied,
 		"locks", n.table.Stats().Keys, "took", time.Since(began))
@@ -840,6 +845,9 @@ func (n *node) Health() error {
 		return err
 	}
 	if n.stale.Load() {
+		if why := n.staleWhy.Load(); why != nil {
+			return errors.New("raftnode: the table could not be rebuilt from the raft log: " + *why)
+		}
 		return errors.New("raftnode: the table could not be rebuilt from the raft log")
 	}
 	if n.dur != nil {
