@@ -277,17 +277,22 @@ def cluster(request: pytest.FixtureRequest, lockd_bin: str, tmp_path: Path) -> I
 
 
 @pytest.mark.timeout(120)
-async def test_watch_moves_to_the_new_active_after_L4(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+async def test_watch_moves_to_the_new_active_after_L4(
+    cluster: Cluster, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """SIGTERM of the active/leader: it ends every watch with L 4 as its
-    drain begins. A held lock is not lost by it: its watch is registered
-    again at the member that serves the key now, where a forced release
-    then sets ``lost`` at once."""
+    drain begins. A held lock — exclusive, or a semaphore's permit, a
+    shared holder the cluster replicates — is not lost by it: it renews at
+    the member that serves the key now and its watch is registered there,
+    where a forced release then sets ``lost`` at once."""
     caplog.set_level(logging.INFO, logger="lockd")
     old = cluster.wait_leader()
     async with lockd.Client(cluster.addrs) as c:
         lost_at: list[float] = []
+        ctx = c.lock("cluster/watched", wait=5, lease=30) if kind == "lock" else c.semaphore("cluster/sem", 3, wait=5, lease=30)
         with pytest.raises(lockd.LockLost) as ei:
-            async with c.lock("cluster/watched", wait=5, lease=30) as held:
+            async with ctx as held:
                 held.add_lost_callback(lambda _e: lost_at.append(time.monotonic()))
                 await _watched(c, held.key)
                 await asyncio.sleep(0.5)  # replicated
