@@ -311,3 +311,37 @@ async def test_watch_moves_to_the_new_active_after_L4(
         assert ei.value.ended is lockd.Reason.FORCED, repr(ei.value)
         assert lost_at[0] - t0 < 0.2
     assert any("can no longer tell (L 4)" in r.getMessage() for r in caplog.records), "no L 4 came"
+
+
+async def test_fence_validating(shared_server: Cluster) -> None:
+    async with lockd.Client(shared_server.addrs) as c:
+        held = await c.acquire("fence/v", lease=5)
+        v = lockd.fence.Validating(c, min_remaining=1.0)
+        left = await v.check("fence/v", held.token)
+        assert 4.0 < left <= 5.0, left
+        assert await v.do("fence/v", held.token, lambda: asyncio.sleep(0, "done")) == "done"
+        with pytest.raises(lockd.fence.NotValid) as e:
+            await v.check("fence/v", held.token + 1)
+        assert isinstance(e.value.cause, lockd.NotHeld)
+        # Not enough lease left: refused without acting.
+        with pytest.raises(lockd.fence.NotValid) as e:
+            await lockd.fence.Validating(c, min_remaining=30).check("fence/v", held.token)
+        assert e.value.cause is None and 4.0 < e.value.left <= 5.0
+        # The action is cut off when the lease could end.
+        short = await c.acquire("fence/short", lease=1)
+        with pytest.raises(TimeoutError):
+            await lockd.fence.Validating(c).do("fence/short", short.token, lambda: asyncio.sleep(3))
+        await c.release(held)
+        with pytest.raises(lockd.fence.NotValid):
+            await v.check("fence/v", held.token)
+
+
+def test_fence_sync_validating(shared_server: Cluster) -> None:
+    with lockd.SyncClient(shared_server.addrs) as c:
+        held = c.acquire("fence/sv", lease=5)
+        v = lockd.fence.SyncValidating(c)
+        deadline = v.do("fence/sv", held.token, lambda d: d)
+        assert 4.0 < deadline - time.monotonic() <= 5.0
+        c.release(held)
+        with pytest.raises(lockd.fence.NotValid):
+            v.check("fence/sv", held.token)
