@@ -113,7 +113,7 @@ var rules = map[string]rule{
 	// started apart; its test serves one in process (lockdtest).
 	"bench/cycle": {allow: append(lockd("proto", "engine", "internal/lockdtest"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
-	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
+	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl", "internal/wait"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"internal/layers": {},
 	// One log line per interval for a flood of like events: the standard
@@ -124,6 +124,9 @@ var rules = map[string]rule{
 	// The operator's assets (unit, rules, dashboard): no code; its tests
 	// drive the binary from outside.
 	"ops": {noDeps: []string{mod + "/"}},
+	// The tests' bounded wait: the standard library only, so that every
+	// test and harness may use it.
+	"internal/wait": {noStd: noNetOrOS, noDeps: []string{mod + "/"}},
 	// Throwaway certificates for tests and bench: the standard library only.
 	"internal/testcerts": {noDeps: []string{mod + "/"}},
 	"internal/e2e":       {noDeps: []string{cmds}},
@@ -132,7 +135,7 @@ var rules = map[string]rule{
 	// outside, so it imports no server package (nor client: the tests
 	// that use it bring their own).
 	"internal/faultproxy": {noDeps: []string{mod + "/"}},
-	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy", "internal/testcerts"),
+	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy", "internal/testcerts", "internal/wait"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
 	// The history checkers know nothing of the wire or the server: the
 	// standard library and porcupine only.
