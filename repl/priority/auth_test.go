@@ -52,7 +52,7 @@ func stateOf(ms []*member, keys map[string]uint64) clusterState {
 	var s clusterState
 	for _, m := range ms {
 		st := m.p.Status()
-		s.epochs = append(s.epochs, st.Epoch)
+		s.epochs = append(s.epochs, st.Priority.Epoch)
 		role := st.Role
 		if role == api.RoleActiveChecking {
 			// A freeze check after a stall of the loaded test machine is
@@ -60,7 +60,7 @@ func stateOf(ms []*member, keys map[string]uint64) clusterState {
 			role = api.RoleActive
 		}
 		s.roles = append(s.roles, role)
-		s.changes = append(s.changes, st.Failovers+st.Demotions+st.Handovers)
+		s.changes = append(s.changes, st.Priority.Failovers+st.Priority.Demotions+st.Priority.Handovers)
 	}
 	s.tokenLast = ms[0].table.Tokens().Last()
 	s.locks = map[string]uint64{}
@@ -155,7 +155,7 @@ func TestForgedMember(t *testing.T) {
 			// forged active for three failover timeouts.
 			d := 3 * a.p.cfg.FailoverTimeout
 			done := make(chan bool, 2)
-			epoch := a.p.Status().Epoch
+			epoch := a.p.Status().Priority.Epoch
 			for _, to := range []int{0, 1} {
 				c := forge(to)
 				go func() { done <- forgeHeartbeats(c, h, d, epoch) }()
@@ -169,8 +169,8 @@ func TestForgedMember(t *testing.T) {
 			if tc.Name == "off" {
 				// The takeover: the real active stepped down (discarding its
 				// table for a snapshot), and the forged epoch is the cluster's.
-				wait.For(t, "the real active to step down", func() bool { return ms[0].p.Status().Demotions > 0 })
-				if e := ms[0].p.Status().Epoch; e < 1<<40 {
+				wait.For(t, "the real active to step down", func() bool { return ms[0].p.Status().Priority.Demotions > 0 })
+				if e := ms[0].p.Status().Priority.Epoch; e < 1<<40 {
 					t.Errorf("without §8.4 the forged epoch did not spread: epoch %d", e)
 				}
 				after = stateOf(ms, keys)
@@ -259,7 +259,7 @@ func TestFloodedMemberPort(t *testing.T) {
 	}
 	n := stop()
 	t.Logf("%d connections flooded; refused %v; member 1 reconnected and in sync", n, a.p.Status().MemberRefused)
-	if st := a.p.Status(); st.Role != "active" || st.Demotions != 0 {
+	if st := a.p.Status(); st.Role != "active" || st.Priority.Demotions != 0 {
 		t.Fatalf("the active changed: %+v", st)
 	}
 }

@@ -172,7 +172,7 @@ func TestPriorityInProcess(t *testing.T) {
 		}
 		return true
 	})
-	if st := a.p.Status(); st.Batches == 0 || st.Records < 400 || st.WireBytes == 0 || st.RawBytes < st.Records*10 {
+	if st := a.p.Status(); st.Priority.Batches == 0 || st.Priority.Records < 400 || st.Priority.WireBytes == 0 || st.Priority.RawBytes < st.Priority.Records*10 {
 		t.Fatalf("the active's stream counters: %+v", st)
 	}
 	if info := ms[1].table.Lookup([]byte("k200")); time.Duration(info.Deadline-ms[1].clock()) < 50*time.Second {
@@ -257,7 +257,7 @@ func TestSplitActiveBackAsStandby(t *testing.T) {
 	a := ms[0]
 	ms[2].p.Close(context.Background(), repl.Discard)
 	ms[2] = nil
-	epoch := a.p.Status().Epoch
+	epoch := a.p.Status().Priority.Epoch
 	mark := a.table.Tokens().Last() + 1e12 // what it reserved on its side
 	c, err := net.Dial("tcp", a.p.cfg.MemberAddr(0))
 	if err != nil {
@@ -280,7 +280,7 @@ func TestSplitActiveBackAsStandby(t *testing.T) {
 	if st, tok := a.table.Acquire(a.clock(), []byte("after"), 0, 30, 0, nil, &out); st != shard.Granted || tok <= mark {
 		t.Fatalf("first acquire after the member came back: %v, token %d, want granted above %d", st, tok, mark)
 	}
-	if st := a.p.Status(); st.Role != "active" || st.Demotions != 0 {
+	if st := a.p.Status(); st.Role != "active" || st.Priority.Demotions != 0 {
 		t.Fatalf("the active changed: %+v", st)
 	}
 	// A counter near 2^64 is no real member's: the reservation above it

@@ -43,9 +43,9 @@ func (c *raftCluster) state(l int) raftState {
 	s := raftState{leader: l, tokenLast: c.ms[l].table.Tokens().Last(), locks: dumpTable(c.ms[l].table)}
 	for _, m := range c.ms {
 		st := m.n.Status()
-		s.terms = append(s.terms, st.Epoch)
+		s.terms = append(s.terms, st.Raft.Term)
 		s.roles = append(s.roles, st.Role)
-		s.elections = append(s.elections, st.Elections)
+		s.elections = append(s.elections, st.Raft.Elections)
 	}
 	return s
 }
@@ -118,7 +118,7 @@ func TestForeignAppendEntries(t *testing.T) {
 				if rpcErr != nil {
 					t.Fatalf("the foreign AppendEntries failed without §8.4: %v", rpcErr)
 				}
-				wait.For(t, "the forged term to depose the leader", func() bool { return lm.n.Status().Epoch >= forged })
+				wait.For(t, "the forged term to depose the leader", func() bool { return lm.n.Status().Raft.Term >= forged })
 				t.Logf("without §8.4: %v (before: %v)", c.state(l), before)
 				return
 			}

@@ -137,8 +137,8 @@ func TestRaftReplaceMember(t *testing.T) {
 		return g.State == repl.Redirect && g.Addr == c.peers[l]
 	})
 	st := lm.n.Status()
-	if len(st.Configuration) != 3 || len(st.Members) != 2 {
-		t.Fatalf("leader's status: configuration %+v, members %+v", st.Configuration, st.Members)
+	if len(st.Raft.Configuration) != 3 || len(st.Members) != 2 {
+		t.Fatalf("leader's status: configuration %+v, members %+v", st.Raft.Configuration, st.Members)
 	}
 	for _, m := range st.Members {
 		if !m.Live {

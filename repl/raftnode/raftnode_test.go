@@ -367,10 +367,10 @@ func TestRaftReplicates(t *testing.T) {
 		t.Fatalf("%d of %d Committed calls came before a majority's log held the record", early.Load(), checked.Load())
 	}
 	st := lm.n.Status()
-	if st.Role != "leader" || st.Entries == 0 || st.EntryRecords < lm.n.Barrier() || st.CommitP50 <= 0 {
+	if st.Role != "leader" || st.Raft.Entries == 0 || st.Raft.EntryRecords < lm.n.Barrier() || st.Raft.CommitP50 <= 0 {
 		t.Fatalf("leader status: %+v", st)
 	}
-	t.Logf("%d records in %d entries, commit p50 %.2f ms p99 %.2f ms", st.EntryRecords, st.Entries, st.CommitP50*1e3, st.CommitP99*1e3)
+	t.Logf("%d records in %d entries, commit p50 %.2f ms p99 %.2f ms", st.Raft.EntryRecords, st.Raft.Entries, st.Raft.CommitP50*1e3, st.Raft.CommitP99*1e3)
 	for i, m := range c.ms {
 		if i != l {
 			if g := m.n.Gate(); g.State != repl.Redirect || g.Addr != c.peers[l] {
@@ -543,7 +543,7 @@ func TestRaftRestartAll(t *testing.T) {
 	if tok := nm.grant(t, "new", 30); tok <= maxTok {
 		t.Fatalf("first token after the restart %d, not above %d", tok, maxTok)
 	}
-	if st := nm.n.Status(); st.Snapshots != 0 {
+	if st := nm.n.Status(); st.Raft.Snapshots != 0 {
 		t.Logf("leader status after restart: %+v", st)
 	}
 }
@@ -667,10 +667,10 @@ func TestRaftFollowerCatchesUpBySnapshot(t *testing.T) {
 	if metas, err := fm.n.snaps.List(); err != nil || len(metas) == 0 {
 		t.Fatalf("the follower caught up without the snapshot (%v): this test no longer checks it", err)
 	}
-	if st := lm.n.Status(); st.Snapshots == 0 || st.SnapshotBytes == 0 || first <= fLast+1 {
+	if st := lm.n.Status(); st.Raft.Snapshots == 0 || st.Raft.SnapshotBytes == 0 || first <= fLast+1 {
 		t.Fatalf("no snapshot written or the log not compacted past the follower's %d: first index %d, %+v", fLast, first, st)
 	}
-	t.Logf("the follower had up to %d, the leader's log starts at %d; snapshot %d bytes", fLast, first, lm.n.Status().SnapshotBytes)
+	t.Logf("the follower had up to %d, the leader's log starts at %d; snapshot %d bytes", fLast, first, lm.n.Status().Raft.SnapshotBytes)
 }
 
 var testLogOverride *slog.Logger
