@@ -1,4 +1,8 @@
-// Package layers holds no code: its test enforces the import rules between
-// lockd's packages (see each package's doc.go), over `go list -deps`, so a
-// forbidden dependency fails the build's tests, however indirect it is.
+// Package layers holds no code: its tests keep the repository's rules.
+// The import rules between lockd's packages (see each package's doc.go),
+// over `go list -deps`, so a forbidden dependency fails the build's tests,
+// however indirect it is; the modules' split (module_test.go); what may be
+// tracked (tracked_test.go); and the relative links of every Markdown file
+// (doclinks_test.go), so a moved page or a reworded heading cannot leave a
+// dead link behind.
 package layers
