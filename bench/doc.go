@@ -51,7 +51,8 @@
 // (client, proto, fence) with their directories, so this checkout is what
 // it measures, in the workspace or not (GOWORK=off).
 //
-// What bench owns: bench/ and BENCHMARKS.md. What it may import: the
+// What bench owns: bench/, BENCHMARKS.md (the figures) and docs/benchmarks/
+// (the lab notes). What it may import: the
 // standard library, proto (the wire codec), engine (to start a server),
 // gnet (the echo server), hdrhistogram-go (latency histograms), etcd's
 // client (go.etcd.io/etcd/client/v3 and its concurrency package),
