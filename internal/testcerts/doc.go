@@ -3,6 +3,6 @@
 // valid from an hour ago for a day, as crypto/tls values and as PEM files.
 // Nothing here is for production use.
 //
-// It imports the standard library only and nothing of lockd
-// (internal/layers).
+// testcerts may import only the standard library. It must not import
+// lockd/... (internal/layers).
 package testcerts

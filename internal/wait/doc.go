@@ -8,6 +8,6 @@
 // module's tests keep a copy of For: that module imports nothing of this
 // one.
 //
-// wait may import the standard library only (internal/layers enforces
-// it).
+// wait may import only the standard library. It must not import lockd/...
+// (internal/layers enforces both).
 package wait
