@@ -97,7 +97,7 @@ var rules = map[string]rule{
 	// clients (etcd, gRPC) and its plots (gonum) stay out of the root
 	// go.mod.
 	"bench": {noDeps: []string{cmds}},
-	// The handoff cycle's breakdown (issue 22): raw frames against a lockd
+	// The handoff cycle's breakdown: raw frames against a lockd
 	// started apart; its test serves one in process (lockdtest).
 	"bench/cycle":        {noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
 	"internal/lockdtest": {noDeps: append([]string{cmds}, lockd("client", "bench")...)},
