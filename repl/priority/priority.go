@@ -446,8 +446,8 @@ func (p *node) Close(ctx context.Context, why repl.CloseReason) error {
 // Status reports this member and what it knows of the others.
 func (p *node) Status() repl.Status {
 	v := p.view.Load()
-	st := repl.Status{Mode: api.ModePriority, Role: v.Role.String(), Self: p.self, Epoch: v.Epoch, InSync: v.InSync,
-		Failovers: v.Failovers, Handovers: v.Handovers, Demotions: v.Demotions}
+	ps := &repl.PriorityStatus{Epoch: v.Epoch, Failovers: v.Failovers, Handovers: v.Handovers, Demotions: v.Demotions}
+	st := repl.Status{Mode: api.ModePriority, Role: v.Role.String(), Self: p.self, InSync: v.InSync, Priority: ps}
 	if v.Role == machine.RoleActive && v.Checking {
 		st.Role = api.RoleActiveChecking
 	}
@@ -459,15 +459,15 @@ func (p *node) Status() repl.Status {
 	}
 	if p.out != nil {
 		out, in := &p.out.stats, &p.standby.stats
-		st.SnapshotsSent, st.SnapshotsReceived = out.snapshots.Load(), in.snapshots.Load()
-		st.Batches = out.batches.Load() + in.batches.Load()
-		st.Records = out.records.Load() + in.records.Load()
-		st.Cancelled = out.cancelled.Load() + in.cancelled.Load()
-		st.RawBytes = out.rawBytes.Load() + in.rawBytes.Load()
-		st.WireBytes = out.wireBytes.Load() + in.wireBytes.Load()
+		ps.SnapshotsSent, ps.SnapshotsReceived = out.snapshots.Load(), in.snapshots.Load()
+		ps.Batches = out.batches.Load() + in.batches.Load()
+		ps.Records = out.records.Load() + in.records.Load()
+		ps.Cancelled = out.cancelled.Load() + in.cancelled.Load()
+		ps.RawBytes = out.rawBytes.Load() + in.rawBytes.Load()
+		ps.WireBytes = out.wireBytes.Load() + in.wireBytes.Load()
 	}
 	if v.Role == machine.RoleStandby {
-		st.LagSeconds = float64(v.LagNS) / 1e9
+		ps.LagSeconds = float64(v.LagNS) / 1e9
 	}
 	for i := range p.cfg.Peers {
 		if i == p.cfg.Self {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/records"
@@ -46,7 +47,7 @@ func TestPrioritySharedHolders(t *testing.T) {
 			ms := openMembers(t, 3)
 			ms[0].start(t)
 			ms[1].start(t)
-			repltest.WaitFor(t, "member 0 serving with member 1 in sync", func() bool {
+			wait.For(t, "member 0 serving with member 1 in sync", func() bool {
 				st := ms[1].p.Status()
 				return ms[0].serving() && st.Role == "standby" && st.InSync
 			})
@@ -74,7 +75,7 @@ func TestPrioritySharedHolders(t *testing.T) {
 				}
 			}()
 			ms[2].start(t)
-			repltest.WaitFor(t, "member 2 in sync", func() bool {
+			wait.For(t, "member 2 in sync", func() bool {
 				st := ms[2].p.Status()
 				return st.Role == "standby" && st.InSync
 			})
@@ -123,7 +124,7 @@ func TestPrioritySharedHolders(t *testing.T) {
 				ms[i].p.Close(context.Background(), repl.Discard) // no goodbye: as kill -9
 				ms[i] = nil
 			}
-			repltest.WaitFor(t, fmt.Sprintf("member %d to take over", tc.to), s.serving)
+			wait.For(t, fmt.Sprintf("member %d to take over", tc.to), s.serving)
 			got := repltest.Holders(s.table)
 			if d := repltest.HoldersDiff(got, want); d != "" {
 				t.Fatalf("the member that took over: %s", d)
@@ -228,13 +229,13 @@ func TestMixedVersionPair(t *testing.T) {
 		if i == 1 {
 			its, here = cur, old
 		}
-		repltest.WaitFor(t, fmt.Sprintf("member %d to log the refusal with both versions", i), func() bool {
+		wait.For(t, fmt.Sprintf("member %d to log the refusal with both versions", i), func() bool {
 			return sinks[i].has("another version of the member link", "its_version="+its, "version="+here)
 		})
 	}
 	for i, m := range ms {
 		other := m.p.cfg.Peers[1-i]
-		repltest.WaitFor(t, fmt.Sprintf("member %d unready, naming member %d", i, 1-i), func() bool {
+		wait.For(t, fmt.Sprintf("member %d unready, naming member %d", i, 1-i), func() bool {
 			err := m.p.Health()
 			return err != nil && strings.Contains(err.Error(), "refused") && strings.Contains(err.Error(), other)
 		})

@@ -784,7 +784,7 @@ func (n *node) Close(ctx context.Context, why repl.CloseReason) error {
 // Status reports raft's view: role, leader, term, indexes and the group
 // commit figures.
 func (n *node) Status() repl.Status {
-	st := repl.Status{Mode: api.ModeRaft, Self: n.self}
+	st := repl.Status{Mode: api.ModeRaft, Self: n.self, Raft: &repl.RaftStatus{}}
 	if n.r == nil {
 		return st
 	}
@@ -798,22 +798,18 @@ func (n *node) Status() repl.Status {
 	}
 	lid, laddr := n.leaderOf()
 	st.Active = laddr
-	st.Epoch = n.r.CurrentTerm()
-	st.CommitIndex = n.r.CommitIndex()
-	st.AppliedIndex = n.r.AppliedIndex()
-	st.Entries = n.stats.entries.Load()
-	st.EntryRecords = n.stats.records.Load()
-	st.CommitP50, st.CommitP99 = n.stats.percentiles()
-	n.stats.histogram(&st)
-	st.SnapshotBytes = uint64(max(n.stats.snapshotBytes.Load(), 0))
-	st.Snapshots = n.stats.snapshots.Load()
-	st.Elections = n.stats.elections.Load()
-	st.Rebuilds = n.stats.rebuilds.Load()
+	rs := &repl.RaftStatus{Term: n.r.CurrentTerm(), CommitIndex: n.r.CommitIndex(), AppliedIndex: n.r.AppliedIndex(),
+		Entries: n.stats.entries.Load(), EntryRecords: n.stats.records.Load(),
+		SnapshotBytes: uint64(max(n.stats.snapshotBytes.Load(), 0)), Snapshots: n.stats.snapshots.Load(),
+		Elections: n.stats.elections.Load(), Rebuilds: n.stats.rebuilds.Load(),
+		Configuration: n.configuration(n.ms.view.Load())} // membership.go
+	rs.CommitP50, rs.CommitP99 = n.stats.percentiles()
+	n.stats.histogram(rs)
+	st.Raft = rs
 	st.MemberRefused = n.stream.auth.Refusals()
 	st.InSync = lid != ""
-	st.Configuration = n.configuration(n.ms.view.Load()) // membership.go
 	leading := st.Role == api.RoleLeader
-	for _, c := range st.Configuration {
+	for _, c := range rs.Configuration {
 		if c.Self {
 			continue
 		}

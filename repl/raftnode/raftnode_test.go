@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/hashicorp/raft-wal/types"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
@@ -185,7 +186,7 @@ func (m *raftMember) serving() bool { return m != nil && m.n.Gate().State == rep
 func (c *raftCluster) leader() int {
 	c.t.Helper()
 	l := -1
-	repltest.WaitFor(c.t, "one member to serve as the leader", func() bool {
+	wait.For(c.t, "one member to serve as the leader", func() bool {
 		l = -1
 		for i, m := range c.ms {
 			if m.serving() {
@@ -205,7 +206,7 @@ func (c *raftCluster) leader() int {
 func (c *raftCluster) settle(l int) {
 	c.t.Helper()
 	lm := c.ms[l]
-	repltest.WaitFor(c.t, "every proposed record to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+	wait.For(c.t, "every proposed record to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 	want := repltest.Holders(lm.table)
 	for i, m := range c.ms {
 		if m == nil || i == l {
@@ -366,10 +367,10 @@ func TestRaftReplicates(t *testing.T) {
 		t.Fatalf("%d of %d Committed calls came before a majority's log held the record", early.Load(), checked.Load())
 	}
 	st := lm.n.Status()
-	if st.Role != "leader" || st.Entries == 0 || st.EntryRecords < lm.n.Barrier() || st.CommitP50 <= 0 {
+	if st.Role != "leader" || st.Raft.Entries == 0 || st.Raft.EntryRecords < lm.n.Barrier() || st.Raft.CommitP50 <= 0 {
 		t.Fatalf("leader status: %+v", st)
 	}
-	t.Logf("%d records in %d entries, commit p50 %.2f ms p99 %.2f ms", st.EntryRecords, st.Entries, st.CommitP50*1e3, st.CommitP99*1e3)
+	t.Logf("%d records in %d entries, commit p50 %.2f ms p99 %.2f ms", st.Raft.EntryRecords, st.Raft.Entries, st.Raft.CommitP50*1e3, st.Raft.CommitP99*1e3)
 	for i, m := range c.ms {
 		if i != l {
 			if g := m.n.Gate(); g.State != repl.Redirect || g.Addr != c.peers[l] {
@@ -426,7 +427,7 @@ func TestRaftIsolatedLeader(t *testing.T) {
 		maxTok = max(maxTok, tok)
 	}
 	t.Logf("%d speculative grants on the isolated leader", spec)
-	repltest.WaitFor(t, "the isolated leader to step down", func() bool { return lm.n.Gate().State == repl.Redirect && lm.n.leadTerm.Load() == 0 })
+	wait.For(t, "the isolated leader to step down", func() bool { return lm.n.Gate().State == repl.Redirect && lm.n.leadTerm.Load() == 0 })
 	lm.host.mu.Lock()
 	abandoned := slices.Clone(lm.host.abandoned)
 	lm.host.mu.Unlock()
@@ -448,7 +449,7 @@ func TestRaftIsolatedLeader(t *testing.T) {
 	}
 	// A new leader among the others.
 	var nl int
-	repltest.WaitFor(t, "a new leader among the others", func() bool {
+	wait.For(t, "a new leader among the others", func() bool {
 		for i, m := range c.ms {
 			if i != l && m.serving() {
 				nl = i
@@ -542,7 +543,7 @@ func TestRaftRestartAll(t *testing.T) {
 	if tok := nm.grant(t, "new", 30); tok <= maxTok {
 		t.Fatalf("first token after the restart %d, not above %d", tok, maxTok)
 	}
-	if st := nm.n.Status(); st.Snapshots != 0 {
+	if st := nm.n.Status(); st.Raft.Snapshots != 0 {
 		t.Logf("leader status after restart: %+v", st)
 	}
 }
@@ -601,7 +602,7 @@ func TestRaftStopTransfers(t *testing.T) {
 	if err := lm.n.Health(); err == nil {
 		t.Fatal("Health is fine on a stopped leader whose table was left as it was")
 	}
-	repltest.WaitFor(t, "the successor to serve", c.ms[si].serving)
+	wait.For(t, "the successor to serve", c.ms[si].serving)
 	for key, tok := range tokens {
 		if info := c.ms[si].table.Lookup([]byte(key)); !info.Held || info.Token != tok {
 			t.Fatalf("%s on the successor: %+v, want token %d", key, info, tok)
@@ -641,7 +642,7 @@ func TestRaftFollowerCatchesUpBySnapshot(t *testing.T) {
 			lm.table.Release(lm.clock(), []byte(key), tokens[key], &out)
 			delete(tokens, key)
 		}
-		repltest.WaitFor(t, "the round to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+		wait.For(t, "the round to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 	}
 	if err := lm.n.r.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot on the leader: %v", err)
@@ -666,10 +667,10 @@ func TestRaftFollowerCatchesUpBySnapshot(t *testing.T) {
 	if metas, err := fm.n.snaps.List(); err != nil || len(metas) == 0 {
 		t.Fatalf("the follower caught up without the snapshot (%v): this test no longer checks it", err)
 	}
-	if st := lm.n.Status(); st.Snapshots == 0 || st.SnapshotBytes == 0 || first <= fLast+1 {
+	if st := lm.n.Status(); st.Raft.Snapshots == 0 || st.Raft.SnapshotBytes == 0 || first <= fLast+1 {
 		t.Fatalf("no snapshot written or the log not compacted past the follower's %d: first index %d, %+v", fLast, first, st)
 	}
-	t.Logf("the follower had up to %d, the leader's log starts at %d; snapshot %d bytes", fLast, first, lm.n.Status().SnapshotBytes)
+	t.Logf("the follower had up to %d, the leader's log starts at %d; snapshot %d bytes", fLast, first, lm.n.Status().Raft.SnapshotBytes)
 }
 
 var testLogOverride *slog.Logger

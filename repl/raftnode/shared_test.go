@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/records"
@@ -310,7 +311,7 @@ func TestRaftSharedHolders(t *testing.T) {
 			for i := range 2000 {
 				load.Step()
 				if i%100 == 99 { // entries of their own
-					repltest.WaitFor(t, "the load to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+					wait.For(t, "the load to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 				}
 			}
 			// Snapshots cut on every member while the leader goes on.
@@ -343,7 +344,7 @@ func TestRaftSharedHolders(t *testing.T) {
 				load.Step()
 			}
 			if tc == "catch-up" {
-				repltest.WaitFor(t, "the load to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+				wait.For(t, "the load to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 				if err := lm.n.r.Snapshot().Error(); err != nil {
 					t.Fatalf("snapshot on the leader: %v", err)
 				}
@@ -381,7 +382,7 @@ func TestRaftSharedHolders(t *testing.T) {
 				if succ := lm.n.Stop(ctx); succ == "" {
 					t.Fatal("Stop handed over to no one")
 				}
-				repltest.WaitFor(t, "the successor to serve", func() bool {
+				wait.For(t, "the successor to serve", func() bool {
 					for i, m := range c.ms {
 						if i != l && m.serving() {
 							nm = m
@@ -405,7 +406,7 @@ func TestRaftSharedHolders(t *testing.T) {
 				c.cfgs = map[int]repl.ClusterConfig{f: {Peers: c.peers, Self: f, Listen: c.peers[f], PeerOffset: raftTestOffset,
 					FailoverTimeout: c.T, DataDir: c.dirs[f], TokenBlock: 1 << 20, ForceNewCluster: true}}
 				nm = c.start(f)
-				repltest.WaitFor(t, "the recovered member to serve alone", nm.serving)
+				wait.For(t, "the recovered member to serve alone", nm.serving)
 			}
 			if d := repltest.HoldersDiff(repltest.Holders(nm.table), want); d != "" {
 				t.Fatalf("after %s: %s", tc, d)
@@ -457,7 +458,7 @@ func TestRaftRefusesNewerEntries(t *testing.T) {
 		if i == l {
 			continue
 		}
-		repltest.WaitFor(t, fmt.Sprintf("member %d to reach the entry", i), func() bool {
+		wait.For(t, fmt.Sprintf("member %d to reach the entry", i), func() bool {
 			m.n.fsmMu.Lock()
 			defer m.n.fsmMu.Unlock()
 			return m.n.applied >= fut.Index()
@@ -465,7 +466,7 @@ func TestRaftRefusesNewerEntries(t *testing.T) {
 		if m.table.Lookup([]byte("future")).Held {
 			t.Fatalf("member %d applied a version-4 entry", i)
 		}
-		repltest.WaitFor(t, fmt.Sprintf("member %d to say it cannot read its log", i), func() bool {
+		wait.For(t, fmt.Sprintf("member %d to say it cannot read its log", i), func() bool {
 			err := m.n.Health()
 			return err != nil && strings.Contains(err.Error(), "format version 4, this member reads versions up to 3")
 		})
