@@ -19,6 +19,7 @@ import (
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/httpapi"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
+	"github.com/lockd-dev/lockd/internal/openapitest"
 )
 
 func TestMain(m *testing.M) {
@@ -86,7 +87,11 @@ func start(t testing.TB, o opts) *env {
 func (e *env) client(tc *tls.Config) *http.Client {
 	tr := &http.Transport{TLSClientConfig: tc, DisableCompression: true}
 	e.t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: checking{t: e.t, next: tr},
+	doc, err := served()
+	if err != nil {
+		e.t.Fatalf("the served OpenAPI document: %v", err)
+	}
+	return &http.Client{Transport: openapitest.Transport(e.t, doc, tr),
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 

@@ -60,7 +60,7 @@ func TestSlowAndOversizeRequests(t *testing.T) {
 		if took := time.Since(begin); resp.StatusCode != http.StatusRequestTimeout || took < httpapi.BodyTimeout {
 			t.Fatalf("status %d after %v: %s", resp.StatusCode, took, body)
 		}
-		if err := doc.check(http.MethodPost, "/v1/inspect", resp.StatusCode, resp.Header, body); err != nil {
+		if err := doc.Check(http.MethodPost, "/v1/inspect", resp.StatusCode, resp.Header, body); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -88,7 +88,7 @@ func TestSlowAndOversizeRequests(t *testing.T) {
 		if resp.StatusCode != http.StatusRequestEntityTooLarge {
 			t.Fatalf("status %d: %s", resp.StatusCode, body)
 		}
-		if err := doc.check(http.MethodPost, "/v1/inspect", resp.StatusCode, resp.Header, body); err != nil {
+		if err := doc.Check(http.MethodPost, "/v1/inspect", resp.StatusCode, resp.Header, body); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -127,6 +127,9 @@ var rules = map[string]rule{
 	// Throwaway certificates for tests and bench: the standard library only.
 	"internal/testcerts": {noDeps: []string{mod + "/"}},
 	"internal/e2e":       {noDeps: []string{cmds}},
+	// The OpenAPI validator of the HTTP API's tests: the standard
+	// library only.
+	"internal/openapitest": {noDeps: []string{mod + "/"}},
 	// Test tools: the standard library only, and nothing of the module
 	// for the proxy; the cluster harness drives the lockd binary from
 	// outside, so it imports no server package (nor client: the tests
