@@ -523,6 +523,19 @@ func (f *Front) releaseUndelivered(lc *engine.LocalConn, poolKey, key string, to
 // after a pause), false once it is answered.
 func (c *call) moved(q *spec, addr string) bool {
 	f := c.f
+	if f.stopping.Load() || f.srv.Draining() {
+		// This member is shutting down (it handed over, or it is a
+		// standby going away): it cannot relay a long-poll that outlives
+		// it. The request was not executed; the client sends it again,
+		// to the member named.
+		c.w.Header().Set("Retry-After", retryAfterSeconds)
+		msg := "this member is shutting down; the request was not executed"
+		if addr != "" {
+			msg += ": send it to the active, " + addr
+		}
+		c.reply(http.StatusServiceUnavailable, errorBody(CodeShuttingDown, msg, addr))
+		return false
+	}
 	if addr == "" {
 		pause := 50*time.Millisecond + rand.N(150*time.Millisecond)
 		if time.Until(q.deadline) < pause {
@@ -555,7 +568,8 @@ func (c *call) moved(q *spec, addr string) bool {
 	return c.forward(q, target)
 }
 
-// sleep waits d unless the client goes away (false).
+// sleep waits d unless the client goes away or the front closes (false,
+// answered).
 func (c *call) sleep(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -564,6 +578,9 @@ func (c *call) sleep(d time.Duration) bool {
 		return true
 	case <-c.r.Context().Done():
 		c.status = statusClientGone
+		return false
+	case <-c.f.ctx.Done():
+		c.fail(http.StatusServiceUnavailable, CodeShuttingDown, "this member is shutting down; the request was not executed")
 		return false
 	}
 }

@@ -53,11 +53,16 @@ func (c *call) forward(q *spec, target string) bool {
 		}
 		body = rewriteWait(body, left)
 	}
-	ctx := c.r.Context()
+	// The forward ends with the client, with the front (Close: this
+	// member shuts down), or at its deadline (the other member's
+	// answer is due by then).
+	ctx, cancel := context.WithCancel(c.r.Context())
+	defer cancel()
+	defer context.AfterFunc(f.ctx, cancel)()
 	if q.op != proto.OpWatch {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, later(q.deadline, time.Now().Add(TransportDeadline)).Add(forwardAllowance))
-		defer cancel()
+		var cancelD context.CancelFunc
+		ctx, cancelD = context.WithDeadline(ctx, later(q.deadline, time.Now().Add(TransportDeadline)).Add(forwardAllowance))
+		defer cancelD()
 	}
 	var wrote atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
@@ -83,15 +88,22 @@ func (c *call) forward(q *spec, target string) bool {
 		return c.forwardFailed(q, target, err, wrote.Load())
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusMisdirectedRequest {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return c.sleep(50*time.Millisecond + rand.N(150*time.Millisecond))
-	}
-	for _, h := range relayed {
-		if v := resp.Header.Get(h); v != "" {
-			c.w.Header().Set(h, v)
+	if resp.StatusCode == http.StatusMisdirectedRequest || resp.StatusCode == http.StatusServiceUnavailable {
+		// 421: that member does not serve either; 503 shutting_down: it
+		// is going away. Neither executed the request: ask again.
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if resp.StatusCode == http.StatusMisdirectedRequest || errorCode(data) == CodeShuttingDown {
+			if time.Until(q.deadline) <= 0 {
+				c.fail(http.StatusServiceUnavailable, CodeNoActive, "no serving member answered before the deadline; nothing was done")
+				return false
+			}
+			return c.sleep(50*time.Millisecond + rand.N(150*time.Millisecond))
 		}
+		c.copyHeaders(resp.Header)
+		c.replyRelayed(resp.StatusCode, data)
+		return false
 	}
+	c.copyHeaders(resp.Header)
 	if q.op == proto.OpWatch && resp.StatusCode == http.StatusOK {
 		c.relayStream(q, resp.Body)
 		return false
@@ -108,11 +120,43 @@ func (c *call) forward(q *spec, target string) bool {
 	return false
 }
 
+// copyHeaders sets the relayed headers of the serving member's answer.
+func (c *call) copyHeaders(h http.Header) {
+	for _, k := range relayed {
+		if v := h.Get(k); v != "" {
+			c.w.Header().Set(k, v)
+		}
+	}
+}
+
+// errorCode is the code of an error answer's body, "" if it is none.
+func errorCode(body []byte) string {
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return ""
+	}
+	return e.Error.Code
+}
+
 // forwardFailed answers a forward that got no answer: sent again when it
 // did not leave (or changes nothing), else 502 indeterminate.
 func (c *call) forwardFailed(q *spec, target string, err error, sent bool) bool {
 	if c.r.Context().Err() != nil {
 		c.status = statusClientGone
+		return false
+	}
+	if c.f.ctx.Err() != nil {
+		// This member is shutting down.
+		if sent && q.changes() {
+			c.fail(http.StatusBadGateway, CodeIndeterminate, "this member shut down while the serving member "+target+
+				" had the request: it may or may not have been executed (a grant made just then ends with its lease)")
+			return false
+		}
+		c.fail(http.StatusServiceUnavailable, CodeShuttingDown, "this member is shutting down; the request was not executed")
 		return false
 	}
 	if !sent || !q.changes() {

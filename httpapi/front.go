@@ -38,6 +38,11 @@ type Front struct {
 
 	nonce atomic.Uint64
 
+	// stopping is set by Stopping: the member is shutting down.
+	stopping atomic.Bool
+	// ctx ends when the front closes: forwards in flight end with it.
+	ctx       context.Context
+	cancel    context.CancelFunc
 	closeOnce sync.Once
 }
 
@@ -56,6 +61,7 @@ func New(cfg Config) (*Front, error) {
 		return nil, err
 	}
 	f := &Front{cfg: cfg, srv: cfg.Server, log: cfg.Logger}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
 	tr := &http.Transport{
 		Proxy:               nil, // members talk directly: an HTTP_PROXY of the environment must not see credentials
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -71,10 +77,21 @@ func New(cfg Config) (*Front, error) {
 	return f, nil
 }
 
-// Close closes the front's idle local connections and forwarding
-// connections; requests still running end on their own.
+// Stopping tells the front that its member is shutting down (call it
+// before engine.Server.Shutdown, whose planned handover answers queued
+// acquires M before the engine drains): from then on a request that meets
+// M is answered 503 shutting_down naming the serving member, not
+// forwarded — a forward could outlive this process.
+func (f *Front) Stopping() { f.stopping.Store(true) }
+
+// Close ends the requests forwarded to another member that are still in
+// flight (their clients are answered: a change that may have been made
+// there is 502 indeterminate, a watch ends with lost reason 4) and closes
+// the front's idle local and forwarding connections. Requests on this
+// member's engine end with it (its shutdown answers them).
 func (f *Front) Close() {
 	f.closeOnce.Do(func() {
+		f.cancel()
 		f.pool.close()
 		f.fwd.CloseIdleConnections()
 	})

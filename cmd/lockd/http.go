@@ -112,9 +112,10 @@ func listenHTTP(o httpOptions, st *tlsconf.Store) (net.Listener, error) {
 
 // httpEndpoint is the running HTTP API.
 type httpEndpoint struct {
-	front *httpapi.Front
-	hs    *http.Server
-	done  chan struct{} // closed when Serve returned
+	front    *httpapi.Front
+	hs       *http.Server
+	done     chan struct{} // closed when Serve returned
+	shutDone chan struct{} // closed when shutdown returned
 }
 
 // startHTTP serves the front on ln once srv is ready (a request that comes
@@ -132,7 +133,7 @@ func startHTTP(srv *engine.Server, ln net.Listener, o httpOptions, st *tlsconf.S
 	if err != nil {
 		return nil, err
 	}
-	e := &httpEndpoint{front: front, hs: front.Server(), done: make(chan struct{})}
+	e := &httpEndpoint{front: front, hs: front.Server(), done: make(chan struct{}), shutDone: make(chan struct{})}
 	go func() {
 		defer close(e.done)
 		select {
@@ -150,13 +151,23 @@ func startHTTP(srv *engine.Server, ln net.Listener, o httpOptions, st *tlsconf.S
 // flight finish (a long-poll gets its E 4 or its M from the engine's
 // shutdown, which runs meanwhile) until ctx ends.
 func (e *httpEndpoint) shutdown(ctx context.Context) {
+	defer close(e.shutDone)
 	_ = e.hs.Shutdown(ctx)
 }
 
-// close ends what is left.
-func (e *httpEndpoint) close() {
-	_ = e.hs.Close()
+// close ends what is left, once the engine has stopped (its requests are
+// answered): the front ends the requests it forwarded to another member
+// and still waits for (answering their clients), the connections get a
+// second to take those answers, then close.
+func (e *httpEndpoint) close(shuttingDown bool) {
 	e.front.Close()
+	if shuttingDown {
+		select {
+		case <-e.shutDone:
+		case <-time.After(time.Second):
+		}
+	}
+	_ = e.hs.Close()
 	select {
 	case <-e.done:
 	case <-time.After(time.Second):

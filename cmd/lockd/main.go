@@ -451,7 +451,7 @@ func run(args []string, stderr io.Writer) int {
 			_ = srv.Close()
 			return 1
 		}
-		defer httpEnd.close()
+		defer httpEnd.close(false)
 		adminOpts = append(adminOpts, admin.WithHTTP(httpEnd.front))
 	}
 	if adminLn != nil {
@@ -517,10 +517,16 @@ func run(args []string, stderr io.Writer) int {
 	if httpEnd != nil {
 		// The HTTP endpoint stops accepting with the client port; the
 		// requests in flight get their E 4 or M from the engine's
-		// shutdown below (or, once the engine stopped, their end).
+		// shutdown below (or, once the engine stopped, their end), and
+		// an M is answered, not forwarded (httpapi.Front.Stopping).
+		httpEnd.front.Stopping()
 		go httpEnd.shutdown(ctx)
 	}
-	if err := srv.Shutdown(ctx); err != nil {
+	err = srv.Shutdown(ctx)
+	if httpEnd != nil {
+		httpEnd.close(true)
+	}
+	if err != nil {
 		log.Error("shutdown failed", "err", err)
 		return 1
 	}
