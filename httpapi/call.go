@@ -262,8 +262,12 @@ func (v *conv) next() bool {
 // await waits for q's answer on v (after the hello's, when helloNonce is
 // not 0) until deadline.
 func (c *call) await(v *conv, q *spec, helloNonce uint64, deadline time.Time) outcome {
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
+	var timer *time.Timer // made only if the answer is not there at once
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	ctx := c.r.Context()
 	for {
 		for v.next() {
@@ -281,6 +285,9 @@ func (c *call) await(v *conv, q *spec, helloNonce uint64, deadline time.Time) ou
 		}
 		if v.done {
 			return closedUnheard
+		}
+		if timer == nil {
+			timer = time.NewTimer(time.Until(deadline))
 		}
 		select {
 		case <-v.lc.Ready():

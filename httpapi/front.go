@@ -205,9 +205,11 @@ type call struct {
 func (c *call) reply(status int, body []byte) bool {
 	c.status = status
 	h := c.w.Header()
-	h.Set("Content-Type", contentTypeJSON)
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set("Cache-Control", "no-store")
+	// Canonical keys set directly (no canonicalization per request); the
+	// shared value slices are never changed.
+	h["Content-Type"] = hdrJSON
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	h["Cache-Control"] = hdrNoStore
 	_ = c.rc.SetWriteDeadline(time.Now().Add(WriteTimeout))
 	c.w.WriteHeader(status)
 	if c.r.Method == http.MethodHead {
@@ -218,6 +220,11 @@ func (c *call) reply(status int, body []byte) bool {
 	}
 	return c.rc.Flush() == nil
 }
+
+var (
+	hdrJSON    = []string{contentTypeJSON}
+	hdrNoStore = []string{"no-store"}
+)
 
 // fail writes the error shape.
 func (c *call) fail(status int, code, msg string) {
@@ -241,13 +248,12 @@ func (c *call) failWith(err error) {
 }
 
 // readBody reads the request's body: at most MaxBody bytes (413), within
-// BodyTimeout (408). The read deadline is lifted afterwards: net/http's
-// background read, which tells a long-poll that its client went away,
-// must not time out.
+// BodyTimeout (408). net/http lifts the deadline itself when the body is
+// read to its end (it starts its background read then, which tells a
+// long-poll that its client went away, and which must not time out).
 func (c *call) readBody() ([]byte, error) {
 	_ = c.rc.SetReadDeadline(time.Now().Add(BodyTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(c.w, c.r.Body, MaxBody))
-	_ = c.rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		// The rest of the body is not read: the connection closes after
 		// the answer (net/http would otherwise wait for the rest).

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -122,19 +121,20 @@ func errorBody(code, msg, active string) []byte {
 }
 
 // Request bodies. Fields are pointers so that a missing field is told from
-// a zero; json.Number keeps integers exact (a float, a string or an
-// integer out of range is refused with the field's code).
+// a zero; integers are kept raw and read by millis (a float, a string or
+// an integer out of range is refused with the field's code: encoding/json
+// would take "5000", a string, into a json.Number).
 type acquireBody struct {
-	Key     *string      `json:"key"`
-	WaitMs  *json.Number `json:"wait_ms"`
-	LeaseMs *json.Number `json:"lease_ms"`
-	Limit   *json.Number `json:"limit"`
+	Key     *string          `json:"key"`
+	WaitMs  *json.RawMessage `json:"wait_ms"`
+	LeaseMs *json.RawMessage `json:"lease_ms"`
+	Limit   *json.RawMessage `json:"limit"`
 }
 
 type tokenBody struct {
 	Key     *string          `json:"key"`
 	Token   *json.RawMessage `json:"token"`
-	LeaseMs *json.Number     `json:"lease_ms"`
+	LeaseMs *json.RawMessage `json:"lease_ms"`
 }
 
 type keyBody struct {
@@ -161,17 +161,14 @@ func decode(body []byte, v any) error {
 	if !utf8.Valid(body) {
 		return bad(CodeBadRequest, "the body is not UTF-8")
 	}
-	d := json.NewDecoder(bytes.NewReader(body))
-	d.UseNumber()
-	if err := d.Decode(v); err != nil {
+	// Unmarshal refuses anything after the one value; the fields that
+	// take numbers are json.Number, kept exact.
+	if err := json.Unmarshal(body, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
 			return bad(codeOfField(te.Field), "field "+te.Field+": want "+wantOf(te.Field))
 		}
-		return bad(CodeBadRequest, "the body is not a JSON object: "+err.Error())
-	}
-	if d.More() {
-		return bad(CodeBadRequest, "the body has more than one JSON value")
+		return bad(CodeBadRequest, "the body is not one JSON object: "+err.Error())
 	}
 	return nil
 }
@@ -223,15 +220,15 @@ func checkKey(k *string) (string, error) {
 
 // millis reads an integer field of 0..max milliseconds; def when missing
 // (required: missing is an error).
-func millis(n *json.Number, field, code string, max int64, required bool, def int64) (int64, error) {
+func millis(n *json.RawMessage, field, code string, max int64, required bool, def int64) (int64, error) {
 	if n == nil {
 		if required {
 			return 0, bad(code, field+": missing")
 		}
 		return def, nil
 	}
-	v, err := strconv.ParseInt(string(*n), 10, 64)
-	if err != nil || v < 0 || v > max {
+	v, err := strconv.ParseInt(string(*n), 10, 64) // a JSON integer: digits, maybe a minus
+	if err != nil || v < 0 || v > max || (*n)[0] == '+' {
 		return 0, bad(code, field+": want an integer 0.."+strconv.FormatInt(max, 10))
 	}
 	return v, nil

@@ -34,10 +34,16 @@ type pool struct {
 	idle map[string][]*engine.LocalConn
 	n    int
 	shut bool
+	// off keeps nothing (every request opens and closes a connection):
+	// for the benchmark that measures what the pool saves.
+	off bool
 }
 
 // get returns an idle connection of key that is still open, or nil.
 func (p *pool) get(key string) *engine.LocalConn {
+	if p.off {
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	list := p.idle[key]
@@ -60,7 +66,7 @@ func (p *pool) get(key string) *engine.LocalConn {
 // put keeps lc for key, or closes it beyond the bounds.
 func (p *pool) put(key string, lc *engine.LocalConn) {
 	p.mu.Lock()
-	if !p.shut && p.n < maxIdle && len(p.idle[key]) < maxIdlePerKey {
+	if !p.shut && !p.off && p.n < maxIdle && len(p.idle[key]) < maxIdlePerKey {
 		if p.idle == nil {
 			p.idle = make(map[string][]*engine.LocalConn)
 		}

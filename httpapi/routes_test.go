@@ -82,6 +82,8 @@ func TestRoutes(t *testing.T) {
 		{name: "lease over 255 s", path: "/v1/acquire", body: `{"key":"x","lease_ms":255001}`, status: 400, code: "bad_lease"},
 		{name: "lease missing", path: "/v1/acquire", body: `{"key":"x"}`, status: 400, code: "bad_lease"},
 		{name: "lease fractional", path: "/v1/acquire", body: `{"key":"x","lease_ms":1.5}`, status: 400, code: "bad_lease"},
+		{name: "lease as a string", path: "/v1/acquire", body: `{"key":"x","lease_ms":"5000"}`, status: 400, code: "bad_lease"},
+		{name: "lease null", path: "/v1/acquire", body: `{"key":"x","lease_ms":null}`, status: 400, code: "bad_lease"},
 		{name: "wait over 255 s", path: "/v1/acquire", body: `{"key":"x","lease_ms":1000,"wait_ms":255001}`, status: 400, code: "bad_wait"},
 		{name: "wait negative", path: "/v1/acquire", body: `{"key":"x","lease_ms":1000,"wait_ms":-1}`, status: 400, code: "bad_wait"},
 		{name: "limit over 65535", path: "/v1/acquire", body: `{"key":"x","lease_ms":1000,"limit":65536}`, status: 400, code: "bad_limit"},
@@ -300,4 +302,23 @@ func waitFor(t testing.TB, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestLongPollOutlastsBodyTimeout: the body's read deadline (BodyTimeout)
+// does not end a long-poll that waits longer (net/http's background read,
+// which tells that the client went away, would time out on it and cancel
+// the request).
+func TestLongPollOutlastsBodyTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits BodyTimeout")
+	}
+	e := start(t, opts{})
+	tok := e.acquire("k", 30000)
+	done := e.async("/v1/acquire", `{"key":"k","lease_ms":3000,"wait_ms":20000}`)
+	time.Sleep(httpapi.BodyTimeout + time.Second)
+	if e.inspect("k").num("waiters") != 1 {
+		t.Fatal("the long-poll left the queue")
+	}
+	e.post("/v1/release", `{"key":"k","token":"`+tok+`"}`).want(t, 200, "")
+	(<-done).want(t, 200, "")
 }

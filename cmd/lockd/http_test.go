@@ -100,19 +100,23 @@ func TestHTTPOffByDefault(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"token":"`) {
 		t.Fatalf("acquire: %d %s", resp.StatusCode, body)
 	}
+	// The count is taken when the handler returns, just after the answer
+	// was written: read /metrics until it is there.
+	const want = `lockd_http_requests_total{route="acquire",status="200"} 1`
 	var metrics string
-	for i := 0; i < 100; i++ {
+	for i := 0; i < 100 && !strings.Contains(metrics, want); i++ {
 		if u := d.adminURL(); u != "" {
 			if r, err := http.Get(u + "/metrics"); err == nil {
 				b, _ := io.ReadAll(r.Body)
 				r.Body.Close()
-				metrics = string(b)
-				break
+				if metrics = string(b); strings.Contains(metrics, want) {
+					break
+				}
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if !strings.Contains(metrics, `lockd_http_requests_total{route="acquire",status="200"} 1`) {
+	if !strings.Contains(metrics, want) {
 		t.Fatalf("/metrics has no HTTP request count:\n%s", grepLines(metrics, "lockd_http"))
 	}
 	if code := d.stop(syscall.SIGTERM); code != 0 {
