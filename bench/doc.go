@@ -24,7 +24,15 @@
 // ping, close; plaintext targets skip it). The held workload, outside the
 // standard suite (-workloads held, held.go), fills the server with -held
 // distinct 16-byte keys held at once and reads its memory per lock and in
-// all. With several
+// all. Three targets, outside "all", measure the HTTP API (issue 32;
+// http.go): lockd-http, a lockd child serving httpapi's front (what
+// --http serves); lockd-gw, the same routes through a gateway over the
+// bundled client (gateway.go), the design httpapi did not take; and
+// etcd-gw, etcd through its JSON gateway (/v3/lock/lock and unlock, a
+// lease per slot). Their load generator is a hand-written HTTP/1.1
+// keep-alive client, one connection per slot, the same for the three; the
+// single workload (outside the suite) is one client with one request at a
+// time, for the latency of an acquire without load. With several
 // rounds the targets are interleaved (A B A B …) and the report gives
 // medians and the per-round ratios of lockd to each other target. See
 // BENCHMARKS.md for the method and the numbers.
@@ -53,6 +61,7 @@
 //
 // What bench owns: bench/ and BENCHMARKS.md. What it may import: the
 // standard library, proto (the wire codec), engine (to start a server),
+// httpapi (the lockd-http child's front),
 // gnet (the echo server), hdrhistogram-go (latency histograms), etcd's
 // client (go.etcd.io/etcd/client/v3 and its concurrency package),
 // prometheus/common's expfmt (etcd's and lockd's /metrics),
@@ -61,7 +70,8 @@
 // admin endpoint's documents), tlsconf (the lockd-tls child loads its
 // certificate as the daemon does) and internal/testcerts (the TLS targets'
 // throwaway certificates). It imports client/ in the
-// failover mode only, whose question is what an application sees; the
+// failover mode, whose question is what an application sees, and in the
+// lockd-gw child, which is a gateway over it by definition; the
 // suite's load generator must not use it: it speaks lockd's protocol
 // itself, so a client library's costs or bugs cannot hide in the server's
 // numbers.

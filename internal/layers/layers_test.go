@@ -111,7 +111,7 @@ var rules = map[string]rule{
 	// The bench, a module of its own (bench/go.mod) so that its peers'
 	// clients (etcd, gRPC) and its plots (gonum) stay out of the root
 	// go.mod.
-	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "acl", "tlsconf", "internal/"),
+	"bench": {allow: append(lockd("api", "client", "proto", "engine", "httpapi", "repl", "acl", "tlsconf", "internal/"),
 		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
 		noDeps: []string{cmds}},
 	// The handoff cycle's breakdown (issue 22): raw frames against a lockd
