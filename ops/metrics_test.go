@@ -41,12 +41,14 @@ type process struct {
 	log   strings.Builder
 	addr  string
 	admin string
+	http  string // the HTTP API's address, when it runs
 	done  chan struct{}
 }
 
 var (
 	readyRE = regexp.MustCompile(`msg=ready addr=(\S+)`)
 	adminRE = regexp.MustCompile(`msg="admin endpoint" addr=(\S+)`)
+	httpRE  = regexp.MustCompile(`msg="http endpoint" addr=(\S+)`)
 )
 
 // startLockd runs lockdBin with env added and args, and returns once it
@@ -72,6 +74,9 @@ func startLockd(t *testing.T, env []string, args ...string) *process {
 			p.log.WriteString(line + "\n")
 			if m := adminRE.FindStringSubmatch(line); m != nil {
 				p.admin = m[1]
+			}
+			if m := httpRE.FindStringSubmatch(line); m != nil {
+				p.http = m[1]
 			}
 			p.mu.Unlock()
 			if m := readyRE.FindStringSubmatch(line); m != nil {
@@ -258,7 +263,7 @@ func TestDashboardAndRulesNameExportedMetrics(t *testing.T) {
 		if err := os.WriteFile(aclFile, []byte("prom sha256:"+hex.EncodeToString(sum[:])+" - monitor\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		p := startLockd(t, []string{"LOCKD_TLS_CERT=" + cert, "LOCKD_TLS_KEY=" + key, "LOCKD_ACL=" + aclFile},
+		p := startLockd(t, []string{"LOCKD_TLS_CERT=" + cert, "LOCKD_TLS_KEY=" + key, "LOCKD_ACL=" + aclFile, "LOCKD_HTTP=127.0.0.1:0"},
 			"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--loops", "1")
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}}
 		defer tr.CloseIdleConnections()
@@ -266,11 +271,20 @@ func TestDashboardAndRulesNameExportedMetrics(t *testing.T) {
 		p.mu.Lock()
 		url := "https://" + p.admin
 		p.mu.Unlock()
-		// A TLS handshake and a refused hello, so the counters move.
+		// A TLS handshake and a refused hello, so the counters move; an
+		// HTTP API request, so its request counter has a series.
 		if c, err := tls.Dial("tcp", p.addr, &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}); err == nil {
 			_, _ = c.Write(proto.AppendHello(nil, 1, "nobody", "wrong"))
 			_, _ = c.Read(make([]byte, 64))
 			c.Close()
+		}
+		p.mu.Lock()
+		httpURL := "https://" + p.http
+		p.mu.Unlock()
+		if resp, err := (&http.Client{Timeout: 5 * time.Second, Transport: tr}).Get(httpURL + "/v1/openapi.json"); err != nil {
+			t.Errorf("the HTTP API: %v", err)
+		} else {
+			resp.Body.Close()
 		}
 		fams := scrape(t, hc, url, names)
 		checkRoles(t, fams, api.ModeSingle, api.RoleActive, 0)
