@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/lockd-dev/lockd/engine"
@@ -59,7 +60,11 @@ func (c *call) request() {
 				"too many acquires are waiting (--http-max-long-polls "+strconv.Itoa(f.cfg.MaxLongPolls)+"); nothing was done")
 			return
 		}
-		defer f.longPolls.Add(-1)
+		// The long-poll ends when its answer is about to be written (a
+		// client that sends its next request at once finds the bound
+		// freed), or when the handler returns without one.
+		c.waitEnded = sync.OnceFunc(func() { f.longPolls.Add(-1) })
+		defer c.waitEnded()
 	}
 	c.cred = credsOf(c.r)
 	c.run(q)

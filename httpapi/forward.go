@@ -178,6 +178,9 @@ func (c *call) replyRelayed(status int, body []byte) bool {
 		c.w.Header().Set("Content-Type", contentTypeJSON)
 	}
 	c.status = status
+	if c.waitEnded != nil {
+		c.waitEnded()
+	}
 	if c.r.Context().Err() != nil && status == http.StatusOK {
 		return false // a grant is not written to a client that went away
 	}

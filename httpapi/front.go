@@ -198,12 +198,18 @@ type call struct {
 	status int // written, for the metrics
 	start  time.Time
 	cred   creds
+	// waitEnded, for a long-poll, frees its place under MaxLongPolls
+	// (once) before its answer is written.
+	waitEnded func()
 }
 
 // reply writes a JSON answer (within WriteTimeout) and reports whether it
 // reached the connection: false when the write failed.
 func (c *call) reply(status int, body []byte) bool {
 	c.status = status
+	if c.waitEnded != nil {
+		c.waitEnded()
+	}
 	h := c.w.Header()
 	// Canonical keys set directly (no canonicalization per request); the
 	// shared value slices are never changed.

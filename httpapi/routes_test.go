@@ -322,3 +322,21 @@ func TestLongPollOutlastsBodyTimeout(t *testing.T) {
 	e.post("/v1/release", `{"key":"k","token":"`+tok+`"}`).want(t, 200, "")
 	(<-done).want(t, 200, "")
 }
+
+// TestLongPollBoundFreedBeforeTheAnswer: a long-poll's place under
+// MaxLongPolls is free by the time its client reads the answer, so a
+// client that sends its next long-poll at once is not refused 503
+// too_many_long_polls by its own previous request.
+func TestLongPollBoundFreedBeforeTheAnswer(t *testing.T) {
+	e := start(t, opts{front: func(c *httpapi.Config) { c.MaxLongPolls = 1 }})
+	// Two keep-alive connections taking turns: on one, net/http reads
+	// the next request only after the handler of the last returned.
+	clients := [2]*http.Client{e.client(nil), e.client(nil)}
+	for i := range 300 {
+		a := e.postCtx(context.Background(), clients[i%2], "/v1/acquire", `{"key":"k","lease_ms":1000,"wait_ms":1000}`)
+		if a.status != 200 {
+			t.Fatalf("long-poll %d after %d answered ones: %d %s", i+1, i, a.status, a.raw)
+		}
+		e.post("/v1/release", `{"key":"k","token":"`+a.str("token")+`"}`).want(t, 200, "")
+	}
+}
