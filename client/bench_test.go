@@ -141,3 +141,40 @@ func runWorkers(b *testing.B, cl *Client, pairsPerRound int, work func(w int, rn
 	b.StopTimer()
 	b.ReportMetric(float64(rounds*parallelWorkers*pairsPerRound)/el.Seconds(), "pairs/s")
 }
+
+// BenchmarkKeptLock: one goroutine, per op an Acquire, a KeepAlive
+// started and stopped, and a Release: what a lock kept by WithLock, a
+// Semaphore or an RWMutex costs around the work, with its watch (a W,
+// its answer, and the L of the release) and without (NoWatch).
+func BenchmarkKeptLock(b *testing.B) {
+	for _, nowatch := range []bool{false, true} {
+		name := "watched"
+		if nowatch {
+			name = "nowatch"
+		}
+		b.Run(name, func(b *testing.B) {
+			cl := newClient(b, Config{Addrs: []string{benchAddr(b)}})
+			waitUp(b, cl, 2)
+			ctx := context.Background()
+			opts := AcquireOptions{Wait: time.Second, Lease: 30 * time.Second}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				l, err := cl.Acquire(ctx, benchKeys[i&(len(benchKeys)-1)], opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ka, err := cl.KeepAlive(ctx, l, KeepAliveOptions{Lease: 30 * time.Second, NoWatch: nowatch})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := ka.Stop(); err != nil {
+					b.Fatal(err)
+				}
+				if err := cl.Release(ctx, l); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -35,6 +35,11 @@ type Client struct {
 	// connection fails at once with ErrNoConnection and it, instead of
 	// waiting for a redial that would be refused the same way.
 	refusedConn atomic.Pointer[refusedError]
+	// no9 maps the address of a server that answered a §9 request E 1
+	// (it does not speak §9) to that *unsupportedError: §9 requests for
+	// it fail at once, until a connection to it ends for another reason
+	// (a restart, perhaps an upgrade).
+	no9 sync.Map
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced when a connection comes up or goes down
@@ -184,6 +189,9 @@ func (cl *Client) runSlot(s *slot) {
 			}
 			s.cur.Store(nil)
 			err = c.endCause()
+			if _, ok := c.cause.(*unsupportedError); !ok {
+				cl.no9.Delete(s.addr)
+			}
 		}
 		if cl.isClosed() || s.isRetired() {
 			return
@@ -352,6 +360,32 @@ func (cl *Client) pick(addr, avoid string) *conn {
 		}
 	}
 	return fallback
+}
+
+// pickWatch returns a live connection to c's address that has not
+// refused a watch (E 8) since one of its watches last ended, else c (its
+// E 8 then says that every connection is full). A watch is bound to the
+// member that serves, as every request is: only connections to the
+// address that pick chose qualify.
+func (cl *Client) pickWatch(c *conn) *conn {
+	for _, s := range *cl.slots.Load() {
+		if s.addr != c.addr {
+			continue
+		}
+		if o := s.cur.Load(); o != nil && !o.isDead.Load() && !o.watchFull.Load() {
+			return o
+		}
+	}
+	return c
+}
+
+// lacks9 is the error of the server at addr if it answered a §9 request
+// E 1 (see no9), else nil.
+func (cl *Client) lacks9(addr string) error {
+	if e, ok := cl.no9.Load(addr); ok {
+		return e.(*unsupportedError)
+	}
+	return nil
 }
 
 func pickAddr(slots []*slot, n, i0 uint32, addr string) *conn {

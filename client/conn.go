@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"runtime"
@@ -12,10 +13,17 @@ import (
 )
 
 // pendIndex gives the pending table of a request op: answers are
-// correlated per op — acquires by owner, releases and renews by token,
-// pings by nonce — each in its own pendTable keyed by the id alone. It
-// returns -1 for any other op.
-func pendIndex(op proto.Op) int { return op.RequestIndex() }
+// correlated per op — acquires by owner, releases, renews, validates and
+// watches by token, pings and inspects by nonce — each in its own
+// pendTable keyed by the id alone. A shared acquire shares the acquires'
+// table: both are answered A, T or B by owner (owners are random, drawn
+// per call). It returns -1 for any other op.
+func pendIndex(op proto.Op) int {
+	if op == proto.OpShared {
+		return 0
+	}
+	return op.RequestIndex()
+}
 
 // conn is one TCP connection: a write path (see enqueue) that encodes every
 // queued request just before sending it and writes each batch with one
@@ -43,6 +51,15 @@ type conn struct {
 	rejected bool                             // the server closed c at once without a frame (see rejectedLocked); set with cause
 	opened   instant                          // when the dial succeeded
 	heard    atomic.Bool                      // a byte has been read from the server
+	seq      uint64                           // send sequence: the next request written gets this number
+
+	// The watches registered on this connection (W answered, L not yet),
+	// by token, in registration order per token; under mu.
+	watches map[uint64]*watchReg
+	nwatch  int
+	// watchFull: the server refused a watch here (E 8) since a watch on
+	// it last ended; watches go to other connections meanwhile.
+	watchFull atomic.Bool
 
 	// Set by hello before the reader starts, read-only after.
 	helloSent  bool        // a hello is this connection's first frame
@@ -174,6 +191,8 @@ func (c *conn) flush() {
 			buf = t.encode(buf, now)
 			t.state = stSent
 			t.sentAt = now
+			t.seq = c.seq
+			c.seq++
 			c.addPendLocked(t)
 		}
 		c.spare = q[:0]
@@ -240,7 +259,7 @@ func (c *conn) takePendLocked(op proto.Op, id uint64) *Ticket {
 // a later request with the same id. The stand-in of an acquire releases a
 // grant it receives (see readLoop).
 func (c *conn) abandonPendLocked(t *Ticket) {
-	c.pend[pendIndex(t.op)].replace(t, &Ticket{op: t.op, id: t.id, key: t.key, tomb: true})
+	c.pend[pendIndex(t.op)].replace(t, &Ticket{op: t.op, id: t.id, key: t.key, seq: t.seq, tomb: true})
 }
 
 // standInLocked puts a stand-in for t, an acquire whose caller stopped
@@ -250,7 +269,7 @@ func (c *conn) abandonPendLocked(t *Ticket) {
 // Config.AnswerAllowance); if none has come then, the server is not
 // answering and the connection is failed.
 func (c *conn) standInLocked(t *Ticket) {
-	s := &Ticket{op: t.op, id: t.id, key: t.key, tomb: true}
+	s := &Ticket{op: t.op, id: t.id, key: t.key, seq: t.seq, tomb: true}
 	c.pend[pendIndex(t.op)].replace(t, s)
 	time.AfterFunc(time.Duration(t.answerBy()-monoNow()), func() { c.overdue(s) })
 }
@@ -316,7 +335,17 @@ func (c *conn) readLoop() {
 				}
 				start += m
 				frames++
+				if r.Op == proto.OpLost {
+					c.lostLocked(r.ID, r.Reason)
+					continue
+				}
 				if r.Op == proto.OpError && r.Code == proto.CodeBadFrame {
+					if e := c.unsupportedLocked(&r, frames); e != nil {
+						// A server without §9: it refused the first §9
+						// request it read and stopped reading.
+						bad = e
+						break
+					}
 					bad = errServerE1
 					if frames == 1 {
 						// The server's first word is that it cannot read
@@ -364,8 +393,11 @@ func (c *conn) readLoop() {
 			}
 			comp = comp[:0]
 			if bad != nil {
-				if e, ok := bad.(*refusedError); ok {
+				switch e := bad.(type) {
+				case *refusedError:
 					c.refused(e)
+				case *unsupportedError:
+					c.cl.no9.Store(c.addr, e)
 				}
 				c.fail(bad)
 				return
@@ -437,12 +469,48 @@ func (c *conn) dispatchLocked(r *proto.Response) *Ticket {
 	t.rop = r.Op
 	t.rtoken = r.Token
 	t.rcode = r.Code
-	if r.Op == proto.OpMoved || r.Op == proto.OpError {
+	switch r.Op {
+	case proto.OpMoved, proto.OpError:
 		t.rtail = string(r.Tail)
+		if r.Op == proto.OpError && r.ReqOp == proto.OpWatch && r.Code == proto.CodeLimitReached {
+			c.watchFull.Store(true)
+		}
+	case proto.OpValidate:
+		t.rinfo.rem = r.Remaining
+	case proto.OpInspect:
+		t.rinfo = inspected{rem: r.Remaining, waiters: r.Waiters, holders: r.Holders, limit: r.Limit}
+	case proto.OpWatch:
+		// Filed before the waiter wakes: the L may come in the same read.
+		c.addWatchLocked(t)
 	}
 	t.res = resAnswer
 	t.state = stDone
 	return t
+}
+
+// unsupportedLocked recognizes the E 1 of a server without §9 (r, the
+// connection's frames-th answer): its op is a §9 request's and a §9
+// request sent here awaits its answer. Such a server read what came
+// before that request (a queued acquire among it may yet have been
+// granted), refused it and stopped reading: nothing sent after it ran.
+// An E 1 that is the connection's first answer and speaks of TLS is
+// lockd's TLS port refusing a plaintext client, not this (nil).
+func (c *conn) unsupportedLocked(r *proto.Response, frames int) *unsupportedError {
+	if !is9(r.ReqOp) || frames == 1 && bytes.Contains(r.Tail, []byte("TLS")) {
+		return nil
+	}
+	first, found := uint64(0), false
+	for i := range c.pend {
+		c.pend[i].each(func(t *Ticket) {
+			if is9(t.op) && (!found || t.seq < first) {
+				first, found = t.seq, true
+			}
+		})
+	}
+	if !found {
+		return nil
+	}
+	return &unsupportedError{addr: c.addr, op: r.ReqOp, msg: string(r.Tail), seq: first}
 }
 
 // fail closes c once: queued requests are finished as definitely unsent,
@@ -507,11 +575,14 @@ func (c *conn) killLocked(cause error) bool {
 	// unsent too (docs/PROTOCOL.md, Decisions).
 	queued, sent := resUnsent, resLost
 	var rerr error
-	switch cause.(type) {
+	var no9 *unsupportedError
+	switch e := cause.(type) {
 	case *authError:
 		queued, sent, rerr = resUnauth, resUnauth, cause
 	case *refusedError:
 		sent = resUnsent
+	case *unsupportedError:
+		no9 = e
 	default:
 		if c.rejected = c.rejectedLocked(cause); c.rejected {
 			sent = resUnsent
@@ -529,10 +600,25 @@ func (c *conn) killLocked(cause error) bool {
 				nx := t.next
 				t.next = nil
 				t.rerr = rerr
-				t.finishLocked(sent)
+				res := sent
+				if no9 != nil {
+					// The server stopped reading at the §9 request it
+					// refused: what came after it did not run, and a §9
+					// request behind it would be refused the same way.
+					switch {
+					case t.seq < no9.seq:
+						t.rerr = &closedBy9Error{no9}
+					case t.seq == no9.seq || is9(t.op):
+						res, t.rerr = resUnsupported, no9
+					default:
+						res = resUnsent
+					}
+				}
+				t.finishLocked(res)
 				t = nx
 			}
 		})
 	}
+	c.dropWatchesLocked()
 	return true
 }

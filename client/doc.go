@@ -40,6 +40,33 @@
 // Release (see the examples). AcquireAsync and ReleaseAsync keep many
 // requests in flight from one goroutine; Ping measures a round trip.
 //
+// # More than one holder, and asking lockd
+//
+// A Semaphore hands out up to N permits of a key at once, fleet-wide; an
+// RWMutex any number of read locks or one write lock. Both are shaped
+// like the standard library's and hand out a Held, kept until its
+// Release (renewed and watched, as below):
+//
+//	sem := cl.Semaphore("exports/slots", 4, client.HoldOptions{Lease: 30 * time.Second})
+//	permit, err := sem.Acquire(ctx) // waits until ctx is done
+//	if err != nil {
+//		return err
+//	}
+//	defer permit.Release()
+//	return export(permit.Context(), permit.Token()) // Context ends if the permit is lost
+//
+// They are built on AcquireShared (PROTOCOL.md §9.2: S, up to limit
+// holders, each with its own token and lease; FIFO, so a writer waiting
+// at the head holds back later readers). Validate asks whether a token
+// is a current holder and how much lease it has left (§9.3; what
+// fence.Validating uses), Inspect how many hold and wait for a key
+// (§9.5), and Watch follows one grant until lockd reports its end
+// (§9.4). A lockd older than §9 answers these requests E 1 and closes
+// the connection: the client says ErrUnsupported, not executed, sends
+// again elsewhere what the server did not read after it, and sends that
+// server no §9 request again until its connection ends for another
+// reason.
+//
 // # Outcomes
 //
 // Every error of Acquire except ErrIndeterminate (and errors matching it)
@@ -140,9 +167,11 @@
 // with one Write per batch (there is no writer goroutine, so no hand-off per
 // request); each request's frame is encoded just before its batch is
 // written. One reader goroutine per connection parses answers with
-// proto.ParseResponse and hands each to its request: acquires by owner,
-// releases and renews by (op, token), pings by nonce, M and E by (op, id);
-// requests with equal keys are answered in send order. Connections are
+// proto.ParseResponse and hands each to its request: acquires, shared
+// or not, by owner; releases, renews, validates and watches by (op,
+// token); pings and inspects by nonce; M and E by (op, id); a pushed L
+// to the watch its token registered on that connection. Requests with
+// equal keys are answered in send order. Connections are
 // chosen round-robin by batch: the requests queued while a batch forms go
 // to one connection, and once it is taken for writing the next requests go
 // to the next live connection (per-request round-robin would cut every
@@ -213,7 +242,19 @@
 // KeepAlive renews in the background every third of the lease and reports
 // the lock lost (Lost, Err, a cancelled Context) on an N, on Close, or
 // when StopBy — Lock.Expires less KeepAliveOptions.Margin — passes without
-// a renewal. Each renewal has a window of half the interval (at least
+// a renewal. It also watches the lock (one W, PROTOCOL.md §9.4, on a
+// connection to the member that serves): lockd pushes the grant's end —
+// released from elsewhere, expired, forced by an operator — and the lock
+// is lost at once (a *GrantEndedError), not at the next renewal. When
+// that member can no longer tell (an L with reason 4: it is stopping or
+// stepping down) or the connection is lost, the keep-alive renews at once
+// and watches again where the cluster serves now. A server's bound on
+// watches per connection (E 8) sends the watch to another connection, or,
+// with every connection full, leaves the lock to its renewals and tries
+// the watch again a renewal interval later. A bare Acquire's Lock is not
+// watched: it has no signal to give (Watch follows any grant on request),
+// and the pipelined path of AcquireAsync and ReleaseAsync sends nothing
+// more than it did. Each renewal has a window of half the interval (at least
 // 250 ms, at most Config.TransportTimeout), not the transport timeout: a
 // renewal unanswered in it closes its connection, and the next goes to
 // another connection, so a frozen member of a cluster costs a fraction of

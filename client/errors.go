@@ -85,6 +85,32 @@ var (
 	ErrInvalidWait = errors.New("client: wait must be 0..255s")
 	// ErrInvalidLease rejects a negative lease or one above 255 s.
 	ErrInvalidLease = errors.New("client: lease must be 1..255s")
+	// ErrInvalidLimit rejects the limit of a shared acquire outside
+	// 1..65535 (a Semaphore's permits included); nothing is sent.
+	ErrInvalidLimit = errors.New("client: limit must be 1..65535")
+
+	// ErrUnsupported means the server does not speak PROTOCOL.md §9: it
+	// answered an acquire shared, validate, watch or inspect with E 1
+	// and closed the connection, as a lockd older than §9 does. The
+	// request was not executed. The error returned names the server;
+	// until that server's connection ends for another reason (a
+	// restart, perhaps an upgrade), the client sends it no §9 request
+	// again and fails them at once with this error.
+	ErrUnsupported = errors.New("client: lockd does not support this request (PROTOCOL.md §9: shared locks, validate, watch, inspect)")
+	// ErrLimitMismatch is the server's E 7: a shared acquire whose limit
+	// differs from the limit of the key's current holders. Not executed,
+	// definitive; the connection stays open. Test with errors.Is (the
+	// error returned is a *ServerError with its message).
+	ErrLimitMismatch = errors.New("client: the key is held with another limit")
+	// ErrWatchLimit is the server's E 8: a watch beyond the connection's
+	// bound (--max-watches-per-conn). Not executed; the connection stays
+	// open. The client sends a watch to a connection that has not refused
+	// one since its last watch ended, and returns ErrWatchLimit when
+	// every connection has (a KeepAlive then tries again every renewal
+	// interval, its renewals guarding the lock meanwhile).
+	ErrWatchLimit = errors.New("client: too many watches on the connection")
+	// ErrWatchStopped is a Watch's Err after its Stop.
+	ErrWatchStopped = errors.New("client: watch stopped")
 )
 
 // ServerError is an E answer other than "shutting down" (code 4, which the
@@ -103,6 +129,49 @@ type ServerError struct {
 func (e *ServerError) Error() string {
 	return "client: server rejected " + e.Op.String() + " (code " + strconv.Itoa(int(e.Code)) + "): " + e.Msg
 }
+
+// Is matches the sentinel of the codes that have one: ErrLimitMismatch
+// for E 7, ErrWatchLimit for E 8.
+func (e *ServerError) Is(target error) bool {
+	switch e.Code {
+	case proto.CodeLimitMismatch:
+		return target == ErrLimitMismatch
+	case proto.CodeLimitReached:
+		return target == ErrWatchLimit
+	}
+	return false
+}
+
+// unsupportedError is ErrUnsupported from one server: its E 1 to a §9
+// request. seq is the send sequence of the request it refused, the first
+// §9 request the connection carried that had no answer yet (an E 1 of a
+// server that does not know the op cannot carry its id).
+type unsupportedError struct {
+	addr string
+	op   proto.Op
+	msg  string
+	seq  uint64
+}
+
+func (e *unsupportedError) Error() string {
+	return "client: lockd at " + e.addr + " does not support " + e.op.String() +
+		" (PROTOCOL.md §9: shared locks, validate, watch, inspect): it answered E 1 (" + e.msg +
+		") and closed the connection; upgrade it"
+}
+
+func (e *unsupportedError) Is(target error) bool { return target == ErrUnsupported }
+
+// closedBy9Error is ErrIndeterminate for an acquire sent on a connection
+// before a §9 request that the server refused (E 1) by closing it: the
+// server read the acquire, and may have granted it.
+type closedBy9Error struct{ refusal *unsupportedError }
+
+func (e *closedBy9Error) Error() string {
+	return ErrIndeterminate.Error() + ": lockd at " + e.refusal.addr + " closed the connection on refusing a later " +
+		e.refusal.op.String() + " it does not support (PROTOCOL.md §9), after it had read this request"
+}
+
+func (e *closedBy9Error) Is(target error) bool { return target == ErrIndeterminate }
 
 // bothErr is an error that matches two sentinels, for outcomes that are
 // both (errors.Is sees either).

@@ -151,3 +151,125 @@ func Example_outage() {
 	// no connection: true
 	// timeout: false
 }
+
+// A semaphore of two permits, shared by every client of lockd: a third
+// holder waits (here: TryAcquire says no at once) until a permit is
+// released. Each permit is renewed and watched while held.
+func ExampleClient_Semaphore() {
+	addr, stop := startLockd()
+	defer stop()
+	cl, err := client.New(client.Config{Addrs: []string{addr}})
+	if err != nil {
+		panic(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+
+	sem := cl.Semaphore("exports/slots", 2, client.HoldOptions{Lease: 10 * time.Second})
+	a, err := sem.Acquire(ctx) // waits until ctx is done for a permit
+	if err != nil {
+		fmt.Println("acquire:", err)
+		return
+	}
+	b, err := sem.Acquire(ctx)
+	if err != nil {
+		fmt.Println("acquire:", err)
+		return
+	}
+	_, err = sem.TryAcquire(ctx)
+	fmt.Println("a third permit now:", err == nil)
+	in, _ := cl.Inspect(ctx, "exports/slots")
+	fmt.Println("holders:", in.Holders, "of", in.Limit)
+
+	// The work under a permit passes its token to the resource and stops
+	// when the permit's Context ends (the permit was lost).
+	_ = a.Context()
+	fmt.Println("release a:", a.Release())
+	c, err := sem.TryAcquire(ctx)
+	fmt.Println("a permit after a release:", err == nil)
+	_ = b.Release()
+	_ = c.Release()
+	// Output:
+	// a third permit now: false
+	// holders: 2 of 2
+	// release a: <nil>
+	// a permit after a release: true
+}
+
+// A read/write lock: readers share it; a writer waits for them, and while
+// it waits, readers that come after it wait too.
+func ExampleClient_RWMutex() {
+	addr, stop := startLockd()
+	defer stop()
+	cl, err := client.New(client.Config{Addrs: []string{addr}})
+	if err != nil {
+		panic(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+
+	rw := cl.RWMutex("catalog", client.HoldOptions{Lease: 10 * time.Second})
+	r1, _ := rw.RLock(ctx)
+	r2, err := rw.RLock(ctx)
+	fmt.Println("two readers:", err == nil)
+
+	wrote := make(chan error, 1)
+	go func() {
+		w, err := rw.Lock(ctx) // waits for both readers
+		if err == nil {
+			err = w.Release()
+		}
+		wrote <- err
+	}()
+	for { // until the writer waits in lockd's queue
+		if in, err := cl.Inspect(ctx, "catalog"); err != nil || in.Waiters == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_, err = rw.TryRLock(ctx)
+	fmt.Println("a reader behind a waiting writer:", errors.Is(err, client.ErrTimeout))
+	_ = r1.Release()
+	_ = r2.Release()
+	fmt.Println("the writer wrote:", <-wrote)
+	// Output:
+	// two readers: true
+	// a reader behind a waiting writer: true
+	// the writer wrote: <nil>
+}
+
+// A protected resource asks lockd whether the token of a request is
+// still a current grant before acting (fence.Validating with the client
+// as its Validator).
+func ExampleClient_Validate() {
+	addr, stop := startLockd()
+	defer stop()
+	cl, err := client.New(client.Config{Addrs: []string{addr}})
+	if err != nil {
+		panic(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+
+	l, err := cl.Acquire(ctx, "orders/42", client.AcquireOptions{Wait: 5 * time.Second, Lease: 10 * time.Second})
+	if err != nil {
+		fmt.Println("acquire:", err)
+		return
+	}
+	resource := &fence.Validating{V: cl, MinRemaining: time.Second}
+	write := func(token uint64) {
+		err := resource.Do(ctx, "orders/42", token, func(ctx context.Context) error {
+			fmt.Println("wrote with the current token")
+			return nil
+		})
+		if err != nil {
+			fmt.Println("refused:", errors.Is(err, fence.ErrNotValid), errors.Is(err, client.ErrNotHeld))
+		}
+	}
+	write(l.Token)
+	_ = cl.Release(ctx, l)
+	write(l.Token) // a holder acting after its release
+	// Output:
+	// wrote with the current token
+	// refused: true true
+}

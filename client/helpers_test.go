@@ -197,6 +197,7 @@ type freq struct {
 	Op    proto.Op
 	Wait  uint8
 	Lease uint8
+	Limit uint16 // S
 	ID    uint64
 	Key   string
 	At    time.Time
@@ -301,7 +302,7 @@ func (fc *fconn) readLoop() {
 				_ = fc.nc.Close()
 				return
 			}
-			q := freq{Op: r.Op, Wait: r.Wait, Lease: r.Lease, ID: r.ID, Key: string(r.Key), At: time.Now(), Conn: fc}
+			q := freq{Op: r.Op, Wait: r.Wait, Lease: r.Lease, Limit: r.Limit, ID: r.ID, Key: string(r.Key), At: time.Now(), Conn: fc}
 			in = in[m:]
 			select {
 			case fc.f.reqs <- q:
@@ -320,11 +321,19 @@ func (fc *fconn) readLoop() {
 	}
 }
 
-// auto answers like a server that grants every acquire.
+// auto answers like a server that grants every acquire, shared or not,
+// finds every token valid (with fakeRemaining left) and watches it,
+// and says every key is free.
 func (fc *fconn) auto(r freq) {
 	switch r.Op {
-	case proto.OpAcquire:
+	case proto.OpAcquire, proto.OpShared:
 		fc.send(proto.AppendAcquired(nil, r.ID, fc.f.token.Add(1), r.Key))
+	case proto.OpValidate:
+		fc.send(proto.AppendValid(nil, r.ID, uint32(fakeRemaining/time.Millisecond), r.Key))
+	case proto.OpWatch:
+		fc.send(proto.AppendWatching(nil, r.ID, r.Key))
+	case proto.OpInspect:
+		fc.send(proto.AppendInspection(nil, r.ID, 0, 0, 0, 0, 0, r.Key))
 	case proto.OpRelease:
 		fc.send(proto.AppendReleased(nil, r.ID, r.Key))
 	case proto.OpRenew:
@@ -333,6 +342,9 @@ func (fc *fconn) auto(r freq) {
 		fc.send(proto.AppendPong(nil, r.ID))
 	}
 }
+
+// fakeRemaining is the lease time left a fake answers a validate with.
+const fakeRemaining = 12345 * time.Millisecond
 
 func (fc *fconn) send(b []byte) {
 	fc.wmu.Lock()

@@ -30,6 +30,14 @@ type KeepAliveOptions struct {
 	// server error); not with N or Close, which end the keep-alive. It
 	// must not block for long: the next renewal waits for it.
 	OnRenewError func(error)
+	// NoWatch turns off the watch of the lock (PROTOCOL.md §9.4). By
+	// default a KeepAlive also watches its lock, so that lockd's report
+	// of its end — released from elsewhere, expired, forced — loses it
+	// at once instead of at the next renewal. Without the watch a loss
+	// is learned from a renewal, up to Every later. A lockd without §9
+	// needs no NoWatch: the client finds that out (at the cost of one
+	// connection, which that lockd closes) and renews alone.
+	NoWatch bool
 }
 
 // ErrInvalidKeepAlive rejects KeepAliveOptions with a negative duration or a
@@ -41,6 +49,9 @@ var (
 	errLostNotHeld  error = &bothErr{"client: lock lost: a renewal was answered N (not held)", ErrLockLost, ErrNotHeld}
 	errLostDeadline error = &bothErr{"client: lock lost: no renewal succeeded before the holder's stop time", ErrLockLost, ErrLockLost}
 	errLostClosed   error = &bothErr{"client: lock lost: the client was closed", ErrLockLost, ErrClosed}
+	// A watch registered again (after a member could no longer tell, or
+	// a lost connection) found the grant gone.
+	errLostWatchNotHeld error = &bothErr{"client: lock lost: lockd answered a watch of it N (not held)", ErrLockLost, ErrNotHeld}
 )
 
 // lostRefused is a keep-alive ended by a renewal the server refused for
@@ -57,14 +68,23 @@ func (e *lostRefused) Is(target error) bool { return target == ErrLockLost }
 func (e *lostRefused) Unwrap() error { return e.cause }
 
 // A KeepAlive renews a lock in the background, every Every, until Stop or
-// until the lock is lost: a renewal answered N, the client closed, or
-// StopBy (the lease's conservative end less Margin) passed without a
-// renewal, or a renewal refused for the identity (E 5, E 6). Loss closes
-// Lost and cancels Context with a cause matching ErrLockLost (and
-// ErrNotHeld, ErrClosed, ErrUnauthenticated or ErrPermissionDenied where
-// that is the reason). A
-// holder must stop touching the protected resource by StopBy, and should
-// pass the lock's token to it (package fence).
+// until the lock is lost: lockd reported the grant's end (the lock is
+// watched: released from elsewhere, expired, or forced, known at once;
+// Err is then a *GrantEndedError), a renewal answered N, the client
+// closed, or StopBy (the lease's conservative end less Margin) passed
+// without a renewal, or a renewal refused for the identity (E 5, E 6).
+// Loss closes Lost and cancels Context with a cause matching ErrLockLost
+// (and ErrNotHeld, ErrClosed, ErrUnauthenticated or ErrPermissionDenied
+// where that is the reason). A holder must stop touching the protected
+// resource by StopBy, and should pass the lock's token to it (package
+// fence).
+//
+// The watch (KeepAliveOptions.NoWatch turns it off) is one W on a
+// connection to the member that serves. When that member can no longer
+// tell (an L with reason 4: it is stopping or stepping down) or the
+// connection is lost, the KeepAlive renews at once — the renewal goes to
+// the member that serves now, and confirms or denies the lock — and
+// watches again there.
 //
 // A KeepAlive never releases the lock; the holder does, after Stop.
 // Its methods are safe for concurrent use.
@@ -87,6 +107,9 @@ type KeepAlive struct {
 	mu   sync.Mutex
 	lock Lock  // the current lock (Expires moves with each renewal)
 	err  error // why the lock was lost; set once, before lost closes
+
+	w     *watcher      // the lock's watch; nil with NoWatch
+	nudge chan struct{} // cap 1: the watch lapsed, renew now
 }
 
 // KeepAlive starts renewing l in the background and returns at once,
@@ -144,10 +167,28 @@ func (cl *Client) KeepAlive(ctx context.Context, l Lock, opts KeepAliveOptions) 
 	}
 	k.ctx, k.cancel = context.WithCancelCause(ctx)
 	k.rbase, k.rstop = context.WithCancel(context.WithoutCancel(ctx))
+	if !opts.NoWatch {
+		k.nudge = make(chan struct{}, 1)
+		k.w = cl.newWatcher(k.rbase, l.Key, l.Token)
+		k.w.onLapse = func() { signal(k.nudge) }
+		// Every connection at the server's bound of watches: try again a
+		// renewal interval later, the renewals guarding the lock
+		// meanwhile.
+		k.w.limitRetry = opts.Every
+	}
 	if !cl.goBackground(k.run) {
 		k.lose(errLostClosed)
 		k.rstop()
 		close(k.done)
+		if k.w != nil {
+			k.w.end(ErrClosed)
+			close(k.w.done)
+		}
+		return k, nil
+	}
+	if k.w != nil && !cl.goBackground(func() { k.w.run(nil) }) {
+		k.w.end(ErrClosed)
+		close(k.w.done)
 	}
 	return k, nil
 }
@@ -175,9 +216,11 @@ func (k *KeepAlive) Context() context.Context { return k.ctx }
 func (k *KeepAlive) Lost() <-chan struct{} { return k.lost }
 
 // Err is nil while the lock is not lost; then an error matching
-// ErrLockLost, and ErrNotHeld when a renewal was answered N, ErrClosed
-// when the client was closed, or ErrUnauthenticated or
-// ErrPermissionDenied when the server refused a renewal for the identity.
+// ErrLockLost: a *GrantEndedError when lockd reported the grant's end
+// (released, expired, forced); matching ErrNotHeld too when a renewal or
+// a watch was answered N, ErrClosed when the client was closed, or
+// ErrUnauthenticated or ErrPermissionDenied when the server refused a
+// renewal for the identity.
 func (k *KeepAlive) Err() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -242,6 +285,10 @@ func (k *KeepAlive) run() {
 	defer renew.Stop()
 	deadline := time.NewTimer(time.Until(k.StopBy()))
 	defer deadline.Stop()
+	var watchEnded <-chan struct{}
+	if k.w != nil {
+		watchEnded = k.w.done
+	}
 	for {
 		select {
 		case <-k.stop:
@@ -252,6 +299,23 @@ func (k *KeepAlive) run() {
 		case <-deadline.C:
 			k.lose(errLostDeadline)
 			return
+		case <-watchEnded:
+			switch err := k.w.Err(); {
+			case errors.Is(err, ErrLockLost): // lockd reported the grant's end
+				k.lose(err)
+				return
+			case errors.Is(err, ErrNotHeld):
+				k.lose(errLostWatchNotHeld)
+				return
+			}
+			// No watch (a server without §9, Stop, ...): the renewals
+			// alone tell.
+			watchEnded = nil
+			continue
+		case <-k.nudge:
+			// The watch lapsed (its member can no longer tell, or its
+			// connection was lost): a renewal now confirms the lock
+			// where the cluster serves, or denies it.
 		case <-renew.C:
 		}
 		by := k.StopBy()

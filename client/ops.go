@@ -113,13 +113,22 @@ func (cl *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) 
 // cycle (for instance, each goroutine on its own keys), or Wait each
 // ticket before starting the next acquire on a contended key.
 func (cl *Client) AcquireAsync(ctx context.Context, key string, opts AcquireOptions) *Ticket {
-	t := cl.getTicket(ctx, proto.OpAcquire, key)
+	return cl.acquireAsync(ctx, proto.OpAcquire, key, 0, opts)
+}
+
+// acquireAsync starts an acquire (op A) or a shared acquire (op S with
+// limit): both follow every rule of §7.
+func (cl *Client) acquireAsync(ctx context.Context, op proto.Op, key string, limit int, opts AcquireOptions) *Ticket {
+	t := cl.getTicket(ctx, op, key)
 	switch {
 	case !validKey(key):
 		t.err = invalidKey(key)
 		return t
 	case opts.Wait < 0 || opts.Wait > proto.MaxWait*time.Second:
 		t.err = ErrInvalidWait
+		return t
+	case op == proto.OpShared && (limit < 1 || limit > proto.MaxLimit):
+		t.err = ErrInvalidLimit
 		return t
 	}
 	lease, err := cl.leaseSecs(opts.Lease)
@@ -134,6 +143,7 @@ func (cl *Client) AcquireAsync(ctx context.Context, key string, opts AcquireOpti
 	now := monoNow()
 	t.id = rand.Uint64()
 	t.lease = lease
+	t.limit = uint16(limit)
 	if opts.Wait == 0 {
 		// One deadline for the whole call, the answer included.
 		t.wait0 = true
@@ -178,9 +188,17 @@ func (t *Ticket) acquire() (Lock, error) {
 			return Lock{}, t.ctx.Err()
 		case outClosed:
 			return Lock{}, ErrClosed
-		case outUnauth:
+		case outUnauth, outUnsupported:
 			return Lock{}, t.rerr
-		default: // outLost, outAbandoned
+		case outLost:
+			if cl.isClosed() {
+				return Lock{}, errClosedIndeterminate
+			}
+			if e, ok := t.rerr.(*closedBy9Error); ok {
+				return Lock{}, e // the connection ended on a §9 refusal
+			}
+			return Lock{}, ErrIndeterminate
+		default: // outAbandoned
 			if cl.isClosed() {
 				return Lock{}, errClosedIndeterminate
 			}
@@ -219,7 +237,7 @@ func (t *Ticket) acquire() (Lock, error) {
 				return Lock{}, t.authErr()
 			}
 			if t.rcode != proto.CodeShutdown {
-				return Lock{}, &ServerError{Op: proto.OpAcquire, Code: t.rcode, Msg: t.rtail}
+				return Lock{}, &ServerError{Op: t.op, Code: t.rcode, Msg: t.rtail}
 			}
 		default:
 			return Lock{}, errBadAnswerOp(t)
@@ -264,7 +282,7 @@ func (t *Ticket) pauseEnded() error {
 		return ErrClosed
 	case t.ctx.Err() != nil:
 		return t.ctx.Err()
-	case t.op == proto.OpAcquire && !t.wait0:
+	case t.acq() && !t.wait0:
 		return ErrTimeout
 	}
 	return ErrNoConnection

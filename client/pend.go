@@ -164,6 +164,18 @@ func (p *pendTable) drain(f func(head *Ticket)) {
 	p.n = 0
 }
 
+// each calls f with every request in the table, chains included.
+func (p *pendTable) each(f func(t *Ticket)) {
+	if p.n == 0 {
+		return
+	}
+	for _, s := range p.slots {
+		for t := s.t; t != nil; t = t.next {
+			f(t)
+		}
+	}
+}
+
 // awaiting reports whether a request other than a stand-in awaits an
 // answer.
 func (p *pendTable) awaiting() bool {

@@ -24,28 +24,30 @@ const (
 type result uint8
 
 const (
-	resNone      result = iota
-	resAnswer           // an answer was read: rop, rtoken, rcode, rtail
-	resUnsent           // the connection died before the request was taken for sending
-	resLost             // the connection died after the request was possibly sent
-	resExpired          // the writer found the send deadline passed; not sent
-	resAbandoned        // the waiter gave up with the request possibly sent
-	resUnauth           // not executed: the connection's hello was refused (E 5); rerr says so
+	resNone        result = iota
+	resAnswer             // an answer was read: rop, rtoken, rcode, rtail
+	resUnsent             // the connection died before the request was taken for sending
+	resLost               // the connection died after the request was possibly sent
+	resExpired            // the writer found the send deadline passed; not sent
+	resAbandoned          // the waiter gave up with the request possibly sent
+	resUnauth             // not executed: the connection's hello was refused (E 5); rerr says so
+	resUnsupported        // not executed: the server does not speak §9 (E 1 to a §9 request); rerr says so
 )
 
 // outcome of roundTrip, the waiter's view of one request.
 type outcome uint8
 
 const (
-	outAnswer    outcome = iota // an answer: t.rop …
-	outNotSent                  // the send deadline passed before it was sent
-	outNoConn                   // the send deadline passed with no connection available
-	outLost                     // the connection died with the request possibly sent
-	outAbandoned                // the answer deadline passed (or ctx ended) with the request possibly sent
-	outWaitOver                 // an acquire's wait ended with the request possibly sent: a stand-in takes its answer
-	outCtx                      // ctx ended (an acquire: sent or not; others: before it was sent)
-	outClosed                   // the client was closed before it was sent
-	outUnauth                   // not executed, for want of an accepted identity: t.rerr
+	outAnswer      outcome = iota // an answer: t.rop …
+	outNotSent                    // the send deadline passed before it was sent
+	outNoConn                     // the send deadline passed with no connection available
+	outLost                       // the connection died with the request possibly sent
+	outAbandoned                  // the answer deadline passed (or ctx ended) with the request possibly sent
+	outWaitOver                   // an acquire's wait ended with the request possibly sent: a stand-in takes its answer
+	outCtx                        // ctx ended (an acquire: sent or not; others: before it was sent)
+	outClosed                     // the client was closed before it was sent
+	outUnauth                     // not executed, for want of an accepted identity: t.rerr
+	outUnsupported                // not executed: the server does not speak §9: t.rerr
 )
 
 // A Ticket is one acquire in flight, returned by AcquireAsync. Call Wait
@@ -61,6 +63,7 @@ type Ticket struct {
 	key     string
 	id      uint64        // owner, token or nonce
 	lease   uint8         // acquire, renew: lease seconds
+	limit   uint16        // acquire shared: the key's limit
 	wait0   bool          // acquire with wait 0
 	waitEnd instant       // acquire with wait > 0: the end of the caller's wait
 	sendBy  instant       // the request is not sent at or after this instant
@@ -77,6 +80,7 @@ type Ticket struct {
 	// Per attempt, guarded by conn.mu while attached.
 	state    state
 	next     *Ticket // chain of requests with the same correlation key
+	seq      uint64  // the connection's send sequence number of this attempt
 	sentAt   instant
 	wireWait uint8
 	res      result
@@ -84,7 +88,11 @@ type Ticket struct {
 	rtoken   uint64
 	rcode    uint8
 	rtail    string
-	rerr     error // resUnauth, outUnauth: the E 5
+	rerr     error     // resUnauth, outUnauth: the E 5; resUnsupported: the E 1
+	rinfo    inspected // V: remaining; I: the inspection
+	// reg is a watch's registration (op W): the reader files it in the
+	// connection's watches when the W answer comes, under conn.mu.
+	reg *watchReg
 
 	// done wakes the waiter (cap 1): an attempt's result is signalled on
 	// it once, and the timer rings it. A wake-up is only a hint to look at
@@ -107,6 +115,28 @@ func newTicket() *Ticket {
 	})
 	timer.Stop()
 	return &Ticket{done: done, timer: timer, rang: rang}
+}
+
+// inspected is what a V (rem) or an I answer carried besides the token.
+type inspected struct {
+	rem     uint32 // ms of lease left
+	waiters uint32
+	holders uint16
+	limit   uint16
+}
+
+// acq reports whether t is an acquire, exclusive or shared: both are
+// answered A, T or B, correlated by owner, and share every rule of §7.
+func (t *Ticket) acq() bool { return t.op == proto.OpAcquire || t.op == proto.OpShared }
+
+// is9 reports whether op is a request of PROTOCOL.md §9, which a server
+// without §9 answers E 1.
+func is9(op proto.Op) bool {
+	switch op {
+	case proto.OpShared, proto.OpValidate, proto.OpWatch, proto.OpInspect:
+		return true
+	}
+	return false
 }
 
 // An instant is a reading of the client's monotonic clock, in nanoseconds
@@ -165,7 +195,7 @@ func signal(done chan struct{}) {
 // remaining time at now (rounded up, capped at 255 s); conn.mu held.
 func (t *Ticket) encode(buf []byte, now instant) []byte {
 	switch t.op {
-	case proto.OpAcquire:
+	case proto.OpAcquire, proto.OpShared:
 		var w uint8
 		if !t.wait0 {
 			rem := time.Duration(t.waitEnd - now)
@@ -179,11 +209,20 @@ func (t *Ticket) encode(buf []byte, now instant) []byte {
 			w = uint8(s)
 		}
 		t.wireWait = w
+		if t.op == proto.OpShared {
+			return proto.AppendShared(buf, w, t.lease, t.id, t.limit, t.key)
+		}
 		return proto.AppendAcquire(buf, w, t.lease, t.id, t.key)
 	case proto.OpRelease:
 		return proto.AppendRelease(buf, t.id, t.key)
 	case proto.OpRenew:
 		return proto.AppendRenew(buf, t.lease, t.id, t.key)
+	case proto.OpValidate:
+		return proto.AppendValidate(buf, t.id, t.key)
+	case proto.OpWatch:
+		return proto.AppendWatch(buf, t.id, t.key)
+	case proto.OpInspect:
+		return proto.AppendInspect(buf, t.id, t.key)
 	default:
 		return proto.AppendPing(buf, t.id)
 	}
@@ -202,7 +241,7 @@ func (t *Ticket) callEnd() instant {
 // answerBy is the deadline for the answer of the attempt sent at sentAt.
 func (t *Ticket) answerBy() instant {
 	var d instant
-	if t.op == proto.OpAcquire && !t.wait0 {
+	if t.acq() && !t.wait0 {
 		d = t.sentAt.add(time.Duration(t.wireWait)*time.Second + t.cl.cfg.AnswerAllowance)
 	} else {
 		d = t.sentAt.add(t.timeout)
@@ -239,7 +278,9 @@ func (t *Ticket) stopTimer() {
 
 // trySend attaches t to a live connection, if one is available now. If
 // the address an M named cannot be reached (evicted, or down), t goes to
-// another node instead, which answers M again or executes it.
+// another node instead, which answers M again or executes it. A §9
+// request bound for a server known not to speak §9 is not sent: t.res
+// is resUnsupported, and t.rerr says why.
 func (t *Ticket) trySend() bool {
 	for {
 		c := t.cl.pick(t.moved, t.avoid)
@@ -249,6 +290,15 @@ func (t *Ticket) trySend() bool {
 				continue
 			}
 			return false
+		}
+		if is9(t.op) {
+			if e := t.cl.lacks9(c.addr); e != nil {
+				t.rerr, t.res = e, resUnsupported
+				return false
+			}
+			if t.op == proto.OpWatch && c.watchFull.Load() {
+				c = t.cl.pickWatch(c)
+			}
 		}
 		if c.enqueue(t) {
 			return true
@@ -271,6 +321,10 @@ func (t *Ticket) roundTrip() outcome {
 				return outClosed
 			}
 			if !t.trySend() {
+				if t.res == resUnsupported {
+					t.res = resNone
+					return outUnsupported
+				}
 				if o, ok := t.waitConn(ctxDone); !ok {
 					return o
 				}
@@ -322,7 +376,7 @@ func (t *Ticket) roundTrip() outcome {
 				continue
 			}
 			// stSent
-			if t.op == proto.OpAcquire && (cancelled || !t.wait0 && now >= t.waitEnd) {
+			if t.acq() && (cancelled || !t.wait0 && now >= t.waitEnd) {
 				// The caller's wait is over, or ctx ended: the call ends
 				// now and keeps its connection. The answer may still
 				// come: a stand-in takes the request's place and releases
@@ -350,7 +404,7 @@ func (t *Ticket) roundTrip() outcome {
 				t.from = c.addr
 				c.mu.Unlock()
 				switch {
-				case t.op == proto.OpAcquire:
+				case t.acq():
 					// A wait-0 acquire's transport deadline: close that
 					// exact connection (a grant not yet handed to its
 					// socket is released by the server at once).
@@ -364,7 +418,7 @@ func (t *Ticket) roundTrip() outcome {
 				return outAbandoned
 			}
 			c.mu.Unlock()
-			if t.op == proto.OpAcquire && !t.wait0 {
+			if t.acq() && !t.wait0 {
 				by = t.waitEnd
 			}
 			t.arm(by)
@@ -378,6 +432,8 @@ func (t *Ticket) roundTrip() outcome {
 			return outNotSent
 		case resUnauth:
 			return outUnauth
+		case resUnsupported:
+			return outUnsupported
 		default: // resLost
 			return outLost
 		}
@@ -391,6 +447,10 @@ func (t *Ticket) waitConn(ctxDone <-chan struct{}) (o outcome, ok bool) {
 	ch := cl.changedCh()
 	if t.trySend() {
 		return 0, true
+	}
+	if t.res == resUnsupported {
+		t.res = resNone
+		return outUnsupported, false
 	}
 	if e := cl.refused.Load(); e != nil {
 		// The server refused the credentials, and no connection is up:

@@ -9,9 +9,11 @@ import (
 // returns. While fn runs, a KeepAlive renews the lease every third of it
 // (sooner when less is left); a lock granted after a long wait in the
 // queue is renewed before fn starts (Lock.Expires counts from the
-// acquire's send, so little of it may be left). If the lock can no longer
-// be shown to be held — a renew answered N, or renewals failed until the
-// lease's conservative end (Lock.Expires) — fn's context is cancelled with
+// acquire's send, so little of it may be left). The lock is watched: if
+// it can no longer be shown to be held — lockd reports its end
+// (released from elsewhere, expired, forced: at once), a renew answered
+// N, or renewals failed until the lease's conservative end
+// (Lock.Expires) — fn's context is cancelled with
 // a cause matching ErrLockLost, and WithLock returns, as soon as fn does,
 // an error matching ErrLockLost: whatever fn returned from its ended
 // context (nil, ctx.Err(), context.Cause(ctx)), or fn's own error joined

@@ -914,6 +914,15 @@ func TestSharedPendingGrantsCap(t *testing.T) {
 		_, err := nc.Write(req)
 		writeErr <- err
 	}()
+	// Read nothing until every request is written: a reader that drained
+	// the pongs meanwhile could let the grant of 10 reach the socket before
+	// 11 is read (on a loaded machine the last frames come in a later
+	// batch), and 11 would then be granted, not B. Unread, the pongs stay
+	// in the server's outbound buffer (MaxOutbound is 64 MiB), and so does
+	// the grant behind them.
+	if err := <-writeErr; err != nil {
+		t.Fatal(err)
+	}
 	w := &wire{t: t, c: nc}
 	want := map[uint64]frame{10: {Op: proto.OpAcquire}, 11: {Op: proto.OpBusy}, 12: {Op: proto.OpError, Code: proto.CodeLimitMismatch},
 		13: {Op: proto.OpError, Code: proto.CodeLimitMismatch}}
@@ -929,8 +938,5 @@ func TestSharedPendingGrantsCap(t *testing.T) {
 			t.Fatalf("owner %d answered %c code %d, want %+v", f.ID, f.Op, f.Code, x)
 		}
 		delete(want, f.ID)
-	}
-	if err := <-writeErr; err != nil {
-		t.Fatal(err)
 	}
 }

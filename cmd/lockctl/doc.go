@@ -1,11 +1,15 @@
 // Command lockctl is lockd's command-line client: take, release and renew
 // locks, ping a server, show what a server is doing, run a command under a
-// lock, and help write the ACL file.
+// lock (or under one of N shared grants), validate a token, watch a grant,
+// inspect a key, and help write the ACL file.
 //
 //	lockctl acquire KEY [--wait 10s] [--lease 30s]     prints the token
 //	lockctl release KEY TOKEN
 //	lockctl renew KEY TOKEN [--lease 30s]
-//	lockctl run KEY [--wait 10s] [--lease 30s] [--margin 2s] [--grace 5s] -- CMD ARGS...
+//	lockctl run KEY [--shared N] [--wait 10s] [--lease 30s] [--margin 2s] [--grace 5s] -- CMD ARGS...
+//	lockctl validate KEY TOKEN                         prints the lease left
+//	lockctl watch KEY TOKEN [--wait D]                 prints how the grant ended
+//	lockctl inspect KEY [--admin HOST:PORT]            holders and waiters
 //	lockctl ping
 //	lockctl status [KEY] [--admin HOST:PORT]
 //	lockctl member list|add ADDR|remove ID-OR-ADDR      a raft cluster's members

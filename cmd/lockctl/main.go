@@ -29,6 +29,7 @@ const (
 	exitLockLost         = 14 // run: the lock was lost while the command ran; the command was killed
 	exitUnauthenticated  = 15 // the server refused the identity or requires one (E 5, admin 401)
 	exitPermissionDenied = 16 // the identity may not use this key (E 6) or the admin endpoint (403)
+	exitLimitMismatch    = 17 // run --shared: the key is held with another limit (E 7)
 	exitCannotExec       = 126
 	exitNotFound         = 127
 )
@@ -37,18 +38,21 @@ const exitCodesText = `Exit codes:
   0    success (run: the command's own exit code)
   1    error: lockd unreachable (refused, closed at once, no connection), server error
   2    bad command line
-  10   timed out: lockd answered that the lock is held elsewhere
+  10   timed out: lockd answered that the lock is held elsewhere (watch: still held after --wait)
   11   server busy (queue or capacity full)
   12   indeterminate: the lock may or may not have been granted
-  13   not held: the token is not the key's current grant
+  13   not held: the token is not a current holder of the key (release, renew, validate, watch)
   14   run: the lock was lost while the command ran; the command was killed
   15   unauthenticated: lockd refused the identity, or requires one (--identity, --secret-file)
   16   permission denied: the identity may not lock this key, or read the admin endpoint
+  17   limit mismatch: run --shared N, and the key is held with another N
   126  run: the command could not be executed
   127  run: the command was not found`
 
 const rootLong = `lockctl is lockd's command-line client: take, renew and release locks, run a
-command while holding one, ping a server and show what it is doing.
+command while holding one (or one of N shared grants), validate a token, watch
+a grant until it ends, see who holds a key, ping a server and show what it is
+doing.
 
 Every command that talks to lockd takes --addr (repeatable; env LOCKD_ADDRS,
 comma-separated; default 127.0.0.1:7070) and --timeout, the TLS flags (--tls,
@@ -134,7 +138,7 @@ func (a *app) rootCmd() *cobra.Command {
 	)
 	root.SetHelpCommandGroupID("setup")
 	root.SetCompletionCommandGroupID("setup")
-	for _, c := range []*cobra.Command{a.acquireCmd(), a.releaseCmd(), a.renewCmd(), a.runCmd()} {
+	for _, c := range []*cobra.Command{a.acquireCmd(), a.releaseCmd(), a.renewCmd(), a.runCmd(), a.validateCmd(), a.watchCmd(), a.inspectCmd()} {
 		c.GroupID = "locks"
 		root.AddCommand(c)
 	}
@@ -269,12 +273,16 @@ func classify(err error) (int, string) {
 	case errors.Is(err, client.ErrBusy):
 		code, msg = exitBusy, "server busy: its wait queue or key capacity is full ("+err.Error()+")"
 	case errors.Is(err, client.ErrNotHeld):
-		code, msg = exitNotHeld, "not held: the token is not the key's current grant (released, or its lease ended)"
+		code, msg = exitNotHeld, "not held: the token is not a current holder of the key (released, or its lease ended)"
+	case errors.Is(err, client.ErrLimitMismatch):
+		code, msg = exitLimitMismatch, "limit mismatch: the key is held with another limit; every run --shared of a key must give the same N ("+err.Error()+")"
+	case errors.Is(err, client.ErrUnsupported):
+		msg = err.Error() + "; shared locks, validate, watch and inspect need a lockd that speaks PROTOCOL.md §9"
 	case errors.Is(err, context.DeadlineExceeded):
 		msg = "no answer within --timeout (" + err.Error() + ")"
 	case errors.As(err, &se):
 		msg = "server rejected the request: " + se.Msg
-	case errors.Is(err, client.ErrInvalidKey), errors.Is(err, client.ErrInvalidLease), errors.Is(err, client.ErrInvalidWait):
+	case errors.Is(err, client.ErrInvalidKey), errors.Is(err, client.ErrInvalidLease), errors.Is(err, client.ErrInvalidWait), errors.Is(err, client.ErrInvalidLimit):
 		code = exitUsage
 	}
 	return code, msg

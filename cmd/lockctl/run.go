@@ -34,6 +34,7 @@ const (
 type runOpts struct {
 	key          string
 	argv         []string
+	shared       int // > 0: a shared lock with this limit (--shared N)
 	wait, lease  time.Duration
 	margin       time.Duration // the command is dead this long before the lease can end
 	grace        time.Duration // SIGTERM → SIGKILL
@@ -106,11 +107,17 @@ with CMD's exit code. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to the
 group; sent while run still waits for the lock, they end the wait (exit
 128 + the signal) and CMD never starts.
 
-If the lock is lost — a renewal answered "not held", or refused for the
-identity, or renewals failing so long that the lease could end — run stops
-the whole group (grandchildren included): SIGTERM, then SIGKILL after --grace,
-timed so that the group is dead --margin before the lease can end on the
-server; then it exits 14.
+With --shared N, run takes one of N shared grants of KEY instead of the lock
+alone (PROTOCOL.md §9.2): at most N copies of CMD run at once, across every
+machine that runs them with the same KEY and N (a run with another N while
+the key is held exits 17). Each copy gets its own LOCKD_TOKEN.
+
+If the lock is lost — lockd reports it released from elsewhere, expired or
+forced (run watches it, so it knows at once), a renewal answered "not held",
+or refused for the identity, or renewals failing so long that the lease
+could end — run stops the whole group (grandchildren included): SIGTERM,
+then SIGKILL after --grace, timed so that the group is dead --margin before
+the lease can end on the server; then it exits 14.
 
 Lease arithmetic. When renewals fail, SIGTERM goes out --margin + --grace +
 %v before the lease's conservative end (the stop time), so that the group
@@ -148,6 +155,7 @@ func (a *app) runCmd() *cobra.Command {
 		Short: "run a command while holding a lock",
 		Long:  runLong(),
 		Example: `  lockctl run nightly-report --wait 10s --lease 30s -- ./report.sh
+  lockctl run exports/slots --shared 4 --wait 5m -- ./export.sh                     # at most 4 at once, fleet-wide
   lockctl run jobs/import --wait 0 -- sh -c 'import --fence-token "$LOCKD_TOKEN"'   # skip if held (exit 10)
   lockctl run billing/close --lease 8s -- ./close-books                              # the shortest lease with the defaults`,
 		DisableFlagsInUseLine: true,
@@ -158,6 +166,7 @@ func (a *app) runCmd() *cobra.Command {
 	f.DurationVar(&o.margin, "margin", defaultRunMargin, "safety margin: when renewals fail, the command is dead this long before the lease can end")
 	f.DurationVar(&o.grace, "grace", defaultRunGrace, "time between SIGTERM and SIGKILL when the lock is lost")
 	f.DurationVar(&o.renewEvery, "renew-every", 0, "renewal interval (default: a third of the lease less --margin, --grace and 100ms; see Lease arithmetic)")
+	f.IntVar(&o.shared, "shared", 0, "take one of N shared grants (1..65535): at most N copies of the command at once, fleet-wide (0: the lock alone)")
 	out := a.outputFlag(cmd)
 	cmd.Flags().Lookup("output").Usage = "format of run's own messages on stderr: text or json (the command's output is its own)"
 	c := connFlags(cmd)
@@ -182,6 +191,9 @@ func (a *app) runCmd() *cobra.Command {
 		}
 		if err := checkWaitLease(&o.wait, &o.lease); err != nil {
 			return err
+		}
+		if o.shared < 0 || o.shared > client.MaxSharedLimit {
+			return usageErr("--shared %d: must be 1..%d (0: the lock alone)", o.shared, client.MaxSharedLimit)
 		}
 		o.lease = (o.lease + time.Second - 1) / time.Second * time.Second // what the server will use
 		if o.margin < 0 || o.grace < 0 {
@@ -232,7 +244,14 @@ func (a *app) runLocked(cl *client.Client, c *conn, o *runOpts) error {
 	}
 	got := make(chan acquired, 1)
 	go func() {
-		l, err := cl.Acquire(actx, o.key, client.AcquireOptions{Wait: o.wait, Lease: o.lease})
+		opts := client.AcquireOptions{Wait: o.wait, Lease: o.lease}
+		var l client.Lock
+		var err error
+		if o.shared > 0 {
+			l, err = cl.AcquireShared(actx, o.key, o.shared, opts)
+		} else {
+			l, err = cl.Acquire(actx, o.key, opts)
+		}
 		got <- acquired{l, err}
 	}()
 	var intr os.Signal
@@ -264,7 +283,9 @@ func (a *app) runLocked(cl *client.Client, c *conn, o *runOpts) error {
 	// The keep-alive renews every --renew-every and reports the lock lost
 	// at its StopBy: early enough to send SIGTERM, wait --grace, SIGKILL
 	// (killLead ahead) and have the group dead --margin before the lease
-	// can end. A lock granted after a long wait is renewed before the
+	// can end. It watches the lock too, so that lockd's word that the
+	// grant ended (released elsewhere, expired, forced) stops the command
+	// at once. A lock granted after a long wait is renewed before the
 	// command starts.
 	ctx, cancel := c.context()
 	ka, err := cl.KeepAlive(ctx, l, client.KeepAliveOptions{
@@ -283,6 +304,11 @@ func (a *app) runLocked(cl *client.Client, c *conn, o *runOpts) error {
 		}
 		release()
 		return err
+	}
+	if ka.Err() != nil {
+		// Lost already (the watch's first answer can come that soon).
+		ka.Stop()
+		return &exitErr{code: exitLockLost, msg: fmt.Sprintf("lock %q lost before the command started: %s", o.key, lostText(ka.Err(), o.margin, o.grace))}
 	}
 	defer ka.Stop()
 
@@ -320,16 +346,9 @@ loop:
 			break loop
 		}
 	}
-	lost := fmt.Sprintf("renewals failed until %v before the lease could end", o.margin+o.grace)
-	switch err := ka.Err(); {
-	case errors.Is(err, client.ErrNotHeld):
-		lost = "the server says the lock is no longer held (renew answered N)"
-	case errors.Is(err, client.ErrUnauthenticated), errors.Is(err, client.ErrPermissionDenied):
-		lost = "the server refused a renewal: " + err.Error()
-	}
-	a.warn("lock %q lost: %s; stopping the command (SIGTERM, SIGKILL after %v)", o.key, lost, o.grace)
+	a.warn("lock %q lost: %s; stopping the command (SIGTERM, SIGKILL after %v)", o.key, lostText(ka.Err(), o.margin, o.grace), o.grace)
 	stopGroup(pgid, o.grace, done)
-	// No release: either the lock is someone else's now (N), or the server
+	// No release: either the grant has ended (an L, an N), or the server
 	// cannot be reached; its lease ends it.
 	return &exitErr{code: exitLockLost, msg: fmt.Sprintf("lock %q lost; the command was stopped", o.key)}
 }
