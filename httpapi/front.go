@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/ratelog"
 )
 
 // Front is the HTTP/JSON API in front of one engine.Server: an
@@ -169,22 +170,14 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // rateWriter is the http.Server's error log (a failed TLS handshake, a bad
 // request line): one line a second at most, with the number dropped.
 type rateWriter struct {
-	l       *slog.Logger
-	mu      sync.Mutex
-	last    time.Time
-	dropped int
+	l    *slog.Logger
+	logs ratelog.Shared
 }
 
 func (w *rateWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if time.Since(w.last) < time.Second {
-		w.dropped++
-		return len(p), nil
+	if held, ok := w.logs.Allow(time.Now().UnixNano()); ok {
+		w.l.Warn("http endpoint: a connection failed", "err", strings.TrimSpace(string(p)), "dropped_since_last", held)
 	}
-	w.last = time.Now()
-	w.l.Warn("http endpoint: a connection failed", "err", strings.TrimSpace(string(p)), "dropped_since_last", w.dropped)
-	w.dropped = 0
 	return len(p), nil
 }
 
