@@ -277,6 +277,36 @@ func (s *stream) next(t testing.TB, d time.Duration) (name string, data map[stri
 	return "", nil
 }
 
+// keepAlive reads the stream until its next comment line (": keep-alive"),
+// within d; an event before it fails the test.
+func (s *stream) keepAlive(t testing.TB, d time.Duration) {
+	t.Helper()
+	done := make(chan string, 1)
+	go func() {
+		for {
+			line, err := s.br.ReadString('\n')
+			if err != nil || line != "\n" {
+				done <- strings.TrimSuffix(line, "\n")
+				return
+			}
+		}
+	}()
+	select {
+	case line := <-done:
+		if line != ": keep-alive" {
+			t.Fatalf("want a keep-alive comment, got %q", line)
+		}
+	case <-time.After(d):
+		s.resp.Body.Close()
+		<-done
+		t.Fatalf("no keep-alive comment within %v", d)
+	}
+	// The blank line that ends the comment's block.
+	if line, err := s.br.ReadString('\n'); err != nil || line != "\n" {
+		t.Fatalf("after the comment: %q, %v", line, err)
+	}
+}
+
 // ended checks that the stream ends (EOF) within d.
 func (s *stream) ended(t testing.TB, d time.Duration) {
 	t.Helper()

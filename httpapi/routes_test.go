@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/httpapi"
+	"github.com/lockd-dev/lockd/internal/wait"
 )
 
 // TestRoutes drives every route through its answers on a single node
@@ -66,7 +67,7 @@ func TestRoutes(t *testing.T) {
 			pre: func(t *testing.T) {
 				e.acquire("q", 10000)
 				e.async("/v1/acquire", `{"key":"q","lease_ms":1000,"wait_ms":1500}`) // the one waiter allowed
-				waitFor(t, func() bool { return e.inspect("q").num("waiters") == 1 })
+				wait.For(t, "key q with 1 waiter", func() bool { return e.inspect("q").num("waiters") == 1 })
 			},
 			check: func(t *testing.T, a answer) {
 				if a.h.Get("Retry-After") == "" {
@@ -163,7 +164,7 @@ func TestShared(t *testing.T) {
 	}
 	// A writer (no limit) waits for every holder.
 	done := e.async("/v1/acquire", `{"key":"sem","lease_ms":5000,"wait_ms":5000}`)
-	waitFor(t, func() bool { return e.inspect("sem").num("waiters") == 1 })
+	wait.For(t, "key sem with 1 waiter", func() bool { return e.inspect("sem").num("waiters") == 1 })
 	e.post("/v1/release", `{"key":"sem","token":"`+toks[0]+`"}`).want(t, 200, "")
 	e.post("/v1/release", `{"key":"sem","token":"`+toks[1]+`"}`).want(t, 200, "")
 	a := (<-done).want(t, 200, "")
@@ -178,7 +179,7 @@ func TestLongPollGranted(t *testing.T) {
 	e := start(t, opts{})
 	tok := e.acquire("k", 10000)
 	done := e.async("/v1/acquire", `{"key":"k","lease_ms":3000,"wait_ms":5000}`)
-	waitFor(t, func() bool { return e.inspect("k").num("waiters") == 1 })
+	wait.For(t, "key k with 1 waiter", func() bool { return e.inspect("k").num("waiters") == 1 })
 	if m := e.front.Metrics(); m.LongPolls != 1 {
 		t.Fatalf("LongPolls %d, want 1", m.LongPolls)
 	}
@@ -230,11 +231,11 @@ func TestDisconnectMidWait(t *testing.T) {
 			t.Errorf("the acquire was answered %d", resp.StatusCode)
 		}
 	}()
-	waitFor(t, func() bool { return e.inspect("k").num("waiters") == 1 })
+	wait.For(t, "key k with 1 waiter", func() bool { return e.inspect("k").num("waiters") == 1 })
 	cancel()
 	<-done
-	waitFor(t, func() bool { return e.inspect("k").num("waiters") == 0 })
-	waitFor(t, func() bool { return e.front.Metrics().LongPolls == 0 })
+	wait.For(t, "key k with 0 waiters", func() bool { return e.inspect("k").num("waiters") == 0 })
+	wait.For(t, "no long-poll counted", func() bool { return e.front.Metrics().LongPolls == 0 })
 	e.post("/v1/release", `{"key":"k","token":"`+tok+`"}`).want(t, 200, "")
 	if a := e.inspect("k"); a.num("holders") != 0 {
 		t.Fatalf("a lock is held after the waiter left: %s", a.raw)
@@ -247,7 +248,7 @@ func TestLimits(t *testing.T) {
 	e := start(t, opts{front: func(c *httpapi.Config) { c.MaxLongPolls, c.MaxStreams = 1, 1 }})
 	tok := e.acquire("k", 10000)
 	e.async("/v1/acquire", `{"key":"k","lease_ms":1000,"wait_ms":3000}`)
-	waitFor(t, func() bool { return e.front.Metrics().LongPolls == 1 })
+	wait.For(t, "one long-poll counted", func() bool { return e.front.Metrics().LongPolls == 1 })
 	a := e.post("/v1/acquire", `{"key":"k","lease_ms":1000,"wait_ms":3000}`).want(t, 503, "too_many_long_polls")
 	if a.h.Get("Retry-After") == "" {
 		t.Fatal("no Retry-After")
@@ -274,7 +275,7 @@ func TestShuttingDown(t *testing.T) {
 	e := start(t, opts{engine: func(c *engine.Config) { c.Drain = 300 * time.Millisecond }})
 	tok := e.acquire("k", 10000)
 	done := e.async("/v1/acquire", `{"key":"k","lease_ms":1000,"wait_ms":5000}`)
-	waitFor(t, func() bool { return e.inspect("k").num("waiters") == 1 })
+	wait.For(t, "key k with 1 waiter", func() bool { return e.inspect("k").num("waiters") == 1 })
 	stopped := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -290,18 +291,6 @@ func TestShuttingDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.post("/v1/inspect", `{"key":"k"}`).want(t, 503, "shutting_down")
-}
-
-// waitFor polls cond for up to 5 s.
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestLongPollOutlastsBodyTimeout: the body's read deadline (BodyTimeout)

@@ -10,6 +10,7 @@ import (
 	"github.com/lockd-dev/lockd/admin"
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/httpapi"
+	"github.com/lockd-dev/lockd/internal/wait"
 )
 
 // TestWatch: a watch's stream starts with watching and ends with exactly
@@ -50,7 +51,7 @@ func TestWatch(t *testing.T) {
 	t.Run("released", func(t *testing.T) {
 		tok := e.acquire("r", 10000)
 		s := open(t, "r", tok)
-		time.Sleep(60 * time.Millisecond) // keep-alive comments meanwhile (checked by the validator)
+		s.keepAlive(t, 5*time.Second) // an idle stream carries comment lines
 		e.post("/v1/release", `{"key":"r","token":"`+tok+`"}`).want(t, 200, "")
 		lost(t, s, "r", tok, 1, "released")
 	})
@@ -90,9 +91,9 @@ func TestWatch(t *testing.T) {
 	t.Run("client goes away", func(t *testing.T) {
 		tok := e.acquire("gone", 10000)
 		s := open(t, "gone", tok)
-		waitFor(t, func() bool { return e.srv.Metrics().Watches == 1 })
+		wait.For(t, "the watch registered", func() bool { return e.srv.Metrics().Watches == 1 })
 		s.resp.Body.Close()
-		waitFor(t, func() bool { return e.srv.Metrics().Watches == 0 && e.front.Metrics().Streams == 0 })
+		wait.For(t, "the watch and its stream gone", func() bool { return e.srv.Metrics().Watches == 0 && e.front.Metrics().Streams == 0 })
 	})
 	t.Run("shutdown", func(t *testing.T) {
 		tok := e.acquire("s", 10000)
