@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/internal/wait"
 )
 
 // TestHTTPRoutesOfTheBinary: every route of the HTTP API on the lockd
@@ -77,13 +79,9 @@ func TestHTTPRoutesOfTheBinary(t *testing.T) {
 	}
 	waiters := func(key string, n int64) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for must(call{"/v1/inspect", `{"key":"` + key + `"}`, "prom"}, 200, "").num("waiters") != n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: never %d waiters", key, n)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		wait.For(t, fmt.Sprintf("key %s with %d waiters", key, n), func() bool {
+			return must(call{"/v1/inspect", `{"key":"` + key + `"}`, "prom"}, 200, "").num("waiters") == n
+		})
 	}
 
 	must(call{"/v1/acquire", `{"key":"orders/1","lease_ms":30000}`, ""}, 401, "unauthenticated")
@@ -123,20 +121,15 @@ func TestHTTPRoutesOfTheBinary(t *testing.T) {
 	// Its handler ends just after the close that withdrew it: the bound
 	// of long-polls frees then.
 	hc := c.HTTPClient(5 * time.Second)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	wait.For(t, "lockd_http_long_polls 1 (the one granted below still waits)", func() bool {
 		resp, err := hc.Get(c.Member(0).AdminURL() + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, _ := io.ReadAll(resp.Body)
+		metrics, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if strings.Contains(string(b), "\nlockd_http_long_polls 1\n") {
-			break // the one granted below is still waiting
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lockd_http_long_polls never 1:\n%s", b)
-		}
-	}
+		return strings.Contains(string(metrics), "\nlockd_http_long_polls 1\n")
+	})
 
 	// A watch (one stream allowed), ended by the release that hands the
 	// key to the long-poll.

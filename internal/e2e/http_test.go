@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/openapitest"
+	"github.com/lockd-dev/lockd/internal/wait"
 )
 
 // The HTTP API (--http, docs/HTTP.md) on real lockd processes: every
@@ -118,16 +120,26 @@ func tokenOf(t *testing.T, s string) uint64 {
 // waitWaiters waits until key has n waiters on the serving member.
 func (w *web) waitWaiters(addr, key string, n int64) {
 	w.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r := w.post(context.Background(), addr, "/v1/inspect", `{"key":"`+key+`"}`)
-		if r.status == 200 && r.num("waiters") == n {
-			return
+	var r reply
+	wait.For(w.t, fmt.Sprintf("key %s with %d waiters at %s", key, n, addr), func() bool {
+		r = w.post(context.Background(), addr, "/v1/inspect", `{"key":"`+key+`"}`)
+		return r.status == 200 && r.num("waiters") == n
+	})
+}
+
+// replicated waits until every running member's table has key held with
+// token tok: the grant outlives its member's death.
+func replicated(t *testing.T, c *clustertest.Cluster, key, tok string) {
+	t.Helper()
+	want := tokenOf(t, tok)
+	for _, m := range c.Members() {
+		if !m.Alive() {
+			continue
 		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("key %s: %s, want %d waiters", key, r.raw, n)
-		}
-		time.Sleep(20 * time.Millisecond)
+		wait.For(t, fmt.Sprintf("%s held with token %d at member %d", key, want, m.Index()), func() bool {
+			held, got := keyState(t, c, m.Index(), key)
+			return held && got == want
+		})
 	}
 }
 
@@ -188,7 +200,7 @@ func testHTTPCluster(t *testing.T, mode string) {
 		viaOther := w.async(at(a), "/v1/acquire", `{"key":"kk","lease_ms":5000,"wait_ms":20000}`)
 		direct := w.async(at(lead), "/v1/acquire", `{"key":"kk","lease_ms":5000,"wait_ms":20000}`)
 		w.waitWaiters(at(lead), "kk", 2)
-		time.Sleep(300 * time.Millisecond) // replication of the grant (priority's lag is bounded at 100 ms)
+		replicated(t, c, "kk", tok)
 		if err := c.Member(lead).Kill(); err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +226,7 @@ func testHTTPCluster(t *testing.T, mode string) {
 		if err := c.Member(lead).Restart(); err != nil {
 			t.Fatal(err)
 		}
-		lead = settled(t, c)
+		lead = settled(t, c, mode)
 	})
 
 	t.Run("SIGTERM during long-polls", func(t *testing.T) {
@@ -224,7 +236,7 @@ func testHTTPCluster(t *testing.T, mode string) {
 		w.waitWaiters(at(lead), "ks", 1)
 		direct := w.async(at(lead), "/v1/acquire", `{"key":"ks","lease_ms":5000,"wait_ms":30000}`)
 		w.waitWaiters(at(lead), "ks", 2)
-		time.Sleep(300 * time.Millisecond)
+		replicated(t, c, "ks", strconv.FormatUint(tok, 10))
 		done := make(chan error, 1)
 		go func() {
 			code, err := c.Member(lead).Term()
@@ -267,27 +279,42 @@ func testHTTPCluster(t *testing.T, mode string) {
 	})
 }
 
-// settled waits until the restarted member is in sync and whoever serves
-// stays (a priority member of higher priority takes over once in sync),
-// and returns who serves.
-func settled(t *testing.T, c *clustertest.Cluster) int {
+// settled waits until every member runs, agrees who serves and is in
+// sync with it — in a priority cluster member 0, the highest priority,
+// back in charge (it takes over once in sync); in a raft cluster every
+// follower applied what the leader did — and returns who serves.
+func settled(t *testing.T, c *clustertest.Cluster, mode string) int {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		l, _ := waitServing(t, c, 20*time.Second)
-		sts, err := c.Statuses(clustertest.Every)
-		synced := err == nil
+	_, err := c.WaitStatuses(30*time.Second, clustertest.Running(), func(sts []clustertest.Status) error {
+		l, err := c.Agreed(sts)
+		if err != nil {
+			return err
+		}
+		if mode == clustertest.ModePriority && l != 0 {
+			return fmt.Errorf("member %d serves, not member 0", l)
+		}
+		var applied uint64
 		for _, st := range sts {
-			synced = synced && (st.Index == l || st.InSync)
+			if st.Index == l && st.Raft != nil {
+				applied = st.Raft.AppliedIndex
+			}
 		}
-		time.Sleep(1500 * time.Millisecond)
-		if l2, _ := waitServing(t, c, 20*time.Second); synced && l2 == l {
-			return l
+		for _, st := range sts {
+			switch {
+			case st.Index == l:
+			case !st.InSync:
+				return fmt.Errorf("member %d is not in sync", st.Index)
+			case st.Raft != nil && st.Raft.AppliedIndex < applied:
+				return fmt.Errorf("member %d applied %d of %d", st.Index, st.Raft.AppliedIndex, applied)
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the cluster did not settle within 30 s")
-		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the cluster did not settle within 30 s: %v", err)
 	}
+	l, _ := waitServing(t, c, 20*time.Second)
+	return l
 }
 
 type errExit int
