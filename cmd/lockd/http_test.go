@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lockd-dev/lockd/internal/wait"
 )
 
 // TestHTTPFlags: --http and its limits are checked at start like every
@@ -66,12 +68,11 @@ func TestHTTPFlags(t *testing.T) {
 var httpRE = regexp.MustCompile(`msg="http endpoint" addr=([0-9.:]+)`)
 
 // TestHTTPOffByDefault: without --http there is no HTTP endpoint (no log
-// line, nothing listening beside the client and admin ports); with
+// line, which comes before the ready line when there is one); with
 // LOCKD_HTTP there is, its metrics are in the admin endpoint's /metrics,
 // and SIGTERM stops it with the rest (exit 0).
 func TestHTTPOffByDefault(t *testing.T) {
 	d := startDaemon(t, t.TempDir(), "--admin", "127.0.0.1:0")
-	time.Sleep(200 * time.Millisecond)
 	if strings.Contains(d.logs.String(), "http endpoint") {
 		t.Fatalf("an HTTP endpoint without --http:\n%s", d.logs)
 	}
@@ -81,16 +82,11 @@ func TestHTTPOffByDefault(t *testing.T) {
 
 	t.Setenv("LOCKD_HTTP", "127.0.0.1:0")
 	d = startDaemon(t, t.TempDir(), "--admin", "127.0.0.1:0")
-	var addr string
-	for i := 0; i < 250 && addr == ""; i++ {
-		if m := httpRE.FindStringSubmatch(d.logs.String()); m != nil {
-			addr = m[1]
-		}
-		time.Sleep(20 * time.Millisecond)
+	line, err := d.WaitLog(httpRE, 0)
+	if err != nil {
+		t.Fatalf("no http endpoint line before the ready line: %v\n%s", err, d.logs)
 	}
-	if addr == "" {
-		t.Fatalf("no http endpoint line:\n%s", d.logs)
-	}
+	addr := httpRE.FindStringSubmatch(line)[1]
 	resp, err := http.Post("http://"+addr+"/v1/acquire", "application/json", strings.NewReader(`{"key":"k","lease_ms":5000}`))
 	if err != nil {
 		t.Fatal(err)
@@ -103,21 +99,21 @@ func TestHTTPOffByDefault(t *testing.T) {
 	// The count is taken when the handler returns, just after the answer
 	// was written: read /metrics until it is there.
 	const want = `lockd_http_requests_total{route="acquire",status="200"} 1`
+	url := d.adminURL()
 	var metrics string
-	for i := 0; i < 100 && !strings.Contains(metrics, want); i++ {
-		if u := d.adminURL(); u != "" {
-			if r, err := http.Get(u + "/metrics"); err == nil {
-				b, _ := io.ReadAll(r.Body)
-				r.Body.Close()
-				if metrics = string(b); strings.Contains(metrics, want) {
-					break
-				}
-			}
+	if err := wait.Until(5*time.Second, 10*time.Millisecond, func() error {
+		r, err := http.Get(url + "/metrics")
+		if err != nil {
+			return err
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if !strings.Contains(metrics, want) {
-		t.Fatalf("/metrics has no HTTP request count:\n%s", grepLines(metrics, "lockd_http"))
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if metrics = string(b); !strings.Contains(metrics, want) {
+			return errors.New("not yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("/metrics has no HTTP request count (%v):\n%s", err, grepLines(metrics, "lockd_http"))
 	}
 	if code := d.stop(syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit %d", code)
