@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -192,18 +193,27 @@ func TestLocalGrantNotTakenIsReleased(t *testing.T) {
 	if err := c.Send(proto.AppendPing(nil, 8)); err != nil {
 		t.Fatal(err)
 	}
+	// The ping's answer is there when Send returns: take it, so that the
+	// next signal is the grant's.
+	<-c.Ready()
+	var r proto.Response
+	if out := c.Take(nil); len(out) == 0 {
+		t.Fatal("no answer to the ping")
+	} else if _, err := proto.ParseResponse(out, &r); err != nil || r.Op != proto.OpPing {
+		t.Fatalf("the ping's answer: %+v, %v", r, err)
+	}
 	w2 := dial(t, s.Addr())
 	w2.acquire("k", 30, 5, 9) // queued behind the local waiter
-	time.Sleep(20 * time.Millisecond)
+	lockdtest.WaitFor(t, "two waiters on k", func() bool { return inspect(w, "k").Waiters == 2 })
 	w.release("k", tok)
 	w.expect(proto.OpRelease, tok)
 	// The handoff to the local connection lands in its output: wait for
 	// it without taking it.
-	deadline := time.Now().Add(5 * time.Second)
-	for inspect(w, "k").Token == tok && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	select {
+	case <-c.Ready():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handoff's grant never reached the local connection")
 	}
-	time.Sleep(20 * time.Millisecond) // the driver writes the grant
 	c.Close()
 	// The undelivered grant was released: the next waiter has the key at
 	// once (not when its 60 s lease ends).
@@ -211,7 +221,6 @@ func TestLocalGrantNotTakenIsReleased(t *testing.T) {
 	if err != nil || f.Op != proto.OpAcquire || f.ID != 9 || f.Token <= tok {
 		t.Fatalf("w2 after the close: %+v, %v", f, err)
 	}
-	var r proto.Response
 	rest := c.Take(nil)
 	for len(rest) > 0 {
 		n, err := proto.ParseResponse(rest, &r)
