@@ -3,12 +3,16 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/proto"
+	"github.com/lockd-dev/lockd/repl"
 )
 
 // brokenWriter is a ResponseWriter whose client is gone: every write and
@@ -57,4 +61,53 @@ func TestUndeliveredGrantReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	lc.Close()
+}
+
+// TestUndeliveredForwardedGrantReleased: a request forwarded to the
+// serving member is granted there; when the forwarding member cannot
+// write that grant to its client, it releases it at the serving member at
+// once (no phantom lock across members).
+func TestUndeliveredForwardedGrantReleased(t *testing.T) {
+	active := lockdtest.Start(t, nil)
+	fa, err := New(Config{Server: active})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := fa.Server()
+	served := make(chan struct{})
+	go func() { defer close(served); _ = hs.Serve(ln) }()
+	defer func() { hs.Close(); <-served; fa.Close() }()
+	_, hp, _ := net.SplitHostPort(ln.Addr().String())
+	_, cp, _ := net.SplitHostPort(active.Addr())
+	httpPort, _ := strconv.Atoi(hp)
+	clientPort, _ := strconv.Atoi(cp)
+
+	node := &GatedNode{}
+	standby := lockdtest.Start(t, func(c *engine.Config) {
+		node.Local = repl.NewLocal(repl.LocalConfig{DataDir: c.DataDir})
+		c.Node = node
+	})
+	node.SetGate(repl.Gate{State: repl.Redirect, Addr: active.Addr()})
+	standby.GateChanged()
+	fs, err := New(Config{Server: standby, PortOffset: httpPort - clientPort})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Close()
+
+	req, _ := http.NewRequest(http.MethodPost, "/v1/acquire", strings.NewReader(`{"key":"k","lease_ms":60000}`))
+	fs.ServeHTTP(&brokenWriter{h: http.Header{}}, req)
+	if m := fs.Metrics(); m.Forwarded != 1 || m.GrantsReleased != 1 {
+		t.Fatalf("Forwarded %d, GrantsReleased %d; want 1 1", m.Forwarded, m.GrantsReleased)
+	}
+	if st := active.Key([]byte("k")); st.Held {
+		t.Fatalf("the undelivered grant %d is held at the active", st.Token)
+	}
+	if m := active.Metrics(); m.Table.Grants != 1 {
+		t.Fatalf("the active granted %d times, want 1 (the grant that was released)", m.Table.Grants)
+	}
 }
