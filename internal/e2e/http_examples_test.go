@@ -16,7 +16,7 @@ import (
 )
 
 // The HTTP API from outside Go, as a user drives it: README's curl session
-// in sh, and docs/HTTP.md's Python (urllib), Node (fetch) and Java
+// in bash, and docs/HTTP.md's Python (urllib), Node (fetch) and Java
 // (java.net.http) sessions, each run as written — only LOCKD is set —
 // against the lockd binary. A language whose tool this machine lacks is
 // skipped, naming it.
@@ -81,7 +81,7 @@ func worked(t *testing.T, w *web, addr, out string) uint64 {
 	return tok
 }
 
-// TestHTTPCurl: README's sh session with curl and sed: acquire, work,
+// TestHTTPCurl: README's bash session with curl and sed: acquire, work,
 // release; then again while the key is held by another client with a
 // 2-second lease, which the session waits out.
 func TestHTTPCurl(t *testing.T) {
@@ -90,20 +90,20 @@ func TestHTTPCurl(t *testing.T) {
 	w := newWeb(t, c)
 	dir := t.TempDir()
 	script := filepath.Join(dir, "nightly.sh")
-	if err := os.WriteFile(script, []byte(codeBlock(t, "../../README.md", "## From anything: curl", "sh")), 0o755); err != nil {
+	if err := os.WriteFile(script, []byte(codeBlock(t, "../../README.md", "## From anything: curl", "bash")), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("curl is not installed here")
 	}
-	out, _ := run(t, "http://"+addr, "sh", script)
+	out, _ := run(t, "http://"+addr, "bash", script)
 	first := worked(t, w, addr, out)
 	if !strings.Contains(out, `{"key":"jobs/nightly","token":"`+strconv.FormatUint(first, 10)+`"}`) {
 		t.Fatalf("the release's answer is not in the output:\n%s", out)
 	}
 
 	held := tokenOf(t, w.must(addr, "/v1/acquire", `{"key":"jobs/nightly","lease_ms":2000}`, 200).str("token"))
-	out, took := run(t, "http://"+addr, "sh", script)
+	out, took := run(t, "http://"+addr, "bash", script)
 	if second := worked(t, w, addr, out); second <= held || took < 1500*time.Millisecond {
 		t.Fatalf("after waiting %v for a lease of 2 s: token %d (the holder's %d)\n%s", took, second, held, out)
 	}
