@@ -170,6 +170,27 @@ func testHTTPCluster(t *testing.T, mode string) {
 			w.must(at(i), "/v1/release", `{"key":"`+key+`","token":"`+tok+`"}`, 409)
 		}
 	})
+	t.Run("a forwarded request at a member that does not serve", func(t *testing.T) {
+		// What a member answers another member's forward that reached it
+		// after a failover: 421 naming the active, not executed.
+		a, _ := others(lead)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+at(a)+"/v1/acquire", strings.NewReader(`{"key":"f","lease_ms":30000}`))
+		req.Header.Set("Lockd-Forwarded", "1")
+		resp, err := w.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		r := reply{status: resp.StatusCode, raw: string(raw)}
+		_ = decodeInto(raw, &r.body)
+		if e, _ := r.body["error"].(map[string]any); r.status != http.StatusMisdirectedRequest || r.code() != "not_serving" || e["active"] != c.Member(lead).Addr() {
+			t.Fatalf("at member %d: %d %s", a, r.status, r.raw)
+		}
+		if r := w.must(at(lead), "/v1/inspect", `{"key":"f"}`, 200); r.num("holders") != 0 {
+			t.Fatalf("the 421 request was executed: %s", r.raw)
+		}
+	})
 	t.Run("a watch through another member", func(t *testing.T) {
 		a, _ := others(lead)
 		tok := w.must(at(lead), "/v1/acquire", `{"key":"w","lease_ms":30000}`, 200).str("token")
