@@ -24,7 +24,7 @@
 // ping, close; plaintext targets skip it). The held workload, outside the
 // standard suite (-workloads held, held.go), fills the server with -held
 // distinct 16-byte keys held at once and reads its memory per lock and in
-// all. Three targets, outside "all", measure the HTTP API (issue 32;
+// all. Three targets, outside "all", measure the HTTP API (docs/HTTP.md;
 // http.go): lockd-http, a lockd child serving httpapi's front (what
 // --http serves); lockd-gw, the same routes through a gateway over the
 // bundled client (gateway.go), the design httpapi did not take; and

@@ -19,7 +19,7 @@ import (
 	"github.com/lockd-dev/lockd/httpapi"
 )
 
-// The HTTP targets (issue 32): lockd's HTTP/JSON API against etcd's JSON
+// The HTTP targets: lockd's HTTP/JSON API against etcd's JSON
 // gateway, driven by the same load code — each slot a goroutine with one
 // request in flight, on an HTTP/1.1 keep-alive connection of its own (as
 // HTTP/1.1 has no multiplexing), with a hand-written client (rawHTTP) and

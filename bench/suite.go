@@ -21,8 +21,8 @@ const (
 	wlFanin       = "fanin"
 	wlHandshakes  = "handshakes"
 	// wlSingle is one client with one request at a time: acquire, release,
-	// again: the latency of an acquire without load (issue 32's "one
-	// uncontended acquire's p50").
+	// again: the latency of an acquire without load, which the HTTP
+	// API's goal compares with the binary protocol's.
 	wlSingle = "single"
 )
 
