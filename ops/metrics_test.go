@@ -25,6 +25,7 @@ import (
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/testcerts"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -234,7 +235,13 @@ func TestDashboardAndRulesNameExportedMetrics(t *testing.T) {
 		} else {
 			resp.Body.Close()
 		}
-		fams := scrape(t, hc, url, names)
+		// The HTTP API counts an answer when its handler returns, just
+		// after the client has it: scrape until the count is there.
+		var fams map[string]*dto.MetricFamily
+		wait.For(t, "lockd_http_requests_total in /metrics", func() bool {
+			fams = scrape(t, hc, url, names)
+			return fams["lockd_http_requests_total"] != nil
+		})
 		checkRoles(t, fams, api.ModeSingle, api.RoleActive, 0)
 		open := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tr.TLSClientConfig}}
 		defer open.CloseIdleConnections()
