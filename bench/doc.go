@@ -59,20 +59,25 @@
 // (client, proto, fence) with their directories, so this checkout is what
 // it measures, in the workspace or not (GOWORK=off).
 //
-// What bench owns: bench/ and BENCHMARKS.md. What it may import: the
-// standard library, proto (the wire codec), engine (to start a server),
-// httpapi (the lockd-http child's front),
-// gnet (the echo server), hdrhistogram-go (latency histograms), etcd's
-// client (go.etcd.io/etcd/client/v3 and its concurrency package),
-// prometheus/common's expfmt (etcd's and lockd's /metrics),
-// gonum.org/v1/plot (the latency plot, -svg), internal/clustertest (the
-// lockd processes of the cluster targets, and their waits), api (the
-// admin endpoint's documents), tlsconf (the lockd-tls child loads its
-// certificate as the daemon does) and internal/testcerts (the TLS targets'
-// throwaway certificates). It imports client/ in the
-// failover mode, whose question is what an application sees, and in the
-// lockd-gw child, which is a gateway over it by definition; the
-// suite's load generator must not use it: it speaks lockd's protocol
-// itself, so a client library's costs or bugs cannot hide in the server's
-// numbers.
+// What bench owns: bench/ and BENCHMARKS.md. bench may import lockd/proto
+// (the wire codec), lockd/engine (to start a server), lockd/httpapi (the
+// lockd-http child's front), lockd/acl (the lockd-acl target's identity
+// file), lockd/client (see below), lockd/internal/clustertest (the lockd
+// processes of the cluster targets, and their waits), lockd/api (the admin
+// endpoint's documents), lockd/tlsconf (the lockd-tls child loads its
+// certificate as the daemon does), lockd/internal/testcerts (the TLS
+// targets' throwaway certificates), github.com/panjf2000/gnet/v2 (the echo
+// server), github.com/HdrHistogram/hdrhistogram-go (latency histograms),
+// go.etcd.io/etcd/client/v3 and go.etcd.io/etcd/api/v3 (etcd's client, its
+// concurrency package and the lease keep-alive stream),
+// google.golang.org/grpc and go.uber.org/zap (the etcd client's dial
+// options and logger), github.com/prometheus/common and
+// github.com/prometheus/client_model (etcd's and lockd's /metrics),
+// gonum.org/v1/plot (the latency plot, -svg) and the standard library. It
+// must not import lockd/cmd/... (it runs the binaries). It imports
+// lockd/client in the failover mode, whose question is what an application
+// sees, and in the lockd-gw child, which is a gateway over it by
+// definition; the suite's load generator must not use it: it speaks
+// lockd's protocol itself, so a client library's costs or bugs cannot hide
+// in the server's numbers.
 package main

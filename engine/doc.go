@@ -52,9 +52,9 @@
 // than its own connection's write, and nothing on the request path waits:
 // when no token is reserved an acquire is answered B.
 //
-// engine may import lockd/proto, lockd/shard, lockd/repl, lockd/acl, gnet,
-// golang.org/x/sys and the standard library (crypto/tls included). It must
-// not import lockd/store (the node owns the data directory), lockd/client,
-// lockd/admin, lockd/tlsconf (it takes a *tls.Config) or anything under
-// cmd/.
+// engine may import lockd/proto, lockd/shard, lockd/repl, lockd/acl,
+// github.com/panjf2000/gnet/v2, golang.org/x/sys and the standard library
+// (crypto/tls included). It must not import lockd/store (the node owns the
+// data directory), lockd/client, lockd/admin, lockd/cmd/... or
+// lockd/tlsconf (it takes a *tls.Config).
 package engine

@@ -83,9 +83,11 @@
 // # Who uses it, what it must not import
 //
 // Only tests, the chaos command and the benchmark's cluster targets; lockd
-// itself never imports it. It drives the binary from outside: it may
-// import the standard library, api, proto, internal/faultproxy,
-// internal/testcerts and internal/wait, and must not import engine, shard, store, repl, admin, client, bench or cmd
-// (internal/layers enforces it; tests that want the client library import
-// it themselves).
+// itself never imports it. It drives the binary from outside: clustertest
+// may import lockd/api, lockd/proto, lockd/internal/faultproxy,
+// lockd/internal/testcerts, lockd/internal/wait and the standard library.
+// It must not import lockd/engine, lockd/shard, lockd/store, lockd/repl,
+// lockd/admin, lockd/client, lockd/bench or lockd/cmd/... (internal/layers
+// enforces both; tests that want the client library import it
+// themselves).
 package clustertest

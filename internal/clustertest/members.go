@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// Membership changes (issue 20): members started after the cluster, command
+// Membership changes: members started after the cluster, command
 // lines that change between starts (a rolling change of --peers), one-off
 // flags (a forced recovery), and the admin endpoint's JSON requests.
 

@@ -20,6 +20,7 @@
 //
 // # What it may import
 //
-// ratelog may import the standard library only (sync and time; no I/O, no
-// clock read): internal/layers enforces it.
+// ratelog may import only the standard library (sync and time; no I/O, no
+// clock read). It must not import io, log, log/slog, os or lockd/...:
+// internal/layers enforces both.
 package ratelog
