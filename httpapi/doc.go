@@ -52,9 +52,10 @@
 //
 // # What it may import
 //
-// The standard library, lockd/engine (OpenLocal, the ACL in force),
-// lockd/proto and lockd/internal/ratelog (the http.Server's error log, a
-// line a second). It must not import lockd/client (it is not a gateway over
-// the client), lockd/shard, lockd/repl, lockd/store, lockd/admin (admin
-// imports it, for its metrics) or anything under cmd/ (internal/layers).
+// httpapi may import lockd/engine (OpenLocal, the ACL in force),
+// lockd/proto (the frames), lockd/internal/ratelog (the http.Server's
+// error log, a line a second) and the standard library. It must not import
+// lockd/client (it is not a gateway over the client), lockd/shard,
+// lockd/repl, lockd/store, lockd/admin (admin imports it, for its metrics)
+// or lockd/cmd/... (internal/layers).
 package httpapi
