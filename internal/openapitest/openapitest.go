@@ -338,7 +338,8 @@ func (c checking) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// streamCheck records a stream and validates it at its end or close.
+// streamCheck records a stream and validates it at its end or close. A
+// test may close it while another goroutine reads it: mu guards buf.
 type streamCheck struct {
 	t      testing.TB
 	doc    *Doc
@@ -347,13 +348,16 @@ type streamCheck struct {
 	status int
 	h      http.Header
 	rc     io.ReadCloser
+	mu     sync.Mutex
 	buf    bytes.Buffer
 	once   sync.Once
 }
 
 func (s *streamCheck) Read(p []byte) (int, error) {
 	n, err := s.rc.Read(p)
+	s.mu.Lock()
 	s.buf.Write(p[:n])
+	s.mu.Unlock()
 	if err != nil {
 		s.verify()
 	}
@@ -367,7 +371,10 @@ func (s *streamCheck) Close() error {
 
 func (s *streamCheck) verify() {
 	s.once.Do(func() {
-		if err := s.doc.Check(s.method, s.path, s.status, s.h, s.buf.Bytes()); err != nil {
+		s.mu.Lock()
+		b := bytes.Clone(s.buf.Bytes())
+		s.mu.Unlock()
+		if err := s.doc.Check(s.method, s.path, s.status, s.h, b); err != nil {
 			s.t.Errorf("stream does not match the OpenAPI document: %v", err)
 		}
 	})

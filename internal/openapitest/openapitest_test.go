@@ -1,7 +1,9 @@
 package openapitest
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"testing"
 )
@@ -62,4 +64,39 @@ func TestOpenAPIValidator(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStreamClosedWhileRead: a stream may be closed by the test while
+// another goroutine reads it (an SSE reader the test leaves behind): no
+// race, and what was read is checked.
+func TestStreamClosedWhileRead(t *testing.T) {
+	doc, err := served()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		_, _ = io.WriteString(w, "event: watching\ndata: {\"key\":\"k\",\"token\":\"1\"}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	hc := &http.Client{Transport: Transport(t, doc, http.DefaultTransport)}
+	resp, err := hc.Get(srv.URL + "/v1/watch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		buf := make([]byte, 7)
+		for {
+			if _, err := resp.Body.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+	resp.Body.Close()
+	<-read
 }
