@@ -59,7 +59,8 @@
 // (client, proto, fence) with their directories, so this checkout is what
 // it measures, in the workspace or not (GOWORK=off).
 //
-// What bench owns: bench/ and BENCHMARKS.md. bench may import lockd/proto
+// What bench owns: bench/, BENCHMARKS.md (the figures) and
+// docs/benchmarks/ (the lab notes). bench may import lockd/proto
 // (the wire codec), lockd/engine (to start a server), lockd/httpapi (the
 // lockd-http child's front), lockd/acl (the lockd-acl target's identity
 // file), lockd/client (see below), lockd/internal/clustertest (the lockd

@@ -537,10 +537,10 @@ func run(args []string, stderr io.Writer) int {
 
 var start = time.Now()
 
-// signalsDuringShutdown follows the shutdown's signals (README, "Shutdown
-// and restarts"): the second cuts the drain short (engine.Hurry), and
-// the shutdown still writes the snapshot; the third exits at once, with
-// what that loses.
+// signalsDuringShutdown follows the shutdown's signals (docs/OPERATING.md,
+// "Shutdown and restarts"): the second cuts the drain short (engine.Hurry),
+// and the shutdown still writes the snapshot; the third exits at once,
+// with what that loses.
 func signalsDuringShutdown(srv *engine.Server, sigs <-chan os.Signal, log *slog.Logger) {
 	sig := <-sigs
 	log.Warn("second signal: skipping the rest of the drain; the held locks are still written to the data directory (a third signal exits at once and loses them)",
