@@ -17,6 +17,7 @@ import (
 func TestEveryMetricDocumented(t *testing.T) {
 	ch := make(chan *prometheus.Desc, 128)
 	newCollector(nil, Build{}, nil).Describe(ch)
+	newHTTPCollector(nil).Describe(ch)
 	close(ch)
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	var exported []string

@@ -1,9 +1,14 @@
 package engine
 
 import (
+	"crypto/tls"
+	"log/slog"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/lockd-dev/lockd/repl"
 )
 
 // TestBarrier: the write lock waits for a reader of any stripe, holds off
@@ -65,5 +70,34 @@ func TestBarrier(t *testing.T) {
 			<-locked
 			b.Unlock()
 		})
+	}
+}
+
+// TestBarrierCoversEveryStripe: every reader of the barrier — each event
+// loop's counters (a loop's first connection makes them), the TLS
+// connections', the local connections', the ticker's and the admin
+// release's — has its stripe in the barrier, so the write lock waits for
+// the batches of all of them.
+func TestBarrierCoversEveryStripe(t *testing.T) {
+	s, err := New(Config{DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), TLS: &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return nil, nil }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.closeNode(repl.Discard) }()
+	s.statsFor(nil) // an event loop's first connection
+	in := func(st *stripe) bool { return slices.Contains(s.barrier.stripes, st) }
+	n := 0
+	s.loops.Range(func(k, v any) bool {
+		n++
+		if !in(&v.(*loopStats).bar) {
+			t.Errorf("the counters of %T read a stripe the barrier does not take", k)
+		}
+		return true
+	})
+	if n != 3 {
+		t.Errorf("%d sets of counters, want 3 (a loop, TLS, local)", n)
+	}
+	if !in(s.tickBar) || !in(s.adminBar) {
+		t.Error("the ticker's or the admin release's stripe is not in the barrier")
 	}
 }

@@ -7,7 +7,11 @@
 // gnet has none, so each TLS connection runs on a reader goroutine of its
 // own that feeds the same batches (handler.traffic) through the same
 // session type, whose wire is then a *tlsConn instead of a gnet.Conn
-// (tlsconn.go, docs/DESIGN.md "TLS").
+// (tlsconn.go, docs/DESIGN.md "TLS"). A third wire is in-process:
+// Server.OpenLocal gives a LocalConn, through which a program in the same
+// process (the HTTP front, package httpapi) sends frames and takes the
+// answers, on a session like any other (local.go, docs/DESIGN.md "The
+// HTTP front"); an answer is delivered once the front has taken it.
 //
 // It owns the connections (sessions), the per-connection mailboxes through
 // which answers made elsewhere reach their connection (a handoff caused by
@@ -34,10 +38,14 @@
 // TLS connection's reader goroutine plays its event loop: it runs the
 // handshake, every batch and the close; its flusher goroutine, started
 // only while the kernel does not take its records, touches nothing but
-// the sink's buffers (under the sink's mutex, a leaf lock). Every batch and
-// tick holds the batch barrier's read lock — its loop's stripe, barrier.go —
-// from the gate it reads to the write of its answers; the node's gate
-// changes take its write lock (every stripe). A
+// the sink's buffers (under the sink's mutex, a leaf lock). A local
+// connection's batches run on the goroutine that Sends (inline) or on its
+// driver goroutine (mail, commits, gate changes), one at a time under its
+// run mutex, which plays the event loop; its close runs there too. Every batch and
+// tick holds the batch barrier's read lock — its loop's stripe, barrier.go
+// (a local connection's: the server's own) — from the gate it reads to the
+// write of its answers; the node's gate changes take its write lock (every
+// stripe). A
 // closing connection with more queued acquires than OnClose drops at once
 // has the rest dropped on a goroutine of its own (OnShutdown waits for it). A
 // session's loop-owned fields are touched only from its loop; its mailbox is

@@ -127,7 +127,11 @@ func (h *handler) closeBegin(ss *session) (mbox []byte, mgrants []grantRef) {
 	s := h.s
 	ss.gone = true
 	ss.partialSince.Store(0) // the sweep forgets it
-	s.conns.Add(-1)
+	if ss.local {
+		s.localConns.Add(-1)
+	} else {
+		s.conns.Add(-1)
+	}
 	s.removeSession(ss)
 
 	// No more mail; what was posted and never written is undeliverable.
@@ -616,7 +620,8 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 			}
 			continue
 		}
-		// A TLS session (loop nil) has no loop-mates: it is woken.
+		// A TLS or local session (loop nil) has no loop-mates: it is
+		// woken.
 		local := cur != nil && cur.loop != nil && ss.loop == cur.loop
 		ok, flush := ss.post(&e, local, s.node.Gate().Addr, b.gen)
 		if !ok && e.Kind == shard.EffectGrant {

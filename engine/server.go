@@ -45,6 +45,15 @@ type Server struct {
 	serveErr  error
 
 	conns atomic.Int64
+	h     *handler // set by Serve before the loops start
+
+	// The in-process connections (local.go).
+	localMu    sync.Mutex
+	localSet   map[*localWire]struct{} // guarded by localMu
+	localStop  bool                    // guarded by localMu: no new local connection
+	localWG    sync.WaitGroup          // one per local connection's driver
+	localConns atomic.Int64
+	localStats *loopStats // the counters of every local connection's batches
 
 	// The TLS port (tlsconn.go): nil when plaintext.
 	tlsConf       *tls.Config
@@ -140,7 +149,10 @@ func New(cfg Config) (*Server, error) {
 		hurry:     make(chan struct{}),
 		sessions:  make(map[*session]struct{}),
 		heldSet:   make(map[*session]struct{}),
+		localSet:  make(map[*localWire]struct{}),
 	}
+	s.localStats = s.newLoopStats()
+	s.loops.Store(localStatsKey{}, s.localStats)
 	s.committer, _ = cfg.Node.(repl.Committer)
 	if cfg.TLS != nil {
 		s.tlsConf = serverTLS(cfg.TLS)
@@ -204,6 +216,7 @@ func (s *Server) Addr() string {
 func (s *Server) Serve() error {
 	defer close(s.done)
 	h := &handler{s: s}
+	s.h = h
 	ln, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
 		s.serveErr = err
@@ -338,6 +351,7 @@ func (s *Server) stopLoops() {
 		if s.tlsConf != nil {
 			s.stopTLS()
 		}
+		s.stopLocal()
 		if s.cli != nil {
 			if err := s.cli.Stop(); err != nil {
 				s.log.Warn("stopping the event loops", "err", err)

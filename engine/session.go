@@ -101,7 +101,8 @@ type wire interface {
 type session struct {
 	c     wire
 	tconn *shard.Conn    // the table's handle: this connection's queued acquires
-	loop  gnet.EventLoop // the loop that owns c; nil for a TLS connection
+	loop  gnet.EventLoop // the loop that owns c; nil for a TLS or local connection
+	local bool           // c is a *localWire (local.go): counted in Server.localConns
 	st    *loopStats     // that loop's counters (the TLS connections' own)
 
 	// certCN is the Subject Common Name of the client certificate that the

@@ -27,7 +27,7 @@ import "sync/atomic"
 // request's own unit: the bound is exact up to the requests in flight on
 // other shards, as it was with one counter (a release on another shard a
 // moment after a refusal makes the same difference). docs/PROTOCOL.md,
-// decision 62.
+// decision 68.
 type budget struct {
 	taken atomic.Int64 // units in use or held as credit by the shards; ≤ max
 	max   int64

@@ -16,7 +16,9 @@
 //     order), --self, --peer-offset, --failover-timeout; then, for a
 //     Secure cluster, §8's --tls-cert, --tls-key, --tls-peer-ca and
 //     --cluster-secret (a CA, a certificate per member naming 127.0.0.1
-//     and a secret made for the cluster); then Options.ExtraArgs. A
+//     and a secret made for the cluster); --http at the client port +
+//     Options.HTTPOffset when it is set (Member.HTTPAddr; that port is
+//     picked free too); then Options.ExtraArgs. A
 //     member is ready when it logs msg=ready with its address.
 //     Options.Deferred members wait for Member.Start. Members run with
 //     --acl (in ExtraArgs) need Options.AdminUser and AdminPassword: the

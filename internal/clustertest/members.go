@@ -44,7 +44,7 @@ func (c *Cluster) NewMember(peers func(self string) []string, extra ...string) (
 	if c.plan.mode == ModeSingle {
 		return nil, fmt.Errorf("%w: AddMember needs a cluster mode", ErrBadOptions)
 	}
-	ports, err := portsFree.pick(1, c.plan.offset)
+	ports, err := portsFree.pick(1, c.plan.offset, c.plan.http)
 	if err != nil {
 		return nil, err
 	}
