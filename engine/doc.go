@@ -46,6 +46,7 @@
 // when no token is reserved an acquire is answered B.
 //
 // engine may import lockd/proto, lockd/shard, lockd/repl, lockd/acl,
+// lockd/internal/ratelog (its log lines of refusals, one a second),
 // github.com/panjf2000/gnet/v2, golang.org/x/sys and the standard library
 // (crypto/tls included). It must not import lockd/store (the node owns the
 // data directory), lockd/client, lockd/admin, lockd/cmd/... or

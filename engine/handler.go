@@ -10,6 +10,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/lockd-dev/lockd/internal/ratelog"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
@@ -37,16 +38,12 @@ type handler struct {
 	s         *Server
 	msgBadKey string
 
-	// Refusals at --max-conns since the last log line, and when that line
-	// was logged (table clock): one line a second at most.
-	refused    atomic.Int64
-	refusedLog atomic.Int64
-
-	// Failed TLS handshakes since the last log line, the last one's cause
-	// and when that line was logged (table clock): one line a second.
-	hsFailed atomic.Int64
-	hsLast   atomic.Pointer[string]
-	hsLog    atomic.Int64
+	// Refusals at --max-conns and failed TLS handshakes: one log line a
+	// second at most for each, counting those since the last line (table
+	// clock); hsLast is the last failed handshake's cause.
+	refusedLog ratelog.Atomic
+	hsLog      ratelog.Atomic
+	hsLast     atomic.Pointer[string]
 
 	// Sessions that may hold a partial frame, for the --frame-timeout
 	// sweep (OnTick, every sweepEvery).
@@ -65,8 +62,6 @@ type handler struct {
 
 func (h *handler) OnBoot(gnet.Engine) gnet.Action {
 	h.msgBadKey = "bad key: must be 1.." + strconv.Itoa(h.s.cfg.MaxKey) + " bytes of UTF-8 without 0x0A"
-	h.refusedLog.Store(-int64(time.Second))
-	h.hsLog.Store(-int64(time.Second))
 	h.sweepEvery = int64(min(time.Second, h.s.cfg.FrameTimeout))
 	return gnet.None
 }
@@ -78,8 +73,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	if n := s.conns.Add(1); n > int64(s.cfg.MaxConns) {
 		s.conns.Add(-1)
-		h.refused.Add(1)
-		h.logRefused(s.now())
+		h.connRefused(s.now())
 		return nil, gnet.Close
 	}
 	loop := c.EventLoop()
@@ -534,8 +528,12 @@ func (h *handler) partialFrame(ss *session, now int64, fresh bool) {
 // any more, and logs the refusals not logged yet. Its cost is proportional
 // to the sessions listed by partialFrame, not to all of them.
 func (h *handler) sweep(now int64) {
-	h.logRefused(now)
-	h.logHandshakes(now)
+	if n, ok := h.refusedLog.Flush(now); ok {
+		h.logRefused(n)
+	}
+	if n, ok := h.hsLog.Flush(now); ok {
+		h.logHandshakes(n)
+	}
 	h.partialMu.Lock()
 	list := h.partial
 	h.partial = h.partialSpare[:0]
@@ -573,17 +571,18 @@ func (h *handler) sweep(now int64) {
 	h.partialMu.Unlock()
 }
 
-// logRefused logs the connections refused at --max-conns since its last
-// line, at most once a second (a flood of connects makes one line a
-// second, not one per connect).
-func (h *handler) logRefused(now int64) {
-	last := h.refusedLog.Load()
-	if now-last < int64(time.Second) || h.refused.Load() == 0 || !h.refusedLog.CompareAndSwap(last, now) {
-		return
+// connRefused logs a connection refused at --max-conns: one line a second
+// at most, with the refusals since the last one (a flood of connects makes
+// one line a second, not one per connect; the sweep logs its tail).
+func (h *handler) connRefused(now int64) {
+	if held, ok := h.refusedLog.Allow(now); ok {
+		h.logRefused(held + 1)
 	}
-	if n := h.refused.Swap(0); n > 0 {
-		h.s.log.Warn("connections refused: --max-conns reached", "refused", n, "max", h.s.cfg.MaxConns)
-	}
+}
+
+// logRefused logs n connections refused at --max-conns.
+func (h *handler) logRefused(n int) {
+	h.s.log.Warn("connections refused: --max-conns reached", "refused", n, "max", h.s.cfg.MaxConns)
 }
 
 // deliver hands every effect in b.fx to its connection: appended to b.out

@@ -581,24 +581,20 @@ func (t *tlsConn) RemoteAddr() net.Addr { return t.raw.RemoteAddr() }
 // handshakeFailed counts a failed handshake and logs it, rate-limited.
 func (h *handler) handshakeFailed(err error, remote net.Addr) {
 	h.s.tlsFailures.Add(1)
-	h.hsFailed.Add(1)
 	msg := err.Error() + " (from " + remote.String() + ")"
 	h.hsLast.Store(&msg)
-	h.logHandshakes(h.s.now())
+	if held, ok := h.hsLog.Allow(h.s.now()); ok {
+		h.logHandshakes(held + 1)
+	}
 }
 
-// logHandshakes logs the failed handshakes since its last line, at most
-// once a second (the sweep logs the remainder).
-func (h *handler) logHandshakes(now int64) {
-	last := h.hsLog.Load()
-	if now-last < int64(time.Second) || h.hsFailed.Load() == 0 || !h.hsLog.CompareAndSwap(last, now) {
-		return
+// logHandshakes logs n failed handshakes and the last one's cause (one
+// line a second at most: handshakeFailed, and the sweep for the tail of a
+// flood).
+func (h *handler) logHandshakes(n int) {
+	why := ""
+	if p := h.hsLast.Load(); p != nil {
+		why = *p
 	}
-	if n := h.hsFailed.Swap(0); n > 0 {
-		why := ""
-		if p := h.hsLast.Load(); p != nil {
-			why = *p
-		}
-		h.s.log.Warn("TLS handshakes failed; connections closed", "failed", n, "last", why)
-	}
+	h.s.log.Warn("TLS handshakes failed; connections closed", "failed", n, "last", why)
 }
