@@ -96,7 +96,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	if ss == nil || ss.gone {
 		return gnet.None
 	}
-	mbox, mgrants := h.closeBegin(ss)
+	mail := h.closeBegin(ss)
 	// gnet writes what is left in its buffer after this callback returns,
 	// to a peer that may still read (a half-close, a bad frame): a grant
 	// in those bytes would reach its client after being released below.
@@ -109,7 +109,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 			_ = unix.Shutdown(c.Fd(), unix.SHUT_WR)
 		}
 	}
-	h.closeEnd(ss, mbox, mgrants)
+	h.closeEnd(ss, &mail)
 	return gnet.None
 }
 
@@ -117,7 +117,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 // that runs its batches: the session leaves the server's lists, its
 // mailbox takes no more mail (what it holds is returned: never written,
 // so undelivered) and its queued acquires leave their queues.
-func (h *handler) closeBegin(ss *session) (mbox []byte, mgrants []grantRef) {
+func (h *handler) closeBegin(ss *session) (mail answers) {
 	s := h.s
 	ss.gone = true
 	ss.partialSince.Store(0) // the sweep forgets it
@@ -127,8 +127,7 @@ func (h *handler) closeBegin(ss *session) (mbox []byte, mgrants []grantRef) {
 	// No more mail; what was posted and never written is undeliverable.
 	ss.mu.Lock()
 	ss.closed = true
-	mbox, mgrants = ss.mbox, ss.mgrants
-	ss.mbox, ss.mgrants = nil, nil
+	mail, ss.mbox = ss.mbox, answers{}
 	ss.mu.Unlock()
 
 	// Queued acquires leave their queues silently: the first dropInline
@@ -140,13 +139,13 @@ func (h *handler) closeBegin(ss *session) (mbox []byte, mgrants []grantRef) {
 	if !s.table.DropWaiters(ss.tconn, dropInline) {
 		h.dropLater(ss.tconn)
 	}
-	return mbox, mgrants
+	return mail
 }
 
 // closeEnd is the second half, once nothing more can reach the socket
 // (ss.c.OutboundBuffered is final): grants that did not reach it are
 // released at once (PROTOCOL.md §4: no phantom lock).
-func (h *handler) closeEnd(ss *session, mbox []byte, mgrants []grantRef) {
+func (h *handler) closeEnd(ss *session, mail *answers) {
 	s := h.s
 	b := s.getScratch()
 	now := s.now()
@@ -162,9 +161,7 @@ func (h *handler) closeEnd(ss *session, mbox []byte, mgrants []grantRef) {
 	s.releaseHeld(ss, b, now)
 	if w := ss.writing; w != nil {
 		// The write itself failed: none of that batch left.
-		for _, g := range w.grants {
-			s.table.Release(now, g.key(w.out), g.token, &b.fx)
-		}
+		s.releaseGrants(&w.answers, b, now)
 	}
 	delivered := ss.written - uint64(ss.c.OutboundBuffered())
 	for i := range ss.pend {
@@ -172,9 +169,7 @@ func (h *handler) closeEnd(ss *session, mbox []byte, mgrants []grantRef) {
 			s.table.Release(now, ss.pendingKey(p), p.token, &b.fx)
 		}
 	}
-	for _, g := range mgrants {
-		s.table.Release(now, g.key(mbox), g.token, &b.fx)
-	}
+	s.releaseGrants(mail, b, now)
 	ss.pend, ss.pkeys = nil, nil
 	s.deliver(b, nil, now)
 	s.putScratch(b)
@@ -368,7 +363,7 @@ func (h *handler) write(ss *session, b *scratch, action gnet.Action, spec bool) 
 	s, c := h.s, ss.c
 	if s.committer != nil && h.hold(ss, b, spec) {
 		s.log.Warn("closing a connection whose answers wait for changes that will not commit, or for too long",
-			"remote", c.RemoteAddr(), "held", len(ss.held))
+			"remote", c.RemoteAddr(), "held", len(ss.held.out))
 		return gnet.Close
 	}
 	if len(b.out) > 0 {
@@ -419,7 +414,7 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) gnet.
 		st, token := s.table.AcquireAs(now, r.Key, r.Wait, r.Lease, r.ID, who.Ident, ss.tconn, &b.fx)
 		switch st {
 		case shard.Granted:
-			b.out = appendGrant(b.out, &b.grants, r.ID, token, r.Key)
+			b.addGrant(r.ID, token, r.Key)
 		case shard.TimedOut:
 			b.out = proto.AppendTimeout(b.out, r.ID, r.Key)
 		case shard.Busy:
@@ -604,7 +599,7 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 			s.moved.Add(1)
 		}
 		if ss == cur {
-			b.out = appendEffect(b.out, &b.grants, &e, s.node.Gate().Addr)
+			b.addEffect(&e, s.node.Gate().Addr)
 			if e.Kind == shard.EffectLost {
 				s.lostL[min(e.Reason, shard.ReasonCannotTell)].Add(1)
 			}

@@ -210,8 +210,8 @@ func (t *tlsConn) serve() {
 	t.ss = ss
 	t.run(ss)
 	t.shut()
-	mbox, mgrants := h.closeBegin(ss)
-	h.closeEnd(ss, mbox, mgrants)
+	mail := h.closeBegin(ss)
+	h.closeEnd(ss, &mail)
 }
 
 var errDrainingHandshake = errors.New("engine: shutting down")
