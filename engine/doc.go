@@ -7,7 +7,7 @@
 // gnet has none, so each TLS connection runs on a reader goroutine of its
 // own that feeds the same batches (handler.traffic) through the same
 // session type, whose wire is then a *tlsConn instead of a gnet.Conn
-// (tlsconn.go, docs/DESIGN.md "TLS").
+// (tlsconn.go, the reader; tlssink.go, the writes; docs/DESIGN.md "TLS").
 //
 // It owns the connections (sessions), the per-connection mailboxes through
 // which answers made elsewhere reach their connection (a handoff caused by
