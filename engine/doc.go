@@ -7,9 +7,10 @@
 // gnet has none, so each TLS connection runs on a reader goroutine of its
 // own that feeds the same batches (handler.traffic) through the same
 // session type, whose wire is then a *tlsConn instead of a gnet.Conn
-// (tlsconn.go, docs/DESIGN.md "TLS"). A third wire is in-process:
-// Server.OpenLocal gives a LocalConn, through which a program in the same
-// process (the HTTP front, package httpapi) sends frames and takes the
+// (tlsconn.go, the reader; tlssink.go, the writes; docs/DESIGN.md
+// "TLS"). A third wire is in-process: Server.OpenLocal gives a LocalConn,
+// through which a program in the same process (the HTTP front, package
+// httpapi) sends frames and takes the
 // answers, on a session like any other (local.go, docs/DESIGN.md "The
 // HTTP front"); an answer is delivered once the front has taken it.
 //
@@ -55,6 +56,7 @@
 // when no token is reserved an acquire is answered B.
 //
 // engine may import lockd/proto, lockd/shard, lockd/repl, lockd/acl,
+// lockd/internal/ratelog (its log lines of refusals, one a second),
 // github.com/panjf2000/gnet/v2, golang.org/x/sys and the standard library
 // (crypto/tls included). It must not import lockd/store (the node owns the
 // data directory), lockd/client, lockd/admin, lockd/cmd/... or

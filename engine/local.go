@@ -224,8 +224,8 @@ func (w *localWire) closeLocked() {
 	w.mu.Lock()
 	w.closed = true // out is frozen: OutboundBuffered is final
 	w.mu.Unlock()
-	mbox, mgrants := w.h.closeBegin(w.ss)
-	w.h.closeEnd(w.ss, mbox, mgrants)
+	mail := w.h.closeBegin(w.ss)
+	w.h.closeEnd(w.ss, &mail)
 	w.mu.Lock()
 	w.out = dropGrants(w.out)
 	w.final = true

@@ -13,6 +13,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/lockd-dev/lockd/internal/ratelog"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -169,8 +170,6 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.table = table
-	newRateLog(&s.auth.log)
-	newRateLog(&s.auth.refusedLog)
 	if cfg.ACL != nil {
 		s.acl.Store(s.newACLState(cfg.ACL))
 	}
@@ -283,8 +282,8 @@ func (s *Server) Serve() error {
 func (s *Server) accept(ln net.Listener, h *handler) error {
 	backoff := 5 * time.Millisecond
 	var (
-		failures int       // failed accepts (EMFILE, …) since start
-		logged   time.Time // the last log line about them
+		failures int                                        // failed accepts (EMFILE, …) since start
+		logs     = ratelog.Limiter{Every: 10 * time.Second} // a line about them per 10 s
 	)
 	for {
 		c, err := ln.Accept()
@@ -292,8 +291,8 @@ func (s *Server) accept(ln net.Listener, h *handler) error {
 			if errors.Is(err, net.ErrClosed) {
 				return err
 			}
-			if failures++; failures == 1 || time.Since(logged) > 10*time.Second {
-				logged = time.Now()
+			failures++
+			if _, ok := logs.Allow(s.now()); ok {
 				s.log.Error("accepting a connection failed; retrying", "err", err, "failures", failures)
 			}
 			select {
@@ -308,8 +307,7 @@ func (s *Server) accept(ln net.Listener, h *handler) error {
 		if s.draining.Load() || s.conns.Load() >= int64(s.cfg.MaxConns) {
 			c.Close()
 			if !s.draining.Load() {
-				h.refused.Add(1)
-				h.logRefused(s.now())
+				h.connRefused(s.now())
 			}
 			continue
 		}
