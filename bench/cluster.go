@@ -354,12 +354,41 @@ func openLockdBin(t *target, o *options) error {
 // that one interleaved run measures two builds of lockd (a change and the
 // commit before it) with the same load generator, round by round.
 func openLockdBase(t *target, o *options) error {
+	bo, err := baseOptions(o)
+	if err != nil {
+		return err
+	}
+	return t.startCluster(bo, clustertest.ModeSingle, 1)
+}
+
+// openPriorityBase and openRaftBase start lockd-priority-base and
+// lockd-raft-base: lockd-priority and lockd-raft with the -base-bin
+// binary, so that a change to the cluster modes is measured against the
+// commit before it, round by round, in one interleaved run.
+func openPriorityBase(t *target, o *options) error {
+	bo, err := baseOptions(o)
+	if err != nil {
+		return err
+	}
+	return openPriority(t, bo)
+}
+
+func openRaftBase(t *target, o *options) error {
+	bo, err := baseOptions(o)
+	if err != nil {
+		return err
+	}
+	return openRaft(t, bo)
+}
+
+// baseOptions are o with the -base-bin binary as the lockd binary.
+func baseOptions(o *options) (*options, error) {
 	if o.baseBin == "" {
-		return errors.New("give its binary with -base-bin")
+		return nil, errors.New("give its binary with -base-bin")
 	}
 	bo := *o
 	bo.lockdBin = o.baseBin
-	return t.startCluster(&bo, clustertest.ModeSingle, 1)
+	return &bo, nil
 }
 
 // startCluster starts members lockd processes of mode, owned by t, and
@@ -370,8 +399,11 @@ func (t *target) startCluster(o *options, mode string, members int) error {
 	if err != nil {
 		return err
 	}
-	c, err := clustertest.New(clustertest.Options{Mode: mode, Members: members, Binary: bin,
-		ExtraArgs: []string{"--loops", strconv.Itoa(o.loops)}})
+	var args []string
+	if o.loops > 0 {
+		args = []string{"--loops", strconv.Itoa(o.loops)}
+	}
+	c, err := clustertest.New(clustertest.Options{Mode: mode, Members: members, Binary: bin, ExtraArgs: args})
 	if err != nil {
 		return err
 	}

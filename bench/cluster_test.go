@@ -458,8 +458,10 @@ func TestRunKeepsTheLockdBinary(t *testing.T) {
 // TestLockdBaseTarget: lockd-base runs the -base-bin binary (here the one
 // lockd-bin would build), and refuses to start without one.
 func TestLockdBaseTarget(t *testing.T) {
-	if _, err := openTarget("lockd-base", clusterOpts()); err == nil || !strings.Contains(err.Error(), "-base-bin") {
-		t.Fatalf("lockd-base without -base-bin: %v, want an error naming -base-bin", err)
+	for _, name := range []string{"lockd-base", "lockd-priority-base", "lockd-raft-base"} {
+		if _, err := openTarget(name, clusterOpts()); err == nil || !strings.Contains(err.Error(), "-base-bin") {
+			t.Fatalf("%s without -base-bin: %v, want an error naming -base-bin", name, err)
+		}
 	}
 	if testing.Short() {
 		t.Skip("starts a lockd process")

@@ -16,7 +16,8 @@
 // driven at the leader (skipped, with the binary's message, while the
 // binary refuses --cluster raft); and lockd-bin, one single node, the
 // baseline that separates a cluster's cost from the binary's (lockd-base,
-// the same with the -base-bin binary: two builds in one interleaved run). Two targets
+// lockd-priority-base and lockd-raft-base, the same with the -base-bin
+// binary: two builds in one interleaved run). Two targets
 // speak TLS (PROTOCOL.md §8.1): lockd-tls, the lockd child with its client
 // port behind TLS, and redis-tls, redis-server with --tls-port; the load
 // generator then does a full crypto/tls handshake per connection, and the

@@ -23,10 +23,7 @@ import (
 
 func main() {
 	if kind := os.Getenv(serveEnv); kind != "" {
-		loops, _ := strconv.Atoi(os.Getenv("LOCKD_BENCH_LOOPS"))
-		if loops <= 0 {
-			loops = runtime.NumCPU()
-		}
+		loops, _ := strconv.Atoi(os.Getenv("LOCKD_BENCH_LOOPS")) // 0: the server's default
 		if err := serveChild(kind, loops, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "bench server:", err)
 			os.Exit(1)
@@ -75,10 +72,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.addr, "addr", "", "benchmark a running lockd at host:port instead of starting one")
 	fs.StringVar(&o.redisAddr, "redis", "", "use a running Redis at host:port instead of starting redis-server")
 	fs.StringVar(&o.etcdURL, "etcd", "", "use a running etcd at http://host:port instead of starting etcd")
-	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin, lockd-base, lockd-acl and the HTTP ones: lockd-http, lockd-gw, etcd-gw)")
+	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin, lockd-base, lockd-priority-base, lockd-raft-base, lockd-acl and the HTTP ones: lockd-http, lockd-gw, etcd-gw)")
 	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads (also: "+strings.Join(extraWorkloads, ", ")+")")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds; each runs every workload on every target in turn (A B A B …)")
-	fs.IntVar(&o.loops, "loops", runtime.NumCPU(), "event loops of the lockd and echo servers")
+	fs.IntVar(&o.loops, "loops", 0, "event loops of the lockd and echo servers (0: each server's default; lockd's is one per processor, one on a machine of two or fewer)")
 	fs.DurationVar(&c.Dur, "dur", c.Dur, "measured time per workload and target")
 	fs.IntVar(&c.Conns, "conns", c.Conns, "connections (uncontended, contended)")
 	fs.IntVar(&c.Depth, "depth", c.Depth, "uncontended requests in flight per connection")
@@ -88,14 +85,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&c.Retry, "retry", c.Retry, "contended retry delay (jittered ±50%) for targets without a wait queue")
 	fs.IntVar(&c.Fanin, "fanin", c.Fanin, "fanin connections, one lock each")
 	fs.IntVar(&c.Held, "held", c.Held, "held: distinct 16-byte keys the -conns × -depth slots acquire and hold before the server's memory is read")
-	fs.StringVar(&c.Profile, "cpuprofile", "", "write CPU and allocation profiles of the lockd and echo servers to PREFIX-target-workload-rN.{cpu,allocs}.pprof")
+	fs.StringVar(&c.Profile, "cpuprofile", "", "write CPU and allocation profiles of the lockd and echo servers to PREFIX-target-workload-rN.{cpu,allocs}.pprof (the lockd and echo children: also .mutex.pprof and .block.pprof)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of tables")
 	fs.BoolVar(&o.markdown, "markdown", false, "print Markdown tables (for BENCHMARKS.md) instead of text")
 	fs.StringVar(&o.svg, "svg", "", "write latency percentile curves to this SVG file")
 	fs.StringVar(&o.jsonFile, "jsonfile", "", "also write the -json document to this file")
 	fs.StringVar(&o.clientCPU, "clientprofile", "", "write a CPU profile of the load generator (this process) to this file")
 	fs.StringVar(&o.lockdBin, "lockd-bin", "", "the lockd binary of the targets made of lockd processes (lockd-priority, lockd-raft, lockd-bin; default: built from this tree)")
-	fs.StringVar(&o.baseBin, "base-bin", "", "the lockd binary of the lockd-base target: lockd-bin's baseline, e.g. built from main, for a before/after comparison in one interleaved run")
+	fs.StringVar(&o.baseBin, "base-bin", "", "the lockd binary of the lockd-base, lockd-priority-base and lockd-raft-base targets: the baseline of lockd-bin, lockd-priority and lockd-raft, e.g. built from main, for a before/after comparison in one interleaved run")
 	fs.DurationVar(&o.lagEvery, "lag-every", 10*time.Millisecond, "lockd-priority: read the active's replication lag this often during a run (0: not at all)")
 	fo := &o.failover
 	fs.IntVar(&fo.Trials, "failover", 0, "instead of the suite: N trials of each -failover-kinds on a cluster (-failover-mode) under load (median and worst; ≥ 10 for BENCHMARKS.md)")
@@ -198,6 +195,8 @@ var targetKinds = []struct {
 	{"lockd-raft", openRaft, false},
 	{"lockd-bin", openLockdBin, true},
 	{"lockd-base", openLockdBase, true},
+	{"lockd-priority-base", openPriorityBase, true},
+	{"lockd-raft-base", openRaftBase, true},
 	{"lockd-acl", openLockdACL, true},
 	{"echo", openEcho, false},
 	{"redis", openRedis, false},

@@ -221,7 +221,7 @@ type goal struct {
 
 // clusterTargets are the targets whose results carry replication figures
 // and are compared with lockd.
-var clusterTargets = []string{"lockd-priority", "lockd-raft", "lockd-bin", "lockd-base"}
+var clusterTargets = []string{"lockd-priority", "lockd-raft", "lockd-bin", "lockd-base", "lockd-priority-base", "lockd-raft-base"}
 
 // goals judges issue 11's targets for lockd-priority — uncontended pairs/s
 // and contended real handoffs/s each ≥ 80 % of lockd's in the same round,

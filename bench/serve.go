@@ -67,7 +67,9 @@ func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
 		cfg := engine.DefaultConfig()
 		cfg.Listen = "127.0.0.1:0"
 		cfg.DataDir = dir
-		cfg.Loops = loops
+		if loops > 0 {
+			cfg.Loops = loops
+		}
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 		switch kind {
 		case "lockd-tls":
@@ -149,20 +151,33 @@ func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
 				reply = "error " + err.Error()
 			} else {
 				cpu = f
+				// The contention of the same span: every contended
+				// mutex (its unlocker's stack) and blocking event.
+				runtime.SetMutexProfileFraction(mutexFraction)
+				runtime.SetBlockProfileRate(blockRate)
 			}
 		case "cpustop":
 			if cpu != nil {
 				pprof.StopCPUProfile()
 				cpu.Close()
 				cpu = nil
+				runtime.SetMutexProfileFraction(0)
+				runtime.SetBlockProfileRate(0)
 			}
 		case "allocs":
-			f, err := os.Create(arg)
-			if err == nil {
-				err = pprof.Lookup("allocs").WriteTo(f, 0)
-				f.Close()
+			// arg is PREFIX.allocs.pprof: the mutex and block profiles go
+			// beside it.
+			var errs []error
+			base := strings.TrimSuffix(arg, ".allocs.pprof")
+			for _, p := range []struct{ name, file string }{{"allocs", arg}, {"mutex", base + ".mutex.pprof"}, {"block", base + ".block.pprof"}} {
+				f, err := os.Create(p.file)
+				if err == nil {
+					err = pprof.Lookup(p.name).WriteTo(f, 0)
+					f.Close()
+				}
+				errs = append(errs, err)
 			}
-			if err != nil {
+			if err := errors.Join(errs...); err != nil {
 				reply = "error " + err.Error()
 			}
 		default:
@@ -176,6 +191,15 @@ func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
 	}
 	return nil
 }
+
+// The rates of the contention profiles that the child records beside its
+// CPU profile (-cpuprofile): every contended mutex, and one blocking event
+// per 10 µs spent blocked (a sampling as coarse as the CPU profile's is
+// enough to rank where goroutines wait).
+const (
+	mutexFraction = 1
+	blockRate     = 10_000
+)
 
 // selfMem measures this process after two GCs.
 func selfMem() memStat {

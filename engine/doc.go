@@ -43,8 +43,10 @@
 // connection's batches run on the goroutine that Sends (inline) or on its
 // driver goroutine (mail, commits, gate changes), one at a time under its
 // run mutex, which plays the event loop; its close runs there too. Every batch and
-// tick holds the batch barrier's read lock from the gate it reads to the
-// write of its answers; the node's gate changes take its write lock. A
+// tick holds the batch barrier's read lock — its loop's stripe, barrier.go
+// (a local connection's: the server's own) — from the gate it reads to the
+// write of its answers; the node's gate changes take its write lock (every
+// stripe). A
 // closing connection with more queued acquires than OnClose drops at once
 // has the rest dropped on a goroutine of its own (OnShutdown waits for it). A
 // session's loop-owned fields are touched only from its loop; its mailbox is

@@ -231,8 +231,9 @@ func (h *handler) traffic(ss *session) gnet.Action {
 	// The barrier's read lock covers the whole batch, writes included: once
 	// GateChanged has its write lock, no batch that executed under the old
 	// gate is still on its way to a socket (Abandon relies on it).
-	s.barrier.RLock()
-	defer s.barrier.RUnlock()
+	bar := &ss.st.bar // this loop's stripe (barrier.go)
+	bar.RLock()
+	defer bar.RUnlock()
 	b.gen = s.abandonsA.Load() // what this batch executes comes after these Abandon calls
 	spec := ss.takeMail(b)     // answers made from the table's state
 	action := gnet.None
@@ -491,7 +492,7 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 	}
 	now := s.now()
 	s.lastTick.Store(now) // Live
-	s.barrier.RLock()
+	s.tickBar.RLock()
 	if s.node.Gate().Effective(now) == repl.Serve {
 		b := s.getScratch()
 		s.table.Tick(now, &b.fx)
@@ -500,7 +501,7 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 		}
 		s.putScratch(b)
 	}
-	s.barrier.RUnlock()
+	s.tickBar.RUnlock()
 	if now-h.lastSweep >= h.sweepEvery {
 		h.lastSweep = now
 		h.sweep(now)
@@ -591,12 +592,16 @@ func (h *handler) logRefused(n int) {
 // at once, which may hand the key on to the next waiter (appended to b.fx
 // and delivered in the same loop).
 func (s *Server) deliver(b *scratch, cur *session, now int64) {
+	wait := &s.wait // the ticker's, a close's, an admin's
+	if cur != nil {
+		wait = &cur.st.wait // a batch's: its loop's own
+	}
 	for i := 0; i < len(b.fx.Effects); i++ {
 		e := b.fx.Effects[i] // a copy: Release below may grow the slice
 		ss := e.Conn.Tag.(*session)
 		switch e.Kind {
 		case shard.EffectGrant:
-			s.wait.observe(now - e.Queued)
+			wait.observe(now - e.Queued)
 		case shard.EffectCancel:
 			s.cancelled.Add(1)
 		case shard.EffectMoved:

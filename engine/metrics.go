@@ -54,11 +54,14 @@ func (c *counts) error(op proto.Op, code uint8) {
 }
 
 // loopStats are one event loop's counters: written by that loop only (one
-// atomic add per non-zero cell per batch), read by scrapes.
+// atomic add per non-zero cell per batch), read by scrapes; and the loop's
+// stripe of the batch barrier.
 type loopStats struct {
+	bar  stripe
 	req  [len(proto.RequestOps)][nResults]atomic.Uint64
 	errs [proto.MaxCode + 1]atomic.Uint64
 	auth [nAuth]atomic.Uint64
+	wait waitHist // acquire-to-grant of the queued acquires granted by this loop's batches
 	_    [64]byte
 }
 
@@ -86,13 +89,24 @@ func (l *loopStats) add(c *counts) {
 	*c = counts{}
 }
 
+// newLoopStats makes the counters of a loop (or of the TLS connections)
+// and adds its stripe to the barrier.
+func (s *Server) newLoopStats() *loopStats {
+	st := new(loopStats)
+	s.barrier.add(&st.bar)
+	return st
+}
+
 // statsFor returns the counters of c's event loop.
 func (s *Server) statsFor(loop gnet.EventLoop) *loopStats {
 	if v, ok := s.loops.Load(loop); ok {
 		return v.(*loopStats)
 	}
-	v, _ := s.loops.LoadOrStore(loop, new(loopStats))
-	return v.(*loopStats)
+	// Only the loop itself calls this with its own key (OnOpen): nobody
+	// stores it meanwhile.
+	st := s.newLoopStats()
+	s.loops.Store(loop, st)
+	return st
 }
 
 // WaitBuckets are the upper bounds, in seconds, of the acquire-to-grant
@@ -118,6 +132,19 @@ func (h *waitHist) observe(d int64) {
 	}
 	h.buckets[i].Add(1)
 	h.sumNs.Add(uint64(d))
+}
+
+// waitSum adds up waitHists.
+type waitSum struct {
+	buckets [len(waitHist{}.buckets)]uint64
+	sumNs   uint64
+}
+
+func (w *waitSum) add(h *waitHist) {
+	for i := range h.buckets {
+		w.buckets[i] += h.buckets[i].Load()
+	}
+	w.sumNs += h.sumNs.Load()
 }
 
 // RequestCount is the number of requests of one op with one result.
@@ -170,6 +197,7 @@ type Metrics struct {
 func (s *Server) Metrics() Metrics {
 	var m Metrics
 	var req [len(proto.RequestOps)][nResults]uint64
+	wait := new(waitSum)
 	s.loops.Range(func(_, v any) bool {
 		l := v.(*loopStats)
 		for i := range l.req {
@@ -183,6 +211,7 @@ func (s *Server) Metrics() Metrics {
 		m.Auth.Hello += l.auth[authHello].Load()
 		m.Auth.Unauthenticated += l.auth[authUnauthenticated].Load()
 		m.Auth.Denied += l.auth[authDenied].Load()
+		wait.add(&l.wait)
 		return true
 	})
 	m.Auth.Removed = s.auth.removed.Load()
@@ -206,12 +235,10 @@ func (s *Server) Metrics() Metrics {
 	m.Conns = s.conns.Load()
 	m.LocalConns = s.localConns.Load()
 	m.TokenLast, m.TokenReserved = s.table.Tokens().Last(), s.table.Tokens().Limit()
-	m.WaitCounts = make([]uint64, len(s.wait.buckets))
-	for i := range s.wait.buckets {
-		m.WaitCounts[i] = s.wait.buckets[i].Load()
-	}
+	wait.add(&s.wait)
+	m.WaitCounts = wait.buckets[:]
 	m.WaitCounts[0] += req[proto.OpAcquire.RequestIndex()][resGranted] // immediate grants waited 0
-	m.WaitSum = float64(s.wait.sumNs.Load()) / 1e9
+	m.WaitSum = float64(wait.sumNs) / 1e9
 	m.Uptime = time.Since(s.epoch)
 	m.Draining = s.draining.Load()
 	m.Moved = s.moved.Load()

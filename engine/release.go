@@ -69,14 +69,14 @@ func (s *Server) AdminRelease(ctx context.Context, key []byte, token uint64, by 
 		return Released{}, ErrBadKey
 	}
 	who := shard.Who{Ident: s.table.Ident([]byte(by)), Admin: true, Operator: true}
-	s.barrier.RLock()
+	s.adminBar.RLock()
 	now := s.now()
 	if s.draining.Load() {
-		s.barrier.RUnlock()
+		s.adminBar.RUnlock()
 		return Released{}, ErrDraining
 	}
 	if g := s.node.Gate(); g.Effective(now) != repl.Serve {
-		s.barrier.RUnlock()
+		s.adminBar.RUnlock()
 		return Released{}, &NotServingError{Active: g.Addr}
 	}
 	gen := s.abandonsA.Load() // Abandon calls before the state this release acts on
@@ -115,7 +115,7 @@ func (s *Server) AdminRelease(ctx context.Context, key []byte, token uint64, by 
 	if s.committer != nil {
 		bar = s.committer.Barrier()
 	}
-	s.barrier.RUnlock()
+	s.adminBar.RUnlock()
 	if len(rel.All) == 0 {
 		return Released{}, ErrNotHeld
 	}

@@ -68,8 +68,12 @@ type Server struct {
 
 	// barrier is held for reading by every batch while it applies requests
 	// under the gate and the draining flag it read; its write lock waits
-	// for those batches (Shutdown, GateChanged).
-	barrier  sync.RWMutex
+	// for those batches (Shutdown, GateChanged). Each loop reads its own
+	// stripe (loopStats.bar), the ticker and AdminRelease theirs
+	// (barrier.go).
+	barrier  barrier
+	tickBar  *stripe
+	adminBar *stripe
 	draining atomic.Bool
 	stopped  atomic.Bool // set once the engine is stopping: OnTick does nothing more
 
@@ -85,7 +89,7 @@ type Server struct {
 	scratch sync.Pool // *scratch
 
 	loops     sync.Map      // gnet.EventLoop → *loopStats
-	wait      waitHist      // acquire-to-grant of queued acquires
+	wait      waitHist      // acquire-to-grant of queued acquires granted outside a batch (loopStats.wait has the rest)
 	cancelled atomic.Uint64 // queued acquires answered E 4 at shutdown
 	moved     atomic.Uint64 // queued acquires answered M when the gate closed
 	// lostL counts the L frames handed to their connection (written, or
@@ -135,29 +139,32 @@ func New(cfg Config) (*Server, error) {
 		cfg.Node = repl.NewLocal(repl.LocalConfig{DataDir: cfg.DataDir, TokenBlock: cfg.TokenBlock})
 	}
 	s := &Server{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		node:       cfg.Node,
-		epoch:      time.Now(),
-		ready:      make(chan struct{}),
-		done:       make(chan struct{}),
-		stop:       make(chan struct{}),
-		loopsDone:  make(chan struct{}),
-		hurry:      make(chan struct{}),
-		sessions:   make(map[*session]struct{}),
-		heldSet:    make(map[*session]struct{}),
-		localSet:   make(map[*localWire]struct{}),
-		localStats: new(loopStats),
+		cfg:       cfg,
+		log:       cfg.Logger,
+		node:      cfg.Node,
+		epoch:     time.Now(),
+		ready:     make(chan struct{}),
+		done:      make(chan struct{}),
+		stop:      make(chan struct{}),
+		loopsDone: make(chan struct{}),
+		hurry:     make(chan struct{}),
+		sessions:  make(map[*session]struct{}),
+		heldSet:   make(map[*session]struct{}),
+		localSet:  make(map[*localWire]struct{}),
 	}
+	s.localStats = s.newLoopStats()
 	s.loops.Store(localStatsKey{}, s.localStats)
 	s.committer, _ = cfg.Node.(repl.Committer)
 	if cfg.TLS != nil {
 		s.tlsConf = serverTLS(cfg.TLS)
 		s.tlsSet = make(map[*tlsConn]struct{})
-		s.tlsStats = new(loopStats)
+		s.tlsStats = s.newLoopStats()
 		s.loops.Store(tlsStatsKey{}, s.tlsStats)
 	}
 	s.scratch.New = func() any { return new(scratch) }
+	s.tickBar, s.adminBar = new(stripe), new(stripe)
+	s.barrier.add(s.tickBar)
+	s.barrier.add(s.adminBar)
 	table, err := s.node.Open(cfg.Table, s.now, s.log)
 	if err != nil {
 		return nil, err

@@ -85,13 +85,13 @@ func (s *shard) apply(now int64, h uint64, r *Record, out *Out) error {
 		id := t.idents.intern(r.Ident)
 		deadline := now + int64(r.Lease)*second
 		if e == nil {
-			if !s.room() || !t.reserve(&t.keys, t.maxKeys) {
+			if !s.room() || !s.take(budgetKeys) {
 				return ErrFull
 			}
 			ref, e = s.newEntry(h, r.Key)
 			s.install(ref, e, r.Token, deadline, id, r.Lease, r.Limit)
 		} else if q := s.sharedQueue(e); r.Limit != 0 && q != nil && q.limit == r.Limit && int(q.nx)+1 < int(q.limit) {
-			if !s.room() || !t.reserve(&t.holders, t.maxHolders) {
+			if !s.room() || !s.take(budgetHolders) {
 				return ErrFull
 			}
 			x, xe := s.newHolder(e, r.Token)

@@ -159,7 +159,7 @@ func (s *shard) dropHolder(q *queue, x ref, xe *entry) {
 	}
 	q.nx--
 	s.hidx.remove(mixToken(xe.token), x)
-	s.t.holders.Add(-1)
+	s.give(budgetHolders)
 	s.recycle(x, xe)
 }
 

@@ -95,9 +95,6 @@ func (s *shard) watchKey(now int64, h uint64, key []byte, token uint64, c *Conn,
 func (t *Table) EndWatches(out *Out) {
 	for i := range t.shards {
 		s := &t.shards[i]
-		if t.watches.Load() == 0 {
-			return
-		}
 		s.mu.Lock()
 		s.endWatches(out)
 		s.mu.Unlock()

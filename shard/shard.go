@@ -41,25 +41,38 @@ type waiter struct {
 // nothing.
 const maxFreeWaiters = 256
 
-// shard is one lock-striped part of a Table. mu guards everything in it.
+// shard is one lock-striped part of a Table. mu guards everything in it
+// but quota's credits (budget.go).
+//
+// Its fields are ordered for the caches: a shard's lines move to the core
+// of whichever event loop has a request on one of its keys next, so what
+// every request reads or writes comes first, in as few lines as possible
+// (an acquire and release of a new key: the first four lines, and the
+// wheel's head), and shards are padded so that two of them never share a
+// line (TestShardLayout).
 type shard struct {
-	mu      sync.Mutex
-	t       *Table
+	mu    sync.Mutex
+	t     *Table
+	seq   uint64 // sequence of the last record made or applied here
+	slab  slab   // the entries (slab.go)
+	idx   index
+	quota [nBudgets]quota // this shard's part of the table's bounds (budget.go)
+	// hooks = nwatch + len(forced): the end of a grant owes more than its
+	// record.
+	hooks   int
+	nshared int  // queues of shared keys (limit ≠ 0): a shard with none skips their checks
+	untidy  bool // a free made tidy due (slab.go)
 	id      uint32
-	idx     index
+	_       [16]byte
+	ctr     Counters // guarded by mu
 	wheel   wheel
-	slab    slab      // the entries (slab.go)
 	longs   []longKey // keys longer than inlineKey; len is their number, buffers past it are kept
 	queues  []queue   // wait queues of contended keys, and what shared keys have beyond their entry
 	freeQ   uint32    // 1 + index of the first free queue (0: none)
 	nq      int       // queues in use
 	nstale  int       // queues marked stale (queue.stale)
-	nshared int       // queues of shared keys (limit ≠ 0): a shard with none skips their checks
-	untidy  bool      // a free made tidy due (slab.go)
 	freeW   *waiter
 	nfreeW  int
-	ctr     Counters // guarded by mu
-	seq     uint64   // sequence of the last record made or applied here
 
 	// Shared keys and watches (holders.go, watch.go); empty and untouched
 	// on a table that has neither.
@@ -69,8 +82,10 @@ type shard struct {
 	watches watchIndex          // the watches of each watched token
 	nwatch  int                 // watches registered here
 	forced  map[uint64]struct{} // tokens whose lease an admin renewed (their expiry is ReasonForced)
-	hooks   int                 // nwatch + len(forced): the end of a grant owes more than its record
-	_       [64]byte            // keep neighbouring shards' mutexes off one cache line
+	// Keep the next shard's first line off this one's last, and the size
+	// a multiple of a line: shards are 64-byte aligned (a size class that
+	// is a multiple of 64; a large array is page-aligned).
+	_ [72]byte
 }
 
 // unlock ends a Table call on s: it gives back memory that the call made
@@ -207,7 +222,7 @@ func (s *shard) serve(r ref, e *entry, h uint64, now, freed int64, vacant bool, 
 		if !vacant && (limit == 0 || q.limit != limit || int(q.nx)+1 >= int(limit)) {
 			break // the head does not fit: it waits, and everyone behind it
 		}
-		if !vacant && (!s.room() || !s.t.reserve(&s.t.holders, s.t.maxHolders)) {
+		if !vacant && (!s.room() || !s.take(budgetHolders)) {
 			s.unqueue(w)
 			out.add(EffectBusy, w, 0, s.keyOf(e))
 			s.freeWaiter(w)
@@ -216,7 +231,7 @@ func (s *shard) serve(r ref, e *entry, h uint64, now, freed int64, vacant bool, 
 		tok := s.t.tokens.Next()
 		if tok == 0 {
 			if !vacant {
-				s.t.holders.Add(-1)
+				s.give(budgetHolders)
 			}
 			s.ctr.NoToken++
 			s.unqueue(w)
@@ -385,7 +400,7 @@ func (s *shard) unqueue(w *waiter) {
 	} else {
 		w.gen++
 	}
-	s.t.waiters.Add(-1)
+	s.give(budgetWaiters)
 }
 
 // --- operations (s.mu held) ----------------------------------------------
@@ -393,12 +408,12 @@ func (s *shard) unqueue(w *waiter) {
 func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owner uint64, id Ident, c *Conn, out *Out) (Status, uint64) {
 	r, e := s.lookup(now, h, key, out)
 	if e == nil {
-		if !s.room() || !s.t.reserve(&s.t.keys, s.t.maxKeys) {
+		if !s.room() || !s.take(budgetKeys) {
 			return Busy, 0
 		}
 		tok := s.t.tokens.Next()
 		if tok == 0 {
-			s.t.keys.Add(-1)
+			s.give(budgetKeys)
 			s.ctr.NoToken++
 			return Busy, 0
 		}
@@ -411,11 +426,11 @@ func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owne
 	if wait == 0 {
 		return TimedOut, 0
 	}
-	if int64(s.waiters(e)) >= s.t.maxPerKey || !s.t.reserve(&s.t.waiters, s.t.maxWaiters) {
+	if int64(s.waiters(e)) >= s.t.maxPerKey || !s.take(budgetWaiters) {
 		return Busy, 0
 	}
 	if !s.enqueue(r, e, now, wait, lease, owner, 0, id, c) {
-		s.t.waiters.Add(-1)
+		s.give(budgetWaiters)
 		return Busy, 0
 	}
 	return Queued, 0
@@ -427,11 +442,11 @@ func (s *shard) wait(r ref, e *entry, now int64, wait, lease uint8, owner uint64
 	if wait == 0 {
 		return TimedOut, 0
 	}
-	if int64(s.waiters(e)) >= s.t.maxPerKey || !s.t.reserve(&s.t.waiters, s.t.maxWaiters) {
+	if int64(s.waiters(e)) >= s.t.maxPerKey || !s.take(budgetWaiters) {
 		return Busy, 0
 	}
 	if !s.enqueue(r, e, now, wait, lease, owner, limit, id, c) {
-		s.t.waiters.Add(-1)
+		s.give(budgetWaiters)
 		return Busy, 0
 	}
 	return Queued, 0
@@ -442,12 +457,12 @@ func (s *shard) wait(r ref, e *entry, now int64, wait, lease uint8, owner uint64
 func (s *shard) acquireShared(now int64, h uint64, key []byte, wait, lease uint8, owner uint64, limit uint16, id Ident, c *Conn, out *Out) (Status, uint64) {
 	r, e := s.lookup(now, h, key, out)
 	if e == nil {
-		if !s.room() || !s.t.reserve(&s.t.keys, s.t.maxKeys) {
+		if !s.room() || !s.take(budgetKeys) {
 			return Busy, 0
 		}
 		tok := s.t.tokens.Next()
 		if tok == 0 {
-			s.t.keys.Add(-1)
+			s.give(budgetKeys)
 			s.ctr.NoToken++
 			return Busy, 0
 		}
@@ -464,12 +479,12 @@ func (s *shard) acquireShared(now int64, h uint64, key []byte, wait, lease uint8
 				return Mismatch, 0
 			}
 			if q.n == 0 && int(q.nx)+1 < int(limit) {
-				if !s.room() || !s.t.reserve(&s.t.holders, s.t.maxHolders) {
+				if !s.room() || !s.take(budgetHolders) {
 					return Busy, 0
 				}
 				tok := s.t.tokens.Next()
 				if tok == 0 {
-					s.t.holders.Add(-1)
+					s.give(budgetHolders)
 					s.ctr.NoToken++
 					return Busy, 0
 				}
@@ -781,7 +796,7 @@ func (s *shard) serveStale(now int64, out *Out) {
 func (s *shard) restore(h uint64, key []byte, token uint64, deadline int64, id Ident, limit uint16) error {
 	r, e := s.find(h, key)
 	if e == nil {
-		if !s.room() || !s.t.reserve(&s.t.keys, s.t.maxKeys) {
+		if !s.room() || !s.take(budgetKeys) {
 			return ErrFull
 		}
 		r, e = s.newEntry(h, key)
@@ -792,7 +807,7 @@ func (s *shard) restore(h uint64, key []byte, token uint64, deadline int64, id I
 		return nil // already there
 	}
 	if q := s.sharedQueue(e); q != nil && limit == q.limit && int(q.nx)+1 < int(limit) {
-		if !s.room() || !s.t.reserve(&s.t.holders, s.t.maxHolders) {
+		if !s.room() || !s.take(budgetHolders) {
 			return ErrFull
 		}
 		x, xe := s.newHolder(e, token)

@@ -233,7 +233,7 @@ func (s *shard) freeLong(e *entry) {
 // from the index and puts it on the free list.
 func (s *shard) freeEntry(r ref, e *entry, h uint64) {
 	s.idx.remove(h, r)
-	s.t.keys.Add(-1)
+	s.give(budgetKeys)
 	if e.kl == klLong {
 		s.freeLong(e)
 	}

@@ -3,7 +3,6 @@ package shard
 import (
 	"errors"
 	"math"
-	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -14,23 +13,19 @@ import (
 // (the same clock for every call). No method blocks, sleeps, starts a
 // goroutine or does I/O (except Tokens.Next, see there).
 type Table struct {
+	// The bounds MaxKeys, MaxWaiters and MaxHolders (budget.go): each
+	// shard counts what it uses, and takes units from these in batches.
+	// First, so that each budget's counter starts a cache line.
+	budgets [nBudgets]budget
+
 	shards []shard
 	shift  uint // shard of hash h: h >> shift (the top bits; the index uses the low ones)
 	tokens *Tokens
 	sink   func(Record)
 	idents idents // the names of the grants' identities (ident.go)
 
-	maxKeys, maxPerKey, maxWaiters, maxHolders int64
-	maxPerConn, maxWatchesPerConn              int
-
-	_       [64]byte
-	keys    atomic.Int64 // keys held, table-wide
-	_       [56]byte
-	waiters atomic.Int64 // waiters queued, table-wide
-	_       [56]byte
-	holders atomic.Int64 // holder entries of shared keys (holders beyond each key's first), table-wide
-	watches atomic.Int64 // watches registered, table-wide
-	_       [48]byte
+	maxPerKey                     int64
+	maxPerConn, maxWatchesPerConn int
 }
 
 // ErrFull is returned by Restore when MaxKeys (or, for a further holder of
@@ -63,10 +58,7 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		shards:     make([]shard, cfg.Shards),
 		tokens:     tokens,
 		sink:       cfg.Sink,
-		maxKeys:    int64(cfg.MaxKeys),
 		maxPerKey:  int64(cfg.MaxWaitersPerKey),
-		maxWaiters: int64(cfg.MaxWaiters),
-		maxHolders: int64(cfg.MaxHolders),
 		maxPerConn: cfg.MaxWaitersPerConn,
 
 		maxWatchesPerConn: cfg.MaxWatchesPerConn,
@@ -76,6 +68,9 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		bits++
 	}
 	t.shift = 64 - bits
+	t.budgets[budgetKeys].init(int64(cfg.MaxKeys), cfg.Shards)
+	t.budgets[budgetWaiters].init(int64(cfg.MaxWaiters), cfg.Shards)
+	t.budgets[budgetHolders].init(int64(cfg.MaxHolders), cfg.Shards)
 	slots := min(max(wheelBudget/cfg.Shards, minWheelSlots), maxWheelSlots)
 	for i := range t.shards {
 		s := &t.shards[i]
@@ -94,20 +89,6 @@ func (t *Table) Tokens() *Tokens { return t.tokens }
 
 // shardOf returns the shard of a key hash.
 func (t *Table) shardOf(h uint64) *shard { return &t.shards[h>>t.shift] }
-
-// reserve takes one unit of a table-wide capacity counter, or reports false
-// if it is at max.
-func (t *Table) reserve(n *atomic.Int64, max int64) bool {
-	for {
-		v := n.Load()
-		if v >= max {
-			return false
-		}
-		if n.CompareAndSwap(v, v+1) {
-			return true
-		}
-	}
-}
 
 // Acquire applies an acquire request (PROTOCOL.md §4 "A" rows). wait and
 // lease are seconds (lease ≥ 1, checked by the parser). On Granted the token
@@ -361,10 +342,20 @@ type Stats struct {
 	Watches int // watches registered
 }
 
-// Stats returns the table's counts (atomics; no shard lock).
+// Stats returns the table's counts, summed over its shards (each locked
+// in turn: for a metrics scrape, not for the hot path).
 func (t *Table) Stats() Stats {
-	return Stats{Keys: int(t.keys.Load()), Waiters: int(t.waiters.Load()),
-		Holders: int(t.holders.Load()), Watches: int(t.watches.Load())}
+	var st Stats
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		st.Keys += int(s.quota[budgetKeys].used)
+		st.Waiters += int(s.quota[budgetWaiters].used)
+		st.Holders += int(s.quota[budgetHolders].used)
+		st.Watches += s.nwatch
+		s.mu.Unlock()
+	}
+	return st
 }
 
 // Counters are totals since the table was made, summed over its shards.

@@ -1,7 +1,9 @@
 package shard
 
 import (
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -122,6 +124,47 @@ func TestTokensObserve(t *testing.T) {
 	tk.Extend(300)
 	if got := tk.Next(); got != 201 {
 		t.Fatalf("Next after Extend = %d, want 201", got)
+	}
+}
+
+// TestTokensObserveRefused: an Observe of the very value that a refused
+// Next took above the limit, and is about to give back, still holds: the
+// sequence never goes below an observed token (a give-back after the
+// Observe would let the next Extend hand that token out a second time).
+// Refusals race the Observe over many trials; the trials stop after 2 s.
+func TestTokensObserveRefused(t *testing.T) {
+	const lim = 10
+	deadline := time.Now().Add(2 * time.Second)
+	for trial := 0; trial < 3000 && time.Now().Before(deadline); trial++ {
+		tk := NewTokens(lim, lim) // every Next is refused
+		var stop atomic.Bool
+		var refused atomic.Int64
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for !stop.Load() {
+				tk.dry.Store(false) // refuse by taking a value, each time
+				if v := tk.Next(); v != 0 {
+					t.Errorf("Next at the limit = %d", v)
+					return
+				}
+				refused.Add(1)
+			}
+		})
+		// Observe while the refusals run: now and then between a take and
+		// its give-back.
+		for refused.Load() < int64(trial%8) {
+			runtime.Gosched()
+		}
+		tk.Observe(lim + 1)
+		stop.Store(true)
+		wg.Wait()
+		if got := tk.Last(); got < lim+1 {
+			t.Fatalf("trial %d: Last = %d after Observe(%d)", trial, got, lim+1)
+		}
+		tk.Extend(lim + 10)
+		if got := tk.Next(); got <= lim+1 {
+			t.Fatalf("trial %d: Next after Observe(%d) = %d", trial, lim+1, got)
+		}
 	}
 }
 

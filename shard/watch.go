@@ -117,7 +117,6 @@ func (s *shard) watch(x ref, xe *entry, c *Conn) bool {
 	}
 	s.nwatch++
 	s.hooks++
-	s.t.watches.Add(1)
 	return true
 }
 
@@ -184,7 +183,6 @@ func (s *shard) forget(w *waiter) {
 	}
 	s.nwatch--
 	s.hooks--
-	s.t.watches.Add(-1)
 	s.freeWaiter(w)
 }
 

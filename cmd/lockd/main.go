@@ -99,7 +99,7 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	fs.IntVar(&cfg.MaxConns, "max-conns", cfg.MaxConns, "open client connections; more are closed at once")
 	fs.IntVar(&cfg.MaxOutbound, "max-outbound", cfg.MaxOutbound, "bytes of answers buffered for a connection that does not read before it is closed")
 	fs.DurationVar(&cfg.Drain, "drain", cfg.Drain, "on shutdown, how long connections stay open answering E 4 before they close (≤ 4s)")
-	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "event loops, 1..1024; one per core unless set")
+	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "event loops, 1..1024; one per processor unless set (one on a machine of two or fewer)")
 	fs.Uint64Var(&cfg.TokenBlock, "token-block", cfg.TokenBlock, "tokens reserved in the data dir per disk write; up to two blocks are reserved ahead")
 	fs.StringVar(&opt.cluster, "cluster", "", "cluster mode: priority or raft (PROTOCOL.md §6); empty: a single node")
 	peers := fs.String("peers", "", "every member's client address, comma-separated, the same on every member (priority: first = highest priority)")
