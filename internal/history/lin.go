@@ -173,7 +173,7 @@ func stepLock(st lockState, in LockInput, out LockOutput) []any {
 func LockOperations(h History) (keys []string, parts [][]porcupine.Operation) {
 	byKey := map[string][]porcupine.Operation{}
 	for _, o := range h.Ops {
-		if o.Kind == Write {
+		if o.Kind == Write || o.Kind == Leave {
 			continue
 		}
 		notHeld := o.Outcome == Fail && o.Detail == DetailNotHeld
