@@ -122,9 +122,17 @@ func TestChaosShort(t *testing.T) {
 					t.Error("no lock was granted")
 				}
 				// Issue 18 added three: frozen-answers, handover-answers
-				// and large-state.
-				if len(rep.Checkers) != 10 {
-					t.Errorf("%d checkers ran, want 10", len(rep.Checkers))
+				// and large-state; the semaphore workload two.
+				if len(rep.Checkers) != 12 {
+					t.Errorf("%d checkers ran, want 12", len(rep.Checkers))
+				}
+				// The semaphore workers took permits, and filled a key.
+				for _, c := range rep.Checkers {
+					if strings.HasPrefix(c.Name, "semaphore-") && c.Name != "semaphore-fenced" &&
+						(c.Figures["grants"] == 0 || c.Figures["most_holders_at_once"] < float64(cfg.SemLimit)) {
+						t.Errorf("%s: %v grants, at most %v holders at once; want some, and the limit %d reached",
+							c.Name, c.Figures["grants"], c.Figures["most_holders_at_once"], cfg.SemLimit)
+					}
 				}
 			})
 		}
@@ -155,6 +163,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"-mode", "raft", "-seed", "-1"}, "-seed"},
 		{[]string{"-mode", "raft", "-workers", "0"}, "-workers"},
 		{[]string{"-mode", "raft", "-keys", "0"}, "-keys"},
+		{[]string{"-mode", "raft", "-sem-workers", "-1"}, "-sem-workers"},
+		{[]string{"-mode", "raft", "-sem-keys", "0"}, "-sem-keys"},
+		{[]string{"-mode", "raft", "-sem-limit", "0"}, "-sem-limit"},
 		{[]string{"-mode", "raft", "-lease", "1500ms"}, "-lease"},
 		{[]string{"-mode", "raft", "-failover-timeout", "10ms"}, "-failover-timeout"},
 		{[]string{"-mode", "raft", "-faults", "kill,flood"}, "-faults"},
@@ -183,6 +194,7 @@ func TestCommandReruns(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Mode, cfg.Seed, cfg.Duration = "priority", 77, 10*time.Minute
 	cfg.Workers, cfg.Lease, cfg.Faults, cfg.Interval = 9, 5*time.Second, []string{"stop", "partition"}, 700*time.Millisecond
+	cfg.SemWorkers, cfg.SemKeys, cfg.SemLimit = 0, 3, 5
 	cfg.Secure = true
 	cfg.BigLocks, cfg.BigFailover = 200_000, 250*time.Millisecond
 	args := strings.Fields(cfg.Command())

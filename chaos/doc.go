@@ -21,6 +21,14 @@
 //     the lease on purpose and writing late (a paused holder), and
 //     releasing; every call recorded with its outcome, indeterminate ones
 //     included.
+//   - The semaphore workload (semaphore.go): -sem-workers more workers
+//     (default 4) beside those, taking permits of -sem-keys keys, each a
+//     semaphore of -sem-limit permits (AcquireShared), and holding them as
+//     the others hold their locks, but writing through a counted fence
+//     (at most N tokens of a key admitted at once, the newest kept; see
+//     history.CountedRule), and telling it when they are done, before
+//     the release. Its checkers: semaphore-fenced and semaphore-exclusion
+//     (raft) or semaphore-overlap (priority, measured).
 //   - Client locations: worker i sits beside member i mod 3 and reaches
 //     every member through a fault proxy of its location, so that a
 //     partition cuts clients off from the members of the other side, as

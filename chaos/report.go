@@ -153,7 +153,7 @@ func (rep *Report) Text() string {
 	}
 	fmt.Fprintf(&b, "faults injected: %d (%s)\n", rep.FaultsTotal, countList(rep.Faults))
 	fmt.Fprintf(&b, "operations:\n")
-	for _, kind := range []string{"acquire", "renew", "release", "write"} {
+	for _, kind := range []string{"acquire", "renew", "release", "write", "leave"} {
 		outs := rep.Operations[kind]
 		if len(outs) == 0 {
 			continue

@@ -212,7 +212,9 @@ func (r *runner) run(ctx context.Context) {
 	stopWorkers := make(chan struct{})
 	var workers sync.WaitGroup
 	var clients []*client.Client
-	for i := range r.cfg.Workers {
+	// Workers 0..Workers-1 take the mutex keys; the next SemWorkers take
+	// permits of the semaphore keys.
+	for i := range r.cfg.Workers + r.cfg.SemWorkers {
 		cl, err := wl.newClient(i % len(r.prox))
 		if err != nil {
 			r.fail("worker %d: client: %v", i, err)
@@ -220,7 +222,11 @@ func (r *runner) run(ctx context.Context) {
 		}
 		clients = append(clients, cl)
 		k := &worker{w: wl, id: i, cl: cl, rng: rand.New(rand.NewPCG(r.cfg.Seed, uint64(i)))}
-		workers.Go(func() { k.run(stopWorkers) })
+		if i < r.cfg.Workers {
+			workers.Go(func() { k.run(stopWorkers, wl.keys, 0) })
+		} else {
+			workers.Go(func() { k.run(stopWorkers, wl.sem, r.cfg.SemLimit) })
+		}
 	}
 	stopWatch := make(chan struct{})
 	var watcher sync.WaitGroup
@@ -326,25 +332,34 @@ func splitWindows(h history.History, failover time.Duration) []history.Window {
 	return out
 }
 
-// checkHistory runs the checkers that need only the history: fenced
-// safety, tokens (priority: split windows excused), linearizability and
-// mutual exclusion (raft), or the unfenced overlap (priority).
+// checkHistory runs the checkers that need only the history: on the
+// mutex keys fenced safety, linearizability and mutual exclusion (raft),
+// or the unfenced overlap (priority); tokens over every grant (priority:
+// split windows excused); on the semaphore keys the counted fence and the
+// holders beyond the limit (raft: asserted; priority: measured, and the
+// fence's evictions too).
 func checkHistory(h history.History, cfg Config, visualizeDir string) []history.Result {
-	out := []history.Result{history.CheckFenced(h)}
+	shared := history.SharedKeys(h)
+	mutex := h.Select(func(k string) bool { return !shared[k] })
+	sem := h.Select(func(k string) bool { return shared[k] })
+	consensus := cfg.Mode == api.ModeRaft
+	out := []history.Result{history.CheckFenced(mutex)}
 	var windows []history.Window
 	if cfg.Mode == api.ModePriority {
 		windows = splitWindows(h, cfg.FailoverTimeout)
 	}
 	out = append(out, history.CheckTokens(h, windows))
-	if cfg.Mode == api.ModeRaft {
-		return append(out,
-			history.CheckLinearizable(h, history.LinOptions{Timeout: cfg.CheckTimeout, Dir: visualizeDir}),
-			history.CheckOverlap(h, true))
+	if consensus {
+		out = append(out,
+			history.CheckLinearizable(mutex, history.LinOptions{Timeout: cfg.CheckTimeout, Dir: visualizeDir}),
+			history.CheckOverlap(mutex, true))
+	} else {
+		out = append(out,
+			history.Result{Name: "linearizability", Verdict: history.Skipped,
+				Summary: "priority mode is not linearizable by design: a crash or a split brain can lose grants (docs/PROTOCOL.md §6.3); see unfenced-overlap"},
+			history.CheckOverlap(mutex, false))
 	}
-	return append(out,
-		history.Result{Name: "linearizability", Verdict: history.Skipped,
-			Summary: "priority mode is not linearizable by design: a crash or a split brain can lose grants (docs/PROTOCOL.md §6.3); see unfenced-overlap"},
-		history.CheckOverlap(h, false))
+	return append(out, history.CheckCountedFenced(sem, consensus), history.CheckCountedOverlap(sem, consensus))
 }
 
 // liveness checks, after the final heal, that every member agrees on one
@@ -380,22 +395,33 @@ func (r *runner) liveness(res *resource, healed time.Duration) history.Result {
 	if err != nil {
 		bad("client: %v", err)
 	} else {
-		k := &worker{w: wl, id: r.cfg.Workers, cl: cl}
+		k := &worker{w: wl, id: r.cfg.Workers + r.cfg.SemWorkers, cl: cl}
 		wait := min(r.cfg.Lease+2*r.cfg.FailoverTimeout+5*time.Second, 255*time.Second)
 		acquired := 0
-		for _, key := range wl.keys {
-			g, l := k.acquire(key, wait)
+		final := func(key string, limit int) {
+			g, l := k.acquire(key, wait, limit)
 			if l.Token == 0 {
 				o := r.rec.History().Ops[g]
 				bad("final acquire of %q: %s", key, o.Detail)
-				continue
+				return
 			}
 			acquired++
-			if !res.write(k.id, g, key, l.Token, false) {
+			if !k.put(g, l, limit, false) {
 				bad("final write to %q under token %d rejected as stale", key, l.Token)
+			}
+			if limit > 0 {
+				res.leave(k.id, g, key, l.Token)
 			}
 			if out := k.release(g, l); out != history.OK {
 				bad("final release of %q: %s", key, r.rec.History().Ops[len(r.rec.History().Ops)-1].Detail)
+			}
+		}
+		for _, key := range wl.keys {
+			final(key, 0)
+		}
+		if r.cfg.SemWorkers > 0 {
+			for _, key := range wl.sem {
+				final(key, r.cfg.SemLimit)
 			}
 		}
 		cl.Close()
@@ -435,8 +461,12 @@ func (r *runner) liveness(res *resource, healed time.Duration) history.Result {
 	} else {
 		lr.Verdict = history.Pass
 	}
+	keys := r.cfg.Keys
+	if r.cfg.SemWorkers > 0 {
+		keys += r.cfg.SemKeys
+	}
 	lr.Summary = fmt.Sprintf("one active/leader agreed %v after the final heal; %d/%d keys acquired, written and released",
-		took.Round(time.Millisecond), int(lr.Figures["final_acquires"]), r.cfg.Keys)
+		took.Round(time.Millisecond), int(lr.Figures["final_acquires"]), keys)
 	return lr
 }
 
