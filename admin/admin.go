@@ -159,10 +159,11 @@ func status(srv *engine.Server, version string) api.Status {
 		Mode:       node.Mode,
 		Active:     node.Active,
 		Leader:     leader(node),
-		Epoch:      node.Epoch,
+		Epoch:      epoch(node),
 		InSync:     node.InSync,
-		LagSeconds: node.LagSeconds,
-		Members:    members(node.Members),
+		LagSeconds: priorityPart(node).LagSeconds,
+		Members:    node.Members,
+		Priority:   priorityStatus(node),
 		Raft:       raftStatus(node),
 	}
 }
@@ -176,27 +177,51 @@ func leader(n repl.Status) string {
 	return n.Active
 }
 
-func raftStatus(n repl.Status) *api.RaftStatus {
-	if n.Mode != api.ModeRaft {
-		return nil
+// epoch is the document's and lockd_cluster_epoch's "epoch": a priority
+// member's epoch, or a raft member's term, 0 on a single node. The two
+// counters are apart in "priority" and "raft"; "epoch" keeps serving both,
+// as it did before they were, for the programs and dashboards that read
+// it.
+func epoch(n repl.Status) uint64 {
+	switch {
+	case n.Priority != nil:
+		return n.Priority.Epoch
+	case n.Raft != nil:
+		return n.Raft.Term
 	}
-	r := &api.RaftStatus{Term: n.Epoch, CommitIndex: n.CommitIndex, AppliedIndex: n.AppliedIndex, Entries: n.Entries,
-		CommitP50Seconds: n.CommitP50, CommitP99Seconds: n.CommitP99, Snapshots: n.Snapshots,
-		LastSnapshotBytes: n.SnapshotBytes, Elections: n.Elections, Rebuilds: n.Rebuilds,
-		Configuration: n.Configuration}
-	if n.Entries > 0 {
-		r.RecordsPerEntry = float64(n.EntryRecords) / float64(n.Entries)
-	}
-	return r
+	return 0
 }
 
-func members(ms []repl.Member) []api.Member {
-	var out []api.Member
-	for _, m := range ms {
-		out = append(out, api.Member{Addr: m.Addr, Role: m.Role, Live: m.Live, Unobserved: m.Unobserved, InSync: m.InSync,
-			LagSeconds: m.LagSeconds, LagRecords: m.LagRecords, LagBytes: m.LagBytes})
+// priorityPart is a priority member's figures, zero in the other modes.
+func priorityPart(n repl.Status) repl.PriorityStatus {
+	if n.Priority == nil {
+		return repl.PriorityStatus{}
 	}
-	return out
+	return *n.Priority
+}
+
+func priorityStatus(n repl.Status) *api.PriorityStatus {
+	p := n.Priority
+	if p == nil {
+		return nil
+	}
+	return &api.PriorityStatus{Epoch: p.Epoch, Failovers: p.Failovers, Handovers: p.Handovers, Demotions: p.Demotions,
+		SnapshotsSent: p.SnapshotsSent, SnapshotsReceived: p.SnapshotsReceived}
+}
+
+func raftStatus(n repl.Status) *api.RaftStatus {
+	rs := n.Raft
+	if rs == nil {
+		return nil
+	}
+	r := &api.RaftStatus{Term: rs.Term, CommitIndex: rs.CommitIndex, AppliedIndex: rs.AppliedIndex, Entries: rs.Entries,
+		CommitP50Seconds: rs.CommitP50, CommitP99Seconds: rs.CommitP99, Snapshots: rs.Snapshots,
+		LastSnapshotBytes: rs.SnapshotBytes, Elections: rs.Elections, Rebuilds: rs.Rebuilds,
+		Configuration: rs.Configuration}
+	if rs.Entries > 0 {
+		r.RecordsPerEntry = float64(rs.EntryRecords) / float64(rs.Entries)
+	}
+	return r
 }
 
 // keyState is /keys/{key}: every holder and every waiter of the key in

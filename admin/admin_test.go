@@ -25,6 +25,7 @@ import (
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
 	"github.com/lockd-dev/lockd/internal/testcerts"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -494,7 +495,7 @@ func TestTLSMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tc.Close()
-	lockdtest.WaitFor(t, "both handshakes counted", func() bool {
+	wait.For(t, "both handshakes counted", func() bool {
 		m := f.srv.Metrics()
 		return m.TLSHandshakes == 1 && m.TLSHandshakeFailures == 1
 	})

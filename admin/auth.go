@@ -13,6 +13,7 @@ import (
 	"github.com/lockd-dev/lockd/acl"
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/ratelog"
 )
 
 // OpenPaths answer anyone, with or without --acl (PROTOCOL.md §8.5: the
@@ -26,10 +27,9 @@ const realm = `Basic realm="lockd admin", charset="UTF-8"`
 
 // authStats counts the admin endpoint's refusals, by status.
 type authStats struct {
-	unauthorized atomic.Uint64 // 401: no or invalid credentials
-	forbidden    atomic.Uint64 // 403: a client identity, or a monitor asking for a change
-	lastLog      atomic.Int64  // unix ns of the last log line
-	notLogged    atomic.Int64  // refusals since, not logged
+	unauthorized atomic.Uint64  // 401: no or invalid credentials
+	forbidden    atomic.Uint64  // 403: a client identity, or a monitor asking for a change
+	logs         ratelog.Shared // refusals: a line a second
 }
 
 // identityKey carries the authenticated identity in a request's context.
@@ -88,17 +88,15 @@ func authorize(srv *engine.Server, st *authStats, next http.Handler) http.Handle
 // log logs a refusal, one line a second at most; never the password, and
 // the user only when it is an identity of the file.
 func (st *authStats) log(l *slog.Logger, r *http.Request, msg, identity string) {
-	now := time.Now().UnixNano()
-	last := st.lastLog.Load()
-	if now-last < int64(time.Second) || !st.lastLog.CompareAndSwap(last, now) {
-		st.notLogged.Add(1)
+	held, ok := st.logs.Allow(time.Now().UnixNano())
+	if !ok {
 		return
 	}
 	if identity == "" {
 		identity = "(none or unknown)"
 	}
 	l.Warn(msg, "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path, "identity", identity,
-		"not_logged_since_last", st.notLogged.Swap(0))
+		"not_logged_since_last", held)
 }
 
 // release serves DELETE /keys/{key...}[?token=T]: an operator frees a

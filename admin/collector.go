@@ -184,7 +184,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if node.Mode != api.ModeSingle {
 		c.collectCluster(ch, node)
 	}
-	if node.Mode == api.ModeRaft {
+	if node.Raft != nil {
 		c.collectRaft(ch, node)
 	}
 }
@@ -225,18 +225,19 @@ func emitters(ch chan<- prometheus.Metric) (counter func(*prometheus.Desc, uint6
 // collectCluster adds a cluster member's metrics.
 func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status) {
 	counter, gauge := emitters(ch)
-	gauge(c.epoch, float64(node.Epoch))
-	counter(c.failovers, node.Failovers)
-	counter(c.handovers, node.Handovers)
-	counter(c.demotions, node.Demotions)
-	counter(c.snapshots, node.SnapshotsSent, "sent")
-	counter(c.snapshots, node.SnapshotsReceived, "received")
-	counter(c.batches, node.Batches)
-	counter(c.records, node.Records)
-	counter(c.cancelled, node.Cancelled)
-	counter(c.rawBytes, node.RawBytes)
-	counter(c.wireBytes, node.WireBytes)
-	gauge(c.lagSecs, node.LagSeconds, "self")
+	gauge(c.epoch, float64(epoch(node)))
+	p := priorityPart(node) // zero in raft mode: the series are there in both modes
+	counter(c.failovers, p.Failovers)
+	counter(c.handovers, p.Handovers)
+	counter(c.demotions, p.Demotions)
+	counter(c.snapshots, p.SnapshotsSent, "sent")
+	counter(c.snapshots, p.SnapshotsReceived, "received")
+	counter(c.batches, p.Batches)
+	counter(c.records, p.Records)
+	counter(c.cancelled, p.Cancelled)
+	counter(c.rawBytes, p.RawBytes)
+	counter(c.wireBytes, p.WireBytes)
+	gauge(c.lagSecs, p.LagSeconds, "self")
 	for _, r := range node.MemberRefused {
 		counter(c.memberRefused, r.N, r.Reason)
 	}
@@ -256,25 +257,26 @@ func (c *collector) collectCluster(ch chan<- prometheus.Metric, node repl.Status
 // collectRaft adds a raft member's metrics.
 func (c *collector) collectRaft(ch chan<- prometheus.Metric, node repl.Status) {
 	counter, gauge := emitters(ch)
-	gauge(c.raftTerm, float64(node.Epoch))
-	gauge(c.raftCommit, float64(node.CommitIndex))
-	gauge(c.raftApplied, float64(node.AppliedIndex))
-	counter(c.raftEntries, node.Entries)
-	counter(c.raftEntryRecords, node.EntryRecords)
+	rs := node.Raft
+	gauge(c.raftTerm, float64(rs.Term))
+	gauge(c.raftCommit, float64(rs.CommitIndex))
+	gauge(c.raftApplied, float64(rs.AppliedIndex))
+	counter(c.raftEntries, rs.Entries)
+	counter(c.raftEntryRecords, rs.EntryRecords)
 	buckets := make(map[float64]uint64, len(repl.CommitBuckets))
 	var cum uint64
 	for i, ub := range repl.CommitBuckets {
-		cum += node.CommitCounts[i]
+		cum += rs.CommitCounts[i]
 		buckets[ub] = cum
 	}
-	cum += node.CommitCounts[len(repl.CommitBuckets)]
-	ch <- prometheus.MustNewConstHistogram(c.raftCommitLatency, cum, node.CommitSum, buckets)
-	counter(c.raftSnapshots, node.Snapshots)
-	gauge(c.raftSnapshotBytes, float64(node.SnapshotBytes))
-	counter(c.raftElections, node.Elections)
-	counter(c.raftRebuilds, node.Rebuilds)
+	cum += rs.CommitCounts[len(repl.CommitBuckets)]
+	ch <- prometheus.MustNewConstHistogram(c.raftCommitLatency, cum, rs.CommitSum, buckets)
+	counter(c.raftSnapshots, rs.Snapshots)
+	gauge(c.raftSnapshotBytes, float64(rs.SnapshotBytes))
+	counter(c.raftElections, rs.Elections)
+	counter(c.raftRebuilds, rs.Rebuilds)
 	var voters, nonvoters float64
-	for _, m := range node.Configuration {
+	for _, m := range rs.Configuration {
 		if m.Voter {
 			voters++
 		} else {

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/lockd-dev/lockd/api"
-	"github.com/lockd-dev/lockd/internal/lockdtest"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -27,11 +27,11 @@ func TestKeysShared(t *testing.T) {
 	if _, err := b.conn.Write(proto.AppendAcquire(nil, 10, 30, 3, "orders/s")); err != nil {
 		t.Fatal(err)
 	}
-	lockdtest.WaitFor(t, "the writer to queue", func() bool { return f.srv.Table().Lookup([]byte("orders/s")).Waiters == 1 })
+	wait.For(t, "the writer to queue", func() bool { return f.srv.Table().Lookup([]byte("orders/s")).Waiters == 1 })
 	if _, err := f.conn.Write(proto.AppendShared(nil, 5, 15, 4, 3, "orders/s")); err != nil {
 		t.Fatal(err)
 	}
-	lockdtest.WaitFor(t, "the reader to queue", func() bool { return f.srv.Table().Lookup([]byte("orders/s")).Waiters == 2 })
+	wait.For(t, "the reader to queue", func() bool { return f.srv.Table().Lookup([]byte("orders/s")).Waiters == 2 })
 	// A monitor of no keys may not watch these; an admin may (watcher
 	// logs in as ops on a connection of its own).
 	if r := watcher.doOn(proto.AppendWatch(nil, h1.Token, "orders/s")); r.Op != proto.OpError || r.Code != proto.CodePermissionDenied {

@@ -36,6 +36,7 @@ func TestWireNames(t *testing.T) {
 		Mode: api.ModePriority, Active: "127.0.0.1:7080", Leader: "127.0.0.1:7080", Epoch: 7, InSync: true, LagSeconds: 0.001,
 		Members: []api.Member{{Addr: "127.0.0.1:7080", Role: api.RoleActive, Live: true, Unobserved: true, InSync: true, LagSeconds: 0.002,
 			LagRecords: 6, LagBytes: 7}},
+		Priority: &api.PriorityStatus{Epoch: 7, Failovers: 19, Handovers: 20, Demotions: 21, SnapshotsSent: 22, SnapshotsReceived: 23},
 		Raft: &api.RaftStatus{Term: 8, CommitIndex: 9, AppliedIndex: 10, Entries: 11, RecordsPerEntry: 1.5,
 			CommitP50Seconds: 0.0003, CommitP99Seconds: 0.004, Snapshots: 12, LastSnapshotBytes: 13, Elections: 14, Rebuilds: 15}}
 	live := true

@@ -13,7 +13,7 @@ const (
 
 // Status is the document of GET /status: one node's account of itself. A
 // single node fills the first block; a cluster member adds the second, and
-// a raft member the third.
+// its mode's part: Priority or Raft.
 type Status struct {
 	Version       string  `json:"version"`        // lockd's build version
 	Role          string  `json:"role"`           // a Role* name; RoleActive on a single node
@@ -38,7 +38,10 @@ type Status struct {
 	Mode   string `json:"mode"`             // a Mode* name
 	Active string `json:"active"`           // the active's (raft: the leader's) client address, "" if none is known
 	Leader string `json:"leader,omitempty"` // raft: Active by its raft name, the leader's client address
-	Epoch  uint64 `json:"epoch"`            // priority: the active's epoch; raft: the term
+	// Epoch is Priority.Epoch on a priority member, Raft.Term on a raft
+	// member: two different counters, kept under this one name because
+	// programs and dashboards read it from before they were apart.
+	Epoch uint64 `json:"epoch"`
 	// InSync: a priority standby in sync with its active (it applied a
 	// snapshot and the stream after it); a raft member that knows its
 	// leader.
@@ -46,7 +49,20 @@ type Status struct {
 	LagSeconds float64  `json:"lag_seconds"`       // a standby's lag, as its active last measured it
 	Members    []Member `json:"members,omitempty"` // the other members, in --peers order
 
-	Raft *RaftStatus `json:"raft,omitempty"` // a raft member's log; nil otherwise
+	Priority *PriorityStatus `json:"priority,omitempty"` // a priority member's epoch and role changes; nil otherwise
+	Raft     *RaftStatus     `json:"raft,omitempty"`     // a raft member's log; nil otherwise
+}
+
+// PriorityStatus is a priority member's epoch and the role changes it
+// took part in (lockd_cluster_failovers_total and the other counters have them
+// too).
+type PriorityStatus struct {
+	Epoch             uint64 `json:"epoch"`              // the epoch of the active it serves as or follows
+	Failovers         uint64 `json:"failovers"`          // promotions of this member after the active went silent
+	Handovers         uint64 `json:"handovers"`          // planned handovers it took part in
+	Demotions         uint64 `json:"demotions"`          // times it stepped down for a later active
+	SnapshotsSent     uint64 `json:"snapshots_sent"`     // table snapshots it sent to standbys
+	SnapshotsReceived uint64 `json:"snapshots_received"` // table snapshots it applied from an active
 }
 
 // Limits are the server's configured limits: its flags of the same names.

@@ -24,7 +24,11 @@ import (
 // nothing of the server, nor anything outside the standard library and
 // lockd's library modules: a test's import is recorded in client/go.mod,
 // and every program that imports the client would inherit it (a consumer's
-// `go mod tidy` loads the tests of the packages it imports).
+// `go mod tidy` loads the tests of the packages it imports). So the
+// building and starting of lockd below, and waitFor, are this module's own
+// copies of the root module's one helper for each (internal/clustertest's
+// Build and Proc, internal/wait's For), which every test of the root
+// module uses: keep them in step.
 
 // lockdPackage is what lockdBinary builds.
 const lockdPackage = "github.com/lockd-dev/lockd/cmd/lockd"
@@ -291,7 +295,8 @@ func (p *lockdProc) lookup(t testing.TB, key string) keyState {
 }
 
 // waitFor polls cond every 2 ms until it holds, failing t after 5 s with
-// what (the condition awaited).
+// what (the condition awaited): the client module's copy of the root
+// module's internal/wait.For (see the comment at the top of this file).
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)

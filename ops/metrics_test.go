@@ -1,7 +1,6 @@
 package ops_test
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
@@ -10,14 +9,11 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,85 +28,32 @@ import (
 	"github.com/lockd-dev/lockd/proto"
 )
 
-// process is a lockd started by these tests (not through clustertest:
-// a single node with TLS, which the harness does not speak).
+// process is a single lockd started by these tests with a command line of
+// their own (a node with TLS, an environment file), and its addresses.
 type process struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	mu    sync.Mutex
-	log   strings.Builder
-	addr  string
-	admin string
-	done  chan struct{}
+	*clustertest.Proc
+	t           *testing.T
+	addr, admin string // client address; admin endpoint ("host:port")
 }
-
-var (
-	readyRE = regexp.MustCompile(`msg=ready addr=(\S+)`)
-	adminRE = regexp.MustCompile(`msg="admin endpoint" addr=(\S+)`)
-)
 
 // startLockd runs lockdBin with env added and args, and returns once it
 // logs ready.
 func startLockd(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
-	p := &process{t: t, cmd: exec.Command(lockdBin, args...), done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Env = append(p.cmd.Env, "LOCKD_LOG_FORMAT=text")
-	stderr, err := p.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.log.WriteString(line + "\n")
-			if m := adminRE.FindStringSubmatch(line); m != nil {
-				p.admin = m[1]
-			}
-			p.mu.Unlock()
-			if m := readyRE.FindStringSubmatch(line); m != nil {
-				ready <- m[1]
-			}
-		}
-		_ = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	})
-	select {
-	case p.addr = <-ready:
-	case <-p.done:
-		t.Fatalf("lockd exited before ready:\n%s", p.logs())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("lockd not ready in 30 s:\n%s", p.logs())
-	}
-	return p
+	p := clustertest.StartProc(t, clustertest.ProcOptions{Binary: lockdBin, Args: args, Env: env})
+	return &process{Proc: p, t: t, addr: p.Addr(), admin: p.AdminAddr()}
 }
 
-func (p *process) logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
+func (p *process) logs() string { return p.Logs() }
 
 // term sends SIGTERM and returns the exit code.
 func (p *process) term() int {
 	p.t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		p.t.Fatalf("lockd did not exit 20 s after SIGTERM:\n%s", p.logs())
+	code, err := p.Term()
+	if err != nil {
+		p.t.Fatalf("lockd on SIGTERM: %v\n%s", err, p.logs())
 	}
-	return p.cmd.ProcessState.ExitCode()
+	return code
 }
 
 // exported is the set of metric names a scrape exposes, with a histogram's
@@ -263,9 +206,7 @@ func TestDashboardAndRulesNameExportedMetrics(t *testing.T) {
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}}
 		defer tr.CloseIdleConnections()
 		hc := &http.Client{Timeout: 5 * time.Second, Transport: basic{"prom", "prom-secret", tr}}
-		p.mu.Lock()
 		url := "https://" + p.admin
-		p.mu.Unlock()
 		// A TLS handshake and a refused hello, so the counters move.
 		if c, err := tls.Dial("tcp", p.addr, &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}); err == nil {
 			_, _ = c.Write(proto.AppendHello(nil, 1, "nobody", "wrong"))

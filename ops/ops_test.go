@@ -16,40 +16,35 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
 )
 
-// lockdBin is cmd/lockd, built once for every test (without -race: these
-// tests look at what an operator runs).
+// lockdBin is cmd/lockd, built once for every test (clustertest.Build,
+// without -race unless LOCKD_RACE says otherwise: these tests look at what
+// an operator runs).
 var lockdBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "lockd-ops-")
+	if os.Getenv("LOCKD_RACE") == "" {
+		os.Setenv("LOCKD_RACE", "0")
+	}
+	bin, err := clustertest.Build()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	lockdBin = filepath.Join(dir, "lockd")
-	build := exec.Command("go", "build", "-o", lockdBin, "../cmd/lockd")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building lockd:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	goleak.VerifyTestMain(cleanup{m, dir}, append(lockdtest.LeakOptions, // engine is linked for ShutdownGrace
+	lockdBin = bin
+	goleak.VerifyTestMain(cleanup{m}, append(lockdtest.LeakOptions, // engine is linked for ShutdownGrace
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"), // idle keep-alive conns of the HTTP clients
 	)...)
 }
 
-// cleanup removes the build directory after the tests.
-type cleanup struct {
-	m   *testing.M
-	dir string
-}
+// cleanup removes the binary after the tests.
+type cleanup struct{ m *testing.M }
 
 func (c cleanup) Run() int {
-	defer os.RemoveAll(c.dir)
+	defer clustertest.RemoveBuild()
 	return c.m.Run()
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -92,7 +93,7 @@ func TestReserverFailureAndRecovery(t *testing.T) {
 	if d := time.Since(begin); d > time.Second {
 		t.Fatalf("acquire beyond the range took %v: it waited", d)
 	}
-	repltest.WaitFor(t, "health to report the failure", func() bool { return r.Health() != nil })
+	wait.For(t, "health to report the failure", func() bool { return r.Health() != nil })
 	if !errors.Is(r.Health(), errDisk) {
 		t.Fatalf("health = %v, want it to wrap the disk error", r.Health())
 	}
@@ -108,7 +109,7 @@ func TestReserverFailureAndRecovery(t *testing.T) {
 		t.Fatalf("%d reservation attempts in ~300 ms: want a few (back-off)", c)
 	}
 	fail.Store(false)
-	repltest.WaitFor(t, "the reservation to succeed", func() bool { return r.Health() == nil && tokens.Limit() > 104 })
+	wait.For(t, "the reservation to succeed", func() bool { return r.Health() == nil && tokens.Limit() > 104 })
 	if st, tok := tab.Acquire(0, []byte("after"), 0, 5, 0, nil, &out); st != shard.Granted || tok != 105 {
 		t.Fatalf("acquire after recovery: %v %d, want granted 105", st, tok)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/ratelog"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -48,7 +49,7 @@ func (r *Reserver) run() {
 		}
 		limit := max(r.tokens.Limit(), r.tokens.Last()) + 2*r.block
 		backoff := 10 * time.Millisecond
-		var lastLog time.Time
+		logs := ratelog.Limiter{Every: 10 * time.Second} // a line per 10 s of failures
 		for {
 			err := r.reserve(limit)
 			if err == nil {
@@ -59,8 +60,7 @@ func (r *Reserver) run() {
 			r.errs++
 			n := r.errs
 			r.mu.Unlock()
-			if time.Since(lastLog) >= 10*time.Second {
-				lastLog = time.Now()
+			if _, ok := logs.Allow(time.Now().UnixNano()); ok {
 				r.log.Error("reserving tokens failed: acquires that need a new token get B once the reserved range is used up; retrying",
 					"err", err, "failures", n, "last_token", r.tokens.Last(), "reserved", r.tokens.Limit())
 			}

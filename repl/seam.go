@@ -195,13 +195,19 @@ func (g *Gate) Effective(now int64) GateState {
 	return g.State
 }
 
-// Status describes a node.
+// Status describes a node: what every mode has, then the part of its mode
+// (nil in the others), so that no field means one thing in one mode and
+// another in the other.
 type Status struct {
 	Mode   string // "single", "priority" or "raft"
 	Role   string // "active" (single node, priority active), "standby", "leader", "follower", "candidate"
 	Self   string // this node's client address
 	Active string // the active's or leader's client address, "" if none is known
-	Epoch  uint64 // priority: the active's epoch; raft: the term
+	// InSync: the member follows a known active or leader closely enough
+	// to answer for it (readiness): a priority standby that applied a
+	// snapshot and the stream after it, a raft member that knows its
+	// leader.
+	InSync bool
 
 	TokenReserved uint64 // the reservation mark: no token above it is handed out
 	ReserveErrors uint64 // failed reservation attempts since start
@@ -214,8 +220,13 @@ type Status struct {
 	// (empty for a single node).
 	MemberRefused []Refusal
 
-	// Cluster counters (priority mode).
-	InSync            bool    // a standby in sync with its active
+	Priority *PriorityStatus // a priority member's figures; nil exactly in the other modes
+	Raft     *RaftStatus     // a raft member's figures; nil exactly in the other modes
+}
+
+// PriorityStatus is a priority member's part of its Status.
+type PriorityStatus struct {
+	Epoch             uint64  // the epoch of the active this member serves or follows
 	LagSeconds        float64 // standby: its lag as its active last measured it (oldest unacknowledged batch)
 	Failovers         uint64  // promotions of this member after the active went silent
 	Handovers         uint64  // planned handovers this member took part in
@@ -227,8 +238,11 @@ type Status struct {
 	Cancelled         uint64 // of those, the changes that cancelled out in their batch and went as skip records
 	RawBytes          uint64 // their size before compression
 	WireBytes         uint64 // their size on the member link
+}
 
-	// Raft counters (raft mode).
+// RaftStatus is a raft member's part of its Status.
+type RaftStatus struct {
+	Term          uint64  // raft's current term
 	CommitIndex   uint64  // raft's commit index
 	AppliedIndex  uint64  // the last index raft handed to the table
 	Entries       uint64  // log entries of records this member proposed as leader and saw committed
@@ -240,7 +254,7 @@ type Status struct {
 	Elections     uint64  // times this member became a serving leader
 	Rebuilds      uint64  // times its table was rebuilt from the log (leadership lost, a change outside the log)
 	// Configuration is the raft configuration as this member knows it
-	// (raftnode's membership.go); nil in the other modes.
+	// (raftnode's membership.go).
 	Configuration []api.RaftMember
 
 	// CommitCounts is every commit latency since start by CommitBuckets
@@ -255,14 +269,6 @@ type Status struct {
 var CommitBuckets = [...]float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 	0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
-// Member is what a node knows of another member.
-type Member struct {
-	Addr       string  // client address from --peers
-	Role       string  // as Status.Role, "" if unknown
-	Live       bool    // heard from within the failover timeout
-	Unobserved bool    // this member cannot hear from it (a raft follower hears only the leader): Live says nothing
-	InSync     bool    // a standby that applied a snapshot and the stream after it
-	LagSeconds float64 // active: age of the oldest batch the standby has not acknowledged
-	LagRecords uint64  // active: records sent or queued and not acknowledged
-	LagBytes   uint64  // active: bytes queued or sent and not acknowledged
-}
+// Member is what a node knows of another member: the admin endpoint's
+// type, which /status serves as it is.
+type Member = api.Member

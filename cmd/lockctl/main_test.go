@@ -1,18 +1,15 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,50 +20,52 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/api"
+	"github.com/lockd-dev/lockd/internal/clustertest"
 )
 
-// These tests run the real binaries: lockd (built from ../lockd, or
-// $LOCKD_BIN when set) and lockctl.
+// These tests run the real binaries: lockd (clustertest.Build: cmd/lockd
+// built without the race detector, or $LOCKD_BIN when set) and lockctl.
 
 var lockdBin, lockctlBin string
 
 func TestMain(m *testing.M) {
+	// These tests examine lockctl: the lockd it talks to is built without
+	// the race detector unless LOCKD_RACE says otherwise.
+	if os.Getenv("LOCKD_RACE") == "" {
+		os.Setenv("LOCKD_RACE", "0")
+	}
+	os.Exit(runTests(m))
+}
+
+// runTests builds both binaries, runs the tests and removes the binaries.
+func runTests(m *testing.M) int {
+	var err error
+	if lockdBin, err = clustertest.Build(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer clustertest.RemoveBuild()
 	dir, err := os.MkdirTemp("", "lockctl-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
-	lockdBin, lockctlBin = filepath.Join(dir, "lockd"), filepath.Join(dir, "lockctl")
-	builds := map[string]string{lockdBin: "../lockd", lockctlBin: "."}
-	if p := os.Getenv("LOCKD_BIN"); p != "" {
-		delete(builds, lockdBin)
-		if lockdBin, err = filepath.Abs(p); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
+	defer os.RemoveAll(dir)
+	lockctlBin = filepath.Join(dir, "lockctl")
+	build := exec.Command("go", "build", "-o", lockctlBin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building lockctl:", err)
+		return 1
 	}
-	for bin, pkg := range builds {
-		build := exec.Command("go", "build", "-o", bin, pkg)
-		build.Stderr = os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building", pkg, err)
-			os.Exit(1)
-		}
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	return m.Run()
 }
 
+// server is a lockd a test started, and its addresses.
 type server struct {
-	addr, admin string
-	cmd         *exec.Cmd
+	*clustertest.Proc
+	addr, admin string // client address; admin endpoint ("host:port", "" without one)
 }
-
-var (
-	readyRE = regexp.MustCompile(`msg=ready addr=(\S+)`)
-	adminRE = regexp.MustCompile(`msg="admin endpoint" addr=(\S+)`)
-)
 
 func startLockd(t *testing.T, extra ...string) *server {
 	t.Helper()
@@ -74,36 +73,11 @@ func startLockd(t *testing.T, extra ...string) *server {
 }
 
 // startLockdArgs starts lockd with exactly args and waits for its ready
-// line.
+// line (its admin endpoint, when it has one, is logged before).
 func startLockdArgs(t *testing.T, args []string) *server {
 	t.Helper()
-	cmd := exec.Command(lockdBin, args...)
-	pr, pw := io.Pipe()
-	cmd.Stderr = pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); pw.Close() })
-	s := &server{cmd: cmd}
-	found := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			if m := adminRE.FindStringSubmatch(sc.Text()); m != nil {
-				s.admin = m[1]
-			}
-			if m := readyRE.FindStringSubmatch(sc.Text()); m != nil {
-				s.addr = m[1]
-				close(found)
-			}
-		}
-	}()
-	select {
-	case <-found:
-	case <-time.After(20 * time.Second):
-		t.Fatal("lockd not ready")
-	}
-	return s
+	p := clustertest.StartProc(t, clustertest.ProcOptions{Binary: lockdBin, Args: args})
+	return &server{Proc: p, addr: p.Addr(), admin: p.AdminAddr()}
 }
 
 // ctl runs lockctl and returns stdout, stderr and the exit code.
@@ -685,11 +659,8 @@ func TestRunSurvivesRestart(t *testing.T) {
 	time.Sleep(every - 300*time.Millisecond)
 
 	begin := time.Now()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.cmd.Wait(); err != nil {
-		t.Fatalf("lockd on SIGTERM: %v", err)
+	if code, err := s.Term(); code != 0 || err != nil {
+		t.Fatalf("lockd on SIGTERM: exit %d, %v", code, err)
 	}
 	s = startLockdArgs(t, args)
 	t.Logf("renewals every %v; lockd restarted in %v, %v before the next renewal was due", every, time.Since(begin), 300*time.Millisecond)

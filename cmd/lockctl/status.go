@@ -215,12 +215,21 @@ func printStatus(w io.Writer, s *api.Status) {
 		state = "not serving: answers M"
 	}
 	fmt.Fprintf(w, "server:      %s (%s, %s)\n", s.Addr, s.Role, state)
+	// The mode's own counter from its part; "epoch", which has either, from
+	// a lockd that does not send the parts yet.
+	epoch := s.Epoch
+	switch {
+	case s.Raft != nil:
+		epoch = s.Raft.Term
+	case s.Priority != nil:
+		epoch = s.Priority.Epoch
+	}
 	switch s.Mode {
 	case "", api.ModeSingle:
 	case api.ModeRaft: // raft's words: a term and a leader
-		fmt.Fprintf(w, "cluster:     %s, term %d, leader %s\n", s.Mode, s.Epoch, orNone(s.Active))
+		fmt.Fprintf(w, "cluster:     %s, term %d, leader %s\n", s.Mode, epoch, orNone(s.Active))
 	default:
-		fmt.Fprintf(w, "cluster:     %s, epoch %d, active %s\n", s.Mode, s.Epoch, orNone(s.Active))
+		fmt.Fprintf(w, "cluster:     %s, epoch %d, active %s\n", s.Mode, epoch, orNone(s.Active))
 	}
 	if s.Mode != "" && s.Mode != api.ModeSingle {
 		if s.Role == api.RoleStandby {

@@ -26,6 +26,10 @@ func TestPrintStatus(t *testing.T) {
 			LagSeconds: 0.002, Limits: limits, Members: []api.Member{{Addr: "a:1", Role: api.RoleActive, Live: true}}},
 			[]string{"(standby, shutting down)", "cluster:     priority, epoch 5, active a:1", "sync:        in sync true, lag 2ms",
 				"members:", "a:1", "live"}},
+		{"standby, the epoch from its part", api.Status{Role: api.RoleStandby, Mode: api.ModePriority, Epoch: 5, Limits: limits,
+			Priority: &api.PriorityStatus{Epoch: 6}}, []string{"cluster:     priority, epoch 6, active (none)"}},
+		{"raft follower, the term from its part", api.Status{Role: api.RoleFollower, Mode: api.ModeRaft, Limits: limits,
+			Raft: &api.RaftStatus{Term: 9}}, []string{"cluster:     raft, term 9, leader (none)"}},
 		{"active", api.Status{Role: api.RoleActive, Mode: api.ModePriority, Limits: limits, Members: []api.Member{
 			{Addr: "b:2", Role: api.RoleStandby, Live: true, InSync: true, LagSeconds: 0.001, LagRecords: 3, LagBytes: 99},
 			{Addr: "c:3"}}},

@@ -191,7 +191,7 @@ func TestACLReloadOfTheBinary(t *testing.T) {
 	reloads := strings.Count(d.logs.String(), `msg="SIGHUP: reloaded"`)
 	writeACL(t, path, aclLine("orders", "jobs/", "client")+aclLine("ops", "*", "admin"))
 	begin := time.Now()
-	_ = d.cmd.Process.Signal(syscall.SIGHUP)
+	_ = d.Signal(syscall.SIGHUP)
 	if !gone.closedWithin(time.Second) {
 		t.Fatalf("the removed identity's connection is open 1 s after SIGHUP:\n%s", d.logs)
 	}
@@ -205,7 +205,7 @@ func TestACLReloadOfTheBinary(t *testing.T) {
 
 	// A bad file: logged, the old one stays.
 	writeACL(t, path, "orders cert\n")
-	_ = d.cmd.Process.Signal(syscall.SIGHUP)
+	_ = d.Signal(syscall.SIGHUP)
 	waitLogCount(t, d, `reload failed: the one in force stays"`, 1)
 	if !strings.Contains(d.logs.String(), path+":1:") {
 		t.Fatalf("the failure does not name the file and line:\n%s", d.logs)
@@ -269,7 +269,7 @@ func TestACLRestartKeepsIdentity(t *testing.T) {
 // nothing to reload.
 func TestSIGHUPWithoutReloads(t *testing.T) {
 	d := startDaemon(t, t.TempDir())
-	_ = d.cmd.Process.Signal(syscall.SIGHUP)
+	_ = d.Signal(syscall.SIGHUP)
 	waitLogCount(t, d, "SIGHUP: nothing to reload", 1)
 	c := dial(t, d.addr)
 	c.send(proto.AppendPing(nil, 1))
@@ -297,10 +297,10 @@ func TestACLFileModeWarning(t *testing.T) {
 			d := startDaemon(t, t.TempDir(), "--acl", path)
 			if c.warn {
 				waitLog(t, d, warning, fmt.Sprintf("%04o", c.mode), "chmod 600")
-				_ = d.cmd.Process.Signal(syscall.SIGHUP)
+				_ = d.Signal(syscall.SIGHUP)
 				waitLogCount(t, d, warning, 2)
 			} else {
-				_ = d.cmd.Process.Signal(syscall.SIGHUP)
+				_ = d.Signal(syscall.SIGHUP)
 				waitLog(t, d, "reloaded")
 				if strings.Contains(d.logs.String(), warning) {
 					t.Fatalf("mode %04o warned about:\n%s", c.mode, d.logs)

@@ -98,9 +98,8 @@ func TestFDLimitKeepsServing(t *testing.T) {
 		t.Fatal("no token after the flood")
 	}
 	select {
-	case err := <-d.done:
-		d.done <- err
-		t.Fatalf("lockd exited during the connection flood: %v\n%s", err, d.logs)
+	case <-d.Exited():
+		t.Fatalf("lockd exited during the connection flood:\n%s", d.logs)
 	default:
 	}
 	if strings.Contains(d.logs.String(), "Accept() failed") {

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -14,39 +12,30 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 )
 
 // These tests build and run the real binary, as an operator would.
 
+// binary is cmd/lockd, built once for every test (clustertest.Build: with
+// the race detector when it can, or $LOCKD_BIN).
 var binary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "lockd-bin")
+	bin, err := clustertest.Build()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "lockd")
-	build := exec.Command("go", "build", "-race", "-o", binary, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		// -race may be unavailable (no cgo): build without it.
-		build = exec.Command("go", "build", "-o", binary, ".")
-		build.Stderr = os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building lockd:", err)
-			os.Exit(1)
-		}
-	}
+	binary = bin
 	code := m.Run()
-	os.RemoveAll(dir)
+	clustertest.RemoveBuild()
 	os.Exit(code)
 }
 
@@ -192,48 +181,33 @@ func grepLines(s, sub string) string {
 	return strings.Join(out, "\n")
 }
 
-// daemon is a running lockd process.
+// daemon is a running lockd process (clustertest.Proc) of a test.
 type daemon struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	addr  string
-	logs  *syncBuffer
-	done  chan error
-	admin atomic.Value // string: the admin endpoint's address, once logged
+	*clustertest.Proc
+	t    *testing.T
+	addr string   // its client address, from its ready line
+	logs procLogs // its output so far, for failure messages
 }
 
-func (d *daemon) setAdmin(a string) { d.admin.Store(a) }
+// procLogs prints a process's output so far.
+type procLogs struct{ p *clustertest.Proc }
 
-// adminURL is the admin endpoint's base URL.
+func (l procLogs) String() string { return l.p.Logs() }
+
+// adminURL is the admin endpoint's base URL, once the daemon has logged
+// it (within 5 s).
 func (d *daemon) adminURL() string {
-	a, _ := d.admin.Load().(string)
-	if a == "" {
+	d.t.Helper()
+	if wait.Until(5*time.Second, 10*time.Millisecond, func() error {
+		if d.AdminAddr() == "" {
+			return errors.New("no admin endpoint logged")
+		}
+		return nil
+	}) != nil {
 		d.t.Fatalf("no admin endpoint logged:\n%s", d.logs)
 	}
-	return "http://" + a
+	return "http://" + d.AdminAddr()
 }
-
-// syncBuffer collects log lines from the reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) WriteString(x string) {
-	s.mu.Lock()
-	s.b.WriteString(x)
-	s.mu.Unlock()
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// readyRE matches the ready line, text or JSON (--log-format json); its
-// last group is the address.
-var readyRE = regexp.MustCompile(`(?:msg=ready addr=|"msg":"ready","addr":")([^\s"]+)`)
 
 func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	t.Helper()
@@ -252,75 +226,25 @@ func startCommand(t *testing.T, prefix []string, args ...string) *daemon {
 // added to the environment.
 func startCommandBin(t *testing.T, bin string, env, prefix []string, args ...string) *daemon {
 	t.Helper()
-	argv := append(append(append([]string(nil), prefix...), bin), args...)
-	cmd := exec.Command(argv[0], argv[1:]...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
-	}
-	pr, pw := io.Pipe()
-	cmd.Stderr = pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := &daemon{t: t, cmd: cmd, logs: new(syncBuffer), done: make(chan error, 1)}
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			line := sc.Text()
-			d.logs.WriteString(line + "\n")
-			if m := adminRE.FindStringSubmatch(line); m != nil {
-				d.setAdmin(m[1])
-			}
-			if m := readyRE.FindStringSubmatch(line); m != nil {
-				addrc <- m[1]
-			}
-		}
-	}()
-	go func() {
-		err := cmd.Wait()
-		pw.Close()
-		d.done <- err
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-d.done
-	})
-	select {
-	case d.addr = <-addrc:
-	case err := <-d.done:
-		t.Fatalf("lockd exited before ready: %v\n%s", err, d.logs)
-	case <-time.After(20 * time.Second):
-		t.Fatal("no ready line in 20 s")
-	}
-	return d
+	p := clustertest.StartProc(t, clustertest.ProcOptions{Binary: bin, Args: args, Env: env, Prefix: prefix})
+	return &daemon{Proc: p, t: t, addr: p.Addr(), logs: procLogs{p}}
 }
 
 // stop sends sig and returns the exit code.
 func (d *daemon) stop(sig syscall.Signal) int {
 	d.t.Helper()
-	_ = d.cmd.Process.Signal(sig)
+	_ = d.Signal(sig)
 	return d.wait()
 }
 
-// wait returns the exit code once the process ends.
+// wait returns the exit code once the process ends (-1 for a signal).
 func (d *daemon) wait() int {
 	d.t.Helper()
-	select {
-	case err := <-d.done:
-		d.done <- err // for Cleanup
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return ee.ExitCode()
-		}
-		if err != nil {
-			d.t.Fatal(err)
-		}
-		return 0
-	case <-time.After(15 * time.Second):
-		d.t.Fatal("lockd did not exit in 15 s")
+	code, err := d.Wait(15 * time.Second)
+	if err != nil {
+		d.t.Fatalf("lockd: %v\n%s", err, d.logs)
 	}
-	return -1
+	return code
 }
 
 // conn is a minimal raw client.
@@ -392,7 +316,7 @@ func TestSIGTERMKeepsLocksAndTokens(t *testing.T) {
 	b.send(proto.AppendAcquire(nil, 30, 10, 2, "job"))
 	b.send(proto.AppendPing(nil, 3))
 	b.expect(proto.OpPing, 3)
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	_ = d.Signal(syscall.SIGTERM)
 	if r := b.expect(proto.OpError, 2); r.Code != proto.CodeShutdown {
 		t.Fatalf("queued acquire: code %d", r.Code)
 	}
@@ -458,21 +382,9 @@ func TestDataDirLocked(t *testing.T) {
 	}
 }
 
-var adminRE = regexp.MustCompile(`(?:msg="admin endpoint" addr=|"msg":"admin endpoint","addr":")([^\s"]+)`)
-
 func TestAdminEndpointOfTheBinary(t *testing.T) {
 	d := startDaemon(t, t.TempDir(), "--admin", "127.0.0.1:0")
-	var addr string
-	for i := 0; i < 100 && addr == ""; i++ {
-		if m := adminRE.FindStringSubmatch(d.logs.String()); m != nil {
-			addr = m[1]
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if addr == "" {
-		t.Fatalf("no admin line in logs:\n%s", d.logs)
-	}
-	resp, err := http.Get("http://" + addr + "/healthz")
+	resp, err := http.Get(d.adminURL() + "/healthz")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func TestSharedOfTheBinary(t *testing.T) {
 	}
 
 	// SIGTERM: the queued acquires get E 4 (op A, op S), the watch L 4.
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	_ = d.Signal(syscall.SIGTERM)
 	got := map[uint64]proto.Response{}
 	for range 2 {
 		r := a.read()
@@ -163,10 +163,6 @@ func TestSharedOfTheBinary(t *testing.T) {
 // identity.
 func adminGet(t *testing.T, d *daemon, path string, v any) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for d.admin.Load() == nil && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
 	req, err := http.NewRequest("GET", d.adminURL()+path, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -37,9 +37,9 @@ func TestSecondSignalStillWritesTheSnapshot(t *testing.T) {
 	d := startCommand(t, nil, "--listen", "127.0.0.1:0", "--admin", "", "--data-dir", dir, "--loops", "2", "--drain", "4s")
 	held := holdLocks(t, d, 5)
 	began := time.Now()
-	_ = d.cmd.Process.Signal(syscall.SIGINT)
+	_ = d.Signal(syscall.SIGINT)
 	waitLog(t, d, "signal received")
-	_ = d.cmd.Process.Signal(syscall.SIGINT)
+	_ = d.Signal(syscall.SIGINT)
 	if code := d.wait(); code != 0 {
 		t.Fatalf("exit %d after two signals, want 0; logs:\n%s", code, d.logs)
 	}
@@ -69,12 +69,12 @@ func TestThirdSignalExitsAtOnce(t *testing.T) {
 	dir := t.TempDir()
 	d := startCommand(t, nil, "--listen", "127.0.0.1:0", "--admin", "", "--data-dir", dir, "--loops", "2", "--drain", "4s")
 	held := holdLocks(t, d, 3)
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	_ = d.Signal(syscall.SIGTERM)
 	waitLog(t, d, "signal received")
 	// Two different signals, so the kernel cannot merge them into one
 	// pending signal.
-	_ = d.cmd.Process.Signal(syscall.SIGINT)
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	_ = d.Signal(syscall.SIGINT)
+	_ = d.Signal(syscall.SIGTERM)
 	if code := d.wait(); code != 1 {
 		t.Fatalf("exit %d after three signals, want 1; logs:\n%s", code, d.logs)
 	}

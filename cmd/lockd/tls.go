@@ -8,9 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/ratelog"
 	"github.com/lockd-dev/lockd/tlsconf"
 )
 
@@ -75,21 +75,13 @@ func limitedLog(l *slog.Logger) *log.Logger {
 }
 
 type rateWriter struct {
-	l       *slog.Logger
-	mu      sync.Mutex
-	last    time.Time
-	dropped int
+	l    *slog.Logger
+	logs ratelog.Shared
 }
 
 func (w *rateWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if time.Since(w.last) < time.Second {
-		w.dropped++
-		return len(p), nil
+	if held, ok := w.logs.Allow(time.Now().UnixNano()); ok {
+		w.l.Warn("admin endpoint: a connection failed", "err", strings.TrimSpace(string(p)), "dropped_since_last", held)
 	}
-	w.last = time.Now()
-	w.l.Warn("admin endpoint: a connection failed", "err", strings.TrimSpace(string(p)), "dropped_since_last", w.dropped)
-	w.dropped = 0
 	return len(p), nil
 }

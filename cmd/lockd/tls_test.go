@@ -178,10 +178,6 @@ func TestTLSBinary(t *testing.T) {
 	}
 	waitLog(t, d, "TLS handshakes failed")
 
-	deadline := time.Now().Add(5 * time.Second)
-	for d.admin.Load() == nil && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
 	admin := strings.Replace(d.adminURL(), "http://", "https://", 1)
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: p.ca.Pool()}}}
 	defer hc.CloseIdleConnections()
@@ -210,7 +206,7 @@ func TestTLSBinary(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_ = d.cmd.Process.Signal(syscall.SIGHUP)
+	_ = d.Signal(syscall.SIGHUP)
 	time.Sleep(time.Second)
 	if cn := serverCN(t, d.addr, p.client()); cn != "lockd-2" {
 		t.Fatalf("1 s after SIGHUP the server presents %q, want lockd-2", cn)
@@ -223,7 +219,7 @@ func TestTLSBinary(t *testing.T) {
 	if err := os.WriteFile(p.key, []byte("truncated"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_ = d.cmd.Process.Signal(syscall.SIGHUP)
+	_ = d.Signal(syscall.SIGHUP)
 	waitLog(t, d, "reload failed", "--tls-key", p.key)
 	if cn := serverCN(t, d.addr, p.client()); cn != "lockd-2" {
 		t.Fatalf("after a failed reload the server presents %q, want lockd-2", cn)
@@ -237,7 +233,7 @@ func TestTLSBinary(t *testing.T) {
 // reload) and goes on serving.
 func TestSIGHUPWithoutTLS(t *testing.T) {
 	d := startDaemon(t, t.TempDir())
-	_ = d.cmd.Process.Signal(syscall.SIGHUP)
+	_ = d.Signal(syscall.SIGHUP)
 	waitLog(t, d, "nothing to reload")
 	c := dial(t, d.addr)
 	c.send(proto.AppendPing(nil, 5))
@@ -284,10 +280,6 @@ func TestJSONLogKeysOnce(t *testing.T) {
 	}
 	d := startDaemon(t, t.TempDir(), "--log-format", "json", "--admin", "127.0.0.1:0",
 		"--tls-cert", p.cert, "--tls-key", p.key, "--acl", aclFile)
-	deadline := time.Now().Add(5 * time.Second)
-	for d.admin.Load() == nil && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
 	// Plain HTTP to the HTTPS admin endpoint: a TLS handshake error.
 	if resp, err := http.Get(d.adminURL() + "/livez"); err == nil {
 		resp.Body.Close()
@@ -299,7 +291,7 @@ func TestJSONLogKeysOnce(t *testing.T) {
 	_ = plain.c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, _ = io.ReadAll(plain.c)
 	waitLog(t, d, "TLS handshakes failed")
-	_ = d.cmd.Process.Signal(syscall.SIGHUP)
+	_ = d.Signal(syscall.SIGHUP)
 	waitLog(t, d, "reloaded")
 	if code := d.stop(syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit %d", code)

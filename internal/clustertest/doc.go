@@ -53,6 +53,13 @@
 //     reading and WaitLeader until they agree. The tests, the benchmark's
 //     cluster targets and chaos use these instead of polling loops of
 //     their own.
+//   - Proc (NewProc, StartProc): one lockd started with exactly the
+//     command line, environment, binary and prefix command (prlimit) a
+//     test gives, for the tests of the binary itself (cmd/lockd,
+//     cmd/lockctl, ops): ready on its msg=ready line in either log format,
+//     Addr and AdminAddr from its log, Signal, Term, Kill, Stop/Cont,
+//     Wait, Logs (its output exactly) and WaitLog. A Member runs on the
+//     same process handling.
 //   - Conn: a raw protocol connection (frames from proto's AppendX, parsed
 //     responses, deadlines) to check the wire, such as the address of an M.
 //
@@ -75,9 +82,8 @@
 //
 // Only tests, the chaos command and the benchmark's cluster targets; lockd
 // itself never imports it. It drives the binary from outside: it may
-// import the standard library, api, proto, internal/faultproxy and
-// internal/testcerts, and
-// must not import engine, shard, store, repl, admin, client, bench or cmd
+// import the standard library, api, proto, internal/faultproxy,
+// internal/testcerts and internal/wait, and must not import engine, shard, store, repl, admin, client, bench or cmd
 // (internal/layers enforces it; tests that want the client library import
 // it themselves).
 package clustertest

@@ -36,10 +36,16 @@ type Member struct {
 	closed bool
 }
 
-// proc is one run of a member's process.
+// proc is one run of a lockd process: a cluster's member (across its
+// restarts, a proc each) or a Proc.
 type proc struct {
 	cmd      *exec.Cmd
 	pid      int
+	who      string // "member 2", "lockd": for errors and the log
+	endLine  bool   // add a line "=== clustertest: … ended" to logs at its end
+	want     string // the address its ready line must name ("": any)
+	format   string // "json", "text", or "" to tell each line apart
+	logs     *logBuf
 	mark     int           // its first log line
 	ready    chan struct{} // closed on its ready line
 	readDone chan struct{} // closed once its output is read to the end
@@ -47,6 +53,7 @@ type proc struct {
 
 	readyOnce sync.Once
 	mu        sync.Mutex
+	addr      string // from its ready line
 	admin     string // from its "admin endpoint" line
 	state     *os.ProcessState
 	waitErr   error
@@ -108,6 +115,47 @@ func (p *proc) exitText() string {
 	return fmt.Sprint(p.waitErr)
 }
 
+// command is what spawn runs.
+type command struct {
+	bin     string
+	prefix  []string // a command that execs the rest (prlimit … --)
+	args    []string
+	env     []string // added to the environment
+	logs    *logBuf
+	format  string // proc.format
+	addr    string // proc.want
+	who     string
+	endLine bool // proc.endLine
+}
+
+// spawn starts c in a process group of its own (killed with the thread
+// that started it, on Linux) and collects its output, stdout and stderr,
+// line by line into c.logs, watching for its ready and admin endpoint
+// lines.
+func spawn(c command) (*proc, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	argv := append(append(append([]string(nil), c.prefix...), c.bin), c.args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = w, w // an *os.File: Wait does not wait for the reader
+	cmd.Env = append(os.Environ(), c.env...)
+	cmd.SysProcAttr = sysProcAttr()
+	mark := c.logs.mark()
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return nil, err
+	}
+	w.Close()
+	p := &proc{cmd: cmd, pid: cmd.Process.Pid, who: c.who, endLine: c.endLine, want: c.addr, format: c.format, logs: c.logs, mark: mark,
+		ready: make(chan struct{}), readDone: make(chan struct{}), exited: make(chan struct{})}
+	go p.read(r)
+	go p.reap(r)
+	return p, nil
+}
+
 // start runs the member's command once more. The caller holds m.op (or
 // owns m, during the cluster's start).
 func (m *Member) start() error {
@@ -126,26 +174,12 @@ func (m *Member) start() error {
 	m.once = nil
 	m.mu.Unlock()
 
-	r, w, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("clustertest: %w", err)
-	}
-	cmd := exec.Command(m.c.bin, args...)
-	cmd.Stdout, cmd.Stderr = w, w // an *os.File: Wait does not wait for the reader
-	cmd.Env = append(os.Environ(), m.c.opts.Env...)
-	cmd.SysProcAttr = sysProcAttr()
 	m.logs.add(fmt.Sprintf("=== clustertest: member %d, start %d: %s %s", m.index, n, m.c.bin, strings.Join(args, " ")))
-	mark := m.logs.mark()
-	if err := cmd.Start(); err != nil {
-		r.Close()
-		w.Close()
+	p, err := spawn(command{bin: m.c.bin, args: args, env: m.c.opts.Env, logs: m.logs,
+		format: m.c.opts.LogFormat, addr: m.addr, who: fmt.Sprintf("member %d", m.index), endLine: true})
+	if err != nil {
 		return fmt.Errorf("clustertest: member %d: %w", m.index, err)
 	}
-	w.Close()
-	p := &proc{cmd: cmd, pid: cmd.Process.Pid, mark: mark,
-		ready: make(chan struct{}), readDone: make(chan struct{}), exited: make(chan struct{})}
-	go m.read(p, r)
-	go m.reap(p, r)
 	m.mu.Lock()
 	closed := m.closed
 	if !closed {
@@ -162,17 +196,22 @@ func (m *Member) start() error {
 
 // read collects p's output line by line and watches for its ready and
 // admin endpoint lines.
-func (m *Member) read(p *proc, r *os.File) {
+func (p *proc) read(r *os.File) {
 	defer close(p.readDone)
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
 		line, err := br.ReadString('\n')
 		if line = strings.TrimSuffix(line, "\n"); line != "" {
-			m.logs.add(line)
-			switch msg, addr := logFields(m.c.opts.LogFormat, line); msg {
+			p.logs.add(line)
+			switch msg, addr := logFields(p.format, line); msg {
 			case "ready":
-				if addr == "" || addr == m.addr {
-					p.readyOnce.Do(func() { close(p.ready) })
+				if p.want != "" && (addr == "" || addr == p.want) || p.want == "" && addr != "" {
+					p.readyOnce.Do(func() {
+						p.mu.Lock()
+						p.addr = addr
+						p.mu.Unlock()
+						close(p.ready)
+					})
 				}
 			case "admin endpoint":
 				p.mu.Lock()
@@ -188,7 +227,7 @@ func (m *Member) read(p *proc, r *os.File) {
 
 // reap waits for p, then for the rest of its output (bounded: a process
 // it left behind may hold the pipe), and records how it ended.
-func (m *Member) reap(p *proc, r *os.File) {
+func (p *proc) reap(r *os.File) {
 	err := p.cmd.Wait()
 	select {
 	case <-p.readDone:
@@ -199,11 +238,13 @@ func (m *Member) reap(p *proc, r *os.File) {
 	p.mu.Lock()
 	p.state, p.waitErr = p.cmd.ProcessState, err
 	p.mu.Unlock()
-	desc := fmt.Sprint(err)
-	if p.cmd.ProcessState != nil {
-		desc = p.cmd.ProcessState.String()
+	if p.endLine {
+		desc := fmt.Sprint(err)
+		if p.cmd.ProcessState != nil {
+			desc = p.cmd.ProcessState.String()
+		}
+		p.logs.add(fmt.Sprintf("=== clustertest: %s (pid %d) ended: %s", p.who, p.pid, desc))
 	}
-	m.logs.add(fmt.Sprintf("=== clustertest: member %d (pid %d) ended: %s", m.index, p.pid, desc))
 	close(p.exited)
 }
 
@@ -213,9 +254,10 @@ var (
 )
 
 // logFields returns a log line's msg and addr attributes, in slog's json
-// or text format ("" when absent).
+// or text format ("" when absent); format "" reads a line that starts
+// with "{" as json, any other as text.
 func logFields(format, line string) (msg, addr string) {
-	if format == "json" {
+	if format == "json" || format == "" && strings.HasPrefix(line, "{") {
 		if !strings.HasPrefix(line, "{") {
 			return "", ""
 		}
@@ -243,6 +285,80 @@ func logFields(format, line string) (msg, addr string) {
 	return msg, addr
 }
 
+// waitReady waits up to timeout for p's ready line.
+func (p *proc) waitReady(timeout time.Duration) error {
+	timer := time.NewTimer(max(timeout, 0))
+	defer timer.Stop()
+	select {
+	case <-p.ready:
+		return nil
+	case <-p.exited:
+		return fmt.Errorf("%w: %s %s before it was ready (%s); its log:\n%s",
+			ErrExited, p.who, p.want, p.exitText(), strings.Join(p.logs.since(p.mark), "\n"))
+	case <-timer.C:
+		return fmt.Errorf("%w: %s %s not ready in %v; its log:\n%s",
+			ErrTimeout, p.who, p.want, timeout, strings.Join(p.logs.tail(dumpLines), "\n"))
+	}
+}
+
+// kill sends SIGKILL to p's group and returns once p is reaped; nil if p
+// has ended already.
+func (p *proc) kill() error {
+	if p.done() {
+		return nil
+	}
+	_ = p.signal(syscall.SIGKILL)
+	if _, err := p.waitExit(killTimeout); err != nil {
+		return fmt.Errorf("%s: %w", p.who, err)
+	}
+	return nil
+}
+
+// term sends SIGTERM and returns the exit code once p ends; if it does not
+// within timeout, it is killed and term returns ErrTimeout.
+func (p *proc) term(timeout time.Duration) (int, error) {
+	if p.done() {
+		return -1, fmt.Errorf("%w: %s", ErrNotRunning, p.who)
+	}
+	if err := p.signal(syscall.SIGTERM); err != nil {
+		return -1, fmt.Errorf("%s: %w", p.who, err)
+	}
+	code, err := p.waitExit(timeout)
+	if errors.Is(err, ErrTimeout) {
+		_ = p.kill()
+		return -1, fmt.Errorf("%w: %s did not exit within %v of SIGTERM; killed", ErrTimeout, p.who, timeout)
+	}
+	return code, err
+}
+
+// freeze sends sig (SIGSTOP, stopped true; SIGCONT, false) and returns
+// once the kernel reports the state.
+func (p *proc) freeze(sig syscall.Signal, stopped bool) error {
+	if p.done() {
+		return fmt.Errorf("%w: %s", ErrNotRunning, p.who)
+	}
+	if err := p.signal(sig); err != nil {
+		return fmt.Errorf("%s: %w", p.who, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := procState(p.pid)
+		if errors.Is(err, errors.ErrUnsupported) || (err == nil && (st == 'T') == stopped) {
+			return nil
+		}
+		if p.done() {
+			if stopped {
+				return fmt.Errorf("%w: %s ended instead of stopping (%s)", ErrExited, p.who, p.exitText())
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s: state %q 5 s after %v", ErrTimeout, p.who, st, sig)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (m *Member) current() *proc {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -255,18 +371,7 @@ func (m *Member) waitReady(timeout time.Duration) error {
 	if p == nil {
 		return fmt.Errorf("%w: member %d never started", ErrNotRunning, m.index)
 	}
-	timer := time.NewTimer(max(timeout, 0))
-	defer timer.Stop()
-	select {
-	case <-p.ready:
-		return nil
-	case <-p.exited:
-		return fmt.Errorf("%w: member %d %s before it was ready (%s); its log:\n%s",
-			ErrExited, m.index, m.addr, p.exitText(), strings.Join(m.logs.since(p.mark), "\n"))
-	case <-timer.C:
-		return fmt.Errorf("%w: member %d %s not ready in %v; its log:\n%s",
-			ErrTimeout, m.index, m.addr, timeout, strings.Join(m.logs.tail(dumpLines), "\n"))
-	}
+	return p.waitReady(timeout)
 }
 
 // close kills the member for good (Cluster.Close).
@@ -278,13 +383,7 @@ func (m *Member) close() error {
 	if p == nil {
 		return nil
 	}
-	if !p.done() {
-		_ = p.signal(syscall.SIGKILL)
-	}
-	if _, err := p.waitExit(killTimeout); err != nil {
-		return fmt.Errorf("member %d: %w", m.index, err)
-	}
-	return nil
+	return p.kill()
 }
 
 // describe is the member's state for Dump.
@@ -386,13 +485,8 @@ func (m *Member) Wait(timeout time.Duration) (int, error) {
 // Kill sends SIGKILL (kill -9) to the member's process group and returns
 // once the process is reaped. A member that does not run is left alone.
 func (m *Member) Kill() error {
-	p := m.current()
-	if p == nil || p.done() {
-		return nil
-	}
-	_ = p.signal(syscall.SIGKILL)
-	if _, err := p.waitExit(killTimeout); err != nil {
-		return fmt.Errorf("member %d: %w", m.index, err)
+	if p := m.current(); p != nil {
+		return p.kill()
 	}
 	return nil
 }
@@ -402,19 +496,10 @@ func (m *Member) Kill() error {
 // ErrTimeout.
 func (m *Member) Term() (int, error) {
 	p := m.current()
-	if p == nil || p.done() {
+	if p == nil {
 		return -1, fmt.Errorf("%w: member %d", ErrNotRunning, m.index)
 	}
-	if err := p.signal(syscall.SIGTERM); err != nil {
-		return -1, fmt.Errorf("member %d: %w", m.index, err)
-	}
-	code, err := p.waitExit(m.c.opts.StopTimeout)
-	if errors.Is(err, ErrTimeout) {
-		_ = p.signal(syscall.SIGKILL)
-		_, _ = p.waitExit(killTimeout)
-		return -1, fmt.Errorf("%w: member %d did not exit within %v of SIGTERM; killed", ErrTimeout, m.index, m.c.opts.StopTimeout)
-	}
-	return code, err
+	return p.term(m.c.opts.StopTimeout)
 }
 
 // Stop freezes the member with SIGSTOP and returns once the kernel reports
@@ -426,29 +511,10 @@ func (m *Member) Cont() error { return m.freeze(syscall.SIGCONT, false) }
 
 func (m *Member) freeze(sig syscall.Signal, stopped bool) error {
 	p := m.current()
-	if p == nil || p.done() {
+	if p == nil {
 		return fmt.Errorf("%w: member %d", ErrNotRunning, m.index)
 	}
-	if err := p.signal(sig); err != nil {
-		return fmt.Errorf("member %d: %w", m.index, err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		st, err := procState(p.pid)
-		if errors.Is(err, errors.ErrUnsupported) || (err == nil && (st == 'T') == stopped) {
-			return nil
-		}
-		if p.done() {
-			if stopped {
-				return fmt.Errorf("%w: member %d ended instead of stopping (%s)", ErrExited, m.index, p.exitText())
-			}
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: member %d: state %q 5 s after %v", ErrTimeout, m.index, st, sig)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	return p.freeze(sig, stopped)
 }
 
 // Start starts a member of Options.Deferred (or one that ended): it is

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/api"
+	"github.com/lockd-dev/lockd/internal/wait"
 )
 
 // pollEvery is how often the waits read /status.
@@ -109,16 +110,7 @@ var errNotYet = errors.New("clustertest: not accepted yet")
 
 // poll calls try every pollEvery until it returns nil or timeout has
 // passed, and returns try's last answer.
-func poll(timeout time.Duration, try func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := try()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(pollEvery)
-	}
-}
+func poll(timeout time.Duration, try func() error) error { return wait.Until(timeout, pollEvery, try) }
 
 // WaitStatus polls the member's /status every 20 ms until ok accepts it,
 // for up to timeout (errors while the member starts or stalls count as not

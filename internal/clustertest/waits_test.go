@@ -115,6 +115,10 @@ func TestWaitsPriority(t *testing.T) {
 		if st.Index != i || doc.Mode != api.ModePriority || len(doc.Members) != 2 || st.Addr != c.Member(i).Addr() {
 			t.Fatalf("member %d: %+v", i, doc)
 		}
+		// The priority part, and "epoch" as it was before it.
+		if p := doc.Priority; p == nil || p.Epoch == 0 || p.Epoch != doc.Epoch || doc.Raft != nil || i == 0 && p.SnapshotsSent < 2 {
+			t.Fatalf("member %d: epoch %d, priority %+v, raft %+v", i, doc.Epoch, doc.Priority, doc.Raft)
+		}
 		if i > 0 && (st.Role != api.RoleStandby || st.Active != c.Peers(i)[0]) {
 			t.Fatalf("standby %d names %q, want its proxy %s", i, st.Active, c.Peers(i)[0])
 		}
@@ -162,7 +166,7 @@ func TestWaitsRaft(t *testing.T) {
 	}
 	for _, m := range c.Members() {
 		doc := statusDoc(t, m)
-		if doc.Mode != api.ModeRaft || doc.Raft == nil || doc.Raft.Term == 0 || doc.Raft.Term != doc.Epoch {
+		if doc.Mode != api.ModeRaft || doc.Raft == nil || doc.Raft.Term == 0 || doc.Raft.Term != doc.Epoch || doc.Priority != nil {
 			t.Fatalf("member %d: %+v raft %+v", m.Index(), doc, doc.Raft)
 		}
 		if m.Index() == lead && doc.Role != api.RoleLeader {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/lockd-dev/lockd/internal/wait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -153,17 +155,6 @@ func ends(t *testing.T, c net.Conn) error {
 		t.Fatalf("expected the connection to end; read %q, %v", b[:n], err)
 	}
 	return err
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 5 s: %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 const quiet = 200 * time.Millisecond // how long "nothing arrives" is watched
@@ -450,7 +441,7 @@ func TestResetAll(t *testing.T) {
 	for _, c := range []net.Conn{c1, s1, c2, s2} {
 		ends(t, c)
 	}
-	waitFor(t, "connections untracked", func() bool { return p.Stats().Open == 0 })
+	wait.For(t, "connections untracked", func() bool { return p.Stats().Open == 0 })
 	c, s := connect(t, p, tg)
 	write(t, c, "again")
 	expect(t, s, "again")
@@ -478,7 +469,7 @@ func TestHalfClose(t *testing.T) {
 	if err := ends(t, c); !errors.Is(err, io.EOF) {
 		t.Fatalf("client side: %v, want EOF", err)
 	}
-	waitFor(t, "the pair ends", func() bool { return p.Stats().Open == 0 })
+	wait.For(t, "the pair ends", func() bool { return p.Stats().Open == 0 })
 }
 
 // TestTargetDown: a connection whose target cannot be dialled is reset.
@@ -499,7 +490,7 @@ func TestTargetDown(t *testing.T) {
 		defer c.Close()
 		ends(t, c)
 	}
-	waitFor(t, "a reset counted", func() bool { return p.Stats().Resets == 1 })
+	wait.For(t, "a reset counted", func() bool { return p.Stats().Resets == 1 })
 }
 
 // TestClose: Close ends every connection, stops listening and is
@@ -650,7 +641,7 @@ func TestFaultsUnderTraffic(t *testing.T) {
 	}
 	// Drop what the traffic left, then a fresh connection.
 	p.ResetAll()
-	waitFor(t, "every connection ends", func() bool { return p.Stats().Open == 0 })
+	wait.For(t, "every connection ends", func() bool { return p.Stats().Open == 0 })
 	for len(tg.conns) > 0 {
 		(<-tg.conns).Close()
 	}

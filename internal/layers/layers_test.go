@@ -55,7 +55,7 @@ var rules = map[string]rule{
 		noDeps: append([]string{gnet, "net"}, lockd("proto", "shard", "store", "engine", "repl", "admin", "client")...)},
 	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
 	// The seam, the single node and the kernel both cluster modes share.
-	"repl": {allow: lockd("api", "shard", "store"),
+	"repl": {allow: lockd("api", "shard", "store", "internal/ratelog"),
 		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
 	// The priority mode: never the raft mode nor hashicorp's libraries.
 	"repl/priority": {allow: lockd("api", "shard", "store", "repl", "repl/records", "repl/memberauth"),
@@ -63,16 +63,16 @@ var rules = map[string]rule{
 	// The priority member's decisions as a pure state machine: the api's
 	// names and the standard library; no I/O, no clock, no lock, no
 	// goroutine (its driver, repl/priority, does all of that).
-	"repl/priority/machine": {allow: lockd("api"), noStd: append(noNetOrOS, "io", "sync", "time/tzdata", "math/rand"),
+	"repl/priority/machine": {allow: lockd("api", "internal/ratelog"), noStd: append(noNetOrOS, "io", "sync", "time/tzdata", "math/rand"),
 		noDeps:  append([]string{gnet, cmds, hashicorp}, lockd("shard", "store", "engine", "proto", "client", "admin", "repl", "repl/records", "repl/memberauth", "repl/raftnode")...),
 		noCalls: []string{"time.Now(", "time.Since(", "time.Until(", "time.Sleep(", "time.After", "time.NewTimer", "time.NewTicker", "time.Tick", "go func", "sync.Mutex", "sync.RWMutex", "atomic."}},
 	// The raft mode: the only importer of hashicorp's libraries.
-	"repl/raftnode": {allow: append(lockd("api", "shard", "store", "repl", "repl/records", "repl/memberauth"), hashicorp),
+	"repl/raftnode": {allow: append(lockd("api", "shard", "store", "repl", "repl/records", "repl/memberauth", "internal/ratelog"), hashicorp),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/internal")...)},
 	// Members that prove who they are (§8.4), for both modes: the
 	// cluster configuration and the standard library, nothing of either
 	// mode.
-	"repl/memberauth": {allow: lockd("repl"),
+	"repl/memberauth": {allow: lockd("repl", "internal/ratelog"),
 		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/raftnode", "repl/records", "repl/internal")...)},
 	// The format both cluster modes replicate: the table's records and
 	// the compressor, no I/O.
@@ -84,7 +84,7 @@ var rules = map[string]rule{
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "store")...)},
 	"engine": {allow: append(lockd("proto", "shard", "repl", "acl"), gnet+"gnet/v2", "golang.org/x/sys/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
-	"admin": {allow: append(lockd("api", "engine", "repl", "acl"), "github.com/prometheus/"),
+	"admin": {allow: append(lockd("api", "engine", "repl", "acl", "internal/ratelog"), "github.com/prometheus/"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"client": {allow: lockd("proto"), noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
 	"fence":  {noStd: []string{"net", "os"}, noDeps: []string{"net"}},
@@ -94,7 +94,7 @@ var rules = map[string]rule{
 	// TLS material: the standard library only, nothing of the module
 	// (the engine, admin, repl and cmd/lockd all use it).
 	"tlsconf": {noDeps: []string{mod + "/"}},
-	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "acl", "internal/version", "tlsconf"), "golang.org/x/sys/"),
+	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "acl", "internal/version", "internal/ratelog", "tlsconf"), "golang.org/x/sys/"),
 		noDeps: lockd("client", "bench")},
 	// The CLI: the client, the admin endpoint's types, cobra for the
 	// command line; never a server package.
@@ -113,12 +113,20 @@ var rules = map[string]rule{
 	// started apart; its test serves one in process (lockdtest).
 	"bench/cycle": {allow: append(lockd("proto", "engine", "internal/lockdtest"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
-	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl"), "go.uber.org/goleak"),
+	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl", "internal/wait"), "go.uber.org/goleak"),
 		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
 	"internal/layers": {},
+	// One log line per interval for a flood of like events: the standard
+	// library only, time an input (no clock read, no goroutine), so the
+	// pure priority machine may use it too.
+	"internal/ratelog": {noStd: append(noNetOrOS, "io", "log"), noDeps: []string{mod + "/"},
+		noCalls: []string{"time.Now(", "time.Since(", "time.Until(", "time.Sleep(", "time.After", "time.NewTimer", "time.Tick", "go func"}},
 	// The operator's assets (unit, rules, dashboard): no code; its tests
 	// drive the binary from outside.
 	"ops": {noDeps: []string{mod + "/"}},
+	// The tests' bounded wait: the standard library only, so that every
+	// test and harness may use it.
+	"internal/wait": {noStd: noNetOrOS, noDeps: []string{mod + "/"}},
 	// Throwaway certificates for tests and bench: the standard library only.
 	"internal/testcerts": {noDeps: []string{mod + "/"}},
 	"internal/e2e":       {noDeps: []string{cmds}},
@@ -127,7 +135,7 @@ var rules = map[string]rule{
 	// outside, so it imports no server package (nor client: the tests
 	// that use it bring their own).
 	"internal/faultproxy": {noDeps: []string{mod + "/"}},
-	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy", "internal/testcerts"),
+	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy", "internal/testcerts", "internal/wait"),
 		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
 	// The history checkers know nothing of the wire or the server: the
 	// standard library and porcupine only.

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -237,15 +238,9 @@ func pairs(nc net.Conn, keys []string, n, depth int, wait uint8, seed uint64) ([
 	return lats, nil
 }
 
-// WaitFor polls cond every 2 ms until it holds, failing tb after 5 s with
-// what (the condition awaited).
+// WaitFor is wait.For, for the engine's tests that call it by this name
+// (the other packages' tests call wait.For).
 func WaitFor(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("not within 5 s: %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	wait.For(tb, what, cond)
 }

@@ -12,11 +12,11 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/ratelog"
 	"github.com/lockd-dev/lockd/repl"
 )
 
@@ -137,7 +137,7 @@ type Auth struct {
 	log    *slog.Logger
 
 	refused [numReasons]atomic.Uint64
-	logs    [2]rateLog // accept, dial
+	logs    [2]ratelog.Shared // accept, dial: a line a second each
 }
 
 // New returns the exchange of cluster cfg (validated: cfg.Validate) in
@@ -193,10 +193,11 @@ func (a *Auth) note(side int, remote net.Addr, member int, err error) {
 		r = rf.reason
 	}
 	a.refused[r].Add(1)
-	n, ok := a.logs[side].allow(time.Now())
+	held, ok := a.logs[side].Allow(time.Now().UnixNano())
 	if !ok {
 		return
 	}
+	n := held + 1 // the refusals this line stands for
 	args := []any{"reason", r.String(), "err", err.Error()}
 	if remote != nil {
 		args = append(args, "remote", remote.String())
@@ -212,27 +213,6 @@ func (a *Auth) note(side int, remote net.Addr, member int, err error) {
 	} else {
 		a.log.Warn("member link: inbound connection refused", args...)
 	}
-}
-
-// rateLog lets one line through per second and counts the others.
-type rateLog struct {
-	mu    sync.Mutex
-	last  time.Time
-	count int
-}
-
-// allow reports whether to log now, and how many events the line stands
-// for (this one and those swallowed since the last line).
-func (l *rateLog) allow(now time.Time) (int, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.count++
-	if !l.last.IsZero() && now.Sub(l.last) < time.Second {
-		return 0, false
-	}
-	n := l.count
-	l.last, l.count = now, 0
-	return n, true
 }
 
 // Dial connects to member to at addr (its member port as this member

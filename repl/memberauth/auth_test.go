@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 )
@@ -200,7 +201,7 @@ func checkRefused(t *testing.T, tc refusedCase) {
 	if !errors.Is(err, ErrRefused) {
 		t.Fatalf("dial error %v does not match ErrRefused", err)
 	}
-	repltest.WaitFor(t, "the acceptor's refusal", func() bool { return total(a) == 1 })
+	wait.For(t, "the acceptor's refusal", func() bool { return total(a) == 1 })
 	select {
 	case c := <-got:
 		c.Close()

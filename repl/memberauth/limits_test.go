@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 )
 
@@ -73,7 +74,7 @@ func TestFlood(t *testing.T) {
 			g0 := runtime.NumGoroutine()
 			const flood = 300
 			dialRaw(t, l.Addr().String(), flood, tc.first)
-			repltest.WaitFor(t, "the flood to be taken in", func() bool {
+			wait.For(t, "the flood to be taken in", func() bool {
 				return a.Refused(ReasonLimit) >= flood-8
 			})
 			if n := l.pendingNow(); n > 8 {
@@ -123,7 +124,7 @@ func TestHandshakeDeadline(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("closed after %v, want about 150ms", took)
 	}
-	repltest.WaitFor(t, "the refusal counted", func() bool { return a.Refused(ReasonHandshake) == 1 })
+	wait.For(t, "the refusal counted", func() bool { return a.Refused(ReasonHandshake) == 1 })
 }
 
 // TestMaxConns: at most MaxConns authenticated connections are open; one
@@ -151,7 +152,7 @@ func TestMaxConns(t *testing.T) {
 		}
 		c.Close()
 	}
-	repltest.WaitFor(t, "the third refused", func() bool { return a.Refused(ReasonLimit) == 1 })
+	wait.For(t, "the third refused", func() bool { return a.Refused(ReasonLimit) == 1 })
 	open[0].Close()
 	c, err := d.Dial(context.Background(), 0, l.Addr().String(), time.Second)
 	if err != nil {
@@ -176,7 +177,7 @@ func TestMaxConns(t *testing.T) {
 		t.Fatal("a second plain connection was kept")
 	}
 	_ = c1
-	repltest.WaitFor(t, "the plain one refused", func() bool { return off.Refused(ReasonLimit) == 1 })
+	wait.For(t, "the plain one refused", func() bool { return off.Refused(ReasonLimit) == 1 })
 }
 
 // TestRelay: a man in the middle that holds a certificate the members

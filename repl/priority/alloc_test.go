@@ -3,6 +3,7 @@
 package priority
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
@@ -106,8 +107,15 @@ func TestCompressAllocs(t *testing.T) {
 
 // TestSinkAndCancelAllocs: the active's Sink (on the event loop, under a
 // shard lock) and the canceller cutting a batch of acquire/release pairs
-// allocate nothing once their buffers have grown.
+// — exclusive, or two holders of a shared key each released — allocate
+// nothing once their buffers have grown.
 func TestSinkAndCancelAllocs(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprint("shared=", shared), func(t *testing.T) { sinkAndCancelAllocs(t, shared) })
+	}
+}
+
+func sinkAndCancelAllocs(t *testing.T, shared bool) {
 	rig := newCancelRig(t, 4)
 	tab := rig.table
 	var out shard.Out
@@ -117,8 +125,15 @@ func TestSinkAndCancelAllocs(t *testing.T) {
 	}
 	pairs := func() {
 		for _, k := range keys {
-			_, tok := tab.Acquire(0, k, 0, 30, 1, nil, &out)
-			tab.Release(0, k, tok, &out)
+			if shared {
+				_, a := tab.AcquireShared(0, k, 0, 30, 1, 4, shard.NoIdent, nil, &out)
+				_, b := tab.AcquireShared(0, k, 0, 30, 2, 4, shard.NoIdent, nil, &out)
+				tab.Release(0, k, a, &out)
+				tab.Release(0, k, b, &out)
+			} else {
+				_, tok := tab.Acquire(0, k, 0, 30, 1, nil, &out)
+				tab.Release(0, k, tok, &out)
+			}
 			out.Reset()
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lockd-dev/lockd/api"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/memberauth"
 	"github.com/lockd-dev/lockd/repl/priority/machine"
@@ -51,7 +52,7 @@ func stateOf(ms []*member, keys map[string]uint64) clusterState {
 	var s clusterState
 	for _, m := range ms {
 		st := m.p.Status()
-		s.epochs = append(s.epochs, st.Epoch)
+		s.epochs = append(s.epochs, st.Priority.Epoch)
 		role := st.Role
 		if role == api.RoleActiveChecking {
 			// A freeze check after a stall of the loaded test machine is
@@ -59,7 +60,7 @@ func stateOf(ms []*member, keys map[string]uint64) clusterState {
 			role = api.RoleActive
 		}
 		s.roles = append(s.roles, role)
-		s.changes = append(s.changes, st.Failovers+st.Demotions+st.Handovers)
+		s.changes = append(s.changes, st.Priority.Failovers+st.Priority.Demotions+st.Priority.Handovers)
 	}
 	s.tokenLast = ms[0].table.Tokens().Last()
 	s.locks = map[string]uint64{}
@@ -113,7 +114,7 @@ func TestForgedMember(t *testing.T) {
 				key := fmt.Sprintf("held/%d", i)
 				// B while a reservation catches up (two members promoted at
 				// once at the start: the survivor's tokens jump) is retried.
-				repltest.WaitFor(t, "acquire "+key, func() bool {
+				wait.For(t, "acquire "+key, func() bool {
 					st, tok := a.table.Acquire(a.clock(), []byte(key), 0, 60, 0, nil, &out)
 					if st != shard.Granted && st != shard.Busy {
 						t.Fatalf("acquire %s: %v", key, st)
@@ -122,7 +123,7 @@ func TestForgedMember(t *testing.T) {
 					return st == shard.Granted
 				})
 			}
-			repltest.WaitFor(t, "the standbys to have every lock", func() bool {
+			wait.For(t, "the standbys to have every lock", func() bool {
 				for _, m := range ms[1:] {
 					if m.table.Lookup([]byte("held/49")).Token != keys["held/49"] {
 						return false
@@ -154,7 +155,7 @@ func TestForgedMember(t *testing.T) {
 			// forged active for three failover timeouts.
 			d := 3 * a.p.cfg.FailoverTimeout
 			done := make(chan bool, 2)
-			epoch := a.p.Status().Epoch
+			epoch := a.p.Status().Priority.Epoch
 			for _, to := range []int{0, 1} {
 				c := forge(to)
 				go func() { done <- forgeHeartbeats(c, h, d, epoch) }()
@@ -168,8 +169,8 @@ func TestForgedMember(t *testing.T) {
 			if tc.Name == "off" {
 				// The takeover: the real active stepped down (discarding its
 				// table for a snapshot), and the forged epoch is the cluster's.
-				repltest.WaitFor(t, "the real active to step down", func() bool { return ms[0].p.Status().Demotions > 0 })
-				if e := ms[0].p.Status().Epoch; e < 1<<40 {
+				wait.For(t, "the real active to step down", func() bool { return ms[0].p.Status().Priority.Demotions > 0 })
+				if e := ms[0].p.Status().Priority.Epoch; e < 1<<40 {
 					t.Errorf("without §8.4 the forged epoch did not spread: epoch %d", e)
 				}
 				after = stateOf(ms, keys)
@@ -197,7 +198,7 @@ func TestForgedMember(t *testing.T) {
 			}
 			// Serving (a freeze check after a stall of the loaded machine
 			// may hold the gate a moment; a demotion would show above).
-			repltest.WaitFor(t, "the active serving", ms[0].serving)
+			wait.For(t, "the active serving", ms[0].serving)
 			if st, _ := a.table.Acquire(a.clock(), []byte("after"), 0, 60, 0, nil, &out); st != shard.Granted {
 				t.Fatalf("acquire after the forgery: %v", st)
 			}
@@ -225,14 +226,14 @@ func TestFloodedMemberPort(t *testing.T) {
 	g0 := runtime.NumGoroutine()
 	stop := repltest.Flood(a.p.cfg.MemberAddr(0), 200)
 	defer stop()
-	repltest.WaitFor(t, "the flood to fill the exchange", func() bool { return refusedFor(a, "limit") > 50 })
+	wait.For(t, "the flood to fill the exchange", func() bool { return refusedFor(a, "limit") > 50 })
 	// Member 1's link to the active breaks: it dials again into the flood.
 	pe := ms[1].p.link.peers[0]
 	pe.mu.Lock()
 	c := pe.conn
 	pe.mu.Unlock()
 	c.Close()
-	repltest.WaitFor(t, "member 1's link to the active up again, through the flood", func() bool {
+	wait.For(t, "member 1's link to the active up again, through the flood", func() bool {
 		pe.mu.Lock()
 		defer pe.mu.Unlock()
 		return pe.conn != nil && pe.conn != c
@@ -240,12 +241,12 @@ func TestFloodedMemberPort(t *testing.T) {
 	var out shard.Out
 	key := []byte("during-the-flood")
 	var tok uint64
-	repltest.WaitFor(t, "a grant on the active", func() bool {
+	wait.For(t, "a grant on the active", func() bool {
 		var st shard.Status
 		st, tok = a.table.Acquire(a.clock(), key, 0, 60, 0, nil, &out)
 		return st == shard.Granted
 	})
-	repltest.WaitFor(t, "member 1 in sync with the grant, live for the active", func() bool {
+	wait.For(t, "member 1 in sync with the grant, live for the active", func() bool {
 		for _, mb := range a.p.Status().Members {
 			if mb.Addr == ms[1].p.self && !mb.Live {
 				return false
@@ -258,7 +259,7 @@ func TestFloodedMemberPort(t *testing.T) {
 	}
 	n := stop()
 	t.Logf("%d connections flooded; refused %v; member 1 reconnected and in sync", n, a.p.Status().MemberRefused)
-	if st := a.p.Status(); st.Role != "active" || st.Demotions != 0 {
+	if st := a.p.Status(); st.Role != "active" || st.Priority.Demotions != 0 {
 		t.Fatalf("the active changed: %+v", st)
 	}
 }

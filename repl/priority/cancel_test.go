@@ -3,7 +3,6 @@ package priority
 import (
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"testing"
 
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
@@ -49,7 +48,7 @@ func (r *cancelRig) snapshot(between func(i int)) []SnapEntryAt {
 	var snap []SnapEntryAt
 	for i := range r.table.Shards() {
 		seq := r.o.dumpShard(i, func(h *shard.HeldLock) {
-			snap = append(snap, SnapEntryAt{Shard: i, Key: string(h.Key), Token: h.Token})
+			snap = append(snap, SnapEntryAt{Shard: i, Key: string(h.Key), Token: h.Token, Ident: string(h.Ident), Limit: h.Limit})
 		})
 		snap = append(snap, SnapEntryAt{Shard: i, Seq: seq})
 		between(i)
@@ -57,11 +56,14 @@ func (r *cancelRig) snapshot(between func(i int)) []SnapEntryAt {
 	return snap
 }
 
-// SnapEntryAt is a held key of a test snapshot, or (Key "") its shard's cut.
+// SnapEntryAt is a holder of a held key of a test snapshot (with its
+// identity and its key's limit), or (Key "") its shard's cut.
 type SnapEntryAt struct {
 	Shard int
 	Key   string
 	Token uint64
+	Ident string
+	Limit uint16
 	Seq   uint64
 }
 
@@ -75,7 +77,8 @@ func (r *cancelRig) replica(t *testing.T, snap []SnapEntryAt, first int) *shard.
 	for _, e := range snap {
 		if e.Key == "" {
 			tab.SetSeq(e.Shard, e.Seq)
-		} else if err := tab.Restore([]byte(e.Key), e.Token, 60e9); err != nil {
+		} else if err := tab.RestoreHolder(&shard.HeldLock{Key: []byte(e.Key), Token: e.Token, Deadline: 60e9,
+			Ident: []byte(e.Ident), Limit: e.Limit}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -96,18 +99,11 @@ func (r *cancelRig) replica(t *testing.T, snap []SnapEntryAt, first int) *shard.
 }
 
 // diff says how tab differs from the active's table ("" when it holds the
-// same keys with the same tokens and every shard is at the same Seq).
+// same keys with the same holders — tokens, identities, limits — and every
+// shard is at the same Seq).
 func (r *cancelRig) diff(tab *shard.Table) string {
-	want, got := map[string]uint64{}, map[string]uint64{}
-	r.table.Held(func(k []byte, tok uint64, _ int64) { want[string(k)] = tok })
-	tab.Held(func(k []byte, tok uint64, _ int64) { got[string(k)] = tok })
-	if !reflect.DeepEqual(got, want) {
-		for k, tok := range got {
-			if want[k] != tok {
-				return fmt.Sprintf("holds %d keys, the active %d; %s: token %d, the active's %d", len(got), len(want), k, tok, want[k])
-			}
-		}
-		return fmt.Sprintf("holds %d keys, the active %d", len(got), len(want))
+	if d := repltest.HoldersDiff(repltest.Holders(tab), repltest.Holders(r.table)); d != "" {
+		return d
 	}
 	for i := range r.table.Shards() {
 		if r.table.Seq(i) != tab.Seq(i) {
@@ -120,18 +116,25 @@ func (r *cancelRig) diff(tab *shard.Table) string {
 // TestCancelKeepsReplicas: batches whose grants ended in them go with
 // skip records, and a replica fed them — from the start, or from a
 // snapshot cut while changes went on between its shards' dumps — ends
-// equal to the active, key by key and Seq by Seq.
+// equal to the active, key by key, holder by holder and Seq by Seq. In the
+// shared cases every key is shared (limits 2, 3 and 65535) and each step
+// acts on one holder: a holder's grant and its end cancel out while the
+// key's other holders, granted and ended in the same batches, stay.
 func TestCancelKeepsReplicas(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		seed  uint64
-		keys  int
-		flush int // ops between batches at most
+		name   string
+		seed   uint64
+		keys   int
+		flush  int // ops between batches at most
+		shared bool
 	}{
-		{"pairs-few-keys", 1, 40, 50},
-		{"pairs-many-keys", 2, 3000, 400},
-		{"tiny-batches", 3, 200, 2},
-		{"big-batches", 4, 500, 5000},
+		{"pairs-few-keys", 1, 40, 50, false},
+		{"pairs-many-keys", 2, 3000, 400, false},
+		{"tiny-batches", 3, 200, 2, false},
+		{"big-batches", 4, 500, 5000, false},
+		{"shared-few-keys", 5, 12, 50, true},
+		{"shared-many-keys", 6, 1000, 400, true},
+		{"shared-tiny-batches", 7, 30, 2, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rig := newCancelRig(t, 16)
@@ -145,11 +148,25 @@ func TestCancelKeepsReplicas(t *testing.T) {
 			var out shard.Out
 			now := int64(0)
 			nextFlush := 1 + rng.IntN(tc.flush)
+			sharedStep := func(i int) {
+				limit := []uint16{2, 3, 65535}[i%3]
+				d := tab.Detail(keys[i])
+				switch op := rng.IntN(10); {
+				case op < 5 || len(d.Holders) == 0:
+					tab.AcquireShared(now, keys[i], 0, uint8(1+rng.IntN(3)), 1, limit, shard.NoIdent, nil, &out)
+				case op < 7:
+					tab.Renew(now, keys[i], 5, d.Holders[rng.IntN(len(d.Holders))].Token, &out)
+				default:
+					tab.Release(now, keys[i], d.Holders[rng.IntN(len(d.Holders))].Token, &out)
+				}
+			}
 			step := func() {
 				now += 1e6
 				out.Reset()
 				i := rng.IntN(len(keys))
 				switch {
+				case tc.shared:
+					sharedStep(i)
 				case tokens[i] == 0:
 					if st, tok := tab.Acquire(now, keys[i], 0, uint8(1+rng.IntN(3)), 1, nil, &out); st == shard.Granted {
 						tokens[i] = tok
@@ -192,6 +209,9 @@ func TestCancelKeepsReplicas(t *testing.T) {
 			}
 			rig.flush()
 
+			if holders, multi := repltest.SharedCount(repltest.Holders(tab)); tc.shared && (multi == 0 || holders < tc.keys/4) {
+				t.Fatalf("%d holders of shared keys, %d keys with several: not a test of them", holders, multi)
+			}
 			st := &rig.o.stats
 			if st.cancelled.Load() == 0 || st.records.Load() == 0 {
 				t.Fatalf("%d of %d records cancelled: the canceller never cut", st.cancelled.Load(), st.records.Load())
@@ -251,6 +271,81 @@ func TestCancelNotAcrossADump(t *testing.T) {
 			rig.flush()
 			if bracketed && rig.o.stats.cancelled.Load() != 2 {
 				t.Fatalf("after the dump's batch: %d records cancelled, want 2", rig.o.stats.cancelled.Load())
+			}
+		})
+	}
+}
+
+// TestCancelSharedByToken: a shared key's holders are told apart by their
+// tokens alone: a holder's grant cancels out only with the release or
+// expiry of that same holder, never with another holder's end on the same
+// key in the same batch, and a replica fed the batch holds exactly the
+// active's holders.
+func TestCancelSharedByToken(t *testing.T) {
+	key := []byte("sem")
+	type op struct {
+		kind   string // "grant", "release", "renew", "expire"
+		holder int    // index of the holder, in grant order
+	}
+	for _, tc := range []struct {
+		name      string
+		before    int  // holders granted in an earlier batch
+		ops       []op // this batch
+		cancelled uint64
+	}{
+		{"another holder's release stays", 1, []op{{"grant", 1}, {"release", 0}}, 0},
+		{"one holder's pair", 1, []op{{"grant", 1}, {"grant", 2}, {"release", 1}}, 2},
+		{"pair with renewals between", 0, []op{{"grant", 0}, {"grant", 1}, {"renew", 0}, {"renew", 1}, {"release", 0}}, 3},
+		{"every holder's pair", 0, []op{{"grant", 0}, {"grant", 1}, {"grant", 2}, {"release", 1}, {"release", 2}, {"release", 0}}, 6},
+		{"expiry of one holder", 1, []op{{"grant", 1}, {"expire", 1}}, 2},
+		{"expiry of an earlier holder stays", 1, []op{{"grant", 1}, {"expire", 0}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rig := newCancelRig(t, 1)
+			tab := rig.table
+			var out shard.Out
+			var tokens []uint64
+			grant := func(lease uint8) {
+				st, tok := tab.AcquireShared(0, key, 0, lease, 1, 3, shard.NoIdent, nil, &out)
+				if st != shard.Granted {
+					t.Fatalf("acquire shared: %v", st)
+				}
+				tokens = append(tokens, tok)
+			}
+			lease := func(h int) uint8 { // holders that expire have 1 s, the others 60
+				for _, o := range tc.ops {
+					if o.kind == "expire" && o.holder == h {
+						return 1
+					}
+				}
+				return 60
+			}
+			for h := range tc.before {
+				grant(lease(h))
+			}
+			rig.flush()
+			for _, o := range tc.ops {
+				switch o.kind {
+				case "grant":
+					grant(lease(o.holder))
+				case "release":
+					if !tab.Release(0, key, tokens[o.holder], &out) {
+						t.Fatalf("release of holder %d", o.holder)
+					}
+				case "renew":
+					if !tab.Renew(0, key, 60, tokens[o.holder], &out) {
+						t.Fatalf("renew of holder %d", o.holder)
+					}
+				case "expire":
+					tab.Tick(2e9, &out) // only the holders of 1 s end
+				}
+			}
+			rig.flush()
+			if got := rig.o.stats.cancelled.Load(); got != tc.cancelled {
+				t.Errorf("%d records cancelled, want %d", got, tc.cancelled)
+			}
+			if d := rig.diff(rig.replica(t, nil, 0)); d != "" {
+				t.Fatalf("replica: %s", d)
 			}
 		})
 	}

@@ -23,8 +23,12 @@ func frameSeeds() repltest.Seeds {
 	small, large := repltest.FuzzBatch(repltest.FuzzRecords(5)), repltest.FuzzBatch(repltest.FuzzRecords(64))
 	add("FuzzFrameReader", "batch-raw-records", appendBatch(nil, 1, small), uint16(20))
 	add("FuzzFrameReader", "batch-s2-records", appendBatch(nil, 2, large), uint16(100))
-	add("FuzzFrameReader", "snap-shard-s2-entries", appendSnapShard(nil, 5, 9, true, repltest.FuzzEntries(64)), uint16(50))
-	add("FuzzFrameReader", "snap-shard-raw-entries", appendSnapShard(nil, 5, 9, false, repltest.FuzzEntries(3)), uint16(1))
+	// Shared grants (records of kinds 0x41 and 0xC1) and snapshot entries
+	// in the format version 3, one per holder with its key's limit: what
+	// this link version carries (recordsVersion).
+	add("FuzzFrameReader", "batch-shared-records", appendBatch(nil, 3, repltest.FuzzBatch(repltest.FuzzSharedRecords(48))), uint16(70))
+	add("FuzzFrameReader", "snap-shard-s2-entries", appendSnapShard(nil, 5, 9, true, repltest.FuzzSharedEntries(64)), uint16(50))
+	add("FuzzFrameReader", "snap-shard-raw-entries", appendSnapShard(nil, 5, 9, false, repltest.FuzzSharedEntries(3)), uint16(1))
 	bad := (&ack{Kind: ackBatch, Value: 1}).Append(nil)
 	bad[len(bad)-1] ^= 1
 	add("FuzzFrameReader", "bad-crc", bad, uint16(0))
@@ -144,7 +148,7 @@ func fuzzMessage(t *testing.T, typ msgType, p, frame []byte) {
 		}
 	case *snapShard:
 		if raw, err := m.Raw(nil); err == nil {
-			repltest.EntriesRoundTrip(t, raw)
+			repltest.EntriesVersionRoundTrip(t, raw, recordsVersion)
 		}
 	}
 }

@@ -470,21 +470,22 @@ func (l *link) greeted(c net.Conn, r *frameReader) (pm peerMap, ok bool) {
 		l.log.Warn("member link refused: no hello", "remote", c.RemoteAddr().String(), "err", err)
 		return peerMap{}, false
 	}
+	if v, ok := helloVersion(payload); ok && v != l.hello.Version {
+		// Another lockd version: it would misread this one's messages and
+		// records (and this one its). Every member of a cluster runs one
+		// version of the member link; nothing more of this Hello is read
+		// (its layout may differ).
+		l.log.Error("member link refused: the peer speaks another version of the member link (a cluster mixes lockd versions: run one version on every member)",
+			"remote", c.RemoteAddr().String(), "its_version", v, "version", l.hello.Version)
+		from := l.provenMember(c)
+		if i := helloSelf(payload); from < 0 && i >= 0 && i < len(l.cfg.Peers) && i != l.cfg.Self {
+			from = i // as it says: every version's Hello starts version, mode, members, self
+		}
+		l.ev.refused(from)
+		return peerMap{}, false
+	}
 	var h hello
 	if err := h.Decode(payload); err != nil {
-		if h.Version != 0 && h.Version != protocolVersion {
-			// Another lockd version: it would misread this one's messages
-			// (and this one its). Every member of a cluster runs one
-			// version of the member link.
-			l.log.Error("member link refused: the peer speaks another version of the member link (a cluster mixes lockd versions: run one version on every member)",
-				"remote", c.RemoteAddr().String(), "its_version", h.Version, "version", protocolVersion)
-			from := l.provenMember(c)
-			if i := helloSelf(payload); from < 0 && i >= 0 && i < len(l.cfg.Peers) && i != l.cfg.Self {
-				from = i // as it says: every version's Hello starts version, mode, members, self
-			}
-			l.ev.refused(from)
-			return peerMap{}, false
-		}
 		l.log.Warn("member link refused: bad hello", "remote", c.RemoteAddr().String(), "err", err)
 		return peerMap{}, false
 	}

@@ -24,12 +24,23 @@ import (
 // carries the sender's position, whether it is final (held) and whether
 // it serves, and a later active's verdict on the receiver (PROTOCOL.md
 // §6.3, "Whoever would lose more stays"), and a successor's Ack(handoff)
-// means it serves. A member of another version would misread them: the
+// means it serves; 7 since Batches carry shared grants (records of kinds
+// 0x41 and 0xC1, records.Version 3) and SnapShard frames carry snapshot
+// entries in the format version 3, one per holder with its key's limit
+// (PROTOCOL.md §9.2). A member of another version would misread them: the
 // Hello is refused, and the refusal logged with both versions
 // (hello.Decode). A change of what the replication records or snapshot
-// entries carry (repl/records) raises it too: a mixed-version cluster is
-// refused at the Hello, never misread.
-const protocolVersion = 6
+// entries carry (repl/records) raises it too (recordsVersion):
+// a mixed-version cluster is refused at the Hello, never misread.
+const protocolVersion = 7
+
+// recordsVersion is the format version of repl/records that this
+// member-link version carries (records in Batches, snapshot entries in
+// SnapShard frames): the Hello's version implies it, so two members that
+// accept each other's Hello read each other's records alike.
+// TestLinkVersionFollowsRecords fails when records.Version moves without
+// it (and protocolVersion).
+const recordsVersion = 3
 
 // clusterMode is a cluster's mode as Hello carries it.
 type clusterMode uint8
@@ -133,6 +144,15 @@ func (h *hello) Decode(p []byte) error {
 		return errLongPayload
 	}
 	return nil
+}
+
+// helloVersion is the member-link version of a Hello of any version (its
+// first field); false if too short.
+func helloVersion(p []byte) (uint16, bool) {
+	if len(p) < 2 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint16(p), true
 }
 
 // helloSelf is the sender's index in a Hello of any version (they all
@@ -454,8 +474,10 @@ func (s *snapBegin) Decode(p []byte) error {
 	return nil
 }
 
-// snapShard carries snapshot entries (AppendSnapEntryIdent) of one shard, cut
-// at Seq; a shard's entries may span several frames, the last with Last.
+// snapShard carries snapshot entries of one shard in the format version
+// recordsVersion (records.AppendSnapEntryVersion: one per holder, with its
+// identity and its key's limit), cut at Seq; a shard's entries may span
+// several frames, the last with Last.
 type snapShard struct {
 	Shard  uint32
 	Seq    uint64 // the shard's record Seq the dump was cut at

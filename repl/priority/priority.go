@@ -85,6 +85,10 @@ type node struct {
 	// noWallFloor leaves the wall-clock floor out of a promotion's first
 	// token, so tests see the reservation rule alone.
 	noWallFloor bool
+	// version is the member-link version this member's Hello says and
+	// accepts: protocolVersion (tests set an older one to play a member of
+	// an older lockd beside this one, before Start).
+	version uint16
 }
 
 // stopRequest is Stop handed to run.
@@ -108,7 +112,8 @@ func newNode(cfg repl.ClusterConfig) (*node, error) {
 		return nil, err
 	}
 	p := &node{cfg: cfg, self: cfg.Peers[cfg.Self], quit: make(chan struct{}), inbox: make(chan machine.Msg, 256),
-		stops: make(chan stopRequest), busySince: make([]atomic.Int64, len(cfg.Peers)), heardAt: make([]atomic.Int64, len(cfg.Peers))}
+		stops: make(chan stopRequest), busySince: make([]atomic.Int64, len(cfg.Peers)), heardAt: make([]atomic.Int64, len(cfg.Peers)),
+		version: protocolVersion}
 	p.reserves.init()
 	p.gate.Store(&gate{Gate: repl.Gate{State: repl.Hold}})
 	return p, nil
@@ -441,8 +446,8 @@ func (p *node) Close(ctx context.Context, why repl.CloseReason) error {
 // Status reports this member and what it knows of the others.
 func (p *node) Status() repl.Status {
 	v := p.view.Load()
-	st := repl.Status{Mode: api.ModePriority, Role: v.Role.String(), Self: p.self, Epoch: v.Epoch, InSync: v.InSync,
-		Failovers: v.Failovers, Handovers: v.Handovers, Demotions: v.Demotions}
+	ps := &repl.PriorityStatus{Epoch: v.Epoch, Failovers: v.Failovers, Handovers: v.Handovers, Demotions: v.Demotions}
+	st := repl.Status{Mode: api.ModePriority, Role: v.Role.String(), Self: p.self, InSync: v.InSync, Priority: ps}
 	if v.Role == machine.RoleActive && v.Checking {
 		st.Role = api.RoleActiveChecking
 	}
@@ -454,15 +459,15 @@ func (p *node) Status() repl.Status {
 	}
 	if p.out != nil {
 		out, in := &p.out.stats, &p.standby.stats
-		st.SnapshotsSent, st.SnapshotsReceived = out.snapshots.Load(), in.snapshots.Load()
-		st.Batches = out.batches.Load() + in.batches.Load()
-		st.Records = out.records.Load() + in.records.Load()
-		st.Cancelled = out.cancelled.Load() + in.cancelled.Load()
-		st.RawBytes = out.rawBytes.Load() + in.rawBytes.Load()
-		st.WireBytes = out.wireBytes.Load() + in.wireBytes.Load()
+		ps.SnapshotsSent, ps.SnapshotsReceived = out.snapshots.Load(), in.snapshots.Load()
+		ps.Batches = out.batches.Load() + in.batches.Load()
+		ps.Records = out.records.Load() + in.records.Load()
+		ps.Cancelled = out.cancelled.Load() + in.cancelled.Load()
+		ps.RawBytes = out.rawBytes.Load() + in.rawBytes.Load()
+		ps.WireBytes = out.wireBytes.Load() + in.wireBytes.Load()
 	}
 	if v.Role == machine.RoleStandby {
-		st.LagSeconds = float64(v.LagNS) / 1e9
+		ps.LagSeconds = float64(v.LagNS) / 1e9
 	}
 	for i := range p.cfg.Peers {
 		if i == p.cfg.Self {
@@ -497,7 +502,7 @@ func (p *node) Health() error {
 
 // hello is what this member says first on every link.
 func (p *node) hello() hello {
-	return hello{Version: protocolVersion, Mode: modePriority, Members: uint8(len(p.cfg.Peers)), Self: uint8(p.cfg.Self),
+	return hello{Version: p.version, Mode: modePriority, Members: uint8(len(p.cfg.Peers)), Self: uint8(p.cfg.Self),
 		Offset: uint32(p.cfg.PeerOffset), Shards: uint32(p.table.Shards()), FailoverMS: uint32(p.cfg.FailoverTimeout / time.Millisecond),
 		Peers: p.cfg.Peers}
 }

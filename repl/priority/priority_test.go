@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/priority/machine"
@@ -103,7 +104,7 @@ func (m *member) serving() bool { return m.p.Gate().Effective(m.clock()) == repl
 
 func waitServing(t *testing.T, ms []*member, want int) {
 	t.Helper()
-	repltest.WaitFor(t, fmt.Sprintf("member %d serving and the others following it in sync", want), func() bool {
+	wait.For(t, fmt.Sprintf("member %d serving and the others following it in sync", want), func() bool {
 		if !ms[want].serving() {
 			return false
 		}
@@ -161,9 +162,9 @@ func TestPriorityInProcess(t *testing.T) {
 		return m.table.Stats().Keys == len(tokens)
 	}
 	for i := 1; i < 3; i++ {
-		repltest.WaitFor(t, fmt.Sprintf("standby %d to hold the active's locks", i), func() bool { return same(ms[i]) })
+		wait.For(t, fmt.Sprintf("standby %d to hold the active's locks", i), func() bool { return same(ms[i]) })
 	}
-	repltest.WaitFor(t, "every batch acknowledged", func() bool {
+	wait.For(t, "every batch acknowledged", func() bool {
 		for _, mb := range a.p.Status().Members {
 			if mb.LagRecords != 0 || mb.LagBytes != 0 {
 				return false
@@ -171,7 +172,7 @@ func TestPriorityInProcess(t *testing.T) {
 		}
 		return true
 	})
-	if st := a.p.Status(); st.Batches == 0 || st.Records < 400 || st.WireBytes == 0 || st.RawBytes < st.Records*10 {
+	if st := a.p.Status(); st.Priority.Batches == 0 || st.Priority.Records < 400 || st.Priority.WireBytes == 0 || st.Priority.RawBytes < st.Priority.Records*10 {
 		t.Fatalf("the active's stream counters: %+v", st)
 	}
 	if info := ms[1].table.Lookup([]byte("k200")); time.Duration(info.Deadline-ms[1].clock()) < 50*time.Second {
@@ -184,7 +185,7 @@ func TestPriorityInProcess(t *testing.T) {
 	if g := a.p.Gate(); g.State != repl.Redirect || g.Addr != ms[1].p.self {
 		t.Fatalf("old active's gate after the handover: %+v", g)
 	}
-	repltest.WaitFor(t, "the successor to serve", ms[1].serving)
+	wait.For(t, "the successor to serve", ms[1].serving)
 	if !same(ms[1]) {
 		t.Fatal("the successor does not hold every lock with its token")
 	}
@@ -225,7 +226,7 @@ func TestPriorityFailoverInProcess(t *testing.T) {
 	}
 	a.p.Close(context.Background(), repl.Discard) // no goodbye: silence
 	ms[0] = nil
-	repltest.WaitFor(t, "a standby to take over", func() bool { return ms[1].serving() || ms[2].serving() })
+	wait.For(t, "a standby to take over", func() bool { return ms[1].serving() || ms[2].serving() })
 	s := ms[1]
 	if !s.serving() {
 		s = ms[2]
@@ -256,7 +257,7 @@ func TestSplitActiveBackAsStandby(t *testing.T) {
 	a := ms[0]
 	ms[2].p.Close(context.Background(), repl.Discard)
 	ms[2] = nil
-	epoch := a.p.Status().Epoch
+	epoch := a.p.Status().Priority.Epoch
 	mark := a.table.Tokens().Last() + 1e12 // what it reserved on its side
 	c, err := net.Dial("tcp", a.p.cfg.MemberAddr(0))
 	if err != nil {
@@ -272,14 +273,14 @@ func TestSplitActiveBackAsStandby(t *testing.T) {
 	// The gate holds requests from the heartbeat until the jump is
 	// reserved: once it serves again, the counter is past the mark and the
 	// first acquire is granted above it (not B).
-	repltest.WaitFor(t, "the active to serve again above the returning member's mark", func() bool {
+	wait.For(t, "the active to serve again above the returning member's mark", func() bool {
 		return a.table.Tokens().Last() >= mark && a.serving()
 	})
 	var out shard.Out
 	if st, tok := a.table.Acquire(a.clock(), []byte("after"), 0, 30, 0, nil, &out); st != shard.Granted || tok <= mark {
 		t.Fatalf("first acquire after the member came back: %v, token %d, want granted above %d", st, tok, mark)
 	}
-	if st := a.p.Status(); st.Role != "active" || st.Demotions != 0 {
+	if st := a.p.Status(); st.Role != "active" || st.Priority.Demotions != 0 {
 		t.Fatalf("the active changed: %+v", st)
 	}
 	// A counter near 2^64 is no real member's: the reservation above it
@@ -333,7 +334,7 @@ func TestPriorityTakeoverKeepsIdentities(t *testing.T) {
 	ms := openMembers(t, 3)
 	ms[0].start(t)
 	ms[1].start(t)
-	repltest.WaitFor(t, "member 0 serving with member 1 in sync", func() bool {
+	wait.For(t, "member 0 serving with member 1 in sync", func() bool {
 		st := ms[1].p.Status()
 		return ms[0].serving() && st.Role == "standby" && st.InSync
 	})
@@ -371,7 +372,7 @@ func TestPriorityTakeoverKeepsIdentities(t *testing.T) {
 		return true
 	}
 	for i := 1; i < 3; i++ {
-		repltest.WaitFor(t, fmt.Sprintf("standby %d to hold every grant with its identity", i), func() bool { return has(ms[i]) })
+		wait.For(t, fmt.Sprintf("standby %d to hold every grant with its identity", i), func() bool { return has(ms[i]) })
 	}
 	// Members 0 and 1 die; member 2 (the one that joined by snapshot)
 	// takes over.
@@ -380,7 +381,7 @@ func TestPriorityTakeoverKeepsIdentities(t *testing.T) {
 		ms[i] = nil
 	}
 	s := ms[2]
-	repltest.WaitFor(t, "member 2 to take over", s.serving)
+	wait.For(t, "member 2 to take over", s.serving)
 	if !has(s) {
 		t.Fatal("the member that took over lost grants or their identities")
 	}
@@ -567,8 +568,8 @@ func TestOtherVersionRefused(t *testing.T) {
 	if _, err := c.Write(old); err != nil {
 		t.Fatal(err)
 	}
-	repltest.WaitFor(t, "the refusal logged", func() bool { return refusals.Load() > 0 })
-	repltest.WaitFor(t, "member 0 unready, naming the refused link", func() bool {
+	wait.For(t, "the refusal logged", func() bool { return refusals.Load() > 0 })
+	wait.For(t, "member 0 unready, naming the refused link", func() bool {
 		err := m.p.Health()
 		return err != nil && strings.Contains(err.Error(), "refused") && strings.Contains(err.Error(), m.p.cfg.Peers[1])
 	})

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -75,10 +74,14 @@ func TestBatchFrames(t *testing.T) {
 }
 
 // TestReplicaFollows: a table applying the records another table streams
-// through Batch frames ends with the same held keys, tokens, identities
-// and sequences; and a third table loaded from SnapShard frames of the
-// first, then fed the records after the dump, ends the same. The active's
-// grants are made to identities in turn (and to none), as with --acl.
+// through Batch frames ends with the same held keys and holders — tokens,
+// identities, shared keys' limits — and sequences; and a standby (the
+// real inbound side, standby.go) loaded from a snapshot of the first cut
+// mid-stream — SnapBegin, SnapShard frames in the format version 3, one
+// entry per holder, SnapEnd — then fed the batches after the dump, ends
+// the same. The active's grants are made to identities in turn (and to
+// none), as with --acl; every fourth key is shared (limit 3), with
+// holders granted, renewed, released and expired one at a time.
 func TestReplicaFollows(t *testing.T) {
 	var w records.BatchWriter
 	var stream []byte
@@ -116,9 +119,16 @@ func TestReplicaFollows(t *testing.T) {
 			now += 1e6
 			out.Reset()
 			i := rng.IntN(len(keys))
-			switch {
+			id := idents[i%len(idents)]
+			switch d := active.Detail(keys[i]); {
+			case i%4 == 0 && (len(d.Holders) == 0 || rng.IntN(2) == 0):
+				active.AcquireShared(now, keys[i], 0, uint8(1+rng.IntN(3)), 1, 3, idents[rng.IntN(len(idents))], nil, &out)
+			case i%4 == 0 && rng.IntN(3) == 0:
+				active.Renew(now, keys[i], 5, d.Holders[rng.IntN(len(d.Holders))].Token, &out)
+			case i%4 == 0:
+				active.Release(now, keys[i], d.Holders[rng.IntN(len(d.Holders))].Token, &out)
 			case tokens[i] == 0:
-				if st, tok := active.AcquireAs(now, keys[i], 0, uint8(1+rng.IntN(3)), 1, idents[i%len(idents)], nil, &out); st == shard.Granted {
+				if st, tok := active.AcquireAs(now, keys[i], 0, uint8(1+rng.IntN(3)), 1, id, nil, &out); st == shard.Granted {
 					tokens[i] = tok
 				}
 			case rng.IntN(3) == 0:
@@ -135,14 +145,15 @@ func TestReplicaFollows(t *testing.T) {
 	}
 	play(20000)
 
-	// The snapshot, cut now, in frames of at most 4 KiB raw per shard.
+	// The snapshot, cut now, in frames of at most 4 KiB raw per shard, as
+	// the active's stream writes it (writeSnapshot).
 	var snap []byte
 	var raw []byte
 	for i := range active.Shards() {
 		var dumpErr error
 		cut := active.Dump(i, func(h *shard.HeldLock) {
-			raw, dumpErr = records.AppendSnapEntryIdent(raw, &records.SnapEntry{Key: h.Key, Token: h.Token,
-				Left: time.Duration(h.Deadline - now), Lease: h.Lease, Ident: h.Ident})
+			raw, dumpErr = records.AppendSnapEntryVersion(raw, &records.SnapEntry{Key: h.Key, Token: h.Token,
+				Left: time.Duration(h.Deadline - now), Lease: h.Lease, Ident: h.Ident, Limit: h.Limit}, recordsVersion)
 			if len(raw) >= 4<<10 && dumpErr == nil {
 				snap = appendSnapShard(snap, uint32(i), 0, false, raw)
 				raw = raw[:0]
@@ -157,50 +168,35 @@ func TestReplicaFollows(t *testing.T) {
 	snapStream := len(stream)
 	play(20000)
 
-	follow := func(t *testing.T, tab *shard.Table, s []byte) {
+	frames := func(s []byte, each func(typ msgType, p []byte)) {
 		fr := newFrameReader(bytes.NewReader(s))
-		var b batch
-		var rr records.RecordReader
-		var r shard.Record
 		for {
 			typ, p, err := fr.Next()
 			if err == io.EOF {
 				return
 			}
-			if err != nil || typ != msgBatch || b.Decode(p) != nil {
+			if err != nil {
 				t.Fatalf("frame: %v %v", typ, err)
 			}
-			data, err := b.Raw(nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rr.Reset(data); rr.Next(&r); {
-				if _, err := tab.Apply(now, &r, &out); err != nil {
-					t.Fatalf("Apply %+v: %v", r, err)
-				}
-			}
-			if rr.Err() != nil {
-				t.Fatal(rr.Err())
-			}
+			each(typ, p)
 		}
-	}
-	held := func(tab *shard.Table) map[string]string {
-		m := map[string]string{}
-		for i := range tab.Shards() {
-			tab.Dump(i, func(h *shard.HeldLock) { m[string(h.Key)] = fmt.Sprint(h.Token, " ", string(h.Ident)) })
-		}
-		return m
 	}
 	same := func(t *testing.T, tab *shard.Table) {
-		want, got := held(active), held(tab)
+		want, got := repltest.Holders(active), repltest.Holders(tab)
 		named := 0
-		for _, v := range want {
-			if !strings.HasSuffix(v, " ") {
-				named++
+		for _, hs := range want {
+			for _, h := range hs {
+				if h.Ident != "" {
+					named++
+				}
 			}
 		}
-		if len(want) == 0 || named == 0 || !reflect.DeepEqual(got, want) {
-			t.Fatalf("replica holds %d keys, active %d (%d with an identity; equal %v)", len(got), len(want), named, reflect.DeepEqual(got, want))
+		if holders, multi := repltest.SharedCount(want); len(want) == 0 || named == 0 || holders == 0 || multi == 0 {
+			t.Fatalf("the active holds %d keys, %d holders with an identity, %d holders of shared keys (%d keys with several): not a test of them",
+				len(want), named, holders, multi)
+		}
+		if d := repltest.HoldersDiff(got, want); d != "" {
+			t.Fatalf("replica: %s", d)
 		}
 		for i := range active.Shards() {
 			if active.Seq(i) != tab.Seq(i) {
@@ -213,7 +209,26 @@ func TestReplicaFollows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		follow(t, replica, stream)
+		var b batch
+		var rr records.RecordReader
+		var r shard.Record
+		frames(stream, func(typ msgType, p []byte) {
+			if typ != msgBatch || b.Decode(p) != nil {
+				t.Fatalf("frame %v", typ)
+			}
+			data, err := b.Raw(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rr.Reset(data); rr.Next(&r); {
+				if _, err := replica.Apply(now, &r, &out); err != nil {
+					t.Fatalf("Apply %+v: %v", r, err)
+				}
+			}
+			if rr.Err() != nil {
+				t.Fatal(rr.Err())
+			}
+		})
 		same(t, replica)
 	})
 	t.Run("snapshot-then-stream", func(t *testing.T) {
@@ -221,35 +236,29 @@ func TestReplicaFollows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fr := newFrameReader(bytes.NewReader(snap))
-		var s snapShard
-		var sr records.SnapReader
-		var e records.SnapEntry
-		for {
-			typ, p, err := fr.Next()
-			if err == io.EOF {
-				break
+		f := &fakeFollower{from: 0, epoch: 1, standby: true}
+		sb := &standby{table: replica, clock: func() int64 { return now }, log: repltest.Quiet(), names: []string{"a", "b"}, links: make([]*peer, 2), node: f}
+		in := sb.from(0)
+		payload := func(f []byte) []byte { return f[frameHead : len(f)-frameTail] }
+		if err := in.snapBegin(payload((&snapBegin{ID: 1, Epoch: 1, Shards: 16}).Append(nil))); err != nil {
+			t.Fatal(err)
+		}
+		frames(snap, func(typ msgType, p []byte) {
+			if typ != msgSnapShard {
+				t.Fatalf("frame %v", typ)
 			}
-			if err != nil || typ != msgSnapShard || s.Decode(p) != nil {
-				t.Fatalf("frame: %v %v", typ, err)
-			}
-			data, err := s.Raw(nil)
-			if err != nil {
+			if err := in.snapShard(p); err != nil {
 				t.Fatal(err)
 			}
-			for sr.ResetIdent(data); sr.Next(&e); {
-				if err := replica.RestoreAs(e.Key, e.Token, now+int64(e.Left), e.Ident); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if sr.Err() != nil {
-				t.Fatal(sr.Err())
-			}
-			if s.Last {
-				replica.SetSeq(int(s.Shard), s.Seq)
-			}
+		})
+		if err := in.snapEnd(payload((&snapEnd{ID: 1}).Append(nil))); err != nil || !f.insync {
+			t.Fatalf("snapshot's end: %v, in sync %v", err, f.insync)
 		}
-		follow(t, replica, stream) // records up to the cut are skipped, the rest applied
+		frames(stream, func(typ msgType, p []byte) { // records up to the cut are skipped, the rest applied
+			if err := in.batch(p); err != nil || in.gap {
+				t.Fatalf("batch: %v (gap %v)", err, in.gap)
+			}
+		})
 		same(t, replica)
 		if snapStream == len(stream) {
 			t.Fatal("no records after the snapshot")
@@ -318,7 +327,7 @@ func TestReplicaAppliesOnlyTheCurrentActive(t *testing.T) {
 	shardFrame := func(i int) []byte {
 		var raw []byte
 		seq := src.Dump(i, func(h *shard.HeldLock) {
-			raw, _ = records.AppendSnapEntryIdent(raw, &records.SnapEntry{Key: h.Key, Token: h.Token, Left: time.Minute, Lease: h.Lease, Ident: h.Ident})
+			raw, _ = records.AppendSnapEntryVersion(raw, &records.SnapEntry{Key: h.Key, Token: h.Token, Left: time.Minute, Lease: h.Lease, Ident: h.Ident, Limit: h.Limit}, recordsVersion)
 		})
 		f := appendSnapShard(nil, uint32(i), seq, true, raw)
 		return f[frameHead : len(f)-frameTail]

@@ -243,10 +243,13 @@ func (in *replica) snapShard(payload []byte) error {
 	applied, err := s.node.apply(in.from, in.epoch, func() error {
 		now := s.clock()
 		var it records.SnapReader
-		it.ResetIdent(raw)
+		it.ResetVersion(raw, recordsVersion)
 		var e records.SnapEntry
 		for it.Next(&e) {
-			if err := s.table.RestoreAs(e.Key, e.Token, now+int64(e.Left), e.Ident); err != nil {
+			// Holder by holder: a shared key's holders arrive one entry
+			// each, with the key's limit, in any order.
+			h := shard.HeldLock{Key: e.Key, Token: e.Token, Deadline: now + int64(e.Left), Ident: e.Ident, Limit: e.Limit}
+			if err := s.table.RestoreHolder(&h); err != nil {
 				return err
 			}
 			s.table.Tokens().Observe(e.Token)

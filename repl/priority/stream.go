@@ -649,8 +649,10 @@ func (o *outStream) writeSnapshot(w *itemWriter, i int, gen uint64) error {
 			defer close(dumped)
 			seq = o.dumpShard(s, func(h *shard.HeldLock) {
 				var err error
-				buf, err = records.AppendSnapEntryIdent(buf, &records.SnapEntry{Key: h.Key, Token: h.Token,
-					Left: time.Duration(max(h.Deadline-now, 0)), Lease: h.Lease, Ident: h.Ident})
+				// One entry per holder, with its key's limit: the standby
+				// rebuilds a shared key holder by holder (RestoreHolder).
+				buf, err = records.AppendSnapEntryVersion(buf, &records.SnapEntry{Key: h.Key, Token: h.Token,
+					Left: time.Duration(max(h.Deadline-now, 0)), Lease: h.Lease, Ident: h.Ident, Limit: h.Limit}, recordsVersion)
 				if err != nil && bad == nil {
 					bad = err
 				}

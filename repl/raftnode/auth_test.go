@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/memberauth"
@@ -42,9 +43,9 @@ func (c *raftCluster) state(l int) raftState {
 	s := raftState{leader: l, tokenLast: c.ms[l].table.Tokens().Last(), locks: dumpTable(c.ms[l].table)}
 	for _, m := range c.ms {
 		st := m.n.Status()
-		s.terms = append(s.terms, st.Epoch)
+		s.terms = append(s.terms, st.Raft.Term)
 		s.roles = append(s.roles, st.Role)
-		s.elections = append(s.elections, st.Elections)
+		s.elections = append(s.elections, st.Raft.Elections)
 	}
 	return s
 }
@@ -117,7 +118,7 @@ func TestForeignAppendEntries(t *testing.T) {
 				if rpcErr != nil {
 					t.Fatalf("the foreign AppendEntries failed without §8.4: %v", rpcErr)
 				}
-				repltest.WaitFor(t, "the forged term to depose the leader", func() bool { return lm.n.Status().Epoch >= forged })
+				wait.For(t, "the forged term to depose the leader", func() bool { return lm.n.Status().Raft.Term >= forged })
 				t.Logf("without §8.4: %v (before: %v)", c.state(l), before)
 				return
 			}
@@ -163,12 +164,12 @@ func TestFloodedMemberPort(t *testing.T) {
 		}
 		return 0
 	}
-	repltest.WaitFor(t, "the flood to fill the exchange", func() bool { return refused("limit") > 50 })
+	wait.For(t, "the flood to fill the exchange", func() bool { return refused("limit") > 50 })
 	fm.n.stream.setCut(true)
 	time.Sleep(c.T / 4)
 	fm.n.stream.setCut(false)
 	tok := c.ms[l].grant(t, "during-the-flood", 60)
-	repltest.WaitFor(t, "the follower to apply the grant made during the flood", func() bool {
+	wait.For(t, "the follower to apply the grant made during the flood", func() bool {
 		return fm.table.Lookup([]byte("during-the-flood")).Token == tok
 	})
 	n := stop()

@@ -184,6 +184,13 @@ func TestRaftSinkCutsEntries(t *testing.T) {
 	}
 }
 
+// The magics of the snapshots of the versions before shared holders
+// (version 2) and before identities (version 1), which lockd still reads.
+var (
+	snapMagicV1 = []byte("LKRAFT1\n")
+	snapMagicV2 = []byte("LKRAFT2\n")
+)
+
 // writeSnapshotV1 writes t as the code before identities did (magic
 // "LKRAFT1\n", entries in the format version 1, raw): the reference for
 // TestRaftSnapshotVersion1Loads.

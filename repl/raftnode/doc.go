@@ -20,7 +20,8 @@
 // 2^63 enters raft), propose.go (the Sink, the proposer and the committer,
 // token reservations), fsm.go (raft's state machine: Apply, Snapshot,
 // Restore, and the replay that rebuilds a table), entry.go and snapshot.go
-// (the log entry and snapshot formats, records in repl/records' format),
+// (the log entry and snapshot formats, records in repl/records' format,
+// each with its format version: a member refuses a newer one whole),
 // transport.go (raft's TCP stream layer on the member port), logstore.go
 // (raft-wal, or raft-boltdb for comparison), durable.go (the leader's log
 // fsync in parallel with replication, and what keeps that safe), hclog.go (raft's logger onto

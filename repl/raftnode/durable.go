@@ -275,6 +275,21 @@ type parallelLog struct {
 	d *durability
 }
 
+// raft reads whether a log is monotonic through this interface only.
+var _ raft.MonotonicLogStore = (*parallelLog)(nil)
+
+// IsMonotonic says whether the store beneath takes only consecutive
+// indexes (raft-wal does: raft.MonotonicLogStore). raft asks it when it
+// installs a leader's snapshot: a monotonic log is emptied then, since the
+// entries after the snapshot cannot follow what the log held before (a
+// follower that was down had a log ending far below the snapshot: raft-wal
+// refused every append after it, and the leader sent the snapshot again,
+// forever).
+func (p *parallelLog) IsMonotonic() bool {
+	m, ok := p.LogStore.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
+
 // StoreLog appends one entry.
 func (p *parallelLog) StoreLog(l *raft.Log) error { return p.StoreLogs([]*raft.Log{l}) }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/types"
-	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/internal/wait"
 )
 
 var errInjected = errors.New("injected fsync failure")
@@ -277,7 +277,7 @@ func TestParallelLogFsyncFails(t *testing.T) {
 			t.Fatalf("append (leading %v) after the failure: %v, want the fsync's error", leads, err)
 		}
 	}
-	repltest.WaitFor(t, "onFail", func() bool { return td.fails.Load() == 1 })
+	wait.For(t, "onFail", func() bool { return td.fails.Load() == 1 })
 	if d := td.d.durable.Load(); d != 0 {
 		t.Fatalf("durable %d after a failed fsync, want 0", d)
 	}
@@ -333,7 +333,7 @@ func TestParallelLogSealedSegmentDurableFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	repltest.WaitFor(t, "a segment rotation", func() bool { return rm.commits.Load() > start })
+	wait.For(t, "a segment rotation", func() bool { return rm.commits.Load() > start })
 	if n := rm.unsafe.Load(); n != 0 {
 		t.Fatalf("%d metadata commits while a deferred write was not durable", n)
 	}
@@ -366,7 +366,7 @@ func TestRaftLeaderWritesItsLogInParallel(t *testing.T) {
 	seq := lm.n.Barrier()
 	for i, m := range c.ms {
 		if i != l {
-			repltest.WaitFor(t, fmt.Sprintf("follower %d's log to hold the entry while the leader's fsync waits", i),
+			wait.For(t, fmt.Sprintf("follower %d's log to hold the entry while the leader's fsync waits", i),
 				func() bool { return entryHasRecord(m, l, seq) })
 		}
 	}
@@ -411,7 +411,7 @@ func TestRaftLeaderWhoseFsyncFails(t *testing.T) {
 	mu.Unlock()
 	lm.grant(t, "failing/key", 10)
 	seq := lm.n.Barrier()
-	repltest.WaitFor(t, "another member to serve", func() bool {
+	wait.For(t, "another member to serve", func() bool {
 		for i, m := range c.ms {
 			if i != l && m.serving() {
 				return true
@@ -425,7 +425,7 @@ func TestRaftLeaderWhoseFsyncFails(t *testing.T) {
 	if got := lm.host.lastCommit(); got >= seq {
 		t.Fatalf("the engine heard Committed(%d) for record %d the failed log never made durable", got, seq)
 	}
-	repltest.WaitFor(t, "the engine told to abandon what did not commit", func() bool {
+	wait.For(t, "the engine told to abandon what did not commit", func() bool {
 		lm.host.mu.Lock()
 		defer lm.host.mu.Unlock()
 		return len(lm.host.abandoned) > 0

@@ -31,15 +31,19 @@ func (f *raftFSM) Apply(l *raft.Log) any {
 	n.fsmMu.Lock()
 	defer n.fsmMu.Unlock()
 	n.applied = l.Index
-	if err := decodeLogEntry(l.Data, &e, &n.fsmState.buf); err != nil {
-		n.log.Error("raft log entry lockd cannot read: skipped", "index", l.Index, "err", err)
-		return nil
-	}
-	own := n.leading != 0 && e.term == n.leading && e.proposer == n.cfg.Self && l.Term == n.leading
 	errs := n.fsmState.errs
-	n.fsmState.applyEntry(&e, n.wallAtZero, own)
-	if e.kind == entryReserve {
-		n.reserved.Store(n.fsmState.reserved)
+	if err := decodeLogEntry(l.Data, &e, &n.fsmState.buf); err != nil {
+		// Not skipped as if it changed nothing: the table is not the
+		// committed state without it (entry.go: a newer format, or a
+		// damaged log), so it counts as refused records do — rebuild,
+		// stale while that fails, no snapshot over it.
+		n.fsmState.refuse(fmt.Errorf("raft log entry %d: %w", l.Index, err))
+	} else {
+		own := n.leading != 0 && e.term == n.leading && e.proposer == n.cfg.Self && l.Term == n.leading
+		n.fsmState.applyEntry(&e, n.wallAtZero, own)
+		if e.kind == entryReserve {
+			n.reserved.Store(n.fsmState.reserved)
+		}
 	}
 	if n.fsmState.errs != errs {
 		n.mu.Lock()
@@ -66,7 +70,9 @@ func (f *raftFSM) Snapshot() (raft.FSMSnapshot, error) {
 }
 
 // Restore replaces the table with a snapshot (at start, or one the leader
-// sent).
+// sent). A snapshot it cannot read (a newer format, a damaged file) leaves
+// the table part restored: the member rebuilds, and is stale while that
+// fails (raft keeps sending a leader's snapshot until one is restored).
 func (f *raftFSM) Restore(rc io.ReadCloser) error {
 	n := (*node)(f)
 	defer rc.Close()
@@ -76,6 +82,11 @@ func (f *raftFSM) Restore(rc io.ReadCloser) error {
 	n.table.Reset(&fx)
 	h, err := readSnapshot(rc, n.table, n.wallAtZero)
 	if err != nil {
+		n.mu.Lock()
+		n.dirty = true
+		n.mu.Unlock()
+		n.log.Error("raft snapshot this member cannot read: not restored", "err", err)
+		n.poke()
 		return err
 	}
 	n.applied = h.index
@@ -103,6 +114,12 @@ func (s *raftSnapshot) Persist(sink raft.SnapshotSink) error {
 		return err
 	}
 	st, _, err := replayInto(t, n.snaps, n.logs, s.upTo, n.wallAtZero, nil)
+	if err == nil && st.errs > 0 {
+		// A snapshot without what could not be applied would let raft
+		// compact those entries away: the state it saves would be wrong
+		// for good, even once this member runs a lockd that reads them.
+		err = fmt.Errorf("raftnode: no snapshot of a log this member cannot apply whole (%d records or entries refused, the last: %w)", st.errs, st.lastErr)
+	}
 	if err != nil {
 		sink.Cancel()
 		return err
@@ -143,6 +160,12 @@ type applyState struct {
 	lastErr  error
 	out      shard.Out
 	buf      []byte
+}
+
+// refuse counts an entry or record that did not apply.
+func (s *applyState) refuse(err error) {
+	s.errs++
+	s.lastErr = err
 }
 
 // applyEntry applies a decoded entry: a reservation raises reserved; the
@@ -229,8 +252,7 @@ func replayInto(t *shard.Table, snaps raft.SnapshotStore, logs raft.LogStore, up
 			continue
 		}
 		if err := decodeLogEntry(l.Data, &e, &st.buf); err != nil {
-			st.errs++
-			st.lastErr = fmt.Errorf("entry %d: %w", i, err)
+			st.refuse(fmt.Errorf("raft log entry %d: %w", i, err))
 			continue
 		}
 		st.applyEntry(&e, wallAtZero, false)

@@ -6,12 +6,13 @@ import (
 	"log"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/lockd-dev/lockd/internal/ratelog"
 )
 
 // hclogAdapter sends hashicorp/raft's log lines (an hclog.Logger) to the
@@ -54,16 +55,13 @@ type raftLogs struct {
 	// from any goroutine).
 	config atomic.Pointer[raft.Raft]
 
-	mu   sync.Mutex
-	seen map[string]*seenLine // by subsystem, message and peer
+	lines ratelog.Keyed // by subsystem, message and peer
+	now   func() int64  // the clock of the rate limit (ns; tests set it)
 }
 
-type seenLine struct {
-	last       time.Time
-	suppressed int
+func newRaftLogs() *raftLogs {
+	return &raftLogs{lines: ratelog.Keyed{Every: raftLogEvery}, now: func() int64 { return time.Now().UnixNano() }}
 }
-
-func newRaftLogs() *raftLogs { return &raftLogs{seen: map[string]*seenLine{}} }
 
 // peerOf is the peer a raft log line names (its "peer" or "server-id"
 // argument: an address, an ID or a raft.Server), "" when none.
@@ -111,36 +109,16 @@ func (r *raftLogs) member(addr, id string) bool {
 
 // admit decides whether a line is written, and with how many like it
 // suppressed since the last one.
-func (r *raftLogs) admit(level hclog.Level, name, msg string, args []any) (ok bool, suppressed int) {
+func (r *raftLogs) admit(level hclog.Level, name, msg string, args []any) (suppressed int, ok bool) {
 	addr, id := peerOf(args)
 	if (addr != "" || id != "") && !r.member(addr, id) {
-		return false, 0
+		return 0, false
 	}
 	if level < hclog.Warn {
-		return true, 0
+		return 0, true
 	}
 	key := name + "\x00" + msg + "\x00" + addr + "\x00" + id
-	now := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := r.seen[key]
-	if s != nil && now.Sub(s.last) < raftLogEvery {
-		s.suppressed++
-		return false, 0
-	}
-	if s == nil {
-		if len(r.seen) >= 1024 {
-			for k, v := range r.seen {
-				if now.Sub(v.last) >= raftLogEvery {
-					delete(r.seen, k)
-				}
-			}
-		}
-		s = &seenLine{}
-		r.seen[key] = s
-	}
-	suppressed, s.suppressed, s.last = s.suppressed, 0, now
-	return true, suppressed
+	return r.lines.Allow(key, r.now())
 }
 
 // reservedKeys are the keys a raft argument may not take in a line: slog's
@@ -179,7 +157,7 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	suppressed := 0
 	if h.shared != nil {
 		var ok bool
-		if ok, suppressed = h.shared.admit(level, h.name, msg, args); !ok {
+		if suppressed, ok = h.shared.admit(level, h.name, msg, args); !ok {
 			return
 		}
 	}

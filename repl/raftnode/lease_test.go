@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl"
-	"github.com/lockd-dev/lockd/repl/internal/repltest"
 )
 
 // TestLeaseUntil: the lease ends dur after the newest instant by which a
@@ -145,11 +145,11 @@ func TestRaftLeaseKeepsTheGate(t *testing.T) {
 		t.Fatalf("leader's gate ends %v from now, want within (0, %v]", time.Duration(g.Until-now), time.Duration(dur+lm.n.leaseStep))
 	}
 	first := g.Until
-	repltest.WaitFor(t, "heartbeats to renew the idle leader's lease", func() bool { return lm.n.Gate().Until > first+dur })
+	wait.For(t, "heartbeats to renew the idle leader's lease", func() bool { return lm.n.Gate().Until > first+dur })
 
 	lm.n.lease.deaf.Store(true)
 	deaf := lm.clock()
-	repltest.WaitFor(t, "the lease to lapse", func() bool { return lm.n.Gate().Effective(lm.clock()) == repl.Hold })
+	wait.For(t, "the lease to lapse", func() bool { return lm.n.Gate().Effective(lm.clock()) == repl.Hold })
 	lapsed := lm.clock()
 	// Nothing credited after deaf was set: the gate ends at most a lease
 	// after it.
@@ -161,7 +161,7 @@ func TestRaftLeaseKeepsTheGate(t *testing.T) {
 	}
 	before := lm.host.changes.Load()
 	lm.n.lease.deaf.Store(false)
-	repltest.WaitFor(t, "the gate to open again", func() bool {
+	wait.For(t, "the gate to open again", func() bool {
 		return lm.n.Gate().Effective(lm.clock()) == repl.Serve && lm.host.changes.Load() > before
 	})
 	t.Logf("lease %v; seen lapsed %v after acknowledgements stopped counting", time.Duration(dur), time.Duration(lapsed-deaf))

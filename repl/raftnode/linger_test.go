@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/shard"
 )
 
@@ -121,7 +121,7 @@ func TestRaftLingerTarget(t *testing.T) {
 	lm.n.dur.hold.Store(&hold)
 	lm.grant(t, "target/0", 10)
 	first := lm.n.Barrier()
-	repltest.WaitFor(t, "the one-record entry to be in flight", func() bool { return lm.n.busy.Load() == 1 })
+	wait.For(t, "the one-record entry to be in flight", func() bool { return lm.n.busy.Load() == 1 })
 	for i := 1; i <= 4; i++ {
 		lm.grant(t, fmt.Sprintf("target/%d", i), 10)
 	}

@@ -41,8 +41,8 @@ type logStore interface {
 // appends are durable when they return except a leader's, whose fsync d
 // runs in parallel with replication (durable.go); bolt's are always
 // synchronous (d unused).
-func (n *node) openLogStore(kind logStoreKind, base string, d *durability, vfs types.VFS) (logStore, error) {
-	s, err := openStore(kind, base, n.log, d, vfs)
+func (n *node) openLogStore(kind logStoreKind, base string, d *durability, vfs types.VFS, segSize int) (logStore, error) {
+	s, err := openStore(kind, base, n.log, d, vfs, segSize)
 	if err != nil {
 		return nil, err
 	}
@@ -52,8 +52,9 @@ func (n *node) openLogStore(kind logStoreKind, base string, d *durability, vfs t
 
 // openStore opens the store of kind under base; with d, raft-wal's file
 // system (vfs, nil: the real one) and metadata go through d (durable.go),
-// and everything it holds is made durable before it returns.
-func openStore(kind logStoreKind, base string, log *slog.Logger, d *durability, vfs types.VFS) (logStore, error) {
+// its segments are segSize bytes (0: raft-wal's default), and everything
+// it holds is made durable before it returns.
+func openStore(kind logStoreKind, base string, log *slog.Logger, d *durability, vfs types.VFS, segSize int) (logStore, error) {
 	switch kind {
 	case logStoreBolt:
 		return raftboltdb.New(raftboltdb.Options{Path: filepath.Join(base, "raft.db")})
@@ -68,7 +69,7 @@ func openStore(kind logStoreKind, base string, log *slog.Logger, d *durability, 
 		if vfs == nil {
 			vfs = fs.New()
 		}
-		w, err := openWAL(dir, log, d, vfs, 0, nil)
+		w, err := openWAL(dir, log, d, vfs, segSize, nil)
 		if err != nil {
 			return nil, err
 		}

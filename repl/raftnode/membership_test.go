@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/shard"
@@ -83,7 +84,7 @@ func TestRaftReplaceMember(t *testing.T) {
 	c.settle(l)
 	dead := (l + 1) % 3
 	c.kill(dead)
-	repltest.WaitFor(t, "the leader to see the dead member down", func() bool {
+	wait.For(t, "the leader to see the dead member down", func() bool {
 		for _, m := range lm.n.Status().Members {
 			if m.Addr == c.peers[dead] {
 				return !m.Live
@@ -127,17 +128,17 @@ func TestRaftReplaceMember(t *testing.T) {
 	}
 	// A member learns the promotion to voter from the leader's log a round
 	// trip after the leader answered it.
-	repltest.WaitFor(t, "the new member to see three voters", func() bool {
+	wait.For(t, "the new member to see three voters", func() bool {
 		all, voters := c.members(j)
 		return len(all) == 3 && len(voters) == 3
 	})
-	repltest.WaitFor(t, "the new member to name the leader", func() bool {
+	wait.For(t, "the new member to name the leader", func() bool {
 		g := c.ms[j].n.Gate()
 		return g.State == repl.Redirect && g.Addr == c.peers[l]
 	})
 	st := lm.n.Status()
-	if len(st.Configuration) != 3 || len(st.Members) != 2 {
-		t.Fatalf("leader's status: configuration %+v, members %+v", st.Configuration, st.Members)
+	if len(st.Raft.Configuration) != 3 || len(st.Members) != 2 {
+		t.Fatalf("leader's status: configuration %+v, members %+v", st.Raft.Configuration, st.Members)
 	}
 	for _, m := range st.Members {
 		if !m.Live {
@@ -148,7 +149,7 @@ func TestRaftReplaceMember(t *testing.T) {
 	// others: the cluster commits.
 	c.kill(other)
 	tok := lm.grant(t, "after", 30)
-	repltest.WaitFor(t, "a grant to commit with the new member's vote", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+	wait.For(t, "a grant to commit with the new member's vote", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 	if tok <= last {
 		t.Fatalf("token after the change %d, not above %d", tok, last)
 	}
@@ -177,7 +178,7 @@ func TestRaftRemoveLeaderHandsOver(t *testing.T) {
 			nlIdx = i
 		}
 	}
-	repltest.WaitFor(t, "the successor to serve", func() bool { return c.ms[nlIdx].serving() })
+	wait.For(t, "the successor to serve", func() bool { return c.ms[nlIdx].serving() })
 	if got := dumpTable(c.ms[nlIdx].table)["held"].token; got != tok {
 		t.Fatalf("the successor holds the lock with token %d, want %d", got, tok)
 	}
@@ -229,7 +230,7 @@ func TestRaftMembershipRefusals(t *testing.T) {
 		t.Fatal("a non-voter that never answers stopped the leader's lease")
 	}
 	tok := lm.grant(t, "k", 30)
-	repltest.WaitFor(t, "a grant to commit beside a silent non-voter", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+	wait.For(t, "a grant to commit beside a silent non-voter", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 	if _, err := lm.n.RemoveMember(ctx, ghost); err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func TestRaftForceNewCluster(t *testing.T) {
 	c.cfgs[s] = cfg
 	before := repl.WallFloor()
 	sm := c.start(s)
-	repltest.WaitFor(t, "the recovered member to serve alone", sm.serving)
+	wait.For(t, "the recovered member to serve alone", sm.serving)
 	got := dumpTable(sm.table)
 	for key, tok := range held {
 		if got[key].token != tok {
@@ -395,7 +396,7 @@ func TestRaftConfigurationIndex(t *testing.T) {
 			t.Fatalf("after the removal: index %d (before %d), want the removal's configuration entry", after, before)
 		}
 		other := (l + 2) % 3
-		repltest.WaitFor(t, "the follower to report the new configuration's index", func() bool {
+		wait.For(t, "the follower to report the new configuration's index", func() bool {
 			ms, err := c.ms[other].n.Members()
 			return err == nil && ms.Index == after && len(ms.Members) == 2
 		})

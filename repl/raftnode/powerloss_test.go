@@ -10,7 +10,7 @@ import (
 
 	"github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/types"
-	"github.com/lockd-dev/lockd/repl/internal/repltest"
+	"github.com/lockd-dev/lockd/internal/wait"
 )
 
 var errPowerLost = errors.New("the machine lost power")
@@ -153,7 +153,7 @@ func TestRaftLeaderPowerLoss(t *testing.T) {
 	lm.n.dur.hold.Store(&hold)
 	wtok := lm.grant(t, window, 30)
 	seq := lm.n.Barrier()
-	repltest.WaitFor(t, "the entry in a's log while the leader's fsync waits",
+	wait.For(t, "the entry in a's log while the leader's fsync waits",
 		func() bool { return entryHasRecord(c.ms[a], l, seq) })
 	time.Sleep(200 * time.Millisecond) // a few commit timeouts for the commit index to travel
 
@@ -180,13 +180,13 @@ func TestRaftLeaderPowerLoss(t *testing.T) {
 	nm := c.ms[nl]
 	nm.grant(t, after, 30)
 	other := 3 - a - nl
-	repltest.WaitFor(t, "the new leader's grant to commit", func() bool { return nm.host.lastCommit() == nm.n.Barrier() })
-	repltest.WaitFor(t, "the new leader's locks on the other member without a", func() bool {
+	wait.For(t, "the new leader's grant to commit", func() bool { return nm.host.lastCommit() == nm.n.Barrier() })
+	wait.For(t, "the new leader's locks on the other member without a", func() bool {
 		return maps2Equal(dumpTable(c.ms[other].table), dumpTable(nm.table))
 	})
 
 	c.ms[a].n.stream.setCut(false)
-	repltest.WaitFor(t, "a to catch up with the new leader", func() bool { return entryHasRecord(c.ms[a], nl, nm.n.Barrier()) })
+	wait.For(t, "a to catch up with the new leader", func() bool { return entryHasRecord(c.ms[a], nl, nm.n.Barrier()) })
 	time.Sleep(200 * time.Millisecond) // a's apply of what it caught up on
 	for i, m := range c.ms {
 		got := dumpTable(m.table)

@@ -56,7 +56,7 @@ type raftStats struct {
 }
 
 // histogram copies the commit latency histogram into st.
-func (s *raftStats) histogram(st *repl.Status) {
+func (s *raftStats) histogram(st *repl.RaftStatus) {
 	for i := range s.latCounts {
 		st.CommitCounts[i] = s.latCounts[i].Load()
 	}

@@ -75,6 +75,7 @@ type node struct {
 	logs     raft.LogStore // raft-wal (or bolt) itself; raft writes through the log cache and dur
 	dur      *durability   // raft-wal's deferred leader fsyncs (durable.go); nil with bolt
 	vfs      types.VFS     // tests: raft-wal's file system (nil: the real one)
+	segSize  int           // tests: raft-wal's segment size (0: its default, 64 MiB)
 	stable   raft.StableStore
 	snaps    *raft.FileSnapshotStore
 	closers  []io.Closer
@@ -125,6 +126,7 @@ type node struct {
 	// and this member does not serve (it retries, with retryAt and
 	// retryWait under actMu).
 	stale       atomic.Bool
+	staleWhy    atomic.Pointer[string] // the last rebuild's error, for Health
 	retryAt     time.Time
 	retryWait   time.Duration
 	replayHook  func() // tests: runs inside a rebuild between the snapshot and the log
@@ -256,7 +258,7 @@ func (n *node) openRaft() error {
 	if n.store == logStoreWAL {
 		n.dur = newDurability(n.logFailed)
 	}
-	ls, err := n.openLogStore(n.store, base, n.dur, n.vfs)
+	ls, err := n.openLogStore(n.store, base, n.dur, n.vfs, n.segSize)
 	if err != nil {
 		return fmt.Errorf("raft log in %s: %w", base, err)
 	}
@@ -675,6 +677,8 @@ func (n *node) rebuild(why string) error {
 		n.dirty = true
 		n.mu.Unlock()
 		n.stale.Store(true)
+		why := err.Error()
+		n.staleWhy.Store(&why)
 		n.retryWait = min(max(2*n.retryWait, n.cfg.FailoverTimeout/10), 10*time.Second)
 		n.retryAt = time.Now().Add(n.retryWait)
 		n.log.Error("rebuilding the table from the raft log failed: this member does not serve until a rebuild succeeds",
@@ -682,6 +686,7 @@ func (n *node) rebuild(why string) error {
 		return err
 	}
 	n.stale.Store(false)
+	n.staleWhy.Store(nil)
 	n.retryWait, n.retryAt = 0, time.Time{}
 	n.log.Info("table rebuilt from the raft log", "why", why, "snapshot_index", from, "applied_index", n.applied,
 		"locks", n.table.Stats().Keys, "took", time.Since(began))
@@ -779,7 +784,7 @@ func (n *node) Close(ctx context.Context, why repl.CloseReason) error {
 // Status reports raft's view: role, leader, term, indexes and the group
 // commit figures.
 func (n *node) Status() repl.Status {
-	st := repl.Status{Mode: api.ModeRaft, Self: n.self}
+	st := repl.Status{Mode: api.ModeRaft, Self: n.self, Raft: &repl.RaftStatus{}}
 	if n.r == nil {
 		return st
 	}
@@ -793,22 +798,18 @@ func (n *node) Status() repl.Status {
 	}
 	lid, laddr := n.leaderOf()
 	st.Active = laddr
-	st.Epoch = n.r.CurrentTerm()
-	st.CommitIndex = n.r.CommitIndex()
-	st.AppliedIndex = n.r.AppliedIndex()
-	st.Entries = n.stats.entries.Load()
-	st.EntryRecords = n.stats.records.Load()
-	st.CommitP50, st.CommitP99 = n.stats.percentiles()
-	n.stats.histogram(&st)
-	st.SnapshotBytes = uint64(max(n.stats.snapshotBytes.Load(), 0))
-	st.Snapshots = n.stats.snapshots.Load()
-	st.Elections = n.stats.elections.Load()
-	st.Rebuilds = n.stats.rebuilds.Load()
+	rs := &repl.RaftStatus{Term: n.r.CurrentTerm(), CommitIndex: n.r.CommitIndex(), AppliedIndex: n.r.AppliedIndex(),
+		Entries: n.stats.entries.Load(), EntryRecords: n.stats.records.Load(),
+		SnapshotBytes: uint64(max(n.stats.snapshotBytes.Load(), 0)), Snapshots: n.stats.snapshots.Load(),
+		Elections: n.stats.elections.Load(), Rebuilds: n.stats.rebuilds.Load(),
+		Configuration: n.configuration(n.ms.view.Load())} // membership.go
+	rs.CommitP50, rs.CommitP99 = n.stats.percentiles()
+	n.stats.histogram(rs)
+	st.Raft = rs
 	st.MemberRefused = n.stream.auth.Refusals()
 	st.InSync = lid != ""
-	st.Configuration = n.configuration(n.ms.view.Load()) // membership.go
 	leading := st.Role == api.RoleLeader
-	for _, c := range st.Configuration {
+	for _, c := range rs.Configuration {
 		if c.Self {
 			continue
 		}
@@ -840,6 +841,9 @@ func (n *node) Health() error {
 		return err
 	}
 	if n.stale.Load() {
+		if why := n.staleWhy.Load(); why != nil {
+			return errors.New("raftnode: the table could not be rebuilt from the raft log: " + *why)
+		}
 		return errors.New("raftnode: the table could not be rebuilt from the raft log")
 	}
 	if n.dur != nil {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/lockd-dev/lockd/api"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/repl"
-	"github.com/lockd-dev/lockd/repl/internal/repltest"
 )
 
 // TestRaftRebuildRacesCompaction (issue 18, hole 4a): a snapshot that a
@@ -31,7 +31,7 @@ func TestRaftRebuildRacesCompaction(t *testing.T) {
 	rounds := func(prefix string, n int) {
 		for i := range n {
 			lm.grant(t, fmt.Sprintf("%s%d", prefix, i), 60)
-			repltest.WaitFor(t, "the grant to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+			wait.For(t, "the grant to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 		}
 		c.settle(l)
 	}
@@ -108,7 +108,7 @@ func TestRaftStaleTableDoesNotServe(t *testing.T) {
 	for i := range 10 {
 		key := fmt.Sprintf("s%d", i)
 		tokens[key] = lm.grant(t, key, 60)
-		repltest.WaitFor(t, "the grant to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
+		wait.For(t, "the grant to commit", func() bool { return lm.host.lastCommit() == lm.n.Barrier() })
 	}
 	c.settle(l)
 	fm.n.actMu.Lock()
@@ -148,7 +148,7 @@ func TestRaftStaleTableDoesNotServe(t *testing.T) {
 		t.Log("the stale member never held raft's leadership in the window (it handed it on at once)")
 	}
 	nl := -1
-	repltest.WaitFor(t, "another member to serve", func() bool {
+	wait.For(t, "another member to serve", func() bool {
 		for i, m := range c.ms {
 			if i != f && m.serving() {
 				nl = i
@@ -208,7 +208,7 @@ func TestRaftElectedWhileRebuilding(t *testing.T) {
 	// Elect it again while its table is empty, the log not replayed yet.
 	id := raft.ServerID(strconv.Itoa(l))
 	addr := raft.ServerAddress(lm.n.cfg.MemberAddr(l))
-	repltest.WaitFor(t, "raft to elect the rebuilding member again", func() bool {
+	wait.For(t, "raft to elect the rebuilding member again", func() bool {
 		if lm.n.r.State() == raft.Leader {
 			return true
 		}
@@ -235,7 +235,7 @@ func TestRaftElectedWhileRebuilding(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	close(release)
-	repltest.WaitFor(t, "the rebuilt leader to serve", func() bool { return lm.serving() && lm.n.Health() == nil })
+	wait.For(t, "the rebuilt leader to serve", func() bool { return lm.serving() && lm.n.Health() == nil })
 	for key, tok := range tokens {
 		if info := lm.table.Lookup([]byte(key)); !info.Held || info.Token != tok {
 			t.Fatalf("%s on the rebuilt leader: %+v, want token %d", key, info, tok)

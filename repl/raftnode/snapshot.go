@@ -15,20 +15,36 @@ import (
 
 // The snapshot format (written by lockd into raft's snapshot store):
 //
-//	magic "LKRAFT2\n" | index u64 | cut i64 | last u64 | reserved u64 | shards u32 |
+//	magic "LKRAFT3\n" | index u64 | cut i64 | last u64 | reserved u64 | shards u32 |
 //	per shard: seq uvarint | count uvarint | codec u8 | rawlen uvarint | datalen uvarint | data
 //
 // index is the raft index of the last command in it; cut is the wall clock
 // (ns) the entries' time left counts from; last is the highest token;
-// reserved the highest reservation; each shard's entries
-// (AppendSnapEntryIdent: with each grant's identity, PROTOCOL.md §8.3) are
-// raw or one s2 block. The file snapshot store adds its own checksum.
-// Snapshots written before identities ("LKRAFT1\n", entries in the
-// format version 1) still load, their grants without one.
-var (
-	snapMagic   = []byte("LKRAFT2\n")
-	snapMagicV1 = []byte("LKRAFT1\n")
-)
+// reserved the highest reservation; each shard's entries, raw or one s2
+// block, are in the snapshot entry format of the magic's digit:
+// repl/records' version 3 (AppendSnapEntryVersion: one entry per holder,
+// with its identity and its key's limit, PROTOCOL.md §8.3, §9.2), and
+// count is the number of entries (holders). The file snapshot store adds
+// its own checksum. Snapshots of the versions before load too:
+// "LKRAFT1\n" (before identities, entries in the format version 1) and
+// "LKRAFT2\n" (entries in the format version 2, exclusive keys only). A
+// snapshot of a newer version (a digit above entryFormat) is refused
+// whole, naming both versions (errEntryVersion); a member of version 2
+// finds the magic unknown and refuses it too ("not a lockd snapshot").
+var snapMagic = []byte("LKRAFT3\n")
+
+// snapVersion returns the format version of a snapshot's magic
+// ("LKRAFT" digit "\n"), 0 if it is not one.
+func snapVersion(magic []byte) int {
+	if len(magic) != len(snapMagic) || string(magic[:6]) != "LKRAFT" || magic[7] != '\n' || magic[6] < '1' || magic[6] > '9' {
+		return 0
+	}
+	return int(magic[6] - '0')
+}
+
+// maxSnapShard bounds a shard's data in a snapshot, raw and encoded (a
+// variable: the fuzz target lowers it).
+var maxSnapShard uint64 = records.MaxRaw * 64
 
 // snapHeader is a snapshot's header.
 type snapHeader struct {
@@ -59,8 +75,8 @@ func writeSnapshot(w io.Writer, t *shard.Table, reserved, index uint64, now, wal
 		var bad error
 		seq := t.Dump(i, func(h *shard.HeldLock) {
 			var err error
-			raw, err = records.AppendSnapEntryIdent(raw, &records.SnapEntry{Key: h.Key, Token: h.Token,
-				Left: time.Duration(h.Deadline - now), Lease: h.Lease, Ident: h.Ident})
+			raw, err = records.AppendSnapEntryVersion(raw, &records.SnapEntry{Key: h.Key, Token: h.Token,
+				Left: time.Duration(h.Deadline - now), Lease: h.Lease, Ident: h.Ident, Limit: h.Limit}, entryFormat)
 			if err != nil {
 				bad = err
 				return
@@ -89,8 +105,9 @@ func writeSnapshot(w io.Writer, t *shard.Table, reserved, index uint64, now, wal
 }
 
 // readSnapshot replaces t's state with the snapshot in r (t must be
-// empty: Reset) and returns its header. Every lock comes back with its
-// token and its deadline moved onto t's clock (wallAtZero); each shard's
+// empty: Reset) and returns its header. Every holder comes back with its
+// token, identity, key's limit and its deadline moved onto t's clock
+// (wallAtZero); each shard's
 // Seq is set, so the log entries after the snapshot apply exactly after
 // it; the token allocator observes the snapshot's last token.
 func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, error) {
@@ -100,13 +117,12 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 	if _, err := io.ReadFull(br, fixed); err != nil {
 		return h, fmt.Errorf("%w: header: %v", errBadLogEntry, err)
 	}
-	idents := true
-	switch string(fixed[:len(snapMagic)]) {
-	case string(snapMagic):
-	case string(snapMagicV1):
-		idents = false
-	default:
+	version := snapVersion(fixed[:len(snapMagic)])
+	switch {
+	case version == 0:
 		return h, fmt.Errorf("%w: not a lockd snapshot", errBadLogEntry)
+	case version > entryFormat:
+		return h, versionError("raft snapshot", version)
 	}
 	p := fixed[len(snapMagic):]
 	h.index = binary.BigEndian.Uint64(p)
@@ -126,7 +142,7 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 		codec, err3 := br.ReadByte()
 		rawLen, err4 := binary.ReadUvarint(br)
 		n, err5 := binary.ReadUvarint(br)
-		if err := errors.Join(err1, err2, err3, err4, err5); err != nil || n > records.MaxRaw*64 || rawLen > records.MaxRaw*64 {
+		if err := errors.Join(err1, err2, err3, err4, err5); err != nil || n > maxSnapShard || rawLen > maxSnapShard {
 			return h, fmt.Errorf("%w: shard %d", errBadLogEntry, i)
 		}
 		if uint64(cap(data)) < n {
@@ -142,13 +158,13 @@ func readSnapshot(r io.Reader, t *shard.Table, wallAtZero int64) (snapHeader, er
 		}
 		var sr records.SnapReader
 		var e records.SnapEntry
-		if idents {
-			sr.ResetIdent(entries)
-		} else {
-			sr.Reset(entries)
-		}
+		sr.ResetVersion(entries, version)
 		for sr.Next(&e) {
-			if err := t.RestoreAs(e.Key, e.Token, cutNow+int64(e.Left), e.Ident); err != nil {
+			// Holder by holder: a shared key has one entry per holder,
+			// each with the key's limit (RestoreHolder rebuilds it in any
+			// order); entries of the versions before are exclusive.
+			hl := shard.HeldLock{Key: e.Key, Token: e.Token, Deadline: cutNow + int64(e.Left), Ident: e.Ident, Limit: e.Limit}
+			if err := t.RestoreHolder(&hl); err != nil {
 				return h, err
 			}
 		}

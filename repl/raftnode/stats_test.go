@@ -19,7 +19,7 @@ func TestCommitHistogram(t *testing.T) {
 		s.addLatency(d)
 		sum += d
 	}
-	var st repl.Status
+	var st repl.RaftStatus
 	s.histogram(&st)
 	want := map[int]uint64{0: 2, 1: 1, 5: 1, len(repl.CommitBuckets) - 1: 1, len(repl.CommitBuckets): 1}
 	for i, n := range st.CommitCounts {

@@ -215,6 +215,18 @@ class Node:
             doc: dict[str, Any] = json.loads(r.read())
             return doc
 
+    def force_release(self, key: str, token: int) -> dict[str, Any]:
+        """The admin endpoint's forced release of ``key``'s holder
+        ``token`` (``DELETE /keys/{key}?token=``), decoded."""
+        from urllib.parse import quote
+
+        req = urllib.request.Request(
+            f"http://{self.admin}/keys/{quote(key, safe='')}?token={token}", method="DELETE"
+        )
+        with urllib.request.urlopen(req, timeout=2) as r:
+            doc: dict[str, Any] = json.loads(r.read())
+            return doc
+
     def key_state(self, key: str) -> dict[str, Any]:
         """The admin endpoint's /keys/{key}, decoded."""
         from urllib.parse import quote
@@ -308,6 +320,7 @@ class FReq:
     id: int
     key: str
     at: float
+    limit: int = 0
 
 
 class FConn:
@@ -331,11 +344,20 @@ class FConn:
         self.closed.set()
 
     def auto(self, r: FReq) -> None:
-        """The default answer: grant, release, renew, pong, welcome."""
+        """The default answer: grant (exclusive or shared), release, renew,
+        pong, welcome; valid (30 s left), watching (registered: see
+        :meth:`Fake.push_lost`), an inspection of a free key."""
         kb = r.key.encode()
-        if r.op == proto.OP_ACQUIRE:
+        if r.op == proto.OP_ACQUIRE or r.op == proto.OP_SHARED:
             self.fake.token += 1
             self.send(proto.encode_acquired(r.id, self.fake.token, kb))
+        elif r.op == proto.OP_VALIDATE:
+            self.send(proto.encode_valid(r.id, 30000, kb))
+        elif r.op == proto.OP_WATCH:
+            self.fake.registered.append((self, r.id, r.key))
+            self.send(proto.encode_watching(r.id, kb))
+        elif r.op == proto.OP_INSPECT:
+            self.send(proto.encode_inspection(r.id, 0, 0, 0, 0, 0, kb))
         elif r.op == proto.OP_RELEASE:
             self.send(proto.encode_released(r.id, kb))
         elif r.op == proto.OP_RENEW:
@@ -355,15 +377,29 @@ class Fake:
     ``conn.auto``). A connection's first frame — the client's hello, or the
     ping a client without a hello sends first — is answered automatically
     and not queued: hellos are kept in ``hellos`` and answered by ``hello``
-    if set, those pings in ``probes`` and answered by ``probe`` if set."""
+    if set, those pings in ``probes`` and answered by ``probe`` if set.
+    Watch requests (the client watches every lock it holds) are not queued
+    either: they are kept in ``watch_reqs`` (and ``watch_q``) and answered
+    by ``watch`` if set, else registered and answered ``W``
+    (:meth:`push_lost` ends registrations)."""
 
-    def __init__(self, handler: Handler | None = None, hello: Handler | None = None, probe: Handler | None = None) -> None:
+    def __init__(
+        self,
+        handler: Handler | None = None,
+        hello: Handler | None = None,
+        probe: Handler | None = None,
+        watch: Handler | None = None,
+    ) -> None:
         self.handler = handler
         self.hello = hello
         self.probe = probe
+        self.watch = watch
         self.reqs: asyncio.Queue[FReq] = asyncio.Queue()
         self.hellos: list[FReq] = []
         self.probes: list[FReq] = []
+        self.watch_reqs: list[FReq] = []
+        self.watch_q: asyncio.Queue[FReq] = asyncio.Queue()
+        self.registered: list[tuple[FConn, int, str]] = []  # watches answered W: (conn, token, key)
         self.conns: list[FConn] = []
         self.accepts: asyncio.Queue[tuple[FConn, float]] = asyncio.Queue()
         self.token = 1000
@@ -402,9 +438,15 @@ class Fake:
                     if f is None:
                         break
                     pos, r, _code = f
-                    req = FReq(fc, r.op, r.wait, r.lease, r.id, r.key.decode("utf-8", "replace"), time.monotonic())
+                    req = FReq(
+                        fc, r.op, r.wait, r.lease, r.id, r.key.decode("utf-8", "replace"), time.monotonic(), r.limit
+                    )
                     probe, first = first and r.op == proto.OP_PING, False
-                    if r.op == proto.OP_HELLO or probe:
+                    if r.op == proto.OP_WATCH:
+                        self.watch_reqs.append(req)
+                        self.watch_q.put_nowait(req)
+                        h = self.watch
+                    elif r.op == proto.OP_HELLO or probe:
                         (self.hellos if r.op == proto.OP_HELLO else self.probes).append(req)
                         h = self.hello if r.op == proto.OP_HELLO else self.probe
                         if h is None:
@@ -429,8 +471,27 @@ class Fake:
             writer.transport.abort()
 
     async def next(self, timeout: float = 2.0) -> FReq:
-        """The next request read; fails after timeout."""
+        """The next request read (watches aside); fails after timeout."""
         return await asyncio.wait_for(self.reqs.get(), timeout)
+
+    async def next_watch(self, timeout: float = 2.0) -> FReq:
+        """The next watch request read; fails after timeout."""
+        return await asyncio.wait_for(self.watch_q.get(), timeout)
+
+    def push_lost(self, token: int, reason: int) -> int:
+        """Send L with ``reason`` for every registration of ``token`` on an
+        open connection, and forget them; how many were sent."""
+        n = 0
+        keep = []
+        for fc, t, key in self.registered:
+            if t != token:
+                keep.append((fc, t, key))
+                continue
+            if not fc.closed.is_set():
+                fc.send(proto.encode_lost(t, reason, key.encode()))
+                n += 1
+        self.registered = keep
+        return n
 
     async def none(self, duration: float) -> None:
         """Assert that no request arrives within duration."""

@@ -49,18 +49,20 @@ LAYERS = {
     "_request": {"proto"},
     "_conn": {"errors", "_request", "proto"},
     "_settings": {"errors", "_types", "proto"},
-    "_pool": {"errors", "_conn", "_request", "_settings", "_types"},
+    "_pool": {"errors", "_conn", "_request", "_settings", "_types", "proto"},
     "_ops": {"errors", "_pool", "_request", "_settings", "_types", "proto"},
-    "_held": {"errors", "_ops", "_types"},
-    "client": {"errors", "_held", "_ops", "_pool", "_settings", "_types"},
-    "sync": {"errors", "_held", "_ops", "_types", "client"},
+    "_watch": {"errors", "_request"},
+    "_held": {"errors", "_ops", "_request", "_types", "_watch", "proto"},
+    "client": {"errors", "_held", "_ops", "_pool", "_settings", "_types", "_watch"},
+    "sync": {"errors", "_held", "_ops", "_types", "_watch", "client"},
     "__init__": {"errors", "fence", "proto", "client", "sync"},
 }
 
 
 def test_layering() -> None:
     """A connection knows nothing of the client; the pool nothing of the
-    operations; the operations nothing of held locks or the public face."""
+    operations; the operations nothing of held locks, watches or the public
+    face; a watch nothing of the connections that carry it."""
     import ast
     from pathlib import Path
 

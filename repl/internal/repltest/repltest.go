@@ -1,6 +1,6 @@
 // Package repltest holds the helpers the tests of repl and its
 // subpackages share: in-process cluster plumbing (free port pairs, a test
-// clock, a bounded wait), a record workload like bench/'s, and the round
+// clock; internal/wait is the bounded wait), a record workload like bench/'s, and the round
 // trips and seed corpus of the fuzz targets, member TLS material and
 // secrets. Only _test.go files import it (internal/layers); it may import
 // repl/records, shard, internal/testcerts and the standard library.
@@ -33,19 +33,6 @@ func Quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func Clock() func() int64 {
 	start := time.Now()
 	return func() int64 { return int64(time.Since(start)) }
-}
-
-// WaitFor waits up to 10 s for cond, polling every 5 ms, and fails the
-// test naming what it waited for.
-func WaitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // FreeAddrs returns n addresses 127.0.0.1:p such that p and p+offset

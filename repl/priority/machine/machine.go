@@ -3,6 +3,9 @@ package machine
 import (
 	"log/slog"
 	"math/bits"
+	"time"
+
+	"github.com/lockd-dev/lockd/internal/ratelog"
 )
 
 // Config is what a Member is made from.
@@ -139,7 +142,7 @@ type Member struct {
 	resErr       string
 	resRetry     int64 // when to retry a failed reservation (0: none)
 	resBackoff   int64
-	resLogged    int64
+	resLog       ratelog.Limiter // failed reservations: a line per 10 s
 
 	// Whoever would lose more stays (contest.go).
 	base       Base     // the table this member became active with
@@ -176,7 +179,7 @@ func New(cfg Config) *Member {
 		verdict: make([]uint64, n), unresolved: make([]int64, n),
 		started: cfg.Now, lastTick: cfg.Now, probe: cfg.Probe,
 		tookFrom: None, contest: None, limit: cfg.Start, floor: cfg.Start,
-		hand: handover{to: None, result: None}}
+		hand: handover{to: None, result: None}, resLog: ratelog.Limiter{Every: 10 * time.Second}}
 	for i := range m.peers {
 		m.peers[i].follows = None
 	}

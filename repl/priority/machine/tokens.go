@@ -108,8 +108,7 @@ func (m *Member) reserved(now int64, msg *Msg) {
 		m.resErr = msg.Err
 		m.resBackoff = min(max(2*m.resBackoff, int64(10*time.Millisecond)), int64(time.Second))
 		m.resRetry = now + m.resBackoff
-		if m.resLogged == 0 || now-m.resLogged >= int64(10*time.Second) {
-			m.resLogged = now
+		if _, ok := m.resLog.Allow(now); ok {
 			m.logf(slog.LevelError, "reserving tokens failed: acquires that need a new token get B until a reservation succeeds; retrying",
 				"err", msg.Err, "failures", m.resErrs, "reserved", m.limit)
 		}

@@ -43,11 +43,28 @@ When a connection ends, its queued requests are definitely unsent and go
 elsewhere; its sent ones are lost (possibly executed), or, when the server
 refused the connection as above, rejected (not executed; the refusal is
 their error). Neither is resent: a byte of them was written.
+
+Watches (PROTOCOL.md §9.4): a watch request carries a :class:`WatchReg`;
+when the server answers ``W``, the reader registers it on this connection
+at once — before any later frame is read, so an ``L`` right behind the
+``W`` finds it — and the one ``L`` for it ends it with its reason. A
+connection that ends ends every registration on it with reason 4 (it can no
+longer tell) and its cause. The connection counts what the server counts
+against its bound of watches (registrations, and watch requests on their
+way), to send a watch only where there is room: none is known until an
+``E`` 8, which sets the bound to the registrations the connection holds, so
+it takes no watch until one of them ends.
+
+A server without §9 answers a §9 request ``E`` 1 and closes: that request
+fails with :class:`~lockd.errors.Unsupported`; the requests written after it
+were never read (they go elsewhere, as unsent), and those written before it
+are lost with a cause that says why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from typing import Protocol
 
@@ -65,27 +82,46 @@ from ._request import (
     RES_REFUSED,
     RES_REJECTED,
     RES_UNSENT,
+    RES_UNSUPPORTED,
     SENT,
     Req,
+    WatchReg,
 )
 from .proto import (
     CODE_BAD_FRAME,
+    CODE_LIMIT_REACHED,
     CODE_UNAUTHENTICATED,
     OP_ACQUIRE,
     OP_BUSY,
     OP_ERROR,
     OP_HELLO,
+    OP_INSPECT,
+    OP_LOST,
     OP_MOVED,
     OP_NOT_HELD,
     OP_PING,
     OP_RELEASE,
     OP_RENEW,
+    OP_SHARED,
     OP_TIMEOUT,
+    OP_VALIDATE,
+    OP_WATCH,
+    REASON_CANNOT_TELL,
     FrameError,
+    _extra,
     _scan_response,
     encode_hello,
     encode_ping,
+    op_name,
 )
+
+S9_OPS = frozenset((OP_SHARED, OP_VALIDATE, OP_WATCH, OP_INSPECT))
+"""The request ops of PROTOCOL.md §9: a server without §9 answers them E 1."""
+
+WATCH_BOUND_MAX = 1 << 30
+"""The largest --max-watches-per-conn lockd takes: the bound a connection
+assumes until an E 8 tells it the server's."""
+
 
 class Owner(Protocol):
     """What a connection tells the pool that owns it (all on the loop)."""
@@ -108,6 +144,37 @@ class Owner(Protocol):
     def late_grant(self, key: str, token: int) -> None:
         """A grant came for a request whose caller stopped waiting: release it."""
 
+    def unsupported(self, conn: Conn, op: int, msg: str) -> None:
+        """The server answered E 1 to a §9 request of op ``op`` (it does not
+        speak §9) and is closing the connection."""
+
+
+log = logging.getLogger("lockd")
+
+# The pending table an answer's request waits in, by request op: an acquire
+# shared is answered like an acquire (A, T, B by owner).
+_TABLE = bytes(OP_ACQUIRE if i == OP_SHARED else i for i in range(256))
+# How the reader handles an answer, by answer op (one lookup, the common
+# answers first): the pending table is the op's own (A, R, K, P, W), the
+# acquire table (T, B), the one of the op the answer names (N; M, whose
+# tail is kept), or the op's own with the §9 fields kept (V, I); H and L
+# are no request's answer; E is looked at first.
+_K_OWN, _K_ACQ, _K_REQ_OP, _K_TAIL, _K_LOST, _K_HELLO, _K_QUERY, _K_ERROR = range(8)
+_KIND = bytes(
+    {
+        OP_TIMEOUT: _K_ACQ,
+        OP_BUSY: _K_ACQ,
+        OP_NOT_HELD: _K_REQ_OP,
+        OP_MOVED: _K_TAIL,
+        OP_LOST: _K_LOST,
+        OP_HELLO: _K_HELLO,
+        OP_VALIDATE: _K_QUERY,
+        OP_INSPECT: _K_QUERY,
+        OP_ERROR: _K_ERROR,
+    }.get(i, _K_OWN)
+    for i in range(256)
+)
+
 
 class Conn(asyncio.Protocol):
     """One TCP (or TLS) connection to one address."""
@@ -127,7 +194,17 @@ class Conn(asyncio.Protocol):
         self.transport_timeout = transport_timeout
         self.transport: asyncio.Transport | None = None
         self.queue: list[Req] = []
-        self.pend: dict[int, dict[int, Req]] = {OP_ACQUIRE: {}, OP_RELEASE: {}, OP_RENEW: {}, OP_PING: {}}
+        self.pend: dict[int, dict[int, Req]] = {
+            op: {} for op in (OP_ACQUIRE, OP_RELEASE, OP_RENEW, OP_PING, OP_VALIDATE, OP_WATCH, OP_INSPECT)
+        }
+        self.seq = 0  # frames written
+        self.watches: dict[int, list[WatchReg]] = {}  # registered watches by token, oldest first
+        self.nreg = 0  # registered watches (those detached included): the server counts them
+        self.wflight = 0  # watch requests written and not answered yet
+        # The server's bound of watches (--max-watches-per-conn) as far as
+        # this client knows: none until an E 8 said how many it holds.
+        self.watch_bound = WATCH_BOUND_MAX
+        self.unsupported_op = 0  # the §9 op the server answered E 1 (it does not speak §9)
         self.dead = False
         self.flushing = False  # a flush is scheduled
         self.rbuf = b""
@@ -183,6 +260,21 @@ class Conn(asyncio.Protocol):
         self.write_timer = None
         self.fail(TimeoutError(f"the server stopped reading for the transport timeout ({self.transport_timeout:g} s)"))
 
+    @staticmethod
+    def table_of(op: int) -> int:
+        """The pending table of requests of ``op``."""
+        return _TABLE[op]
+
+    def watch_room(self) -> bool:
+        """Whether one more watch fits under the bound of watches."""
+        n = self.nreg + self.wflight
+        if n >= self.watch_bound:
+            return False
+        for q in self.queue:
+            if q.op == OP_WATCH:
+                n += 1
+        return n < self.watch_bound
+
     # The write path.
 
     def enqueue(self, r: Req) -> bool:
@@ -221,7 +313,11 @@ class Conn(asyncio.Protocol):
             parts.append(r.encode(now))
             r.state = SENT
             r.sent_at = now
-            self._add_pending(pend[r.op], r)
+            self.seq += 1
+            r.seq = self.seq
+            if r.op == OP_WATCH:
+                self.wflight += 1
+            self._add_pending(pend[_TABLE[r.op]], r)
             by = r.answer_by()
             r.timer = call_at(by, self._transport_deadline, r)
             give_up = r.give_up_at()
@@ -259,13 +355,15 @@ class Conn(asyncio.Protocol):
             return
         if r.tomb:
             self._unlink(r)
+            if r.op == OP_WATCH:
+                self.wflight -= 1  # taken to be unanswered
         elif r.conn is self:
             self._stand_in(r, timer=False)
             r.finish(RES_ABANDONED)
         else:
             return
         waited = self.loop.time() - r.sent_at
-        if r.op == OP_ACQUIRE or waited >= r.timeout / 2:
+        if r.acq or waited >= r.timeout / 2:
             self.fail(
                 errors.LockdError(
                     f"no answer from {self.addr} to a request {waited:.2f} s after it was sent: "
@@ -275,7 +373,7 @@ class Conn(asyncio.Protocol):
 
     def _unlink(self, r: Req) -> None:
         """Take ``r`` out of its chain in the pending table."""
-        table = self.pend[r.op]
+        table = self.pend[_TABLE[r.op]]
         head = table.get(r.id)
         if head is r:
             if r.next is None:
@@ -294,7 +392,7 @@ class Conn(asyncio.Protocol):
         """Put a stand-in in ``r``'s place in its chain (see
         :mod:`lockd._request`), with ``r``'s transport deadline if
         ``timer``."""
-        table = self.pend[r.op]
+        table = self.pend[_TABLE[r.op]]
         t = r.stand_in()
         head = table.get(r.id)
         if head is r:
@@ -315,7 +413,8 @@ class Conn(asyncio.Protocol):
         """The waiter of ``r`` was cancelled: take ``r`` back. A queued
         request is removed (never sent); a sent one leaves a stand-in, and
         the connection stays; a grant that reached ``r`` before its waiter
-        could take it is released again."""
+        could take it is released again; a watch it registered calls
+        nothing (it still counts until its ``L``)."""
         st = r.state
         if st == QUEUED:
             try:
@@ -324,8 +423,10 @@ class Conn(asyncio.Protocol):
                 pass
         elif st == SENT:
             self._stand_in(r)
-        elif st == DONE and r.res == RES_ANSWER and r.op == OP_ACQUIRE and r.rop == OP_ACQUIRE:
+        elif st == DONE and r.res == RES_ANSWER and r.acq and r.rop == OP_ACQUIRE:
             self.owner.late_grant(r.key, r.rtoken)
+        if r.reg is not None:
+            r.reg.detach()
         r.stop_timers()
         r.state = IDLE
         r.conn = None
@@ -349,11 +450,33 @@ class Conn(asyncio.Protocol):
                 if f is None:
                     break
                 end, op, req_op, ident, token, code, ts, te = f
+                start = pos
                 pos = end
                 first = not self.answered
                 self.answered = True
-                if op == OP_ERROR:
+                kind = _KIND[op]
+                if kind == _K_OWN:
+                    t = op
+                elif kind == _K_ACQ:
+                    t = OP_ACQUIRE
+                elif kind == _K_REQ_OP or kind == _K_TAIL:
+                    t = _TABLE[req_op]
+                elif kind == _K_LOST:
+                    self._lost(ident, data[start + 9])
+                    continue
+                elif kind == _K_HELLO:
+                    if self.hello_pending and ident == self.hello_nonce:
+                        self.hello_pending = False
+                        self.identity = data[ts:te].decode("utf-8", "replace")
+                        self.owner.conn_welcomed(self)
+                    continue
+                elif kind == _K_QUERY:
+                    t = op
+                else:  # _K_ERROR
                     msg = data[ts:te].decode("utf-8", "replace")
+                    if code == CODE_BAD_FRAME and req_op in S9_OPS:
+                        self._unsupported(req_op, ident, msg)
+                        return
                     if code == CODE_BAD_FRAME and first and "tls" in msg.lower():
                         # A TLS port's only answer to a plaintext client:
                         # it read no request.
@@ -375,19 +498,7 @@ class Conn(asyncio.Protocol):
                             )
                         )
                         return
-                    t = req_op
-                elif op == OP_TIMEOUT or op == OP_BUSY:
-                    t = OP_ACQUIRE
-                elif op == OP_NOT_HELD or op == OP_MOVED:
-                    t = req_op
-                elif op == OP_HELLO:
-                    if self.hello_pending and ident == self.hello_nonce:
-                        self.hello_pending = False
-                        self.identity = data[ts:te].decode("utf-8", "replace")
-                        self.owner.conn_welcomed(self)
-                    continue
-                else:
-                    t = op
+                    t = _TABLE[req_op]
                 table = pend.get(t)
                 if table is None:
                     continue
@@ -398,6 +509,13 @@ class Conn(asyncio.Protocol):
                 if nx is not None:
                     table[ident] = nx
                     r.next = None
+                if t == OP_WATCH:
+                    self.wflight -= 1
+                    if op == OP_WATCH:
+                        # Registered now: an L right behind finds it.
+                        self._register(ident, r.reg if not r.tomb and r.reg is not None else WatchReg(None))
+                    elif op == OP_ERROR and code == CODE_LIMIT_REACHED:
+                        self.watch_bound = min(self.watch_bound, self.nreg)
                 if r.tomb:
                     r.stop_timers()
                     r.state = DONE
@@ -407,8 +525,13 @@ class Conn(asyncio.Protocol):
                 r.rop = op
                 r.rtoken = token
                 r.rcode = code
-                if op == OP_MOVED or op == OP_ERROR:
+                if kind == _K_TAIL or kind == _K_ERROR:
                     r.rtail = data[ts:te].decode("utf-8", "replace")
+                elif kind == _K_QUERY:
+                    _reason, remaining, holders, limit, waiters = _extra(data, start, op)
+                    r.rremain = remaining
+                    if op == OP_INSPECT:
+                        r.rinsp = (holders, limit, waiters, remaining)
                 r.finish(RES_ANSWER)
         except FrameError as e:
             self.fail(errors.LockdError(f"{self.addr} sent a bad frame: {e}"))
@@ -417,6 +540,52 @@ class Conn(asyncio.Protocol):
             self.rbuf = data[pos:]
         if self.answered and not self.ready.done():
             self.ready.set_result(None)
+
+    def _register(self, token: int, reg: WatchReg) -> None:
+        self.nreg += 1
+        regs = self.watches.get(token)
+        if regs is None:
+            self.watches[token] = [reg]
+        else:
+            regs.append(reg)
+
+    def _lost(self, token: int, reason: int) -> None:
+        """An L: the oldest registration for ``token`` ends with ``reason``."""
+        regs = self.watches.get(token)
+        if not regs:
+            log.debug("lockd: %s sent L for token %d, which no watch here waits for", self.addr, token)
+            return
+        reg = regs.pop(0)
+        if not regs:
+            del self.watches[token]
+        self.nreg -= 1
+        reg.end(reason, None)
+
+    def _unsupported(self, req_op: int, ident: int, msg: str) -> None:
+        """E 1 to a §9 request: the server does not speak §9 and closes. The
+        first such request written fails with Unsupported; what was written
+        after it was not read (unsent: it goes elsewhere); what was written
+        before it is lost, with this as the cause."""
+        bad: Req | None = None
+        for head in self.pend[_TABLE[req_op]].values():
+            r: Req | None = head
+            while r is not None:
+                if r.op == req_op and (ident == 0 or r.id == ident) and (bad is None or r.seq < bad.seq):
+                    bad = r
+                r = r.next
+        name = op_name(req_op)
+        why = f"the server does not support {name} (PROTOCOL.md §9): it answered E 1 ({msg})"
+        err = errors.Unsupported(self.addr, name, msg)
+        self.unsupported_op = req_op
+        self.owner.unsupported(self, req_op, msg)
+        self.fail(
+            errors.LockdError(
+                f"{self.addr} closed the connection: {why} to a request sent on it; "
+                "upgrade lockd, or keep this client from sending §9 requests to it (watch_locks=False)"
+            ),
+            bad=bad,
+            bad_err=err,
+        )
 
     def _hello_refused(self, code: int, msg: str) -> None:
         if code == CODE_UNAUTHENTICATED:
@@ -436,9 +605,9 @@ class Conn(asyncio.Protocol):
 
     def _refuse(self, err: BaseException) -> None:
         """The server refused this connection's authentication: nothing sent
-        on it after the hello was executed. Every acquire, release and renew
+        on it after the hello was executed. Every request but a ping
         pending on it fails with ``err`` (definitive: not sent elsewhere)."""
-        for op in (OP_ACQUIRE, OP_RELEASE, OP_RENEW):
+        for op in (OP_ACQUIRE, OP_RELEASE, OP_RENEW, OP_VALIDATE, OP_WATCH, OP_INSPECT):
             table = self.pend[op]
             for head in list(table.values()):
                 r: Req | None = head
@@ -455,11 +624,16 @@ class Conn(asyncio.Protocol):
 
     # Ending.
 
-    def fail(self, cause: BaseException, setup: bool = False) -> None:
+    def fail(
+        self, cause: BaseException, setup: bool = False, bad: Req | None = None, bad_err: BaseException | None = None
+    ) -> None:
         """Close the connection once: queued requests are finished as
         definitely unsent, sent ones as lost — or, with ``setup`` (the server
         refused the connection before reading from it), as rejected. Their
-        ``rerr`` is ``cause``."""
+        ``rerr`` is ``cause``. With ``bad`` (a §9 request the server did not
+        know), ``bad`` fails with ``bad_err`` and the requests written after
+        it are unsent. Every registered watch ends with reason 4 and
+        ``cause``."""
         if self.dead:
             return
         self.dead = True
@@ -473,6 +647,7 @@ class Conn(asyncio.Protocol):
         for qr in q:
             qr.finish(RES_UNSENT)
         lost = RES_REJECTED if setup else RES_LOST
+        cut = bad.seq if bad is not None else 0
         for table in self.pend.values():
             heads = list(table.values())
             table.clear()
@@ -484,10 +659,22 @@ class Conn(asyncio.Protocol):
                     if r.tomb:
                         r.stop_timers()
                         r.state = DONE
+                    elif r is bad:
+                        r.rerr = bad_err
+                        r.finish(RES_UNSUPPORTED)
+                    elif cut and r.seq > cut:
+                        r.finish(RES_UNSENT)  # behind the frame the server could not read
                     else:
                         r.rerr = cause
                         r.finish(lost)
                     r = nx
+        self.wflight = 0
+        watches = self.watches
+        self.watches = {}
+        self.nreg = 0
+        for regs in watches.values():
+            for reg in regs:
+                reg.end(REASON_CANNOT_TELL, cause)
         if self.transport is not None:
             self.transport.abort()
         if not self.gone.done():

@@ -1,6 +1,7 @@
-"""The lock operations: :class:`Core` runs acquire, release, renew and ping
-over a :class:`~lockd._pool.Pool`, and the compensating release of grants
-nobody will see. :class:`lockd.Client` is its public face."""
+"""The lock operations: :class:`Core` runs acquire (exclusive or shared),
+release, renew, ping, and the §9 queries — validate, watch, inspect — over a
+:class:`~lockd._pool.Pool`, and the compensating release of grants nobody
+will see. :class:`lockd.Client` is its public face."""
 
 from __future__ import annotations
 
@@ -19,26 +20,34 @@ from ._pool import (
     OUT_LOST,
     OUT_NO_CONN,
     OUT_NOT_SENT,
+    OUT_NO_ROOM,
     OUT_REFUSED,
     OUT_REJECTED,
+    OUT_UNSUPPORTED,
     Pool,
 )
-from ._request import Req
+from ._request import Req, WatchReg
 from ._settings import Settings
-from ._types import Lock, check_key, check_wait, fresh, lease_secs
+from ._types import Inspection, Lock, check_key, check_limit, check_wait, fresh, lease_secs
 from .proto import (
+    CODE_LIMIT_MISMATCH,
+    CODE_LIMIT_REACHED,
     CODE_PERMISSION_DENIED,
     CODE_SHUTDOWN,
     CODE_UNAUTHENTICATED,
     OP_ACQUIRE,
     OP_BUSY,
     OP_ERROR,
+    OP_INSPECT,
     OP_MOVED,
     OP_NOT_HELD,
     OP_PING,
     OP_RELEASE,
     OP_RENEW,
+    OP_SHARED,
     OP_TIMEOUT,
+    OP_VALIDATE,
+    OP_WATCH,
     op_name,
 )
 
@@ -56,6 +65,7 @@ class Core:
         self.pool = Pool(st, loop, self.rand)
         self.pool.late_grant_fn = self.compensate
         self.bg: set[asyncio.Task[None]] = set()
+        self.unwatched = False  # a held lock could not be watched, and none could since (logged once)
 
     @property
     def closed(self) -> bool:
@@ -110,6 +120,10 @@ class Core:
             return errors.PermissionDenied(r.key, r.rtail)
         if code == CODE_UNAUTHENTICATED:
             return errors.Unauthenticated(f"lockd: unauthenticated: {r.rtail}", r.rtail)
+        if code == CODE_LIMIT_MISMATCH and r.op == OP_SHARED:
+            return errors.LimitMismatch(r.key, r.limit, r.rtail)
+        if code == CODE_LIMIT_REACHED and r.op == OP_WATCH:
+            return errors.WatchLimit(r.key, r.rtail)
         return errors.ServerError(op_name(r.op), code, r.rtail)
 
     def _pause_ended(self, r: Req) -> errors.LockdError:
@@ -119,14 +133,19 @@ class Core:
             return errors.Timeout(f"lockd: timed out, not acquired: {r.key!r} (no active member answered in time)")
         return self.pool.no_conn_err()
 
-    async def acquire(self, key: str, wait: float, lease: float | None) -> Lock:
-        """See :meth:`lockd.Client.acquire`."""
+    async def acquire(self, key: str, wait: float, lease: float | None, limit: int = 0) -> Lock:
+        """See :meth:`lockd.Client.acquire`; with a ``limit``,
+        :meth:`lockd.Client.acquire_shared` (the same rules: §7 holds for
+        ``S`` exactly as for ``A``)."""
         kb = check_key(key)
         check_wait(wait)
         ls = self.lease(lease)
+        if limit:
+            check_limit(limit)
         pool = self.pool
         loop = self.loop
-        r = Req(OP_ACQUIRE, key, kb, self.rand.getrandbits(64), ls)
+        r = Req(OP_SHARED if limit else OP_ACQUIRE, key, kb, self.rand.getrandbits(64), ls)
+        r.limit = limit
         now = loop.time()
         if wait == 0:
             r.wait0 = True
@@ -151,7 +170,7 @@ class Core:
                     raise pool.no_conn_err()  # an outage, not a holder: never Timeout
                 if o == OUT_CLOSED:
                     raise errors.Closed("lockd: client closed")
-                if o == OUT_REFUSED:
+                if o == OUT_REFUSED or o == OUT_UNSUPPORTED:
                     assert r.rerr is not None
                     raise fresh(r.rerr)
                 if o == OUT_REJECTED:
@@ -165,14 +184,14 @@ class Core:
                 else:
                     why = f"no answer from {r.from_addr} within the transport timeout; that connection was closed"
                 raise errors.Indeterminate(
-                    f"lockd: acquire of {key!r}: outcome indeterminate, do not assume the lock is held ({why})"
+                    f"lockd: {op_name(r.op)} of {key!r}: outcome indeterminate, do not assume the lock is held ({why})"
                 )
             rop = r.rop
             if rop == OP_ACQUIRE:
                 if pool.closed:
                     self.compensate(key, r.rtoken)
                     raise errors.ClosedIndeterminate("lockd: closed as the grant arrived")
-                return Lock(key, r.rtoken, r.sent_at + ls, ls)
+                return Lock(key, r.rtoken, r.sent_at + ls, ls, limit)
             if rop == OP_TIMEOUT:
                 raise errors.Timeout(f"lockd: timed out, not acquired: {key!r} is held")
             if rop == OP_BUSY:
@@ -184,7 +203,7 @@ class Core:
                 if r.rcode != CODE_SHUTDOWN:
                     raise self._server_error(r)
             else:
-                raise errors.ServerError("acquire", 0, f"unexpected answer {op_name(rop)}")
+                raise errors.ServerError(op_name(r.op), 0, f"unexpected answer {op_name(rop)}")
             # Not executed, nowhere to go: pause, then send again (same
             # owner, same deadline).
             if not await pool.sleep(self.st.retry_pause, r.send_by):
@@ -276,6 +295,96 @@ class Core:
                     )
                 raise pool.no_conn_err()
 
+    async def validate(self, key: str, token: int) -> float:
+        """See :meth:`lockd.Client.validate`."""
+        r = Req(OP_VALIDATE, key, check_key(key), _check_token(token), 0)
+        await self._query(r)
+        return r.rremain / 1000
+
+    async def inspect(self, key: str) -> Inspection:
+        """See :meth:`lockd.Client.inspect`."""
+        r = Req(OP_INSPECT, key, check_key(key), self.rand.getrandbits(64), 0)
+        await self._query(r)
+        assert r.rinsp is not None
+        holders, limit, waiters, remaining = r.rinsp
+        return Inspection(key, holders, limit, waiters, r.rtoken, remaining / 1000)
+
+    async def watch(self, key: str, token: int, reg: WatchReg) -> None:
+        """Register ``reg`` for the grant ``token`` of ``key`` (a ``W``); it
+        ends with the grant's ``L``, or with reason 4 when its connection
+        ends. Raises :class:`NotHeld` (the token is not a current holder),
+        :class:`WatchLimit`, and the errors of :meth:`validate`."""
+        r = Req(OP_WATCH, key, check_key(key), _check_token(token), 0)
+        r.reg = reg
+        await self._query(r)
+
+    async def _query(self, r: Req) -> None:
+        """Run a validate, watch or inspect until its answer: none changes
+        anything the server holds (a watch registered on a connection ends
+        with it), so each is sent again — to another connection, another
+        member — after a lost connection or an unanswered attempt, until
+        ``transport_timeout``. ``M`` is followed; ``E`` 4 pauses and asks
+        another member; an ``E`` 8 is sent again to another connection with
+        room (the connection learnt its bound)."""
+        pool = self.pool
+        loop = self.loop
+        limit = loop.time() + self.st.transport_timeout
+        r.send_by = r.hard_by = limit
+        r.timeout = self.st.transport_timeout
+        sent = False  # an attempt was written and not answered
+        name = op_name(r.op)
+        while True:
+            if pool.closed:
+                raise errors.Closed("lockd: client closed")
+            o = await pool.round_trip(r)
+            if o == OUT_ANSWER:
+                rop = r.rop
+                if rop == r.op:
+                    return
+                if rop == OP_NOT_HELD:
+                    raise errors.NotHeld(f"lockd: not held: {r.key!r} token {r.id} is not a current holder")
+                if rop == OP_MOVED:
+                    if pool.follow_moved(r):
+                        continue
+                elif rop == OP_ERROR:
+                    if r.rcode == CODE_LIMIT_REACHED and r.op == OP_WATCH:
+                        continue  # that connection is full: another one, or OUT_NO_ROOM
+                    if r.rcode != CODE_SHUTDOWN:
+                        raise self._server_error(r)
+                    r.avoid = r.from_addr  # shutting down: ask another member
+                    pool.unprefer(r.from_addr)
+                else:
+                    raise errors.ServerError(name, 0, f"unexpected answer {op_name(rop)}")
+            elif o == OUT_CLOSED:
+                raise errors.Closed("lockd: client closed")
+            elif o == OUT_REFUSED or o == OUT_UNSUPPORTED:
+                assert r.rerr is not None
+                raise fresh(r.rerr)
+            elif o == OUT_NO_ROOM:
+                raise errors.WatchLimit(
+                    r.key,
+                    f"every connection to {r.from_addr or 'the server'} answered E 8 (it holds the server's bound "
+                    "of watches, --max-watches-per-conn) and none of their watches has ended since",
+                )
+            elif o == OUT_LOST or o == OUT_ABANDONED or o == OUT_DEADLINE:
+                sent = True
+                if o != OUT_LOST:
+                    r.avoid = r.from_addr
+                    pool.unprefer(r.from_addr)
+            elif o == OUT_NO_CONN or o == OUT_NOT_SENT:
+                if not sent:
+                    raise pool.no_conn_err()
+            # OUT_REJECTED: not executed: send again.
+            if loop.time() >= limit or not await pool.sleep(self.st.retry_pause, limit):
+                if pool.closed:
+                    raise errors.Closed("lockd: client closed")
+                if sent:
+                    raise errors.Timeout(
+                        f"lockd: {name} of {r.key!r}: no answer from lockd within the transport timeout "
+                        f"({self.st.transport_timeout:g} s)"
+                    )
+                raise pool.no_conn_err()
+
     async def ping(self) -> float:
         """See :meth:`lockd.Client.ping`."""
         pool = self.pool
@@ -305,3 +414,9 @@ class Core:
                 raise fresh(r.rerr)
             else:
                 raise pool.no_conn_err()
+
+
+def _check_token(token: int) -> int:
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 1 << 64:
+        raise errors.InvalidArgument(f"lockd: a token is an int in 0..2**64-1, not {token!r}")
+    return token

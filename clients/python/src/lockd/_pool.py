@@ -18,7 +18,7 @@ import ssl
 from typing import Callable
 
 from . import errors
-from ._conn import Conn
+from ._conn import S9_OPS, Conn
 from ._request import (
     RES_ABANDONED,
     RES_ANSWER,
@@ -27,10 +27,12 @@ from ._request import (
     RES_REFUSED,
     RES_REJECTED,
     RES_UNSENT,
+    RES_UNSUPPORTED,
     Req,
 )
 from ._settings import Settings
 from ._types import fresh, split_addr
+from .proto import OP_WATCH, op_name
 
 log = logging.getLogger("lockd")
 
@@ -51,6 +53,14 @@ OUT_CLOSED = 5  # the client was closed before it was sent
 OUT_REFUSED = 6  # the server refused the identity: req.rerr
 OUT_DEADLINE = 7  # the caller's deadline passed before the answer
 OUT_REJECTED = 8  # written, but the server refused the connection unread: req.rerr
+OUT_UNSUPPORTED = 9  # the server does not speak §9 (E 1 to it, now or before): req.rerr
+OUT_NO_ROOM = 10  # a watch, and no connection where it must go has room for one
+
+# What _try_send did.
+_SENT = 0
+_NONE = 1  # no connection now
+_FULL = 2  # a watch, and no room for it
+_UNSUPPORTED = 3  # a §9 request for an address that answered E 1 to one: req.rerr
 
 
 def _definitive_tls_refusal(err: BaseException | None) -> bool:
@@ -102,6 +112,10 @@ class Pool:
         self.changed = asyncio.Event()
         self.closing = asyncio.Event()
         self.late_grant_fn: Callable[[str, int], None] = lambda key, token: None
+        # Addresses that answered E 1 to a §9 request: §9 requests for them
+        # fail at once (each would cost a connection), until a connection
+        # to them ends otherwise (a restart, perhaps an upgrade).
+        self.no_s9: dict[str, errors.Unsupported] = {}
         for _ in range(st.conns_per_addr):
             for a in st.addrs:
                 self._add_slot(a, False)
@@ -160,6 +174,8 @@ class Pool:
     def conn_ended(self, conn: Conn) -> None:
         if self.closed:
             return
+        if not conn.unsupported_op and self.no_s9.pop(conn.addr, None) is not None:
+            log.info("lockd: a connection to %s ended: §9 requests will be tried there again", conn.addr)
         # Set before the calls woken by the failure read it.
         self.conn_err = conn.end_cause()
         self.conn_err_addr = conn.addr
@@ -167,6 +183,16 @@ class Pool:
 
     def late_grant(self, key: str, token: int) -> None:
         self.late_grant_fn(key, token)
+
+    def unsupported(self, conn: Conn, op: int, msg: str) -> None:
+        if conn.addr not in self.no_s9:
+            log.warning(
+                "lockd: %s does not support %s (PROTOCOL.md §9: it answered E 1 and closed the connection); "
+                "§9 requests to it fail until a connection to it ends otherwise",
+                conn.addr,
+                op_name(op),
+            )
+        self.no_s9[conn.addr] = errors.Unsupported(conn.addr, op_name(op), msg)
 
     # Slots.
 
@@ -308,7 +334,9 @@ class Pool:
                     fallback = c
         return fallback
 
-    def _pick_addr(self, addr: str) -> Conn | None:
+    def _pick_addr(self, addr: str, room: bool = False) -> Conn | None:
+        """A live connection to ``addr`` (with ``room``: one with room for a
+        watch)."""
         slots = self.slots
         n = len(slots)
         i0 = self.rr
@@ -317,7 +345,7 @@ class Pool:
             if s.addr != addr:
                 continue
             c = s.conn
-            if c is not None and not c.dead:
+            if c is not None and not c.dead and (not room or c.watch_room()):
                 return c
         return None
 
@@ -413,24 +441,42 @@ class Pool:
 
     # The round trip.
 
-    def _try_send(self, r: Req) -> bool:
-        """Attach ``r`` to a live connection, if one is available now."""
+    def _try_send(self, r: Req) -> int:
+        """Attach ``r`` to a live connection, if one is available now. A §9
+        request is not sent to an address known not to support §9; a watch
+        goes to a connection to the address picked that has room for it."""
+        s9 = r.op in S9_OPS
         while True:
             c = self._pick(r.moved, r.avoid)
             if c is None:
                 if r.moved and self._unreachable_addr(r.moved):
                     r.avoid, r.moved = r.moved, ""
                     continue
-                return False
+                return _NONE
+            if s9:
+                e = self.no_s9.get(c.addr)
+                if e is not None:
+                    r.rerr = e
+                    return _UNSUPPORTED
+                if r.op == OP_WATCH and not c.watch_room():
+                    c2 = self._pick_addr(c.addr, room=True)
+                    if c2 is None:
+                        return _FULL
+                    c = c2
             if c.enqueue(r):
-                return True
+                return _SENT
 
     async def _wait_conn(self, r: Req) -> int:
         """Wait until a connection may be available: -1, or an outcome that
         ends the attempt."""
         ev = self.changed
-        if self._try_send(r):
+        sent = self._try_send(r)
+        if sent == _SENT:
             return -1
+        if sent == _FULL:
+            return OUT_NO_ROOM
+        if sent == _UNSUPPORTED:
+            return OUT_UNSUPPORTED
         if self.closed:
             return OUT_CLOSED
         if self.auth_err is not None:
@@ -454,7 +500,7 @@ class Pool:
             if r.conn is None:
                 if self.closed:
                     return OUT_CLOSED
-                if not self._try_send(r):
+                if self._try_send(r) != _SENT:
                     o = await self._wait_conn(r)
                     if o >= 0:
                         return o
@@ -485,6 +531,8 @@ class Pool:
                 return OUT_REFUSED
             if res == RES_REJECTED:
                 return OUT_REJECTED
+            if res == RES_UNSUPPORTED:
+                return OUT_UNSUPPORTED
             return OUT_LOST
 
     async def sleep(self, d: float, limit: float) -> bool:

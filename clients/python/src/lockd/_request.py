@@ -16,24 +16,36 @@ A request whose caller stopped waiting while it was ``SENT`` (its deadline
 passed, or it was cancelled) leaves a stand-in (``tomb``) in its place in the
 pending table: the answer it gave up on may still come and must neither be
 matched to a later request with the same id nor, if it is a grant, be left
-held by nobody.
+held by nobody (nor, if it registers a watch, be left uncounted).
+
+A watch request carries a :class:`WatchReg`, which the connection registers
+when the server answers ``W`` and ends with the grant's ``L`` (see
+:mod:`lockd._conn`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .proto import (
     MAX_WAIT,
     OP_ACQUIRE,
+    OP_INSPECT,
     OP_RELEASE,
     OP_RENEW,
+    OP_SHARED,
+    OP_VALIDATE,
+    OP_WATCH,
     encode_acquire,
+    encode_inspect,
     encode_ping,
     encode_release,
     encode_renew,
+    encode_shared,
+    encode_validate,
+    encode_watch,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +67,38 @@ RES_ABANDONED = 5  # the transport deadline passed with the request possibly sen
 RES_REFUSED = 6  # the server refused the connection's hello (E 5, or no H): rerr
 RES_DEADLINE = 7  # the caller's deadline passed with the request possibly sent; the connection stays
 RES_REJECTED = 8  # written, but the server refused the connection before reading from it: rerr
+RES_UNSUPPORTED = 9  # the server answered E 1 to this §9 request and closed: rerr
+
+
+class WatchReg:
+    """One watch registered on a connection (or on its way): ``cb(reason,
+    err)`` is called once when it ends — with the ``L``'s reason, or with
+    reason 4 and the cause when its connection ended (``err`` is None for an
+    ``L``). A detached registration (its watcher lost interest) still counts
+    until its ``L`` comes, and calls nothing."""
+
+    __slots__ = ("cb", "ended", "reason", "err")
+
+    def __init__(self, cb: Callable[[int, BaseException | None], None] | None) -> None:
+        self.cb = cb
+        self.ended = False
+        self.reason = 0  # the L's reason, once ended (4 when the connection ended)
+        self.err: BaseException | None = None  # the connection's cause, when it ended with it
+
+    def end(self, reason: int, err: BaseException | None) -> None:
+        """End the registration: record how and call the callback once."""
+        if self.ended:
+            return
+        self.ended = True
+        self.reason = reason
+        self.err = err
+        cb, self.cb = self.cb, None
+        if cb is not None:
+            cb(reason, err)
+
+    def detach(self) -> None:
+        """Call nothing when it ends."""
+        self.cb = None
 
 
 class Req:
@@ -62,10 +106,14 @@ class Req:
 
     __slots__ = (
         "op",
+        "acq",
         "key",
         "kb",
         "id",
         "lease",
+        "limit",
+        "reg",
+        "seq",
         "wait0",
         "wait_end",
         "send_by",
@@ -91,15 +139,21 @@ class Req:
         "rtoken",
         "rcode",
         "rtail",
+        "rremain",
+        "rinsp",
         "rerr",
     )
 
     def __init__(self, op: int, key: str, kb: bytes, ident: int, lease: int) -> None:
         self.op = op
+        self.acq = op == OP_ACQUIRE or op == OP_SHARED  # answered by owner: A, T, B
         self.key = key
         self.kb = kb
         self.id = ident
         self.lease = lease
+        self.limit = 0  # acquire shared: the key's limit
+        self.reg: WatchReg | None = None  # watch: registered on this connection when answered W
+        self.seq = 0  # the connection's count of frames written when this one was
         self.wait0 = False
         self.wait_end = 0.0  # acquire with wait > 0: the caller's deadline
         self.send_by = 0.0  # not sent at or after this instant
@@ -125,29 +179,39 @@ class Req:
         self.rtoken = 0
         self.rcode = 0
         self.rtail = ""
+        self.rremain = 0  # V, I: lease time left in ms
+        self.rinsp: tuple[int, int, int, int] | None = None  # I: holders, limit, waiters, remaining
         self.rerr: BaseException | None = None
 
     def encode(self, now: float) -> bytes:
         """The request's frame, its wire wait computed from the time left at
         ``now`` (rounded up, 1..255; 0 for a wait-0 acquire)."""
         op = self.op
-        if op == OP_ACQUIRE:
+        if self.acq:
             w = 0
             if not self.wait0:
                 w = min(MAX_WAIT, max(1, math.ceil(self.wait_end - now)))
             self.wire_wait = w
+            if op == OP_SHARED:
+                return encode_shared(w, self.lease, self.id, self.limit, self.kb)
             return encode_acquire(w, self.lease, self.id, self.kb)
         if op == OP_RELEASE:
             return encode_release(self.id, self.kb)
         if op == OP_RENEW:
             return encode_renew(self.lease, self.id, self.kb)
+        if op == OP_VALIDATE:
+            return encode_validate(self.id, self.kb)
+        if op == OP_WATCH:
+            return encode_watch(self.id, self.kb)
+        if op == OP_INSPECT:
+            return encode_inspect(self.id, self.kb)
         return encode_ping(self.id)
 
     def answer_by(self) -> float:
         """The transport deadline of the attempt sent at ``sent_at``: by then
         a server that works has answered (a ``T`` comes at the end of the
         wire wait; ``allowance`` covers its way back)."""
-        if self.op == OP_ACQUIRE and not self.wait0:
+        if self.acq and not self.wait0:
             d = self.sent_at + self.wire_wait + self.allowance
         else:
             d = self.sent_at + self.timeout
@@ -160,7 +224,7 @@ class Req:
         and leaves it a stand-in, the connection staying (0: never before
         the transport deadline): the caller's deadline of an acquire with a
         wait; ``sent_at + attempt`` for a renewal."""
-        if self.op == OP_ACQUIRE and not self.wait0:
+        if self.acq and not self.wait0:
             return self.wait_end
         if self.attempt:
             return self.sent_at + self.attempt
@@ -171,6 +235,7 @@ class Req:
         doc), with the same transport deadline."""
         t = Req(self.op, self.key, self.kb, self.id, 0)
         t.tomb = True
+        t.seq = self.seq
         t.state = SENT
         t.wait0 = self.wait0
         t.sent_at = self.sent_at

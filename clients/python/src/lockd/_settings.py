@@ -44,6 +44,7 @@ class Settings:
     retry_pause: float
     default_lease: float
     fail_fast: bool
+    watch_locks: bool = True  # watch every held lock (PROTOCOL.md §9.4)
 
     def renew_timeout(self, lease: int) -> float:
         """How long one renewal attempt of a ``lease``-second lease waits for
@@ -71,6 +72,7 @@ def settings(
     retry_pause: float,
     default_lease: float,
     fail_fast: bool,
+    watch_locks: bool = True,
 ) -> Settings:
     """Check the options; raise :class:`lockd.InvalidArgument`."""
     if isinstance(addrs, str):
@@ -117,6 +119,7 @@ def settings(
         retry_pause=float(retry_pause),
         default_lease=float(default_lease),
         fail_fast=bool(fail_fast),
+        watch_locks=bool(watch_locks),
     )
 
 

@@ -1,9 +1,11 @@
-"""The asyncio client: :class:`Client`, :class:`Lock`, :class:`HeldLock`.
+"""The asyncio client: :class:`Client`, :class:`Lock`, :class:`HeldLock`,
+:class:`Watch`, :class:`Inspection`, :class:`Semaphore`, :class:`RWLock`.
 
 The client keeps every obligation of PROTOCOL.md §7 and §8.6; the docstring
 of :class:`Client` says how, rule by rule. The work is done in private
 modules: ``_conn`` (one connection), ``_pool`` (the connections, ``M``, the
-round trip), ``_ops`` (the operations), ``_held`` (held locks).
+round trip), ``_ops`` (the operations), ``_held`` (held locks, semaphores,
+read/write locks), ``_watch`` (watches).
 """
 
 from __future__ import annotations
@@ -12,16 +14,30 @@ import asyncio
 import os
 import ssl as _ssl
 from types import TracebackType
-from typing import Callable
+from typing import Callable, overload
 
 from . import errors
-from ._held import HeldLock, LockContext, keep_alive
+from ._held import READERS, HeldLock, LockContext, RWLock, Semaphore, keep_alive
 from ._ops import Core
 from ._pool import MAX_REDIRECT_ADDRS
 from ._settings import Settings, settings
-from ._types import Lock, check_key
+from ._types import Grant, Inspection, Lock, check_key, check_limit, grant_of
+from ._watch import Watch
 
-__all__ = ["Client", "Lock", "HeldLock", "LockContext", "MAX_REDIRECT_ADDRS", "tls_context"]
+__all__ = [
+    "Client",
+    "Lock",
+    "HeldLock",
+    "LockContext",
+    "Watch",
+    "Inspection",
+    "Semaphore",
+    "RWLock",
+    "Grant",
+    "READERS",
+    "MAX_REDIRECT_ADDRS",
+    "tls_context",
+]
 
 
 def tls_context(
@@ -136,6 +152,28 @@ class Client:
     before the send nothing happens; after a possible send, the request's
     answer is awaited in the background, and a grant is released at once.
     The :class:`asyncio.CancelledError` propagates.
+
+    And §9: :meth:`acquire_shared` (``S``) keeps every rule above exactly as
+    :meth:`acquire` does (owner, deadline, compensating release of a late
+    grant, cancellation), with :class:`LimitMismatch` for ``E`` 7;
+    :meth:`semaphore` and :meth:`rw_lock` are built on it. :meth:`validate`,
+    :meth:`watch` and :meth:`inspect` change nothing on the server, so each
+    is sent again — another connection, another member — after a lost
+    connection or an unanswered attempt, within ``transport_timeout``.
+    **Every held lock is watched** (``watch_locks``, default True): its
+    ``lost`` is set the moment lockd pushes ``L`` for it (released, expired,
+    forced), not at the next renewal; after an ``L`` 4 or a lost connection
+    it renews at once and registers the watch again where the key is
+    served now. A connection that answered ``E`` 8 gets no watch until one
+    of its watches ends (the watch goes to another connection); a lock
+    that no connection has room for is left to its renewals and watched a
+    renewal interval later. A server
+    without §9 answers a §9 request ``E`` 1 and closes the connection: the
+    call raises :class:`Unsupported`, the requests that shared the
+    connection say why they were lost (those written after it were never
+    read and go elsewhere), and §9 requests to that address fail at once
+    without costing another connection until a connection to it ends
+    otherwise (a restart). ``watch_locks=False`` sends no watch of its own.
     """
 
     def __init__(
@@ -157,6 +195,7 @@ class Client:
         retry_pause: float = 0.1,
         default_lease: float = 30.0,
         fail_fast: bool = False,
+        watch_locks: bool = True,
     ) -> None:
         self._st: Settings = settings(
             addrs,
@@ -175,6 +214,7 @@ class Client:
             retry_pause=retry_pause,
             default_lease=default_lease,
             fail_fast=fail_fast,
+            watch_locks=watch_locks,
         )
         self._core: Core | None = None
         self._closed = False
@@ -256,6 +296,92 @@ class Client:
         check_key(key)
         return await self._started().acquire(key, wait, lease)
 
+    async def acquire_shared(self, key: str, limit: int, wait: float = 0.0, lease: float | None = None) -> Lock:
+        """Take one of ``limit`` (1..65535) shared holds of ``key``
+        (PROTOCOL.md §9.2: ``S``): granted while the key has fewer than
+        ``limit`` holders and nobody waits before this request; a semaphore
+        of ``limit`` permits, or (``limit`` 65535) a read/write lock's reader
+        — an exclusive :meth:`acquire` of the key waits for every shared
+        holder to leave, and shared requests behind it wait for it.
+
+        ``wait`` and ``lease`` are :meth:`acquire`'s, and so is every rule
+        and every exception; the :class:`Lock` it returns has its own token
+        and lease (``limit`` set), and is released, renewed, validated and
+        watched like any other. Raises :class:`LimitMismatch` (``E`` 7) when
+        the key's holders gave another limit — definitive, nothing queued —
+        and :class:`Unsupported` for a server without §9.
+        """
+        check_key(key)
+        check_limit(limit)
+        return await self._started().acquire(key, wait, lease, limit)
+
+    @overload
+    async def validate(self, grant: Grant, /) -> float: ...
+
+    @overload
+    async def validate(self, key: str, token: int, /) -> float: ...
+
+    async def validate(self, key: Grant | str, token: int | None = None, /) -> float:
+        """Ask lockd whether ``token`` is a current holder of ``key``
+        (PROTOCOL.md §9.3: ``V``) — or pass a :class:`Lock` (a held lock) —
+        and return its lease time left, in seconds (to the millisecond,
+        rounded down). What a protected resource calls before acting for a
+        request that carries a token. Changes nothing (it renews nothing).
+
+        Raises :class:`NotHeld` — definitive: the token is not a current
+        holder (released, expired, never issued, another key's) — or, when
+        lockd could not be asked within ``transport_timeout``,
+        :class:`NoConnection` or :class:`Timeout`; and
+        :class:`PermissionDenied`, :class:`Unauthenticated`,
+        :class:`Unsupported`, :class:`Closed`. Only :class:`NotHeld` and a
+        returned value say anything about the token.
+        """
+        k, t = grant_of(key, token)
+        check_key(k)
+        return await self._started().validate(k, t)
+
+    @overload
+    async def watch(self, grant: Grant, /) -> Watch: ...
+
+    @overload
+    async def watch(self, key: str, token: int, /) -> Watch: ...
+
+    async def watch(self, key: Grant | str, token: int | None = None, /) -> Watch:
+        """Watch the grant ``token`` of ``key`` — or a :class:`Lock`, a held
+        lock (PROTOCOL.md §9.4: ``W``): returns a :class:`Watch` once lockd
+        registered it; ``await`` the watch (or ``async for`` over it) for
+        the one end lockd pushes, with its :class:`Reason`::
+
+            w = await c.watch(lock)
+            reason = await w            # Reason.RELEASED, EXPIRED or FORCED
+
+        The watch follows the grant across a failover: when the member can
+        no longer tell (``L`` 4) or the connection is lost, it registers
+        again where the key is served now (see :class:`Watch` for how it
+        can end otherwise). Anyone allowed the key may watch any of its
+        holders. Raises :class:`NotHeld` when the token is not a current
+        holder, :class:`WatchLimit` when every connection refused another
+        watch (``E`` 8), and :meth:`validate`'s other errors. The client's
+        own held locks are watched without this (``watch_locks``).
+        """
+        k, t = grant_of(key, token)
+        check_key(k)
+        w = Watch(self._started(), k, t)
+        try:
+            await w._start()
+        except BaseException:
+            w.cancel()
+            raise
+        return w
+
+    async def inspect(self, key: str) -> Inspection:
+        """Return ``key``'s state now (PROTOCOL.md §9.5: ``I``): how many
+        hold it and wait for it, its limit, and its newest holder's token
+        and lease time left, as an :class:`Inspection`. Changes nothing.
+        Raises :meth:`validate`'s errors but :class:`NotHeld`."""
+        check_key(key)
+        return await self._started().inspect(key)
+
     async def release(self, lock: Lock) -> None:
         """Release ``lock``.
 
@@ -316,7 +442,9 @@ class Client:
         time). A failed renewal is tried again after ``retry`` (None:
         ``retry_pause``); ``on_renew_error`` is called with each such error,
         and the first of a run is logged at WARNING. The lock is lost —
-        :attr:`HeldLock.lost` is set — on an ``N``, on :meth:`close`, or when
+        :attr:`HeldLock.lost` is set — the moment lockd pushes ``L`` for it
+        (the lock is watched unless ``watch_locks`` is False: released
+        elsewhere, expired, forced), on an ``N``, on :meth:`close`, or when
         the stop time (``expires - margin``) passes without a renewal.
 
         If less than two intervals are left before the stop time (a lock
@@ -337,9 +465,11 @@ class Client:
         does not run), then renews the lease in the background every third of
         it (:meth:`keep_alive`). On exit it stops the renewals and releases.
 
-        **When the lock is lost** (a renewal answered ``N``, the client
-        closed, or the stop time passed without a renewal), ``lock.lost`` is
-        set and the task running the block is cancelled — at whatever
+        **When the lock is lost** (lockd pushed ``L`` for it — released
+        elsewhere, its lease expired, an operator released it —, a renewal
+        answered ``N``, the client closed, or the stop time passed without
+        a renewal), ``lock.lost`` is set and the task running the block is
+        cancelled — at whatever
         ``await`` it is waiting — with :meth:`asyncio.Task.cancel`; the exit
         turns that cancellation into :class:`LockLost` (the way
         :func:`asyncio.timeout` turns its own into :class:`TimeoutError`), and
@@ -356,3 +486,29 @@ class Client:
         """
         check_key(key)
         return LockContext(self._started, key, wait, lease, margin)
+
+    def semaphore(
+        self, key: str, limit: int, *, wait: float = 0.0, lease: float | None = None, margin: float = 0.0
+    ) -> Semaphore:
+        """A semaphore of ``limit`` permits on ``key`` (PROTOCOL.md §9.2):
+        ``async with`` it to hold one permit for a block, as :meth:`lock`
+        holds a lock (``wait``, ``lease`` and ``margin`` are its; a lost
+        permit cancels the block with :class:`LockLost`)::
+
+            async with c.semaphore("workers", 4, wait=30) as permit:
+                await work(token=permit.token)
+
+        Permits do not leak when a holder crashes: each has its own lease.
+        Every user of the key must give the same ``limit``
+        (:class:`LimitMismatch`). See :class:`Semaphore`.
+        """
+        return Semaphore(self._started, key, limit, wait, lease, margin)
+
+    def rw_lock(self, key: str, *, wait: float = 0.0, lease: float | None = None, margin: float = 0.0) -> RWLock:
+        """A read/write lock on ``key`` (PROTOCOL.md §9.2): ``async with
+        rw.read()`` holds it shared with other readers, ``async with
+        rw.write()`` alone, each as :meth:`lock` holds a lock; ``wait``,
+        ``lease`` and ``margin`` are the defaults of both. A waiting writer
+        holds up the readers that come after it. See :class:`RWLock`.
+        """
+        return RWLock(self._started, key, wait, lease, margin)

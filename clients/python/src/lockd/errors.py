@@ -17,9 +17,14 @@ exception                   meaning
 :class:`Indeterminate`      the request may or may not have executed: do not
                             assume the lock is held (its lease frees it)
 :class:`NotHeld`            ``N``: the token is not the key's current grant
+:class:`GrantEnded`         a :class:`NotHeld` told by lockd's ``L``: the
+                            watched grant ended, ``reason`` says how (§9.4)
 :class:`LockLost`           a held lock could no longer be shown to be held
 :class:`Unauthenticated`    ``E`` 5: the server refused the identity (§8)
 :class:`PermissionDenied`   ``E`` 6: the identity may not use that key (§8)
+:class:`LimitMismatch`      ``E`` 7: the key's holders have another limit (§9)
+:class:`WatchLimit`         ``E`` 8, or no connection with room for a watch
+:class:`Unsupported`        the server does not speak §9 (it answered ``E`` 1)
 :class:`ServerError`        another ``E``: rejected, not executed
 :class:`Closed`             the client was closed
 :class:`InvalidArgument`    bad key, wait, lease or option; nothing was sent
@@ -28,7 +33,10 @@ exception                   meaning
 
 from __future__ import annotations
 
+import enum
+
 __all__ = [
+    "Reason",
     "LockdError",
     "Timeout",
     "Busy",
@@ -36,17 +44,47 @@ __all__ = [
     "Rejected",
     "Indeterminate",
     "NotHeld",
+    "GrantEnded",
     "LockLost",
     "Closed",
     "ClosedIndeterminate",
     "Unauthenticated",
     "PermissionDenied",
+    "LimitMismatch",
+    "WatchLimit",
+    "Unsupported",
     "ServerError",
     "InvalidArgument",
     "InvalidKey",
     "InvalidWait",
     "InvalidLease",
 ]
+
+
+class Reason(enum.IntEnum):
+    """Why a watched grant ended: the reason of lockd's ``L`` (PROTOCOL.md
+    §9.4). (The protocol's fourth, "this member can no longer tell", is no
+    end: the client watches again where the grant is served now.)"""
+
+    RELEASED = 1
+    """Released, by any connection (the holder's own release included)."""
+    EXPIRED = 2
+    """Its lease ended without a renewal."""
+    FORCED = 3
+    """Released by an operator: an ``admin`` identity, or the admin
+    endpoint's ``DELETE /keys/{key}`` (or its lease, set by an admin's
+    renew, ended)."""
+
+    def describe(self) -> str:
+        """The reason in words, for messages."""
+        return _REASON_WORDS[self]
+
+
+_REASON_WORDS = {
+    Reason.RELEASED: "it was released",
+    Reason.EXPIRED: "its lease expired",
+    Reason.FORCED: "an operator released it (forced)",
+}
 
 
 class LockdError(Exception):
@@ -133,14 +171,29 @@ class NotHeld(LockdError):
     or the lease ended)."""
 
 
+class GrantEnded(NotHeld):
+    """lockd told the client, with ``L`` (PROTOCOL.md §9.4), that a watched
+    grant ended: ``reason`` (a :class:`Reason`) says how. ``key`` and
+    ``token`` name the grant."""
+
+    def __init__(self, key: str, token: int, reason: Reason) -> None:
+        super().__init__(f"lockd: the grant of {key!r} (token {token}) ended: {reason.describe()}")
+        self.key = key
+        self.token = token
+        self.reason = reason
+
+
 class LockLost(LockdError):
     """A held lock could no longer be shown to be held.
 
-    A renewal (or the release at the end of a ``lock()`` block) was answered
-    ``N`` (``reason`` is a :class:`NotHeld`), the client was closed
-    (``reason`` is a :class:`Closed`), or no renewal succeeded before the
-    holder's stop time (``reason`` is ``None``; ``__cause__`` is the last
-    renewal's error, if one failed). Work under the lock must stop.
+    lockd pushed ``L`` for the lock's watch: it was released, its lease
+    ended, or an operator released it (``reason`` is a :class:`GrantEnded`,
+    whose ``reason`` — also :attr:`ended` here — says which); a renewal, a
+    watch, or the release at the end of a ``lock()`` block was answered ``N``
+    (``reason`` is a :class:`NotHeld`); the client was closed (``reason`` is
+    a :class:`Closed`); or no renewal succeeded before the holder's stop time
+    (``reason`` is ``None``; ``__cause__`` is the last renewal's error, if
+    one failed). Work under the lock must stop.
     """
 
     def __init__(self, msg: str, reason: BaseException | None = None, last_error: BaseException | None = None) -> None:
@@ -149,6 +202,14 @@ class LockLost(LockdError):
         cause = reason if reason is not None else last_error
         if cause is not None:
             self.__cause__ = cause
+
+    @property
+    def ended(self) -> Reason | None:
+        """How lockd said the grant ended (``L``): :attr:`Reason.RELEASED`,
+        :attr:`Reason.EXPIRED` or :attr:`Reason.FORCED`; None when the loss
+        was found otherwise."""
+        r = self.reason
+        return r.reason if isinstance(r, GrantEnded) else None
 
 
 class Closed(LockdError):
@@ -179,6 +240,49 @@ class PermissionDenied(LockdError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"lockd: permission denied for key {key!r}: {message}")
         self.key = key
+        self.message = message
+
+
+class LimitMismatch(LockdError):
+    """``E`` code 7 (§9.2): an acquire shared whose limit differs from the
+    limit of the key's current holders; definitive, not executed (nothing
+    was queued). Every user of a semaphore or read/write lock must give the
+    same limit. ``message`` is the server's text."""
+
+    def __init__(self, key: str, limit: int, message: str) -> None:
+        super().__init__(f"lockd: limit {limit} for {key!r} refused: {message}")
+        self.key = key
+        self.limit = limit
+        self.message = message
+
+
+class WatchLimit(LockdError):
+    """``E`` code 8 (§9.4): every connection to the member refused another
+    watch (each holds the server's bound of watches,
+    ``--max-watches-per-conn``, and none of them has ended since);
+    definitive, not executed. ``message`` is the server's text, or the
+    client's when it knew without asking."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"lockd: cannot watch {key!r}: {message}")
+        self.key = key
+        self.message = message
+
+
+class Unsupported(LockdError):
+    """The server at ``addr`` does not support ``op`` (a request of
+    PROTOCOL.md §9: acquire shared, validate, watch, inspect): it answered
+    ``E`` 1 and closed the connection, as a lockd older than §9 does. Not
+    executed; upgrade the server. The requests that were on the same
+    connection say so too. ``message`` is the server's text."""
+
+    def __init__(self, addr: str, op: str, message: str) -> None:
+        super().__init__(
+            f"lockd at {addr} does not support {op} (PROTOCOL.md §9; it answered E 1: {message}): "
+            "upgrade the server"
+        )
+        self.addr = addr
+        self.op = op
         self.message = message
 
 

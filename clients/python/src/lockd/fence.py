@@ -12,17 +12,36 @@ that passed its check writes after its successor. A resource with writers in
 several processes must make the comparison part of its own write instead (a
 conditional update, "write if token >= the stored token", in one transaction)
 and keep the largest token beside the data.
+
+:class:`Validating` (and :class:`SyncValidating`) is the other rule: ask lockd
+itself (PROTOCOL.md §9.3, ``V``) whether a token is a current grant before
+acting, as the Go package's ``fence.Validating`` does. The largest-token rule
+needs no round trip and stays safe across a lock service failover that breaks
+mutual exclusion for a moment; validation also turns away a holder whose lease
+ended with no successor yet (which the largest-token rule cannot see), at the
+cost of a round trip and of trusting lockd's answer. Use both for the
+strongest guard: validate, then write through a :class:`Checker`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Awaitable, Callable, TypeVar
+import time
+from typing import Awaitable, Callable, Protocol, TypeVar
 
 from .errors import LockdError
 
-__all__ = ["StaleToken", "Checker", "AsyncChecker"]
+__all__ = [
+    "StaleToken",
+    "Checker",
+    "AsyncChecker",
+    "NotValid",
+    "Validator",
+    "SyncValidator",
+    "Validating",
+    "SyncValidating",
+]
 
 T = TypeVar("T")
 
@@ -97,3 +116,95 @@ class AsyncChecker:
     def largest(self, resource: str) -> int:
         """The largest token seen for ``resource``, 0 if none."""
         return self._last.get(resource, 0)
+
+
+class NotValid(LockdError):
+    """lockd did not confirm the token as a current grant of the key with
+    enough lease left. ``cause`` is the validator's exception (``NotHeld``:
+    definitive; ``NoConnection`` and the like: lockd could not be asked), or
+    None when the lease left (``left``, seconds) was below ``min_remaining``."""
+
+    def __init__(self, key: str, token: int, cause: BaseException | None = None, left: float = 0.0) -> None:
+        why = f"{cause}" if cause is not None else f"{left:.3f} s of lease left"
+        super().__init__(f"lockd.fence: token {token} of {key!r} not confirmed: {why}")
+        self.key = key
+        self.token = token
+        self.cause = cause
+        self.left = left
+
+
+class Validator(Protocol):
+    """What :class:`Validating` asks: :meth:`lockd.Client.validate` fits."""
+
+    async def validate(self, key: str, token: int, /) -> float:
+        """The lease time left of ``token`` as a grant of ``key``, in
+        seconds; raises (``NotHeld``, or why lockd could not be asked)."""
+        ...
+
+
+class SyncValidator(Protocol):
+    """What :class:`SyncValidating` asks: :meth:`lockd.SyncClient.validate` fits."""
+
+    def validate(self, key: str, token: int, /) -> float:
+        """As :meth:`Validator.validate`, blocking."""
+        ...
+
+
+class Validating:
+    """Asks lockd before acting for a token (the asyncio side)."""
+
+    def __init__(self, validator: Validator, min_remaining: float = 0.0) -> None:
+        self.validator = validator
+        #: Lease time (seconds) a token must have left to be accepted.
+        self.min_remaining = min_remaining
+
+    async def check(self, key: str, token: int) -> float:
+        """Return the lease time left of ``token`` as a grant of ``key``, or
+        raise :class:`NotValid`."""
+        try:
+            left = await self.validator.validate(key, token)
+        except LockdError as e:
+            raise NotValid(key, token, cause=e) from e
+        if left < self.min_remaining:
+            raise NotValid(key, token, left=left)
+        return left
+
+    async def do(self, key: str, token: int, act: Callable[[], Awaitable[T]]) -> T:
+        """Check ``token`` as :meth:`check` does and, once lockd confirmed it,
+        await ``act()`` under a deadline at the instant the lease could end
+        (when the question was sent plus the time left lockd answered):
+        past it, ``act`` is cancelled and :class:`TimeoutError` raised."""
+        asked = asyncio.get_running_loop().time()
+        left = await self.check(key, token)
+        async with asyncio.timeout_at(asked + left):
+            return await act()
+
+
+class SyncValidating:
+    """:class:`Validating` for the sync client. :meth:`do` returns the
+    deadline to its action instead of enforcing it (a thread cannot be
+    cancelled): ``act(deadline)`` gets the ``time.monotonic()`` instant at
+    which the lease could end, and should stop by then."""
+
+    def __init__(self, validator: SyncValidator, min_remaining: float = 0.0) -> None:
+        self.validator = validator
+        #: Lease time (seconds) a token must have left to be accepted.
+        self.min_remaining = min_remaining
+
+    def check(self, key: str, token: int) -> float:
+        """Return the lease time left of ``token`` as a grant of ``key``, or
+        raise :class:`NotValid`."""
+        try:
+            left = self.validator.validate(key, token)
+        except LockdError as e:
+            raise NotValid(key, token, cause=e) from e
+        if left < self.min_remaining:
+            raise NotValid(key, token, left=left)
+        return left
+
+    def do(self, key: str, token: int, act: Callable[[float], T]) -> T:
+        """Check ``token`` and, once lockd confirmed it, return
+        ``act(deadline)``."""
+        asked = time.monotonic()
+        left = self.check(key, token)
+        return act(asked + left)

@@ -15,15 +15,17 @@ import os
 import ssl as _ssl
 import threading
 from types import TracebackType
-from typing import Any, Callable, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, Iterator, TypeVar, overload
 
 from . import errors
-from ._held import HeldBase, Renewer, begin_hold, end_hold, keep_alive
+from ._held import READERS, HeldBase, Options, Renewer, begin_hold, end_hold, keep_alive
 from ._ops import Core
-from ._types import Lock, check_key
+from ._types import Grant, Inspection, Lock, check_key, check_limit, grant_of
+from ._watch import Watch
 from .client import Client
+from .errors import Reason
 
-__all__ = ["SyncClient", "SyncHeldLock", "SyncLockContext"]
+__all__ = ["SyncClient", "SyncHeldLock", "SyncLockContext", "SyncWatch", "SyncSemaphore", "SyncRWLock"]
 
 T = TypeVar("T")
 
@@ -63,6 +65,7 @@ class SyncClient:
         retry_pause: float = 0.1,
         default_lease: float = 30.0,
         fail_fast: bool = False,
+        watch_locks: bool = True,
     ) -> None:
         self._client = Client(
             addrs,
@@ -81,6 +84,7 @@ class SyncClient:
             retry_pause=retry_pause,
             default_lease=default_lease,
             fail_fast=fail_fast,
+            watch_locks=watch_locks,
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="lockd-client", daemon=True)
@@ -151,6 +155,45 @@ class SyncClient:
         """Measure a round trip in seconds; see :meth:`lockd.Client.ping`."""
         return self._call(self._client.ping())
 
+    def acquire_shared(self, key: str, limit: int, wait: float = 0.0, lease: float | None = None) -> Lock:
+        """Take one of ``limit`` shared holds of ``key``; see
+        :meth:`lockd.Client.acquire_shared`."""
+        return self._call(self._client.acquire_shared(key, limit, wait, lease))
+
+    @overload
+    def validate(self, grant: Grant, /) -> float: ...
+
+    @overload
+    def validate(self, key: str, token: int, /) -> float: ...
+
+    def validate(self, key: Grant | str, token: int | None = None, /) -> float:
+        """The lease time left of a current holder, in seconds, or
+        :class:`NotHeld`; see :meth:`lockd.Client.validate`."""
+        k, t = grant_of(key, token)
+        return self._call(self._client.validate(k, t))
+
+    @overload
+    def watch(self, grant: Grant, /) -> SyncWatch: ...
+
+    @overload
+    def watch(self, key: str, token: int, /) -> SyncWatch: ...
+
+    def watch(self, key: Grant | str, token: int | None = None, /) -> SyncWatch:
+        """Watch a grant; see :meth:`lockd.Client.watch`. Returns a
+        :class:`SyncWatch` once lockd registered it."""
+
+        async def start() -> SyncWatch:
+            w = await self._client.watch(k, t)
+            return SyncWatch(self, w)
+
+        k, t = grant_of(key, token)
+
+        return self._call(start())
+
+    def inspect(self, key: str) -> Inspection:
+        """A key's state now; see :meth:`lockd.Client.inspect`."""
+        return self._call(self._client.inspect(key))
+
     def keep_alive(
         self,
         lock: Lock,
@@ -197,6 +240,24 @@ class SyncClient:
         """
         check_key(key)
         return SyncLockContext(self, key, wait, lease, margin)
+
+    def semaphore(
+        self, key: str, limit: int, *, wait: float = 0.0, lease: float | None = None, margin: float = 0.0
+    ) -> SyncSemaphore:
+        """A semaphore of ``limit`` permits on ``key``: ``with`` it to hold
+        one permit for a block, as :meth:`lock` holds a lock::
+
+            with c.semaphore("workers", 4, wait=30) as permit:
+                work(token=permit.token)
+
+        See :meth:`lockd.Client.semaphore` and :class:`SyncSemaphore`.
+        """
+        return SyncSemaphore(self, key, limit, wait, lease, margin)
+
+    def rw_lock(self, key: str, *, wait: float = 0.0, lease: float | None = None, margin: float = 0.0) -> SyncRWLock:
+        """A read/write lock on ``key``: ``with rw.read()`` shared with other
+        readers, ``with rw.write()`` alone; see :meth:`lockd.Client.rw_lock`."""
+        return SyncRWLock(self, key, wait, lease, margin)
 
     def close(self) -> None:
         """Close the client (see :meth:`lockd.Client.close`) and stop its loop
@@ -246,19 +307,24 @@ class SyncHeldLock(HeldBase):
 
 
 class SyncLockContext:
-    """What :meth:`SyncClient.lock` returns: ``with`` it to hold a lock for a block."""
+    """What :meth:`SyncClient.lock` returns — and :meth:`SyncRWLock.read`,
+    :meth:`SyncRWLock.write`, :meth:`SyncSemaphore.acquire` —: ``with`` it to
+    hold a lock for a block. One use."""
 
-    def __init__(self, sc: SyncClient, key: str, wait: float, lease: float | None, margin: float) -> None:
+    def __init__(
+        self, sc: SyncClient, key: str, wait: float, lease: float | None, margin: float, limit: int = 0
+    ) -> None:
         self._sc = sc
         self._key = key
         self._wait = wait
         self._lease = lease
         self._margin = margin
+        self._limit = limit
         self._held: SyncHeldLock | None = None
 
     def __enter__(self) -> SyncHeldLock:
         sc = self._sc
-        self._held = sc._held(begin_hold(sc._core, self._key, self._wait, self._lease, self._margin))
+        self._held = sc._held(begin_hold(sc._core, self._key, self._wait, self._lease, self._margin, self._limit))
         return self._held
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
@@ -269,3 +335,162 @@ class SyncLockContext:
             return
         if err is not None:
             raise err
+
+
+class SyncWatch:
+    """A registered watch (:meth:`SyncClient.watch`), as :class:`lockd.Watch`
+    for threads: :meth:`wait` blocks until the grant ends and returns its
+    :class:`Reason` (or raises what ended the watch otherwise); ``for reason
+    in watch`` yields it once. Safe from any thread. Made on the loop."""
+
+    def __init__(self, sc: SyncClient, w: Watch) -> None:
+        self._sc = sc
+        self._w = w
+        self._ev = threading.Event()
+        self._reason: Reason | None = None
+        self._error: BaseException | None = None
+        w.add_done_callback(self._ended)
+
+    def _ended(self, w: Watch) -> None:
+        self._reason = w.reason
+        self._error = w.error
+        self._ev.set()
+
+    @property
+    def key(self) -> str:
+        """The watched grant's key."""
+        return self._w.key
+
+    @property
+    def token(self) -> int:
+        """The watched grant's token."""
+        return self._w.token
+
+    @property
+    def reason(self) -> Reason | None:
+        """How the grant ended, as lockd said; None until then, or when the
+        watch ended otherwise (:attr:`error`)."""
+        return self._reason if self._ev.is_set() else None
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the watch ended without lockd's reason (see
+        :class:`lockd.Watch`); None otherwise."""
+        return self._error if self._ev.is_set() else None
+
+    def done(self) -> bool:
+        """Whether the watch ended (or was cancelled)."""
+        return self._ev.is_set()
+
+    def wait(self, timeout: float | None = None) -> Reason | None:
+        """Block until the grant ends (at most ``timeout`` seconds) and
+        return its reason, or raise what ended the watch otherwise
+        (:class:`NotHeld`, :class:`WatchLimit`, ...); None if the timeout
+        passed first, or after :meth:`cancel`."""
+        self._ev.wait(timeout)
+        err = self.error
+        if err is not None:
+            raise err
+        return self.reason
+
+    def __iter__(self) -> Iterator[Reason]:
+        r = self.wait()
+        if r is not None:
+            yield r
+
+    def cancel(self) -> None:
+        """Stop following the grant: :meth:`wait` returns None (see
+        :meth:`lockd.Watch.cancel`)."""
+        try:
+            self._sc._loop.call_soon_threadsafe(self._w.cancel)
+        except RuntimeError:
+            pass  # the client's loop is closed: nothing is called any more
+        self._ev.set()
+
+    def __repr__(self) -> str:
+        return f"lockd.SyncWatch(key={self.key!r}, token={self.token}, reason={self.reason!r}, error={self.error!r})"
+
+
+class SyncSemaphore:
+    """A semaphore of ``limit`` permits on ``key`` (:meth:`SyncClient.semaphore`):
+    each ``with`` holds one permit for its block, as :meth:`SyncClient.lock`
+    holds a lock. One object may be shared by any number of threads (each
+    ``with`` is its own permit); :meth:`acquire` takes other options for one
+    permit. See :class:`lockd.Semaphore`."""
+
+    def __init__(self, sc: SyncClient, key: str, limit: int, wait: float, lease: float | None, margin: float) -> None:
+        check_limit(limit)
+        self._sc = sc
+        self._o = Options(key, wait, lease, margin)
+        self._limit = limit
+        self._mu = threading.Lock()
+        self._held: dict[int, list[SyncLockContext]] = {}
+
+    @property
+    def key(self) -> str:
+        """The semaphore's key."""
+        return self._o.key
+
+    @property
+    def limit(self) -> int:
+        """How many permits the key has."""
+        return self._limit
+
+    def acquire(
+        self, *, wait: float | None = None, lease: float | None = None, margin: float | None = None
+    ) -> SyncLockContext:
+        """A context for one permit, with these options instead of the
+        semaphore's: ``with sem.acquire(wait=1) as permit:``."""
+        w, ls, m = self._o.pick(wait, lease, margin)
+        return SyncLockContext(self._sc, self._o.key, w, ls, m, self._limit)
+
+    def __enter__(self) -> SyncHeldLock:
+        ctx = self.acquire()
+        held = ctx.__enter__()
+        with self._mu:
+            self._held.setdefault(threading.get_ident(), []).append(ctx)
+        return held
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        me = threading.get_ident()
+        with self._mu:
+            stack = self._held[me]
+            ctx = stack.pop()
+            if not stack:
+                del self._held[me]
+        ctx.__exit__(et, ev, tb)
+
+    def __repr__(self) -> str:
+        return f"lockd.SyncSemaphore(key={self.key!r}, limit={self._limit})"
+
+
+class SyncRWLock:
+    """A read/write lock on ``key`` (:meth:`SyncClient.rw_lock`): ``with
+    rw.read()`` holds it shared with other readers, ``with rw.write()``
+    alone. See :class:`lockd.RWLock`."""
+
+    def __init__(self, sc: SyncClient, key: str, wait: float, lease: float | None, margin: float) -> None:
+        self._sc = sc
+        self._o = Options(key, wait, lease, margin)
+
+    @property
+    def key(self) -> str:
+        """The lock's key."""
+        return self._o.key
+
+    def read(
+        self, *, wait: float | None = None, lease: float | None = None, margin: float | None = None
+    ) -> SyncLockContext:
+        """A context that holds the lock shared, with other readers."""
+        w, ls, m = self._o.pick(wait, lease, margin)
+        return SyncLockContext(self._sc, self._o.key, w, ls, m, READERS)
+
+    def write(
+        self, *, wait: float | None = None, lease: float | None = None, margin: float | None = None
+    ) -> SyncLockContext:
+        """A context that holds the lock alone."""
+        w, ls, m = self._o.pick(wait, lease, margin)
+        return SyncLockContext(self._sc, self._o.key, w, ls, m)
+
+    def __repr__(self) -> str:
+        return f"lockd.SyncRWLock(key={self.key!r})"
