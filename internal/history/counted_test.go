@@ -1,6 +1,7 @@
 package history
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -143,11 +144,11 @@ func TestCountedChecks(t *testing.T) {
 			b := newBuilder()
 			tc.build(b)
 			h := b.history(t)
-			f := CheckCountedFenced(h, false)
+			f := CheckCountedFenced(h, false, nil)
 			expect(t, f, tc.want.fenced, tc.want.counts[0])
-			expect(t, CheckCountedFenced(h, true), tc.want.fencedAssert, tc.want.counts[1])
-			expect(t, CheckCountedOverlap(h, true), tc.want.overlapAssert, tc.want.counts[2])
-			if m := CheckCountedOverlap(h, false); m.Verdict != Measured || m.Name != "semaphore-overlap" {
+			expect(t, CheckCountedFenced(h, true, nil), tc.want.fencedAssert, tc.want.counts[1])
+			expect(t, CheckCountedOverlap(h, true, nil), tc.want.overlapAssert, tc.want.counts[2])
+			if m := CheckCountedOverlap(h, false, nil); m.Verdict != Measured || m.Name != "semaphore-overlap" {
 				t.Fatalf("without assert: %s %s, want measured semaphore-overlap", m.Name, m.Verdict)
 			}
 			for name, want := range tc.figures {
@@ -174,7 +175,7 @@ func TestCountedOverlapFigures(t *testing.T) {
 	b.release(d, 90, 91)
 	e := b.sgrant(3, "s", 13, 2, 90, 90) // starts as d's belief ends: no overlap
 	b.release(e, 95, 96)
-	r := CheckCountedOverlap(b.history(t), true)
+	r := CheckCountedOverlap(b.history(t), true, nil)
 	expect(t, r, Violated, 1)
 	for name, want := range map[string]float64{"grants": 4, "most_holders_at_once": 3, "beyond_limit_episodes": 1,
 		"beyond_limit_total_ms": 20, "beyond_limit_max_ms": 20, "lost_grants": 0} {
@@ -236,6 +237,149 @@ func TestValidateLeave(t *testing.T) {
 			tc.edit(&b.h.Ops[1])
 			if err := b.h.Validate(); err == nil {
 				t.Fatal("Validate accepted it")
+			}
+		})
+	}
+}
+
+// TestCountedExclusionLimit: N holders of a semaphore of N permits whose
+// beliefs all overlap pass; one more, in any position, fails the asserted
+// checker with one episode, whatever N.
+func TestCountedExclusionLimit(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5} {
+		for _, extra := range []bool{false, true} {
+			holders := n
+			if extra {
+				holders++
+			}
+			for _, last := range []bool{false, true} {
+				t.Run(fmt.Sprintf("limit=%d/holders=%d/latecomer-last=%v", n, holders, last), func(t *testing.T) {
+					b := newBuilder()
+					var gs []int
+					for i := range holders {
+						// Each believes from 10+i ms; the latecomer (first
+						// or last in the history) from 50 ms.
+						at := 10 + i
+						if (last && i == holders-1) || (!last && i == 0) {
+							at = 50
+						}
+						gs = append(gs, b.sgrant(i, "s", uint64(100+i), n, at-5, at))
+					}
+					for i, g := range gs {
+						b.release(g, 100+i, 101+i)
+					}
+					r := CheckCountedOverlap(b.history(t), true, nil)
+					if !extra {
+						expect(t, r, Pass, 0)
+						return
+					}
+					expect(t, r, Violated, 1)
+					if r.Figures["most_holders_at_once"] != float64(n+1) || r.Figures["beyond_limit_total_ms"] != 50 {
+						t.Fatalf("figures %v, want %d holders at once for 50 ms", r.Figures, n+1)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestCountedReleaseAnsweredLate: the next holder reads its grant before
+// the one it replaces reads its release's answer (the service freed the
+// permit and granted it in one step): no overlap, since a holder counts
+// until it invokes its release.
+func TestCountedReleaseAnsweredLate(t *testing.T) {
+	b := newBuilder()
+	a := b.sgrant(0, "s", 10, 1, 0, 5)
+	c := b.sgrant(1, "s", 11, 1, 6, 60) // queued; granted at a's release
+	b.release(a, 50, 70)                // answered after c read its grant
+	b.release(c, 80, 81)
+	h := b.history(t)
+	expect(t, CheckCountedOverlap(h, true, nil), Pass, 0)
+}
+
+// TestCrashes: a single node's kill -9 loses its grants (PROTOCOL.md §4);
+// the holders it lost may overlap the ones it grants after its restart,
+// their N is expected, their tokens may be evicted. With the crash given
+// the checkers excuse exactly that; without it, the same history fails.
+// Holders granted after the restart are still held to the limit.
+func TestCrashes(t *testing.T) {
+	crash := []Window{{Start: ms(1000), End: ms(1200), Why: "kill"}}
+	type want struct {
+		excused, strict Verdict // with the crash given, and without
+	}
+	for _, tc := range []struct {
+		name  string
+		build func(b *builder)
+		check func(h History, crashes []Window) Result
+		want  want
+	}{
+		{"mutex: a lost holder and the next one", func(b *builder) {
+			a := b.grant(0, "m", 10, 0, 5) // believes to 3000
+			c := b.grant(1, "m", 5000, 1300, 1310)
+			b.op(Renew, a, Fail, DetailNotHeld, 1400, 1401) // lost: N while its lease runs
+			b.release(c, 1500, 1501)
+		}, func(h History, cs []Window) Result { return CheckOverlap(h, true, cs) }, want{Pass, Violated}},
+		{"mutex: an N before the crash is a lost grant still", func(b *builder) {
+			a := b.grant(0, "m", 10, 0, 5)
+			b.op(Renew, a, Fail, DetailNotHeld, 500, 501)
+		}, func(h History, cs []Window) Result { return CheckOverlap(h, true, cs) }, want{Violated, Violated}},
+		{"mutex: two holders after the restart", func(b *builder) {
+			c := b.grant(1, "m", 5000, 1300, 1310)
+			d := b.grant(2, "m", 5001, 1300, 1320)
+			b.release(c, 1500, 1501)
+			b.release(d, 1500, 1501)
+		}, func(h History, cs []Window) Result { return CheckOverlap(h, true, cs) }, want{Violated, Violated}},
+		{"semaphore: two lost permits and two new ones", func(b *builder) {
+			a := b.sgrant(0, "s", 10, 2, 0, 5)
+			c := b.sgrant(1, "s", 11, 2, 0, 6)
+			b.cwrite(a, true, 100)
+			b.cwrite(c, true, 101)
+			d := b.sgrant(2, "s", 5000, 2, 1300, 1310)
+			e := b.sgrant(3, "s", 5001, 2, 1300, 1320)
+			b.cwrite(d, true, 1330)  // evicts 10
+			b.cwrite(a, false, 1340) // on time, fenced out
+			b.cwrite(e, true, 1350)  // evicts 11
+			b.release(d, 1500, 1501)
+			b.release(e, 1500, 1501)
+		}, func(h History, cs []Window) Result { return CheckCountedOverlap(h, true, cs) }, want{Pass, Violated}},
+		{"semaphore: the fence after the crash", func(b *builder) {
+			a := b.sgrant(0, "s", 10, 2, 0, 5)
+			c := b.sgrant(1, "s", 11, 2, 0, 6)
+			b.cwrite(a, true, 100)
+			b.cwrite(c, true, 101)
+			d := b.sgrant(2, "s", 5000, 2, 1300, 1310)
+			e := b.sgrant(3, "s", 5001, 2, 1300, 1320)
+			b.cwrite(d, true, 1330)
+			b.cwrite(a, false, 1340)
+			b.cwrite(e, true, 1350)
+		}, func(h History, cs []Window) Result { return CheckCountedFenced(h, true, cs) }, want{Pass, Violated}},
+		{"semaphore: three holders after the restart", func(b *builder) {
+			for i := range 3 {
+				g := b.sgrant(i, "s", uint64(5000+i), 2, 1300, 1310+i)
+				b.release(g, 1500, 1501)
+			}
+		}, func(h History, cs []Window) Result { return CheckCountedOverlap(h, true, cs) }, want{Violated, Violated}},
+		{"semaphore: a permit granted after the restart evicted", func(b *builder) {
+			a := b.sgrant(0, "s", 10, 2, 0, 5) // lost in the crash
+			b.cwrite(a, true, 100)
+			var gs []int
+			for i := range 3 {
+				gs = append(gs, b.sgrant(1+i, "s", uint64(5000+i), 2, 1300, 1310+i))
+			}
+			for _, g := range gs {
+				b.cwrite(g, true, 1330+g) // the second evicts 10; the third 5000
+			}
+		}, func(h History, cs []Window) Result { return CheckCountedFenced(h, true, cs) }, want{Violated, Violated}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBuilder()
+			tc.build(b)
+			h := b.history(t)
+			if r := tc.check(h, crash); r.Verdict != tc.want.excused {
+				t.Errorf("with the crash: %s", r)
+			}
+			if r := tc.check(h, nil); r.Verdict != tc.want.strict {
+				t.Errorf("without: %s", r)
 			}
 		})
 	}

@@ -27,6 +27,12 @@
 //     on time turned away) and CheckCountedOverlap (more holders than the
 //     limit at once, and lost grants). SharedKeys and History.Select split
 //     a history into the exclusive keys' and the shared keys'.
+//   - Crashes (crash.go): the overlap and counted checkers take the spans
+//     in which a service that keeps no held lock across a crash (one
+//     lockd node's kill -9, PROTOCOL.md §4) lost what it held; a grant
+//     such a crash may have lost counts as held until the crash began,
+//     and its N, its eviction from a counted resource and its writes
+//     turned away are excused. Everything else stays asserted.
 //   - LockModel: the porcupine model itself, for tests that record their
 //     own operations.
 //
