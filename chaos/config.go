@@ -18,7 +18,7 @@ import (
 const (
 	FaultKill      = "kill"      // kill -9 of a member, restart later
 	FaultStop      = "stop"      // SIGSTOP past the failover timeout, then SIGCONT
-	FaultPartition = "partition" // member links cut (isolation, all alone, one way)
+	FaultPartition = "partition" // member links cut (isolation, all alone, one way); single: clients cut off
 	FaultHandover  = "handover"  // SIGTERM (planned handover), restart later
 	FaultDrop      = "drop"      // client connections reset
 )
@@ -28,7 +28,7 @@ var AllFaults = []string{FaultKill, FaultStop, FaultPartition, FaultHandover, Fa
 
 // Config is one run's configuration; every field is a flag.
 type Config struct {
-	Mode            string        // -mode: priority or raft
+	Mode            string        // -mode: single, priority or raft
 	Duration        time.Duration // -duration: how long the workload and the nemesis run
 	Seed            uint64        // -seed: every random choice; 0 picks one
 	JSON            bool          // -json: the report as JSON on stdout
@@ -78,6 +78,20 @@ func DefaultConfig() Config {
 	}
 }
 
+// members is how many lockd processes the run starts: one node in single
+// mode, a cluster of three otherwise.
+func (c Config) members() int {
+	if c.Mode == api.ModeSingle {
+		return 1
+	}
+	return 3
+}
+
+// clientLocations is how many places the workers sit in: beside each
+// member of a cluster; in single mode one beside the node and two across
+// a network from it, so that a partition can cut some clients off.
+const clientLocations = 3
+
 // DefaultBigLocks is the default -big-locks: a million held locks.
 const DefaultBigLocks = 1_000_000
 
@@ -90,8 +104,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: -%s: %s", ErrUsage, flag, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case c.Mode != api.ModePriority && c.Mode != api.ModeRaft:
-		return bad("mode", "%q: want priority or raft", c.Mode)
+	case c.Mode != api.ModeSingle && c.Mode != api.ModePriority && c.Mode != api.ModeRaft:
+		return bad("mode", "%q: want single, priority or raft", c.Mode)
+	case c.Secure && c.Mode == api.ModeSingle:
+		// clustertest starts single nodes in plaintext only.
+		return bad("secure", "needs -mode priority or raft")
 	case c.Duration < time.Second || c.Duration > 24*time.Hour:
 		return bad("duration", "%v: want 1s..24h", c.Duration)
 	case c.Workers < 1 || c.Workers > 64:
@@ -142,7 +159,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	cfg := DefaultConfig()
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Mode, "mode", "", "cluster mode: priority or raft (required)")
+	fs.StringVar(&cfg.Mode, "mode", "", "mode: single (one node), priority or raft (a cluster of 3) (required)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the workload and the nemesis run (1s..24h)")
 	seed := fs.String("seed", "0", "seed of every random choice (0: pick one; it is printed)")
 	fs.BoolVar(&cfg.JSON, "json", false, "print the report as JSON on stdout")

@@ -50,7 +50,7 @@ func TestCountedFenceFollowsTheRule(t *testing.T) {
 // TestCheckHistorySplitsKeys: the mutex checkers see only the exclusive
 // keys and the counted ones only the shared keys, so two holders of a
 // semaphore of 2 permits pass every checker, and three fail the
-// semaphore's (raft: asserted; priority: measured).
+// semaphore's (raft and single: asserted; priority: measured).
 func TestCheckHistorySplitsKeys(t *testing.T) {
 	build := func(holders int) history.History {
 		var h history.History
@@ -107,7 +107,7 @@ func TestCheckHistorySplitsKeys(t *testing.T) {
 		}
 		return out
 	}
-	for _, mode := range []string{"raft", "priority"} {
+	for _, mode := range []string{"raft", "single", "priority"} {
 		cfg := DefaultConfig()
 		cfg.Mode = mode
 		for name, v := range verdicts(checkHistory(build(2), cfg, t.TempDir())) {
@@ -116,8 +116,8 @@ func TestCheckHistorySplitsKeys(t *testing.T) {
 			}
 		}
 		got := verdicts(checkHistory(build(3), cfg, t.TempDir()))
-		if mode == "raft" && (got["semaphore-exclusion"] != history.Violated || got["semaphore-fenced"] != history.Violated) {
-			t.Errorf("raft, three holders of 2 permits: %v; want semaphore-exclusion and semaphore-fenced failed", got)
+		if mode != "priority" && (got["semaphore-exclusion"] != history.Violated || got["semaphore-fenced"] != history.Violated) {
+			t.Errorf("%s, three holders of 2 permits: %v; want semaphore-exclusion and semaphore-fenced failed", mode, got)
 		}
 		if mode == "priority" && (got["semaphore-overlap"] != history.Measured || got["semaphore-fenced"] != history.Pass) {
 			t.Errorf("priority, three holders of 2 permits: %v; want the overlap measured and the fence passed", got)
@@ -127,5 +127,116 @@ func TestCheckHistorySplitsKeys(t *testing.T) {
 				t.Errorf("%s: %s %s; the mutex checkers must not see the semaphore's holders", mode, name, got[name])
 			}
 		}
+	}
+}
+
+// TestCheckHistorySingleCrash: a single node's kill -9 loses its grants
+// (PROTOCOL.md §4): the holders it lost believe on while it grants their
+// keys again after its restart. Single mode excuses exactly that — in a
+// history with the kill, mutual exclusion and the semaphore's limit pass
+// (linearizability is skipped); raft, which may lose nothing, fails the
+// same history. Holders granted after the restart beyond the limit fail
+// single mode too, and a single-mode history without a crash is checked
+// for linearizability.
+func TestCheckHistorySingleCrash(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	lease := 3 * time.Second
+	build := func(kill bool, after int) history.History {
+		var h history.History
+		add := func(o history.Op) int {
+			o.ID = len(h.Ops)
+			h.Ops = append(h.Ops, o)
+			return o.ID
+		}
+		seq := uint64(0)
+		grant := func(w int, key string, token uint64, limit, at int) int {
+			return add(history.Op{Worker: w, Kind: history.Acquire, Key: key, Token: token, Lease: lease, Limit: limit,
+				Call: ms(at), Return: ms(at + 1), Outcome: history.OK, Expires: ms(at) + lease, Grant: -1})
+		}
+		write := func(g, at int, ok bool) {
+			seq++
+			o := h.Ops[g]
+			w := history.Op{Worker: o.Worker, Kind: history.Write, Key: o.Key, Token: o.Token, Call: ms(at), Return: ms(at),
+				Outcome: history.OK, Grant: g, Seq: seq, Expires: o.Expires}
+			if !ok {
+				w.Outcome, w.Detail = history.Fail, history.DetailStale
+			}
+			add(w)
+		}
+		// Before the kill at 1000 ms: a mutex holder and two permits.
+		m := grant(0, "chaos/0", 10, 0, 0)
+		a := grant(1, "chaos/sem/0", 11, 2, 0)
+		b := grant(2, "chaos/sem/0", 12, 2, 0)
+		write(m, 100, true)
+		write(a, 100, true)
+		write(b, 100, true)
+		if kill {
+			h.Faults = append(h.Faults, history.Fault{Kind: FaultKill, Target: "member 0", Start: ms(1000), End: ms(1500)})
+		}
+		// After the restart: the mutex key and `after` permits granted
+		// again with larger tokens, while the old holders believe on.
+		m2 := grant(3, "chaos/0", 5000, 0, 1600)
+		write(m2, 1700, true)
+		write(m, 1710, false) // the lost holder, fenced out
+		for i := range after {
+			g := grant(4+i, "chaos/sem/0", uint64(5001+i), 2, 1600)
+			write(g, 1700+i, true) // evicts a lost permit's token
+		}
+		add(history.Op{Worker: 0, Kind: history.Renew, Key: "chaos/0", Token: 10, Lease: lease, Call: ms(1800), Return: ms(1801),
+			Outcome: history.Fail, Detail: history.DetailNotHeld, Grant: m})
+		if err := h.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	verdicts := func(mode string, h history.History) map[string]history.Verdict {
+		cfg := DefaultConfig()
+		cfg.Mode = mode
+		out := map[string]history.Verdict{}
+		for _, r := range checkHistory(h, cfg, t.TempDir()) {
+			out[r.Name] = r.Verdict
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		mode  string
+		kill  bool
+		after int
+		want  map[string]history.Verdict
+	}{
+		{"single, a kill", "single", true, 2, map[string]history.Verdict{"fenced-safety": history.Pass, "tokens": history.Pass,
+			"linearizability": history.Skipped, "mutual-exclusion": history.Pass, "semaphore-fenced": history.Pass, "semaphore-exclusion": history.Pass}},
+		{"raft, the same history", "raft", true, 2, map[string]history.Verdict{"mutual-exclusion": history.Violated,
+			"semaphore-fenced": history.Violated, "semaphore-exclusion": history.Violated}},
+		{"single, no kill", "single", false, 2, map[string]history.Verdict{"linearizability": history.Violated,
+			"mutual-exclusion": history.Violated, "semaphore-exclusion": history.Violated}},
+		{"single, a kill, three permits after the restart", "single", true, 3, map[string]history.Verdict{
+			"mutual-exclusion": history.Pass, "semaphore-fenced": history.Violated, "semaphore-exclusion": history.Violated}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := verdicts(tc.mode, build(tc.kill, tc.after))
+			for name, v := range tc.want {
+				if got[name] != v {
+					t.Errorf("%s: %s, want %s (all: %v)", name, got[name], v, got)
+				}
+			}
+		})
+	}
+}
+
+// TestCrashWindows: a single-node run's kills and unexpected exits are its
+// crash windows, from the fault's start to its end; other faults are not.
+func TestCrashWindows(t *testing.T) {
+	s := time.Second
+	h := history.History{Faults: []history.Fault{
+		{Kind: FaultKill, Start: 1 * s, End: 2 * s},
+		{Kind: FaultStop, Start: 3 * s, End: 5 * s},
+		{Kind: FaultHandover, Start: 6 * s, End: 7 * s},
+		{Kind: faultCrash, Start: 8 * s, End: 9 * s},
+	}}
+	w := crashWindows(h)
+	if len(w) != 2 || w[0].Start != s || w[0].End != 2*s || w[1].Start != 8*s || w[1].End != 9*s {
+		t.Fatalf("windows %+v, want the kill's and the crash's", w)
 	}
 }

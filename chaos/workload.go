@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/fence"
 	"github.com/lockd-dev/lockd/internal/history"
@@ -129,8 +130,18 @@ func (w *workload) anomaly(format string, args ...any) {
 // partition) given every member's address through that location's
 // proxies, with the library's defaults.
 func (w *workload) newClient(loc int) (*client.Client, error) {
-	return client.New(client.Config{Addrs: w.addrs(loc), TLS: w.cfg.clientTLS})
+	cfg := client.Config{Addrs: w.addrs(loc), TLS: w.cfg.clientTLS}
+	if w.cfg.Mode == api.ModeSingle {
+		// One node: every restart is an outage for every client, which
+		// then waits for its redial; at the default 3 s most of a short
+		// run would be spent waiting, and the checkers would see little.
+		cfg.ReconnectInterval = singleReconnect
+	}
+	return client.New(cfg)
 }
+
+// singleReconnect is the clients' ReconnectInterval in single mode.
+const singleReconnect = 250 * time.Millisecond
 
 // worker is one client process of the workload.
 type worker struct {
