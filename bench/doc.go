@@ -33,7 +33,8 @@
 // wait, and the most holders of one key the load generator saw at once
 // beside the limit. With several
 // rounds the targets are interleaved (A B A B …) and the report gives
-// medians and the per-round ratios of lockd to each other target. See
+// medians and the per-round ratios of lockd to each other target (and of
+// lockd-bin to lockd-base, a build against its baseline). See
 // BENCHMARKS.md for the method and the numbers.
 //
 // `go run ./bench -failover N` measures failover instead of the suite: a
