@@ -28,6 +28,7 @@
 //
 // # What it must not import
 //
-// The standard library only (crypto included): no other lockd package, no
-// net, no gnet. internal/layers enforces it.
+// acl may import only the standard library (crypto included). It must not
+// import net or lockd/... (no other lockd package). internal/layers
+// enforces both.
 package acl

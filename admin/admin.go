@@ -16,6 +16,7 @@ import (
 
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/httpapi"
 	"github.com/lockd-dev/lockd/repl"
 )
 
@@ -27,16 +28,35 @@ type Build struct {
 	Revision string // the VCS revision, "" when the build stamped none: its revision label
 }
 
+// Option adds to what the admin endpoint serves.
+type Option func(*options)
+
+type options struct {
+	http *httpapi.Front
+}
+
+// WithHTTP adds the HTTP API's metrics (package httpapi: requests by route
+// and status, long-polls and streams open, forwards, redirects, grants
+// released undelivered) to /metrics.
+func WithHTTP(f *httpapi.Front) Option { return func(o *options) { o.http = f } }
+
 // Handler returns the admin endpoint's handler for srv, reporting build.
 //
 // With an ACL (engine.Config.ACL) every path but OpenPaths needs the basic
 // authentication of a monitor or admin identity, and a change (DELETE
 // /keys/{key}: an admin's release of a key's grant) an admin
 // (PROTOCOL.md §8.5).
-func Handler(srv *engine.Server, build Build) http.Handler {
+func Handler(srv *engine.Server, build Build, opts ...Option) http.Handler {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	var st authStats
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newCollector(srv, build, &st))
+	if o.http != nil {
+		reg.MustRegister(newHTTPCollector(o.http))
+	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	mux := http.NewServeMux()

@@ -355,7 +355,7 @@ func TestProbes(t *testing.T) {
 	}
 }
 
-// TestHealthzTakesNoShardLock is issue 9 fault 5: /healthz took every shard
+// TestHealthzTakesNoShardLock: /healthz once took every shard
 // lock to read one flag, so a probe waited behind any busy shard. Here a
 // shard is held (its record sink blocks inside a grant, under the shard's
 // lock) while /healthz is asked: it answers at once.

@@ -17,6 +17,7 @@ type collector struct {
 
 	requests, errors, grants, handoffs, expiries, timeouts, releases, renews *prometheus.Desc
 	keys, waiters, conns, tokenHeadroom, wait, role, buildInfo, up           *prometheus.Desc
+	localConns                                                               *prometheus.Desc
 	noToken, reserveErrs, reserveFailing, moved, otherIdent                  *prometheus.Desc
 	authFailures, aclClosed, aclReloads, adminReleases, adminAuth            *prometheus.Desc
 	tlsHandshakes, tlsFailures                                               *prometheus.Desc
@@ -51,6 +52,7 @@ func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
 		keys:              d("held_keys", "Keys held now."),
 		waiters:           d("waiters", "Acquires queued now."),
 		conns:             d("connections", "Open client connections."),
+		localConns:        d("local_connections", "Open in-process connections: the HTTP API's (pooled, and one per request being served; --http)."),
 		tokenHeadroom:     d("token_headroom", "Tokens this node may still issue below its durable reservation mark (the mark less the highest token issued; exact: the tokens themselves exceed float64's 53 bits and are in /status)."),
 		wait:              d("acquire_wait_seconds", "Time from acquire to grant (0 for immediate grants)."),
 		role:              d("role", "1 for the node's current role, 0 for every other role of its mode (one series per role, always).", "role"),
@@ -103,7 +105,7 @@ func newCollector(srv *engine.Server, build Build, auth *authStats) *collector {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.requests, c.errors, c.grants, c.handoffs, c.expiries, c.timeouts,
-		c.releases, c.renews, c.keys, c.waiters, c.conns, c.tokenHeadroom, c.wait, c.role, c.buildInfo, c.up,
+		c.releases, c.renews, c.keys, c.waiters, c.conns, c.localConns, c.tokenHeadroom, c.wait, c.role, c.buildInfo, c.up,
 		c.noToken, c.reserveErrs, c.reserveFailing, c.moved, c.otherIdent, c.tlsHandshakes, c.tlsFailures,
 		c.authFailures, c.aclClosed, c.aclReloads, c.adminReleases, c.adminAuth, c.sharedHolders, c.watches, c.lost,
 		c.epoch, c.failovers, c.handovers, c.demotions, c.snapshots, c.batches, c.records, c.rawBytes, c.wireBytes,
@@ -132,6 +134,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.keys, float64(m.Keys))
 	gauge(c.waiters, float64(m.Waiters))
 	gauge(c.conns, float64(m.Conns))
+	gauge(c.localConns, float64(m.LocalConns))
 	gauge(c.sharedHolders, float64(m.Holders))
 	gauge(c.watches, float64(m.Watches))
 	for r, name := range lostReasons {

@@ -23,7 +23,9 @@
 // decode one definition.
 //
 // admin may import lockd/api, lockd/engine, lockd/repl (the node's
-// Status), lockd/acl (the basic authentication), net/http and
-// prometheus/client_golang. It must not import lockd/client or gnet, and
-// nothing in lockd except cmd/ imports it (internal/layers).
+// Status), lockd/acl (the basic authentication), lockd/httpapi (the HTTP
+// API's metrics, WithHTTP), lockd/internal/ratelog,
+// github.com/prometheus/client_golang and the standard library (net/http).
+// It must not import lockd/client or github.com/panjf2000/gnet/v2; nothing
+// in lockd except cmd/ imports it (internal/layers).
 package admin

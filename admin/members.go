@@ -12,7 +12,7 @@ import (
 	"github.com/lockd-dev/lockd/repl"
 )
 
-// Raft membership through the admin endpoint (issue 20, docs/ADMIN.md
+// Raft membership through the admin endpoint (docs/ADMIN.md
 // "Members"): GET /members on any member (its view), POST /members and
 // DELETE /members/{id-or-address} on the leader — a member that does not
 // lead answers 421 with the leader's client address and changes nothing

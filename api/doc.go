@@ -31,6 +31,7 @@
 //
 // # What it must not import
 //
-// The standard library only, and nothing of the module (internal/layers
-// enforces it), so that a consumer links no part of the server.
+// api may import only the standard library. It must not import lockd/...
+// (nothing of the module): a consumer links no part of the server
+// (internal/layers enforces both).
 package api

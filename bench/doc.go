@@ -31,7 +31,15 @@
 // Redis (semaphore_redis.go), and a FIFO semaphore built like
 // concurrency.Mutex on etcd (semaphore_etcd.go); it reports grants/s, the
 // wait, and the most holders of one key the load generator saw at once
-// beside the limit. With several
+// beside the limit. Three targets, outside "all", measure the HTTP API (docs/HTTP.md;
+// http.go): lockd-http, a lockd child serving httpapi's front (what
+// --http serves); lockd-gw, the same routes through a gateway over the
+// bundled client (gateway.go), the design httpapi did not take; and
+// etcd-gw, etcd through its JSON gateway (/v3/lock/lock and unlock, a
+// lease per slot). Their load generator is a hand-written HTTP/1.1
+// keep-alive client, one connection per slot, the same for the three; the
+// single workload (outside the suite) is one client with one request at a
+// time, for the latency of an acquire without load. With several
 // rounds the targets are interleaved (A B A B …) and the report gives
 // medians and the per-round ratios of lockd to each other target (and of
 // lockd-bin to lockd-base, a build against its baseline). See
@@ -59,18 +67,26 @@
 // (client, proto, fence) with their directories, so this checkout is what
 // it measures, in the workspace or not (GOWORK=off).
 //
-// What bench owns: bench/ and BENCHMARKS.md. What it may import: the
-// standard library, proto (the wire codec), engine (to start a server),
-// gnet (the echo server), hdrhistogram-go (latency histograms), etcd's
-// client (go.etcd.io/etcd/client/v3 and its concurrency package),
-// prometheus/common's expfmt (etcd's and lockd's /metrics),
-// gonum.org/v1/plot (the latency plot, -svg), internal/clustertest (the
-// lockd processes of the cluster targets, and their waits), api (the
-// admin endpoint's documents), tlsconf (the lockd-tls child loads its
-// certificate as the daemon does) and internal/testcerts (the TLS targets'
-// throwaway certificates). It imports client/ in the
-// failover mode only, whose question is what an application sees; the
-// suite's load generator must not use it: it speaks lockd's protocol
-// itself, so a client library's costs or bugs cannot hide in the server's
-// numbers.
+// What bench owns: bench/, BENCHMARKS.md (the figures) and
+// docs/benchmarks/ (the lab notes). bench may import lockd/proto
+// (the wire codec), lockd/engine (to start a server), lockd/httpapi (the
+// lockd-http child's front), lockd/acl (the lockd-acl target's identity
+// file), lockd/client (see below), lockd/internal/clustertest (the lockd
+// processes of the cluster targets, and their waits), lockd/api (the admin
+// endpoint's documents), lockd/tlsconf (the lockd-tls child loads its
+// certificate as the daemon does), lockd/internal/testcerts (the TLS
+// targets' throwaway certificates), github.com/panjf2000/gnet/v2 (the echo
+// server), github.com/HdrHistogram/hdrhistogram-go (latency histograms),
+// go.etcd.io/etcd/client/v3 and go.etcd.io/etcd/api/v3 (etcd's client, its
+// concurrency package and the lease keep-alive stream),
+// google.golang.org/grpc and go.uber.org/zap (the etcd client's dial
+// options and logger), github.com/prometheus/common and
+// github.com/prometheus/client_model (etcd's and lockd's /metrics),
+// gonum.org/v1/plot (the latency plot, -svg) and the standard library. It
+// must not import lockd/cmd/... (it runs the binaries). It imports
+// lockd/client in the failover mode, whose question is what an application
+// sees, and in the lockd-gw child, which is a gateway over it by
+// definition; the suite's load generator must not use it: it speaks
+// lockd's protocol itself, so a client library's costs or bugs cannot hide
+// in the server's numbers.
 package main

@@ -75,7 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.addr, "addr", "", "benchmark a running lockd at host:port instead of starting one")
 	fs.StringVar(&o.redisAddr, "redis", "", "use a running Redis at host:port instead of starting redis-server")
 	fs.StringVar(&o.etcdURL, "etcd", "", "use a running etcd at http://host:port instead of starting etcd")
-	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin, lockd-base and lockd-acl)")
+	targets := fs.String("targets", "lockd,echo", "comma-separated targets: "+strings.Join(targetNames(), ", ")+", or all (every one but lockd-bin, lockd-base, lockd-acl and the HTTP ones: lockd-http, lockd-gw, etcd-gw)")
 	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads (also: "+strings.Join(extraWorkloads, ", ")+")")
 	fs.IntVar(&o.rounds, "rounds", 1, "rounds; each runs every workload on every target in turn (A B A B …)")
 	fs.IntVar(&o.loops, "loops", runtime.NumCPU(), "event loops of the lockd and echo servers")
@@ -210,6 +210,9 @@ var targetKinds = []struct {
 	{"lockd-tls", openLockdTLS, false},
 	{"redis-tls", openRedisTLS, false},
 	{"etcd", openEtcd, false},
+	{"lockd-http", openLockdHTTP, true},
+	{"lockd-gw", openLockdGW, true},
+	{"etcd-gw", openEtcdGW, true},
 }
 
 // targetNames are the targets -targets accepts; allTargets, what "all" means.

@@ -290,6 +290,21 @@ func goals(rs []*Result) []goal {
 	times = true
 	up, _ = perRound(rs, wlUncontended, target, "redis-tls", func(r *Result) float64 { return r.Rate })
 	add("uncontended pairs/s ÷ redis-tls", 2.5, false, measured(up))
+	// Issue 32: the HTTP API at least 10× etcd's JSON gateway
+	// uncontended, and one acquire's p50 over HTTP within 250 µs of the
+	// same acquire over the binary protocol.
+	target, times = "lockd-http", true
+	up, _ = perRound(rs, wlUncontended, target, "etcd-gw", func(r *Result) float64 { return r.Rate })
+	add("uncontended pairs/s ÷ etcd-gw", 10, false, measured(up))
+	times = false
+	var gap []float64
+	for round := 1; round <= maxRound(rs); round++ {
+		h, b := find(rs, wlSingle, target, round), find(rs, wlSingle, "lockd", round)
+		if h != nil && b != nil && h.Skipped == "" && b.Skipped == "" && h.Latency.N > 0 && b.Latency.N > 0 {
+			gap = append(gap, h.Latency.P50-b.Latency.P50)
+		}
+	}
+	add("single: acquire p50 − lockd's, µs", 250, true, gap)
 	return out
 }
 

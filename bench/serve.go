@@ -27,7 +27,8 @@ import (
 )
 
 // serveEnv names the environment variable that turns the harness binary
-// (or the test binary) into a server child: "lockd", "lockd-acl" or "echo".
+// (or the test binary) into a server child: "lockd", "lockd-acl",
+// "lockd-tls", "lockd-http", "lockd-gw" or "echo".
 const serveEnv = "LOCKD_BENCH_SERVE"
 
 // memStat is a server's memory as the harness sees it.
@@ -57,7 +58,7 @@ func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
 		stop func()
 	)
 	switch kind {
-	case "lockd", "lockd-tls", "lockd-acl":
+	case "lockd", "lockd-tls", "lockd-acl", "lockd-http", "lockd-gw":
 		dir, err := os.MkdirTemp("", "lockd-bench-")
 		if err != nil {
 			return err
@@ -94,6 +95,22 @@ func serveChild(kind string, loops int, in io.Reader, out io.Writer) error {
 		}
 		addr = srv.Addr()
 		stop = func() { srv.Close() }
+		switch kind {
+		case "lockd-http":
+			// The HTTP API in front of this engine (httpapi, as --http
+			// serves it): the target's address is the front's.
+			if addr, stop, err = serveHTTPFront(srv); err != nil {
+				srv.Close()
+				return err
+			}
+		case "lockd-gw":
+			// The alternative httpapi did not take: the same routes over
+			// the bundled client, through the client port (gateway.go).
+			if addr, stop, err = serveGateway(srv); err != nil {
+				srv.Close()
+				return err
+			}
+		}
 	case "echo":
 		var (
 			e   *echoServer

@@ -20,13 +20,17 @@ const (
 	wlContended   = "contended"
 	wlFanin       = "fanin"
 	wlHandshakes  = "handshakes"
+	// wlSingle is one client with one request at a time: acquire, release,
+	// again: the latency of an acquire without load, which the HTTP
+	// API's goal compares with the binary protocol's.
+	wlSingle = "single"
 )
 
 // allWorkloads is the standard suite.
 var allWorkloads = []string{wlUncontended, wlContended, wlFanin, wlHandshakes}
 
 // extraWorkloads run only when -workloads names them.
-var extraWorkloads = []string{wlHeld, wlSemaphore}
+var extraWorkloads = []string{wlHeld, wlSemaphore, wlSingle}
 
 // config sizes the workloads. Every loop is bounded by Dur plus a drain.
 type config struct {
@@ -66,6 +70,7 @@ type target struct {
 	newCodec func(conn int) codec // pipelined targets
 	hello    []byte               // sent first on every connection, its welcome read before the load (lockd-acl)
 	etcd     *etcdDriver          // the synchronous target
+	http     *httpDriver          // the HTTP targets (http.go), synchronous too
 	queues   bool                 // the server has a wait queue (else: retry)
 	mem      func() (memStat, error)
 	children []*child             // server child processes (lockd, echo), for profiles
@@ -219,6 +224,8 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		err = runHeld(t, cfg, res)
 	case wlSemaphore:
 		err = runSemaphore(t, cfg, res)
+	case wlSingle:
+		err = runSingle(t, cfg, res)
 	default:
 		err = fmt.Errorf("unknown workload %q", wl)
 	}
@@ -265,6 +272,20 @@ func runUncontended(t *target, cfg *config, res *Result) error {
 	var clk clock
 	w := &uncontended{clk: &clk, keys: cfg.Keys}
 	st, err := drive(t, cfg, &clk, warmOf(cfg), w, groups, 64<<10, nil)
+	if err != nil {
+		return err
+	}
+	res.fill(st, &clk)
+	return nil
+}
+
+// runSingle is the uncontended loop with one slot on one connection.
+func runSingle(t *target, cfg *config, res *Result) error {
+	res.Unit = "pairs/s"
+	groups := makeSlots(1, 1, rand.Uint64())
+	var clk clock
+	w := &uncontended{clk: &clk, keys: cfg.Keys}
+	st, err := drive(t, cfg, &clk, warmOf(cfg), w, groups, 4<<10, nil)
 	if err != nil {
 		return err
 	}
@@ -369,7 +390,7 @@ func runFanin(t *target, cfg *config, res *Result) error {
 // drive dials the connections (or, for etcd, prepares the slots), calls
 // afterDial, starts the clock and runs every slot until it is done.
 func drive(t *target, cfg *config, clk *clock, warm time.Duration, w workload, groups [][]*slot, bufLen int, afterDial func()) (*stats, error) {
-	if t.etcd != nil {
+	if t.etcd != nil || t.http != nil {
 		return driveSync(t, cfg, clk, warm, w, groups, afterDial)
 	}
 	conns := make([]*pconn, len(groups))
@@ -453,18 +474,35 @@ func drive(t *target, cfg *config, clk *clock, warm time.Duration, w workload, g
 	return mergeShards(shards), errors.Join(errs...)
 }
 
-// driveSync runs each slot as its own goroutine against the etcd driver.
+// syncRunner is a synchronous driver's run: one request at a time per
+// slot, each slot a goroutine.
+type syncRunner interface {
+	do(s *slot, a *action) answer
+	warm() error
+	close()
+}
+
+// driveSync runs each slot as its own goroutine against the etcd driver
+// or an HTTP driver.
 func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workload, groups [][]*slot, afterDial func()) (*stats, error) {
-	mode := etcdSharedLease
-	switch w.(type) {
-	case *contended:
-		mode = etcdMutex
-	case *fanin:
-		mode = etcdLeasePerLock
-	case *semaphore:
-		mode = etcdSemaphore
+	var (
+		er  syncRunner
+		err error
+	)
+	if t.http != nil {
+		er, err = t.http.start(groups)
+	} else {
+		mode := etcdSharedLease
+		switch w.(type) {
+		case *contended:
+			mode = etcdMutex
+		case *fanin:
+			mode = etcdLeasePerLock
+		case *semaphore:
+			mode = etcdSemaphore
+		}
+		er, err = t.etcd.start(groups, mode)
 	}
-	er, err := t.etcd.start(groups, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -476,7 +514,13 @@ func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workloa
 		}
 		afterDial()
 	}
-	fsyncs, fsyncErr := etcdFsyncs(t.etcd.endpoint)
+	var (
+		fsyncs   int64
+		fsyncErr = errors.New("not etcd")
+	)
+	if t.etcd != nil {
+		fsyncs, fsyncErr = etcdFsyncs(t.etcd.endpoint)
+	}
 	*clk = *newClock(cfg, warm)
 	var slots []*slot
 	for _, g := range groups {
@@ -514,7 +558,12 @@ func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workloa
 	}
 	wg.Wait()
 	st := mergeShards(shards)
-	if cfg.Progress != nil {
+	if cfg.Progress != nil && t.http != nil {
+		if n, last := t.http.failures(); last != nil {
+			cfg.Progress(fmt.Sprintf("    %s: %d failed requests; the last: %v", t.name, n, last))
+		}
+	}
+	if cfg.Progress != nil && t.etcd != nil {
 		if by, last := t.etcd.failures(); last != nil {
 			cfg.Progress(fmt.Sprintf("    etcd: failed requests: %s; the last: %v", by, last))
 		}

@@ -102,9 +102,11 @@
 //
 // # What it must not import
 //
-// No server package (engine, shard, store, repl, admin) and no cmd: it
-// drives the lockd binary from outside as users do — the client library,
-// raw frames of the wire protocol (proto), fence, api (the admin
-// endpoint's names), internal/clustertest, internal/faultproxy and
-// internal/history (internal/layers enforces it).
+// chaos may import lockd/client, lockd/proto (raw frames of the wire
+// protocol), lockd/fence, lockd/api (the admin endpoint's names),
+// lockd/internal/clustertest, lockd/internal/faultproxy,
+// lockd/internal/history and the standard library: it drives the lockd
+// binary from outside as users do. It must not import lockd/engine,
+// lockd/shard, lockd/store, lockd/repl, lockd/admin (the server's
+// packages) or lockd/cmd/... (internal/layers enforces both).
 package main

@@ -303,8 +303,9 @@
 //
 // # What it must not import
 //
-// package proto and the standard library only (crypto/tls for TLS):
-// never gnet, never engine. The client is a module of its own
+// client may import lockd/proto and the standard library (crypto/tls for
+// TLS). It must not import github.com/panjf2000/gnet/v2 or lockd/engine.
+// The client is a module of its own
 // (client/go.mod requires only lockd's proto and fence modules), and its
 // tests import nothing else either: a test's import is recorded in go.mod
 // and reaches every program that imports the client. For a real server

@@ -312,7 +312,7 @@ func TestDeadlineBeforeSendNotSent(t *testing.T) {
 	cl := newClient(t, fastConfig(addr))
 	start := time.Now()
 	_, err := cl.Acquire(ctxT(t, 5*time.Second), "late", AcquireOptions{Wait: 500 * time.Millisecond})
-	wantErr(t, err, ErrNoConnection) // an outage, not a timeout (issue 9)
+	wantErr(t, err, ErrNoConnection) // an outage, not a timeout: nobody was seen holding it
 	if el := time.Since(start); el < 500*time.Millisecond {
 		t.Fatalf("ErrNoConnection after %v, before the deadline", el)
 	}
@@ -893,7 +893,7 @@ func TestMovedWithoutAddressDropsPreference(t *testing.T) {
 // TestNoConnectionWaitIsNotAHolder: a wait>0 acquire that finds no
 // connection before its deadline was not sent: ErrNoConnection (the
 // reason), and not ErrTimeout, so a caller can tell an outage from a key
-// held by someone else (issue 9: an outage matched both, and a cron job
+// held by someone else (an outage once matched both, and a cron job
 // that treated ErrTimeout as "held elsewhere" skipped silently forever).
 func TestNoConnectionWaitIsNotAHolder(t *testing.T) {
 	cl := newClient(t, fastConfig(deadAddr(t)))

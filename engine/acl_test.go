@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -637,4 +638,53 @@ func TestAdminReleaseAbandoned(t *testing.T) {
 	if err := <-done; !errors.Is(err, engine.ErrOutcomeUnknown) {
 		t.Fatalf("an abandoned admin release returned %v, want ErrOutcomeUnknown", err)
 	}
+}
+
+// TestACLRefusalsLoggedOncePerSecond: a flood of refusals makes a log
+// line a second at most, and each line counts the refusals held back
+// since the one before (not_logged_since_last), so that every refusal is
+// in the log once a line follows the flood.
+func TestACLRefusalsLoggedOncePerSecond(t *testing.T) {
+	var logs logBuffer
+	ts := startACL(t, func(c *engine.Config) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
+	w := dial(t, ts.Addr())
+	w.login("orders")
+	const flood = 200
+	var b []byte
+	for i := range flood {
+		b = proto.AppendAcquire(b, 0, 30, uint64(i), "billing/1")
+	}
+	began := time.Now()
+	w.send(b)
+	for i := range flood {
+		w.expectE(proto.OpAcquire, uint64(i), proto.CodePermissionDenied)
+	}
+	// One more refusal at a time until a line is logged for the last one:
+	// then the lines count every refusal sent.
+	counted := func() int {
+		n := 0
+		for _, rec := range logs.lines(t, "permission denied") {
+			held, _ := rec["not_logged_since_last"].(float64)
+			n += 1 + int(held)
+		}
+		return n
+	}
+	sent := flood
+	for deadline := time.Now().Add(10 * time.Second); counted() != sent; sent++ {
+		if n := counted(); n > sent || time.Now().After(deadline) {
+			t.Fatalf("%d refusals counted in the log after %d sent", n, sent)
+		}
+		time.Sleep(50 * time.Millisecond) // a refusal every 50 ms: the next line within a second
+		w.acquire("billing/1", 0, 30, uint64(sent))
+		w.expectE(proto.OpAcquire, uint64(sent), proto.CodePermissionDenied)
+	}
+	took := time.Since(began)
+	lines := len(logs.lines(t, "permission denied"))
+	if maxLines := 2 + int(took/time.Second); lines > maxLines || lines < 2 {
+		t.Fatalf("%d log lines for %d refusals in %v, want 2..%d (one a second)", lines, sent, took, maxLines)
+	}
+	if m := ts.Metrics(); m.Auth.Denied != uint64(sent) {
+		t.Fatalf("%d refusals counted in the metrics, want %d", m.Auth.Denied, sent)
+	}
+	t.Logf("%d refusals in %v: %d log lines", sent, took.Round(time.Millisecond), lines)
 }

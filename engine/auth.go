@@ -5,11 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"sync/atomic"
-	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/lockd-dev/lockd/acl"
+	"github.com/lockd-dev/lockd/internal/ratelog"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -208,37 +208,19 @@ type authStats struct {
 	removed       atomic.Uint64 // connections closed after a reload
 	reloads       atomic.Uint64
 	reloadsFailed atomic.Uint64
-	log           rateLog // refusals: one line a second at most
-	refusedLog    rateLog // refused operations on another identity's grant
-}
-
-// rateLog lets one log line through a second, and counts the others.
-type rateLog struct {
-	last    atomic.Int64 // table clock of the last line; starts a second before 0
-	dropped atomic.Int64
-}
-
-func newRateLog(r *rateLog) { r.last.Store(-int64(time.Second)) }
-
-// allow reports whether a line may be logged at now, and how many were
-// held back since the last one.
-func (r *rateLog) allow(now int64) (ok bool, dropped int64) {
-	last := r.last.Load()
-	if now-last < int64(time.Second) || !r.last.CompareAndSwap(last, now) {
-		r.dropped.Add(1)
-		return false, 0
-	}
-	return true, r.dropped.Swap(0)
+	// One log line a second at most (an event loop must not wait: no lock).
+	log        ratelog.Atomic // refusals
+	refusedLog ratelog.Atomic // refused operations on another identity's grant
 }
 
 // logAuth logs a refusal, one line a second at most (each counts in
 // AuthFailures whether logged or not).
 func (s *Server) logAuth(msg string, ss *session, attrs ...slog.Attr) {
-	ok, dropped := s.auth.log.allow(s.now())
+	held, ok := s.auth.log.Allow(s.now())
 	if !ok {
 		return
 	}
-	attrs = append(attrs, slog.String("remote", remoteAddr(ss)), slog.Int64("not_logged_since_last", dropped))
+	attrs = append(attrs, slog.String("remote", remoteAddr(ss)), slog.Int("not_logged_since_last", held))
 	s.log.LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
 }
 
@@ -252,9 +234,8 @@ func (s *Server) logOther(res shard.Result, op proto.Op, key []byte, token uint6
 		s.log.LogAttrs(context.Background(), slog.LevelInfo, "forced: an admin acted on another identity's grant", attrs...)
 		return
 	}
-	ok, dropped := s.auth.refusedLog.allow(s.now())
-	if ok {
-		attrs = append(attrs, slog.Int64("not_logged_since_last", dropped))
+	if held, ok := s.auth.refusedLog.Allow(s.now()); ok {
+		attrs = append(attrs, slog.Int("not_logged_since_last", held))
 		s.log.LogAttrs(context.Background(), slog.LevelWarn, "refused: the current token of another identity's grant (answered N)", attrs...)
 	}
 }

@@ -7,12 +7,12 @@ import (
 	"github.com/lockd-dev/lockd/internal/lockdtest"
 )
 
-// BenchmarkPipelinedPairs is the end-to-end figure of issue 2 until bench/
-// exists: C connections × D acquires in flight each; every acquire of a
-// random key (out of 1M) is followed by the release of its token as soon as
-// the grant arrives. One b.N op is one acquire+release pair. It reports
-// pairs/s and the acquire round-trip latency p50/p99 (request written →
-// grant read).
+// BenchmarkPipelinedPairs is the engine's end-to-end figure from its own
+// tests (go test -bench), without the bench command: C connections × D
+// acquires in flight each; every acquire of a random key (out of 1M) is
+// followed by the release of its token as soon as the grant arrives. One b.N
+// op is one acquire+release pair. It reports pairs/s and the acquire
+// round-trip latency p50/p99 (request written → grant read).
 func BenchmarkPipelinedPairs(b *testing.B) {
 	for _, c := range []struct{ conns, depth int }{{16, 32}, {1, 1}} {
 		b.Run(strconv.Itoa(c.conns)+"x"+strconv.Itoa(c.depth), func(b *testing.B) {

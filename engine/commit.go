@@ -57,18 +57,17 @@ type heldChunk struct {
 func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	s := h.s
 	bar := s.committer.Barrier()
-	if len(b.out) > 0 && (len(ss.hchunks) > 0 || bar > s.committedA.Load()) {
-		if len(ss.held) == 0 && len(ss.hgrants) == 0 {
+	if !b.answers.empty() && (len(ss.hchunks) > 0 || bar > s.committedA.Load()) {
+		if ss.held.empty() {
 			// Nothing held yet: the batch's buffers become the held ones
 			// (their offsets are the same), the scratch takes the
 			// session's empty ones. No copy.
-			ss.held, b.out = b.out, ss.held[:0]
-			ss.hgrants, b.grants = b.grants, ss.hgrants[:0]
+			ss.held, b.answers = b.answers, ss.held
 		} else {
-			ss.held, ss.hgrants = appendAnswers(ss.held, ss.hgrants, b.out, b.grants)
+			ss.held.addAll(&b.answers)
 		}
-		ss.hchunks = append(ss.hchunks, heldChunk{end: len(ss.held), upto: bar, spec: spec, gen: b.gen})
-		b.out, b.grants = b.out[:0], b.grants[:0]
+		ss.hchunks = append(ss.hchunks, heldChunk{end: len(ss.held.out), upto: bar, spec: spec, gen: b.gen})
+		b.answers.reset()
 	}
 	if len(ss.hchunks) == 0 {
 		return false
@@ -77,34 +76,23 @@ func (h *handler) hold(ss *session, b *scratch, spec bool) (closeConn bool) {
 	if poisoned {
 		return true
 	}
-	if n == len(ss.hchunks) && len(b.out) == 0 && len(b.grants) == 0 {
+	if n == len(ss.hchunks) && b.answers.empty() {
 		// Everything held is committed and the batch has nothing of its
 		// own: the held buffers go out as the batch's, no copy.
-		b.out, ss.held = ss.held, b.out[:0]
-		b.grants, ss.hgrants = ss.hgrants, b.grants[:0]
+		b.answers, ss.held = ss.held, b.answers
+		ss.held.reset()
 		ss.hchunks = ss.hchunks[:0]
 		return false
 	}
 	if n > 0 {
 		cut := ss.hchunks[n-1].end
-		b.out = append(b.out, ss.held[:cut]...)
-		k := 0
-		for k < len(ss.hgrants) && ss.hgrants[k].end <= cut {
-			b.grants = append(b.grants, ss.hgrants[k])
-			k++
-		}
-		ss.held = ss.held[:copy(ss.held, ss.held[cut:])]
-		ss.hgrants = ss.hgrants[:copy(ss.hgrants, ss.hgrants[k:])]
-		for i := range ss.hgrants {
-			ss.hgrants[i].koff -= cut
-			ss.hgrants[i].end -= cut
-		}
+		ss.held.moveFront(&b.answers, cut)
 		ss.hchunks = ss.hchunks[:copy(ss.hchunks, ss.hchunks[n:])]
 		for i := range ss.hchunks {
 			ss.hchunks[i].end -= cut
 		}
 	}
-	return len(ss.held) > s.cfg.MaxOutbound
+	return len(ss.held.out) > s.cfg.MaxOutbound
 }
 
 // heldCommitted reports how many of ss's chunks (a prefix) are committed,
@@ -230,15 +218,13 @@ func wakeAll(list []*session) {
 // closed: they were never delivered). The caller holds a scratch for the
 // effects.
 func (s *Server) releaseHeld(ss *session, b *scratch, now int64) {
-	for _, g := range ss.hgrants {
-		s.table.Release(now, g.key(ss.held), g.token, &b.fx)
-	}
+	s.releaseGrants(&ss.held, b, now)
 	s.forgetHeld(ss)
 }
 
 // forgetHeld drops ss's held answers (its connection closed).
 func (s *Server) forgetHeld(ss *session) {
-	ss.held, ss.hgrants, ss.hchunks = nil, nil, nil
+	ss.held, ss.hchunks = answers{}, nil
 	if !ss.inHeld {
 		return
 	}

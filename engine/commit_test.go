@@ -145,12 +145,11 @@ func TestAbandonClosesWaitingConnections(t *testing.T) {
 	}
 }
 
-// TestAbandonRemembersEveryRange (issue 18, hole 4b): the node loses its
-// leadership twice before a connection's loop runs again. The first loss
-// abandons the grant that connection's held answer waits for; between the
-// two, a new leadership commits records of its own and the second loss
-// abandons later ones. The held grant must never reach its client: the
-// connection is closed.
+// TestAbandonRemembersEveryRange: the node loses its leadership twice before
+// a connection's loop runs again. The first loss abandons the grant that
+// connection's held answer waits for; between the two, a new leadership
+// commits records of its own and the second loss abandons later ones. The
+// held grant must never reach its client: the connection is closed.
 func TestAbandonRemembersEveryRange(t *testing.T) {
 	ts, node := startCommittingWith(t, func(cfg *engine.Config) { cfg.Loops = 1 })
 	w, other := dial(t, ts.Addr()), dial(t, ts.Addr())

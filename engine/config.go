@@ -98,7 +98,7 @@ const (
 	MaxFrameTimeout = time.Hour
 )
 
-// DefaultConfig returns the defaults documented in README.md.
+// DefaultConfig returns the defaults documented in docs/OPERATING.md.
 func DefaultConfig() Config {
 	return Config{
 		Listen:           "127.0.0.1:7070",

@@ -79,8 +79,8 @@ func TestGrantToClosedConnectionMovesOn(t *testing.T) {
 		t.Fatalf("next woken %d times", nextConn.wakes)
 	}
 	var r proto.Response
-	if _, err := proto.ParseResponse(next.mbox, &r); err != nil || r.Op != proto.OpAcquire || r.ID != 3 {
-		t.Fatalf("next's mail %q: %v %+v", next.mbox, err, r)
+	if _, err := proto.ParseResponse(next.mbox.out, &r); err != nil || r.Op != proto.OpAcquire || r.ID != 3 {
+		t.Fatalf("next's mail %q: %v %+v", next.mbox.out, err, r)
 	}
 	info := s.table.Lookup([]byte("k"))
 	if !info.Held || info.Token != r.Token || r.Token <= t1 {
@@ -109,8 +109,8 @@ func TestOnCloseReleasesUndeliveredGrants(t *testing.T) {
 
 	// One write carrying two grants, of which gnet kept the second.
 	b := s.getScratch()
-	b.out = appendGrant(b.out, &b.grants, 1, delivered, []byte("delivered"))
-	b.out = appendGrant(b.out, &b.grants, 1, buffered, []byte("buffered"))
+	b.addGrant(1, delivered, []byte("delivered"))
+	b.addGrant(1, buffered, []byte("buffered"))
 	fc.buffered = len(b.out) - len(proto.AppendAcquired(nil, 1, delivered, "delivered"))
 	ss.afterWrite(b)
 	s.putScratch(b)

@@ -7,7 +7,12 @@
 // gnet has none, so each TLS connection runs on a reader goroutine of its
 // own that feeds the same batches (handler.traffic) through the same
 // session type, whose wire is then a *tlsConn instead of a gnet.Conn
-// (tlsconn.go, docs/DESIGN.md "TLS").
+// (tlsconn.go, the reader; tlssink.go, the writes; docs/DESIGN.md
+// "TLS"). A third wire is in-process: Server.OpenLocal gives a LocalConn,
+// through which a program in the same process (the HTTP front, package
+// httpapi) sends frames and takes the
+// answers, on a session like any other (local.go, docs/DESIGN.md "The
+// HTTP front"); an answer is delivered once the front has taken it.
 //
 // It owns the connections (sessions), the per-connection mailboxes through
 // which answers made elsewhere reach their connection (a handoff caused by
@@ -34,7 +39,10 @@
 // TLS connection's reader goroutine plays its event loop: it runs the
 // handshake, every batch and the close; its flusher goroutine, started
 // only while the kernel does not take its records, touches nothing but
-// the sink's buffers (under the sink's mutex, a leaf lock). Every batch and
+// the sink's buffers (under the sink's mutex, a leaf lock). A local
+// connection's batches run on the goroutine that Sends (inline) or on its
+// driver goroutine (mail, commits, gate changes), one at a time under its
+// run mutex, which plays the event loop; its close runs there too. Every batch and
 // tick holds the batch barrier's read lock from the gate it reads to the
 // write of its answers; the node's gate changes take its write lock. A
 // closing connection with more queued acquires than OnClose drops at once
@@ -45,9 +53,10 @@
 // than its own connection's write, and nothing on the request path waits:
 // when no token is reserved an acquire is answered B.
 //
-// engine may import lockd/proto, lockd/shard, lockd/repl, lockd/acl, gnet,
-// golang.org/x/sys and the standard library (crypto/tls included). It must
-// not import lockd/store (the node owns the data directory), lockd/client,
-// lockd/admin, lockd/tlsconf (it takes a *tls.Config) or anything under
-// cmd/.
+// engine may import lockd/proto, lockd/shard, lockd/repl, lockd/acl,
+// lockd/internal/ratelog (its log lines of refusals, one a second),
+// github.com/panjf2000/gnet/v2, golang.org/x/sys and the standard library
+// (crypto/tls included). It must not import lockd/store (the node owns the
+// data directory), lockd/client, lockd/admin, lockd/cmd/... or
+// lockd/tlsconf (it takes a *tls.Config).
 package engine

@@ -10,6 +10,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/lockd-dev/lockd/internal/ratelog"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
@@ -37,16 +38,12 @@ type handler struct {
 	s         *Server
 	msgBadKey string
 
-	// Refusals at --max-conns since the last log line, and when that line
-	// was logged (table clock): one line a second at most.
-	refused    atomic.Int64
-	refusedLog atomic.Int64
-
-	// Failed TLS handshakes since the last log line, the last one's cause
-	// and when that line was logged (table clock): one line a second.
-	hsFailed atomic.Int64
-	hsLast   atomic.Pointer[string]
-	hsLog    atomic.Int64
+	// Refusals at --max-conns and failed TLS handshakes: one log line a
+	// second at most for each, counting those since the last line (table
+	// clock); hsLast is the last failed handshake's cause.
+	refusedLog ratelog.Atomic
+	hsLog      ratelog.Atomic
+	hsLast     atomic.Pointer[string]
 
 	// Sessions that may hold a partial frame, for the --frame-timeout
 	// sweep (OnTick, every sweepEvery).
@@ -65,8 +62,6 @@ type handler struct {
 
 func (h *handler) OnBoot(gnet.Engine) gnet.Action {
 	h.msgBadKey = "bad key: must be 1.." + strconv.Itoa(h.s.cfg.MaxKey) + " bytes of UTF-8 without 0x0A"
-	h.refusedLog.Store(-int64(time.Second))
-	h.hsLog.Store(-int64(time.Second))
 	h.sweepEvery = int64(min(time.Second, h.s.cfg.FrameTimeout))
 	return gnet.None
 }
@@ -78,8 +73,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	if n := s.conns.Add(1); n > int64(s.cfg.MaxConns) {
 		s.conns.Add(-1)
-		h.refused.Add(1)
-		h.logRefused(s.now())
+		h.connRefused(s.now())
 		return nil, gnet.Close
 	}
 	loop := c.EventLoop()
@@ -102,7 +96,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 	if ss == nil || ss.gone {
 		return gnet.None
 	}
-	mbox, mgrants := h.closeBegin(ss)
+	mail := h.closeBegin(ss)
 	// gnet writes what is left in its buffer after this callback returns,
 	// to a peer that may still read (a half-close, a bad frame): a grant
 	// in those bytes would reach its client after being released below.
@@ -115,7 +109,7 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 			_ = unix.Shutdown(c.Fd(), unix.SHUT_WR)
 		}
 	}
-	h.closeEnd(ss, mbox, mgrants)
+	h.closeEnd(ss, &mail)
 	return gnet.None
 }
 
@@ -123,18 +117,21 @@ func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
 // that runs its batches: the session leaves the server's lists, its
 // mailbox takes no more mail (what it holds is returned: never written,
 // so undelivered) and its queued acquires leave their queues.
-func (h *handler) closeBegin(ss *session) (mbox []byte, mgrants []grantRef) {
+func (h *handler) closeBegin(ss *session) (mail answers) {
 	s := h.s
 	ss.gone = true
 	ss.partialSince.Store(0) // the sweep forgets it
-	s.conns.Add(-1)
+	if ss.local {
+		s.localConns.Add(-1)
+	} else {
+		s.conns.Add(-1)
+	}
 	s.removeSession(ss)
 
 	// No more mail; what was posted and never written is undeliverable.
 	ss.mu.Lock()
 	ss.closed = true
-	mbox, mgrants = ss.mbox, ss.mgrants
-	ss.mbox, ss.mgrants = nil, nil
+	mail, ss.mbox = ss.mbox, answers{}
 	ss.mu.Unlock()
 
 	// Queued acquires leave their queues silently: the first dropInline
@@ -146,13 +143,13 @@ func (h *handler) closeBegin(ss *session) (mbox []byte, mgrants []grantRef) {
 	if !s.table.DropWaiters(ss.tconn, dropInline) {
 		h.dropLater(ss.tconn)
 	}
-	return mbox, mgrants
+	return mail
 }
 
 // closeEnd is the second half, once nothing more can reach the socket
 // (ss.c.OutboundBuffered is final): grants that did not reach it are
 // released at once (PROTOCOL.md §4: no phantom lock).
-func (h *handler) closeEnd(ss *session, mbox []byte, mgrants []grantRef) {
+func (h *handler) closeEnd(ss *session, mail *answers) {
 	s := h.s
 	b := s.getScratch()
 	now := s.now()
@@ -168,9 +165,7 @@ func (h *handler) closeEnd(ss *session, mbox []byte, mgrants []grantRef) {
 	s.releaseHeld(ss, b, now)
 	if w := ss.writing; w != nil {
 		// The write itself failed: none of that batch left.
-		for _, g := range w.grants {
-			s.table.Release(now, g.key(w.out), g.token, &b.fx)
-		}
+		s.releaseGrants(&w.answers, b, now)
 	}
 	delivered := ss.written - uint64(ss.c.OutboundBuffered())
 	for i := range ss.pend {
@@ -178,9 +173,7 @@ func (h *handler) closeEnd(ss *session, mbox []byte, mgrants []grantRef) {
 			s.table.Release(now, ss.pendingKey(p), p.token, &b.fx)
 		}
 	}
-	for _, g := range mgrants {
-		s.table.Release(now, g.key(mbox), g.token, &b.fx)
-	}
+	s.releaseGrants(mail, b, now)
 	ss.pend, ss.pkeys = nil, nil
 	s.deliver(b, nil, now)
 	s.putScratch(b)
@@ -374,7 +367,7 @@ func (h *handler) write(ss *session, b *scratch, action gnet.Action, spec bool) 
 	s, c := h.s, ss.c
 	if s.committer != nil && h.hold(ss, b, spec) {
 		s.log.Warn("closing a connection whose answers wait for changes that will not commit, or for too long",
-			"remote", c.RemoteAddr(), "held", len(ss.held))
+			"remote", c.RemoteAddr(), "held", len(ss.held.out))
 		return gnet.Close
 	}
 	if len(b.out) > 0 {
@@ -425,7 +418,7 @@ func (h *handler) apply(ss *session, b *scratch, now int64, draining bool) gnet.
 		st, token := s.table.AcquireAs(now, r.Key, r.Wait, r.Lease, r.ID, who.Ident, ss.tconn, &b.fx)
 		switch st {
 		case shard.Granted:
-			b.out = appendGrant(b.out, &b.grants, r.ID, token, r.Key)
+			b.addGrant(r.ID, token, r.Key)
 		case shard.TimedOut:
 			b.out = proto.AppendTimeout(b.out, r.ID, r.Key)
 		case shard.Busy:
@@ -534,8 +527,12 @@ func (h *handler) partialFrame(ss *session, now int64, fresh bool) {
 // any more, and logs the refusals not logged yet. Its cost is proportional
 // to the sessions listed by partialFrame, not to all of them.
 func (h *handler) sweep(now int64) {
-	h.logRefused(now)
-	h.logHandshakes(now)
+	if n, ok := h.refusedLog.Flush(now); ok {
+		h.logRefused(n)
+	}
+	if n, ok := h.hsLog.Flush(now); ok {
+		h.logHandshakes(n)
+	}
 	h.partialMu.Lock()
 	list := h.partial
 	h.partial = h.partialSpare[:0]
@@ -573,17 +570,18 @@ func (h *handler) sweep(now int64) {
 	h.partialMu.Unlock()
 }
 
-// logRefused logs the connections refused at --max-conns since its last
-// line, at most once a second (a flood of connects makes one line a
-// second, not one per connect).
-func (h *handler) logRefused(now int64) {
-	last := h.refusedLog.Load()
-	if now-last < int64(time.Second) || h.refused.Load() == 0 || !h.refusedLog.CompareAndSwap(last, now) {
-		return
+// connRefused logs a connection refused at --max-conns: one line a second
+// at most, with the refusals since the last one (a flood of connects makes
+// one line a second, not one per connect; the sweep logs its tail).
+func (h *handler) connRefused(now int64) {
+	if held, ok := h.refusedLog.Allow(now); ok {
+		h.logRefused(held + 1)
 	}
-	if n := h.refused.Swap(0); n > 0 {
-		h.s.log.Warn("connections refused: --max-conns reached", "refused", n, "max", h.s.cfg.MaxConns)
-	}
+}
+
+// logRefused logs n connections refused at --max-conns.
+func (h *handler) logRefused(n int) {
+	h.s.log.Warn("connections refused: --max-conns reached", "refused", n, "max", h.s.cfg.MaxConns)
 }
 
 // deliver hands every effect in b.fx to its connection: appended to b.out
@@ -605,13 +603,14 @@ func (s *Server) deliver(b *scratch, cur *session, now int64) {
 			s.moved.Add(1)
 		}
 		if ss == cur {
-			b.out = appendEffect(b.out, &b.grants, &e, s.node.Gate().Addr)
+			b.addEffect(&e, s.node.Gate().Addr)
 			if e.Kind == shard.EffectLost {
 				s.lostL[min(e.Reason, shard.ReasonCannotTell)].Add(1)
 			}
 			continue
 		}
-		// A TLS session (loop nil) has no loop-mates: it is woken.
+		// A TLS or local session (loop nil) has no loop-mates: it is
+		// woken.
 		local := cur != nil && cur.loop != nil && ss.loop == cur.loop
 		ok, flush := ss.post(&e, local, s.node.Gate().Addr, b.gen)
 		if !ok && e.Kind == shard.EffectGrant {

@@ -32,11 +32,11 @@ func holdKeys(w *wire, prefix string, n int) {
 	}
 }
 
-// TestWaitersPerConnCap is issue 9 fault 4 with the defaults: one
-// connection could queue every waiter slot of the server (1,048,576), after
-// which every wait>0 acquire on a held key, from anyone, got B. Now one
-// connection queues at most --max-waiters-per-conn (16,384) and gets B
-// beyond it, and others still queue.
+// TestWaitersPerConnCap, with the defaults: one connection could once queue
+// every waiter slot of the server (1,048,576), after which every wait>0
+// acquire on a held key, from anyone, got B. Now one connection queues at
+// most --max-waiters-per-conn (16,384) and gets B beyond it, and others
+// still queue.
 func TestWaitersPerConnCap(t *testing.T) {
 	ts := startServer(t, nil)
 	const (
@@ -225,9 +225,9 @@ func closeHugeQueue(tb testing.TB, n int) hugeQueueClose {
 	return r
 }
 
-// TestCloseWithHugeQueueDoesNotStallLoop is the second half of issue 9
-// fault 4: dropping the 1,048,576 waiters of a closing connection stalled
-// its loop (37 ms in the report): every connection of that loop waited.
+// TestCloseWithHugeQueueDoesNotStallLoop: dropping the 1,048,576 waiters
+// of a closing connection once stalled its loop (37 ms measured): every
+// connection of that loop waited.
 // With the caps raised so one connection can queue that many, the loop
 // must answer another connection while the closed one's waiters are still
 // being dropped. The figures (BenchmarkCloseHugeQueue measures them) are
@@ -261,11 +261,11 @@ func BenchmarkCloseHugeQueue(b *testing.B) {
 	}
 }
 
-// TestFrameTimeout is issue 9 fault 5: a frame that has started but never
-// completes kept its connection forever. A connection whose partial frame
-// is older than --frame-timeout is closed, whether it sends nothing more or
-// trickles bytes; a connection idle between frames, or one whose frame
-// completes in time, stays.
+// TestFrameTimeout: a frame that has started but never completes once kept
+// its connection forever. A connection whose partial frame is older than
+// --frame-timeout is closed, whether it sends nothing more or trickles
+// bytes; a connection idle between frames, or one whose frame completes in
+// time, stays.
 func TestFrameTimeout(t *testing.T) {
 	ts := startServer(t, func(c *engine.Config) { c.FrameTimeout = 300 * time.Millisecond })
 	frame := proto.AppendAcquire(nil, 0, 10, 1, "partial/key")
@@ -331,10 +331,10 @@ func (l *logBuffer) lines(t *testing.T, msg string) []map[string]any {
 	return out
 }
 
-// TestMaxConnsRefusalsLoggedOncePerSecond is issue 9 fault 5: every
-// connection refused at --max-conns logged a WARN of its own (10,982 lines
-// in 2 s). Refusals are logged at most once a second, with the count
-// refused since the last line; no refusal goes uncounted.
+// TestMaxConnsRefusalsLoggedOncePerSecond: every connection refused at
+// --max-conns once logged a WARN of its own (10,982 lines in 2 s). Refusals
+// are logged at most once a second, with the count refused since the last
+// line; no refusal goes uncounted.
 func TestMaxConnsRefusalsLoggedOncePerSecond(t *testing.T) {
 	var logs logBuffer
 	ts := startServer(t, func(c *engine.Config) {

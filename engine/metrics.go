@@ -143,6 +143,7 @@ type Metrics struct {
 	// tell).
 	Lost          [shard.ReasonCannotTell + 1]uint64
 	Conns         int64  // open connections
+	LocalConns    int64  // open in-process connections (OpenLocal: the HTTP front's)
 	TokenLast     uint64 // highest token issued
 	TokenReserved uint64 // durable reservation mark
 	// Wait is the acquire-to-grant histogram: immediate grants count as 0,
@@ -203,6 +204,7 @@ func (s *Server) Metrics() Metrics {
 		m.Lost[r] = s.lostL[r].Load()
 	}
 	m.Conns = s.conns.Load()
+	m.LocalConns = s.localConns.Load()
 	m.TokenLast, m.TokenReserved = s.table.Tokens().Last(), s.table.Tokens().Limit()
 	m.WaitCounts = make([]uint64, len(s.wait.buckets))
 	for i := range s.wait.buckets {

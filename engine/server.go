@@ -13,6 +13,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/lockd-dev/lockd/internal/ratelog"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -45,6 +46,15 @@ type Server struct {
 	serveErr  error
 
 	conns atomic.Int64
+	h     *handler // set by Serve before the loops start
+
+	// The in-process connections (local.go).
+	localMu    sync.Mutex
+	localSet   map[*localWire]struct{} // guarded by localMu
+	localStop  bool                    // guarded by localMu: no new local connection
+	localWG    sync.WaitGroup          // one per local connection's driver
+	localConns atomic.Int64
+	localStats *loopStats // the counters of every local connection's batches
 
 	// The TLS port (tlsconn.go): nil when plaintext.
 	tlsConf       *tls.Config
@@ -125,18 +135,21 @@ func New(cfg Config) (*Server, error) {
 		cfg.Node = repl.NewLocal(repl.LocalConfig{DataDir: cfg.DataDir, TokenBlock: cfg.TokenBlock})
 	}
 	s := &Server{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		node:      cfg.Node,
-		epoch:     time.Now(),
-		ready:     make(chan struct{}),
-		done:      make(chan struct{}),
-		stop:      make(chan struct{}),
-		loopsDone: make(chan struct{}),
-		hurry:     make(chan struct{}),
-		sessions:  make(map[*session]struct{}),
-		heldSet:   make(map[*session]struct{}),
+		cfg:        cfg,
+		log:        cfg.Logger,
+		node:       cfg.Node,
+		epoch:      time.Now(),
+		ready:      make(chan struct{}),
+		done:       make(chan struct{}),
+		stop:       make(chan struct{}),
+		loopsDone:  make(chan struct{}),
+		hurry:      make(chan struct{}),
+		sessions:   make(map[*session]struct{}),
+		heldSet:    make(map[*session]struct{}),
+		localSet:   make(map[*localWire]struct{}),
+		localStats: new(loopStats),
 	}
+	s.loops.Store(localStatsKey{}, s.localStats)
 	s.committer, _ = cfg.Node.(repl.Committer)
 	if cfg.TLS != nil {
 		s.tlsConf = serverTLS(cfg.TLS)
@@ -150,8 +163,6 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.table = table
-	newRateLog(&s.auth.log)
-	newRateLog(&s.auth.refusedLog)
 	if cfg.ACL != nil {
 		s.acl.Store(s.newACLState(cfg.ACL))
 	}
@@ -197,6 +208,7 @@ func (s *Server) Addr() string {
 func (s *Server) Serve() error {
 	defer close(s.done)
 	h := &handler{s: s}
+	s.h = h
 	ln, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
 		s.serveErr = err
@@ -263,8 +275,8 @@ func (s *Server) Serve() error {
 func (s *Server) accept(ln net.Listener, h *handler) error {
 	backoff := 5 * time.Millisecond
 	var (
-		failures int       // failed accepts (EMFILE, …) since start
-		logged   time.Time // the last log line about them
+		failures int                                        // failed accepts (EMFILE, …) since start
+		logs     = ratelog.Limiter{Every: 10 * time.Second} // a line about them per 10 s
 	)
 	for {
 		c, err := ln.Accept()
@@ -272,8 +284,8 @@ func (s *Server) accept(ln net.Listener, h *handler) error {
 			if errors.Is(err, net.ErrClosed) {
 				return err
 			}
-			if failures++; failures == 1 || time.Since(logged) > 10*time.Second {
-				logged = time.Now()
+			failures++
+			if _, ok := logs.Allow(s.now()); ok {
 				s.log.Error("accepting a connection failed; retrying", "err", err, "failures", failures)
 			}
 			select {
@@ -288,8 +300,7 @@ func (s *Server) accept(ln net.Listener, h *handler) error {
 		if s.draining.Load() || s.conns.Load() >= int64(s.cfg.MaxConns) {
 			c.Close()
 			if !s.draining.Load() {
-				h.refused.Add(1)
-				h.logRefused(s.now())
+				h.connRefused(s.now())
 			}
 			continue
 		}
@@ -331,6 +342,7 @@ func (s *Server) stopLoops() {
 		if s.tlsConf != nil {
 			s.stopTLS()
 		}
+		s.stopLocal()
 		if s.cli != nil {
 			if err := s.cli.Stop(); err != nil {
 				s.log.Warn("stopping the event loops", "err", err)

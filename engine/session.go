@@ -11,15 +11,14 @@ import (
 	"github.com/lockd-dev/lockd/shard"
 )
 
-// scratch is a batch's working memory, pooled: the answers being built, the
-// grant frames among them, and the table's effects.
+// scratch is a batch's working memory, pooled: the answers being built
+// and the table's effects.
 type scratch struct {
-	out    []byte
-	grants []grantRef // the A (acquired) frames in out
-	fx     shard.Out
-	req    proto.Request
-	local  []*session // sessions of this loop with mail to flush after the batch
-	cnt    counts     // this batch's request tally
+	answers // what the batch writes to its connection (one Write)
+	fx      shard.Out
+	req     proto.Request
+	local   []*session // sessions of this loop with mail to flush after the batch
+	cnt     counts     // this batch's request tally
 	// gen is the number of Abandon calls made before the state its answers
 	// come from (commit.go): taken when the scratch is, lowered by mail
 	// made earlier.
@@ -33,45 +32,87 @@ func (s *Server) getScratch() *scratch {
 }
 
 func (s *Server) putScratch(b *scratch) {
-	b.out = b.out[:0]
-	b.grants = b.grants[:0]
+	b.answers.reset()
 	b.fx.Reset()
 	clear(b.local)
 	b.local = b.local[:0]
 	s.scratch.Put(b)
 }
 
-// grantRef is an A frame in a buffer of answers, recorded when the frame is
+// answers is a buffer of encoded answer frames and the A (acquired)
+// frames among them: a batch's (scratch), those waiting for a commit
+// (session.held) and the mailbox's (session.mbox). grants lists every A
+// frame of out, in order, by offsets into out, so that the grants of
+// answers that never reached their socket can be released (PROTOCOL.md
+// §4). An A frame is appended only by addGrant, and answers are moved
+// only by the methods below, which keep the offsets right; other frames
+// may be appended to out directly (proto.AppendX).
+type answers struct {
+	out    []byte     // encoded frames
+	grants []grantRef // the A frames in out
+}
+
+// grantRef is an A frame in its answers, recorded when the frame is
 // appended: what the delivery tracking needs, without reading the frame
 // again.
 type grantRef struct {
 	token uint64
-	koff  int // offset of its key in the buffer
+	koff  int // offset of its key in answers.out
 	end   int // offset just past the frame (the key, then 0x0A)
 }
 
-// key returns the grant's key in buf, the buffer it was recorded in.
-func (g grantRef) key(buf []byte) []byte { return buf[g.koff : g.end-1] }
+// key returns the key of g, one of a.grants.
+func (a *answers) key(g grantRef) []byte { return a.out[g.koff : g.end-1] }
 
-// appendAnswers appends the encoded answers src, whose A frames are
-// srcGrants, to dst and records those frames in grants.
-func appendAnswers(dst []byte, grants []grantRef, src []byte, srcGrants []grantRef) ([]byte, []grantRef) {
-	base := len(dst)
-	dst = append(dst, src...)
-	for _, g := range srcGrants {
-		g.koff += base
-		g.end += base
-		grants = append(grants, g)
-	}
-	return dst, grants
+// empty reports whether a holds no frame.
+func (a *answers) empty() bool { return len(a.out) == 0 }
+
+// reset empties a, keeping its buffers.
+func (a *answers) reset() {
+	a.out = a.out[:0]
+	a.grants = a.grants[:0]
 }
 
-// appendGrant appends an A frame to dst and records it in grants.
-func appendGrant(dst []byte, grants *[]grantRef, owner, token uint64, key []byte) []byte {
-	dst = proto.AppendAcquired(dst, owner, token, key)
-	end := len(dst)
-	*grants = append(*grants, grantRef{token: token, koff: end - 1 - len(key), end: end})
-	return dst
+// addGrant appends an A frame and records it.
+func (a *answers) addGrant(owner, token uint64, key []byte) {
+	a.out = proto.AppendAcquired(a.out, owner, token, key)
+	end := len(a.out)
+	a.grants = append(a.grants, grantRef{token: token, koff: end - 1 - len(key), end: end})
+}
+
+// addAll appends src's frames and records its grants.
+func (a *answers) addAll(src *answers) {
+	base := len(a.out)
+	a.out = append(a.out, src.out...)
+	for _, g := range src.grants {
+		g.koff += base
+		g.end += base
+		a.grants = append(a.grants, g)
+	}
+}
+
+// moveFront moves the first n bytes of a, whole frames, with their grants
+// to the end of dst.
+func (a *answers) moveFront(dst *answers, n int) {
+	k := 0
+	for k < len(a.grants) && a.grants[k].end <= n {
+		k++
+	}
+	dst.addAll(&answers{out: a.out[:n], grants: a.grants[:k]})
+	a.out = a.out[:copy(a.out, a.out[n:])]
+	a.grants = a.grants[:copy(a.grants, a.grants[k:])]
+	for i := range a.grants {
+		a.grants[i].koff -= n
+		a.grants[i].end -= n
+	}
+}
+
+// releaseGrants releases the grants in a, answers that never reached
+// their socket (PROTOCOL.md §4: no phantom lock); the effects go to b.fx.
+func (s *Server) releaseGrants(a *answers, b *scratch, now int64) {
+	for _, g := range a.grants {
+		s.table.Release(now, a.key(g), g.token, &b.fx)
+	}
 }
 
 // wire is what a session needs of its connection. A gnet.Conn is one (a
@@ -101,7 +142,8 @@ type wire interface {
 type session struct {
 	c     wire
 	tconn *shard.Conn    // the table's handle: this connection's queued acquires
-	loop  gnet.EventLoop // the loop that owns c; nil for a TLS connection
+	loop  gnet.EventLoop // the loop that owns c; nil for a TLS or local connection
+	local bool           // c is a *localWire (local.go): counted in Server.localConns
 	st    *loopStats     // that loop's counters (the TLS connections' own)
 
 	// certCN is the Subject Common Name of the client certificate that the
@@ -121,8 +163,7 @@ type session struct {
 	gone    bool     // OnClose ran
 
 	// Answers waiting for a commit (commit.go), owned by the loop.
-	held    []byte
-	hgrants []grantRef // the A frames in held
+	held    answers
 	hchunks []heldChunk
 	inHeld  bool // in Server.heldSet (commit.go: changed only on this loop, under heldMu)
 	// heldWake: a wake for committed answers is on its way.
@@ -147,12 +188,11 @@ type session struct {
 	listed       atomic.Bool
 
 	// Guarded by mu: answers made on other goroutines.
-	mu      sync.Mutex
-	mbox    []byte     // encoded frames
-	mgrants []grantRef // the A frames in mbox
-	woken   bool       // a Wake is on its way
-	closed  bool       // no more mail: grants posted now are undeliverable
-	mgen    uint64     // the lowest scratch.gen of the mail in mbox
+	mu     sync.Mutex
+	mbox   answers
+	woken  bool   // a Wake is on its way
+	closed bool   // no more mail: grants posted now are undeliverable
+	mgen   uint64 // the lowest scratch.gen of the mail in mbox
 	// mspec: some mail in mbox was made from the table's state (every
 	// effect but an L with reason 4, which rests on nothing: commit.go).
 	mspec bool
@@ -180,9 +220,9 @@ func (ss *session) CertCommonName() string { return ss.certCN }
 
 func (ss *session) hasMail() bool {
 	ss.mu.Lock()
-	n := len(ss.mbox)
+	empty := ss.mbox.empty()
 	ss.mu.Unlock()
-	return n > 0
+	return !empty
 }
 
 // post appends an effect's answer to the mailbox and wakes the connection.
@@ -196,11 +236,11 @@ func (ss *session) post(e *shard.Effect, local bool, moved string, gen uint64) (
 		ss.mu.Unlock()
 		return false, false
 	}
-	if len(ss.mbox) == 0 || gen < ss.mgen {
+	if ss.mbox.empty() || gen < ss.mgen {
 		ss.mgen = gen
 	}
 	ss.mspec = ss.mspec || speculative(e)
-	ss.mbox = appendEffect(ss.mbox, &ss.mgrants, e, moved)
+	ss.mbox.addEffect(e, moved)
 	claim := !ss.woken
 	ss.woken = true
 	ss.mu.Unlock()
@@ -216,12 +256,11 @@ func (ss *session) post(e *shard.Effect, local bool, moved string, gen uint64) (
 func (ss *session) takeMail(b *scratch) (spec bool) {
 	ss.mu.Lock()
 	ss.woken = false
-	if len(ss.mbox) > 0 {
+	if !ss.mbox.empty() {
 		spec = ss.mspec
 		b.gen = min(b.gen, ss.mgen)
-		b.out, b.grants = appendAnswers(b.out, b.grants, ss.mbox, ss.mgrants)
-		ss.mbox = ss.mbox[:0]
-		ss.mgrants = ss.mgrants[:0]
+		b.addAll(&ss.mbox)
+		ss.mbox.reset()
 		ss.mspec = false
 	}
 	ss.mu.Unlock()
@@ -237,24 +276,24 @@ func speculative(e *shard.Effect) bool {
 	return e.Kind != shard.EffectLost || e.Reason != shard.ReasonCannotTell
 }
 
-// appendEffect encodes e's answer, recording a grant; an EffectMoved's M
+// addEffect appends e's answer, recording a grant; an EffectMoved's M
 // names moved.
-func appendEffect(dst []byte, grants *[]grantRef, e *shard.Effect, moved string) []byte {
+func (a *answers) addEffect(e *shard.Effect, moved string) {
 	switch e.Kind {
 	case shard.EffectGrant:
-		return appendGrant(dst, grants, e.Owner, e.Token, e.Key)
+		a.addGrant(e.Owner, e.Token, e.Key)
 	case shard.EffectTimeout:
-		return proto.AppendTimeout(dst, e.Owner, e.Key)
+		a.out = proto.AppendTimeout(a.out, e.Owner, e.Key)
 	case shard.EffectBusy:
-		return proto.AppendBusy(dst, e.Owner, e.Key)
+		a.out = proto.AppendBusy(a.out, e.Owner, e.Key)
 	case shard.EffectMoved:
-		return proto.AppendMoved(dst, waiterOp(e), e.Owner, moved)
+		a.out = proto.AppendMoved(a.out, waiterOp(e), e.Owner, moved)
 	case shard.EffectLost:
 		// A watched grant ended (PROTOCOL.md §9.4): correlated with its
 		// W by (op, token).
-		return proto.AppendLost(dst, e.Token, uint8(e.Reason), e.Key)
+		a.out = proto.AppendLost(a.out, e.Token, uint8(e.Reason), e.Key)
 	default: // shard.EffectCancel
-		return proto.AppendError(dst, waiterOp(e), e.Owner, proto.CodeShutdown, msgShutdown)
+		a.out = proto.AppendError(a.out, waiterOp(e), e.Owner, proto.CodeShutdown, msgShutdown)
 	}
 }
 
@@ -284,7 +323,7 @@ func (ss *session) afterWrite(b *scratch) {
 		if end <= delivered {
 			continue
 		}
-		key := g.key(b.out)
+		key := b.answers.key(g)
 		ss.pend = append(ss.pend, pgrant{end: end, token: g.token, koff: ss.kbase + uint64(len(ss.pkeys)), klen: len(key)})
 		ss.pkeys = append(ss.pkeys, key...)
 	}

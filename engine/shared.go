@@ -36,7 +36,7 @@ func (h *handler) acquireShared(ss *session, b *scratch, now int64, who shard.Wh
 	st, token := s.table.AcquireShared(now, r.Key, r.Wait, r.Lease, r.ID, r.Limit, who.Ident, ss.tconn, &b.fx)
 	switch st {
 	case shard.Granted:
-		b.out = appendGrant(b.out, &b.grants, r.ID, token, r.Key)
+		b.addGrant(r.ID, token, r.Key)
 	case shard.TimedOut:
 		b.out = proto.AppendTimeout(b.out, r.ID, r.Key)
 	case shard.Busy:

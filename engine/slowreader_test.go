@@ -13,9 +13,9 @@ import (
 	"github.com/lockd-dev/lockd/proto"
 )
 
-// slowReader is issue 9's hostile client: it keeps depth acquires in
-// flight, answering each grant it reads with the grant's release and the
-// next acquire in one write, but reads only 64 KB per millisecond, so the
+// slowReader is a hostile client: it keeps depth acquires in flight,
+// answering each grant it reads with the grant's release and the next
+// acquire in one write, but reads only 64 KB per millisecond, so the
 // server's answers (grants among them) never all reach its socket.
 type slowReader struct {
 	c     net.Conn
@@ -130,13 +130,12 @@ const (
 	slowKey      = 1000
 )
 
-// TestSlowReaderMemoryBounded is issue 9 fault 3: a client pipelining
-// acquire/release pairs and reading 64 KB/ms drove the server from 13 MB to
-// 1 GB in 60 s, because the key of every grant that gnet had to buffer was
-// appended to the session's pkeys, which prune never cut. The old code grows
-// here by about the rate the client reads (20 MB/s and more); the server's
-// memory for the connection must stay bounded (DESIGN.md, "Limits against
-// hostile peers").
+// TestSlowReaderMemoryBounded: a client pipelining acquire/release pairs and
+// reading 64 KB/ms once drove the server from 13 MB to 1 GB in 60 s, because
+// the key of every grant that gnet had to buffer was appended to the
+// session's pkeys, which prune never cut. The old code grows here by about
+// the rate the client reads (20 MB/s and more); the server's memory for the
+// connection must stay bounded (DESIGN.md, "Limits against hostile peers").
 func TestSlowReaderMemoryBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: a 6 s load")
@@ -168,8 +167,8 @@ func TestSlowReaderMemoryBounded(t *testing.T) {
 // BenchmarkSlowReaderMemory reports the server's heap for one connection
 // under the test's slow-reader pattern for 5 s, sampled every 100 ms after
 // a collection (peak-B/conn) and at the end with the connection still open
-// (heap-B/conn), and the pairs done: the before/after figure of issue 9
-// fault 3.
+// (heap-B/conn), and the pairs done: the figure to compare before and
+// after a change to the delivery tracking of grants.
 func BenchmarkSlowReaderMemory(b *testing.B) {
 	for range b.N {
 		ts := startServer(b, func(c *engine.Config) { c.MaxOutbound = slowOutbound })

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -338,6 +340,49 @@ func TestTLSMaxConnsCountsHandshakes(t *testing.T) {
 	w := dialTLS(t, ts.Addr(), p.clientTLS(nil))
 	w.send(proto.AppendPing(nil, 1))
 	w.expect(proto.OpPing, 1)
+}
+
+// TestTLSHandshakeFailuresLoggedOncePerSecond: a flood of failed
+// handshakes makes a log line a second at most, with the failures since
+// the last line and the last one's cause; the frame-timeout sweep logs
+// the flood's tail, so every failure is in the log soon after it stops.
+func TestTLSHandshakeFailuresLoggedOncePerSecond(t *testing.T) {
+	p := newPKI(t)
+	var logs logBuffer
+	ts := startTLSServer(t, p, false, func(c *engine.Config) { c.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
+	// A client that does not trust the server's certificate ends the
+	// handshake with an alert.
+	distrust := &tls.Config{RootCAs: p.other.Pool(), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+	const failures = 100
+	began := time.Now()
+	for range failures {
+		if w, err := tryTLS(ts.Addr(), distrust); err == nil {
+			w.c.Close()
+			t.Fatal("a client that does not trust the server's certificate finished its handshake")
+		}
+	}
+	took := time.Since(began)
+	const msg = "TLS handshakes failed; connections closed"
+	total := func() int {
+		n := 0
+		for _, rec := range logs.lines(t, msg) {
+			v, _ := rec["failed"].(float64)
+			n += int(v)
+		}
+		return n
+	}
+	lockdtest.WaitFor(t, "every failed handshake counted in the log", func() bool { return total() == failures })
+	recs := logs.lines(t, msg)
+	if maxLines := 2 + int(took/time.Second); len(recs) > maxLines {
+		t.Fatalf("%d log lines for %d failed handshakes in %v, want at most %d (one a second)", len(recs), failures, took, maxLines)
+	}
+	if last, _ := recs[len(recs)-1]["last"].(string); !strings.Contains(last, "(from 127.0.0.1:") {
+		t.Fatalf("the last line's cause is %q, want the error and the client's address", last)
+	}
+	if m := ts.Metrics(); m.TLSHandshakeFailures != failures {
+		t.Fatalf("%d failed handshakes in the metrics, want %d", m.TLSHandshakeFailures, failures)
+	}
+	t.Logf("%d failed handshakes in %v: %d log lines", failures, took.Round(time.Millisecond), len(recs))
 }
 
 // TestTLSAnswersWaitForCommit: with a committing node, a TLS connection's

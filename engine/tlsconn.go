@@ -8,11 +8,9 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/lockd-dev/lockd/proto"
 )
@@ -31,18 +29,9 @@ import (
 // record that came with the socket read (gather), as a gnet batch takes
 // everything one read brought.
 //
-// Writes never block: tls.Conn writes its records into the sink below it
-// (tlsConn.sink), which hands each record to the socket with one
-// non-blocking write — as gnet's Write does — and keeps what the kernel
-// did not take for a flusher goroutine, started only then, that waits for
-// the socket to drain. So a batch holds the barrier and shard locks only
-// for CPU work, whatever the client reads. Dynamic record sizing is off
-// and Write cuts the answers into pieces of at most one record, so each
-// record holds a known range of the plaintext stream, and
-// OutboundBuffered counts the plaintext whose records have not wholly
-// reached the kernel: a frame counts as handed to the socket once every
-// record holding it has (PROTOCOL.md §4), exactly as the plaintext path
-// counts bytes.
+// Writes never block: tls.Conn writes its records into the sink below it,
+// which hands them to the socket without waiting and leaves the waiting
+// to a flusher goroutine of its own (tlssink.go).
 //
 // A Wake (mail, a commit, a gate change) sets a read deadline in the past:
 // the reader's Read returns at once with a timeout, which crypto/tls
@@ -51,22 +40,14 @@ import (
 // the flusher's write fails, and the reader runs the close once the
 // flusher has counted its last bytes.
 
-const (
-	// tlsInbound is the reader's plaintext buffer: a few largest frames.
-	tlsInbound = 4 << 10
-	// tlsRecord is the most plaintext one TLS record carries, and so the
-	// most one tls.Conn.Write is given (one record each).
-	tlsRecord = 16 << 10
-	// tlsKeepOut is the capacity the outbound buffers keep once empty.
-	tlsKeepOut = 64 << 10
-)
+// tlsInbound is the reader's plaintext buffer: a few largest frames.
+const tlsInbound = 4 << 10
 
 // tlsConn is one connection of the TLS port: the wire of its session.
 type tlsConn struct {
 	s   *Server
 	h   *handler
 	raw *net.TCPConn
-	rc  syscall.RawConn
 	tc  *tls.Conn
 	ss  *session // once the handshake is done (the reader's)
 
@@ -87,29 +68,8 @@ type tlsConn struct {
 	closed   chan struct{} // closed by Close
 	shutOnce sync.Once
 
-	// The reader's, for the sink's non-blocking write.
-	pending int // plaintext bytes of the record tls.Conn.Write is making
-	tryBuf  []byte
-	tryN    int
-	tryErr  error
-	tryFn   func(uintptr) bool
-
-	// The sink's state, shared by the reader and the flusher.
-	mu         sync.Mutex
-	cbuf, wbuf []byte   // ciphertext the kernel has not taken; wbuf is the flusher's
-	recs       []tlsRec // the records in wbuf and cbuf, in stream order
-	plainIn    uint64   // plaintext handed to tls.Conn.Write
-	plainOut   uint64   // plaintext whose records all reached the kernel
-	cipherIn   uint64   // ciphertext the sink was given
-	cipherOut  uint64   // ciphertext the kernel took
-	flushing   bool     // the flusher runs (cbuf or wbuf holds bytes)
-	flushDone  chan struct{}
-	werr       error // the socket failed: nothing more reaches it
+	sink tlsSink // the write side (tlssink.go)
 }
-
-// tlsRec is a record that had not wholly reached the kernel when it was
-// written: the plaintext and ciphertext stream offsets just past it.
-type tlsRec struct{ plainEnd, cipherEnd uint64 }
 
 // sinkConn is the net.Conn under tls.Conn: reads come from the socket
 // (noting record boundaries), writes go to the sink.
@@ -129,7 +89,7 @@ func (c sinkConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
-func (c sinkConn) Write(b []byte) (int, error) { return c.t.sink(b) }
+func (c sinkConn) Write(b []byte) (int, error) { return c.t.sink.write(b) }
 
 // startTLS takes a new connection of the TLS port (counted in s.conns by
 // the accept loop) and starts its reader; false means the engine is
@@ -143,8 +103,8 @@ func (s *Server) startTLS(c net.Conn, h *handler) bool {
 	if err != nil {
 		return false
 	}
-	t := &tlsConn{s: s, h: h, raw: raw, rc: rc, wakeCh: make(chan struct{}, 1), closed: make(chan struct{})}
-	t.tryFn = t.tryOnce
+	t := &tlsConn{s: s, h: h, raw: raw, wakeCh: make(chan struct{}, 1), closed: make(chan struct{})}
+	t.sink.init(raw, rc, t)
 	t.tc = tls.Server(sinkConn{raw, t}, s.tlsConf)
 	s.tlsMu.Lock()
 	if s.tlsStop {
@@ -210,8 +170,8 @@ func (t *tlsConn) serve() {
 	t.ss = ss
 	t.run(ss)
 	t.shut()
-	mbox, mgrants := h.closeBegin(ss)
-	h.closeEnd(ss, mbox, mgrants)
+	mail := h.closeBegin(ss)
+	h.closeEnd(ss, &mail)
 }
 
 var errDrainingHandshake = errors.New("engine: shutting down")
@@ -288,7 +248,7 @@ func (t *tlsConn) run(ss *session) {
 			_ = t.raw.SetReadDeadline(time.Time{})
 			t.woken.Store(false)
 		}
-		if h.traffic(ss) == gnet.Close || t.failed() || fatal {
+		if h.traffic(ss) == gnet.Close || t.sink.failed() || fatal {
 			return // requests read before an EOF were answered first
 		}
 		if t.hdrN > 0 {
@@ -380,153 +340,6 @@ func (t *tlsConn) Discard(n int) (int, error) {
 	return n, nil
 }
 
-// Write hands b to tls.Conn in pieces of at most one record each (the
-// reader only); it never blocks (see sink).
-func (t *tlsConn) Write(b []byte) (int, error) {
-	n := len(b)
-	for len(b) > 0 {
-		m := min(len(b), tlsRecord)
-		t.pending = m
-		if _, err := t.tc.Write(b[:m]); err != nil {
-			t.pending = 0
-			t.fail(err)
-			return n - len(b), err
-		}
-		b = b[m:]
-	}
-	return n, nil
-}
-
-// sink takes one record from tls.Conn (the reader only: its Write, the
-// handshake, an alert or key update a Read sends). With nothing queued it
-// tries one non-blocking write; what the kernel does not take is queued
-// for the flusher.
-func (t *tlsConn) sink(p []byte) (int, error) {
-	plain := uint64(t.pending)
-	t.pending = 0
-	all := len(p)
-	t.mu.Lock()
-	t.plainIn += plain
-	t.cipherIn += uint64(all)
-	if t.werr != nil {
-		t.mu.Unlock()
-		return all, nil // the socket failed: nothing more reaches it
-	}
-	if !t.flushing {
-		// Nothing queued, and only this goroutine starts the flusher.
-		t.mu.Unlock()
-		n, err := t.try(p)
-		t.mu.Lock()
-		t.cipherOut += uint64(n)
-		if err != nil {
-			t.werr = err
-			t.mu.Unlock()
-			return all, nil
-		}
-		if n == all {
-			t.plainOut += plain
-			t.mu.Unlock()
-			return all, nil
-		}
-		p = p[n:]
-	}
-	t.cbuf = append(t.cbuf, p...)
-	t.recs = append(t.recs, tlsRec{plainEnd: t.plainIn, cipherEnd: t.cipherIn})
-	if !t.flushing {
-		t.flushing = true
-		t.flushDone = make(chan struct{})
-		go t.flush(t.flushDone)
-	}
-	t.mu.Unlock()
-	return all, nil
-}
-
-// try writes p with one non-blocking write: what the kernel took, and an
-// error if the socket failed (a full socket is not one).
-func (t *tlsConn) try(p []byte) (int, error) {
-	t.tryBuf = p
-	err := t.rc.Write(t.tryFn)
-	n, werr := t.tryN, t.tryErr
-	t.tryBuf, t.tryErr = nil, nil
-	if err != nil {
-		return 0, err
-	}
-	if werr == unix.EAGAIN || werr == unix.EINTR {
-		return max(n, 0), nil
-	}
-	return max(n, 0), werr
-}
-
-func (t *tlsConn) tryOnce(fd uintptr) bool {
-	t.tryN, t.tryErr = unix.Write(int(fd), t.tryBuf)
-	return true // never wait: the flusher does
-}
-
-// flush writes the queued ciphertext until none is left, blocking on the
-// socket (its own goroutine, started by sink). A failed write closes the
-// connection.
-func (t *tlsConn) flush(done chan struct{}) {
-	defer close(done)
-	for {
-		t.mu.Lock()
-		if len(t.cbuf) == 0 || t.werr != nil {
-			t.flushing = false
-			if cap(t.cbuf) > tlsKeepOut {
-				t.cbuf = nil
-			}
-			if cap(t.wbuf) > tlsKeepOut {
-				t.wbuf = nil
-			}
-			t.mu.Unlock()
-			return
-		}
-		t.cbuf, t.wbuf = t.wbuf[:0], t.cbuf
-		buf := t.wbuf
-		t.mu.Unlock()
-		n, err := t.raw.Write(buf)
-		t.mu.Lock()
-		t.cipherOut += uint64(n)
-		i := 0
-		for i < len(t.recs) && t.recs[i].cipherEnd <= t.cipherOut {
-			t.plainOut = t.recs[i].plainEnd
-			i++
-		}
-		t.recs = t.recs[:copy(t.recs, t.recs[i:])]
-		if err != nil {
-			t.werr = err
-		}
-		t.mu.Unlock()
-		if err != nil {
-			_ = t.Close()
-		}
-	}
-}
-
-// fail records a write error: the reader closes after its batch.
-func (t *tlsConn) fail(err error) {
-	t.mu.Lock()
-	if t.werr == nil {
-		t.werr = err
-	}
-	t.mu.Unlock()
-}
-
-// failed reports whether the socket failed.
-func (t *tlsConn) failed() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.werr != nil
-}
-
-// OutboundBuffered is the plaintext written whose records have not all
-// reached the kernel.
-func (t *tlsConn) OutboundBuffered() int {
-	t.mu.Lock()
-	n := t.plainIn - t.plainOut
-	t.mu.Unlock()
-	return int(n)
-}
-
 // aLongTimeAgo is a deadline that has passed.
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -567,12 +380,7 @@ func (t *tlsConn) isClosed() bool {
 // OutboundBuffered is final once it returns.
 func (t *tlsConn) shut() {
 	_ = t.Close()
-	t.mu.Lock()
-	done, running := t.flushDone, t.flushing
-	t.mu.Unlock()
-	if running {
-		<-done
-	}
+	t.sink.wait()
 }
 
 // RemoteAddr is the client's address.
@@ -581,24 +389,20 @@ func (t *tlsConn) RemoteAddr() net.Addr { return t.raw.RemoteAddr() }
 // handshakeFailed counts a failed handshake and logs it, rate-limited.
 func (h *handler) handshakeFailed(err error, remote net.Addr) {
 	h.s.tlsFailures.Add(1)
-	h.hsFailed.Add(1)
 	msg := err.Error() + " (from " + remote.String() + ")"
 	h.hsLast.Store(&msg)
-	h.logHandshakes(h.s.now())
+	if held, ok := h.hsLog.Allow(h.s.now()); ok {
+		h.logHandshakes(held + 1)
+	}
 }
 
-// logHandshakes logs the failed handshakes since its last line, at most
-// once a second (the sweep logs the remainder).
-func (h *handler) logHandshakes(now int64) {
-	last := h.hsLog.Load()
-	if now-last < int64(time.Second) || h.hsFailed.Load() == 0 || !h.hsLog.CompareAndSwap(last, now) {
-		return
+// logHandshakes logs n failed handshakes and the last one's cause (one
+// line a second at most: handshakeFailed, and the sweep for the tail of a
+// flood).
+func (h *handler) logHandshakes(n int) {
+	why := ""
+	if p := h.hsLast.Load(); p != nil {
+		why = *p
 	}
-	if n := h.hsFailed.Swap(0); n > 0 {
-		why := ""
-		if p := h.hsLast.Load(); p != nil {
-			why = *p
-		}
-		h.s.log.Warn("TLS handshakes failed; connections closed", "failed", n, "last", why)
-	}
+	h.s.log.Warn("TLS handshakes failed; connections closed", "failed", n, "last", why)
 }

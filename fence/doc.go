@@ -54,7 +54,8 @@
 //
 // # What it must not import
 //
-// The standard library only: it knows nothing of the wire or the client
+// fence may import only the standard library. It must not import
+// lockd/proto or lockd/client: it knows nothing of the wire or the client
 // (the client's module requires this one, so the Validator interface is
 // defined here and the client satisfies it).
 package fence

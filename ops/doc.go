@@ -19,6 +19,7 @@
 // dashboard query. A missing tool skips its test with the package to
 // install, except under CI=true, where it fails.
 //
-// It imports nothing (internal/layers); its tests start lockd from
-// outside, as an operator would.
+// ops may import only the standard library (it has no code); its tests
+// start lockd from outside, as an operator would. It must not import
+// lockd/... (internal/layers).
 package ops

@@ -25,6 +25,7 @@ import (
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/testcerts"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -45,6 +46,20 @@ func startLockd(t *testing.T, env []string, args ...string) *process {
 }
 
 func (p *process) logs() string { return p.Logs() }
+
+// httpLine is the log line (text format, lockd's default) naming the HTTP
+// API's address; it comes before the ready line.
+var httpLine = regexp.MustCompile(`msg="http endpoint" addr=(\S+)`)
+
+// httpAddr is the HTTP API's address from the log.
+func (p *process) httpAddr() string {
+	p.t.Helper()
+	line, err := p.WaitLog(httpLine, time.Second)
+	if err != nil {
+		p.t.Fatalf("no http endpoint line: %v\n%s", err, p.logs())
+	}
+	return httpLine.FindStringSubmatch(line)[1]
+}
 
 // term sends SIGTERM and returns the exit code.
 func (p *process) term() int {
@@ -201,19 +216,32 @@ func TestDashboardAndRulesNameExportedMetrics(t *testing.T) {
 		if err := os.WriteFile(aclFile, []byte("prom sha256:"+hex.EncodeToString(sum[:])+" - monitor\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		p := startLockd(t, []string{"LOCKD_TLS_CERT=" + cert, "LOCKD_TLS_KEY=" + key, "LOCKD_ACL=" + aclFile},
+		p := startLockd(t, []string{"LOCKD_TLS_CERT=" + cert, "LOCKD_TLS_KEY=" + key, "LOCKD_ACL=" + aclFile, "LOCKD_HTTP=127.0.0.1:0"},
 			"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--loops", "1")
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}}
 		defer tr.CloseIdleConnections()
 		hc := &http.Client{Timeout: 5 * time.Second, Transport: basic{"prom", "prom-secret", tr}}
 		url := "https://" + p.admin
-		// A TLS handshake and a refused hello, so the counters move.
+		// A TLS handshake and a refused hello, so the counters move; an
+		// HTTP API request, so its request counter has a series.
 		if c, err := tls.Dial("tcp", p.addr, &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}); err == nil {
 			_, _ = c.Write(proto.AppendHello(nil, 1, "nobody", "wrong"))
 			_, _ = c.Read(make([]byte, 64))
 			c.Close()
 		}
-		fams := scrape(t, hc, url, names)
+		httpURL := "https://" + p.httpAddr()
+		if resp, err := (&http.Client{Timeout: 5 * time.Second, Transport: tr}).Get(httpURL + "/v1/openapi.json"); err != nil {
+			t.Errorf("the HTTP API: %v", err)
+		} else {
+			resp.Body.Close()
+		}
+		// The HTTP API counts an answer when its handler returns, just
+		// after the client has it: scrape until the count is there.
+		var fams map[string]*dto.MetricFamily
+		wait.For(t, "lockd_http_requests_total in /metrics", func() bool {
+			fams = scrape(t, hc, url, names)
+			return fams["lockd_http_requests_total"] != nil
+		})
 		checkRoles(t, fams, api.ModeSingle, api.RoleActive, 0)
 		open := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tr.TLSClientConfig}}
 		defer open.CloseIdleConnections()

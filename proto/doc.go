@@ -44,8 +44,9 @@
 //
 // # What it must not import
 //
-// Nothing but the standard library, and nothing of it that does I/O, keeps
-// time or state, or formats: proto knows nothing of locks, tokens' meaning,
-// sockets, gnet or the shard. TestImports rejects any non-standard import
-// and net, os, syscall, io/fs, time, sync, runtime, unsafe and fmt.
+// proto may import only the standard library. It must not import net, os,
+// syscall, io/fs, time, sync, runtime, unsafe or fmt: nothing that does
+// I/O, keeps time or state, or formats; proto knows nothing of locks,
+// tokens' meaning, sockets, gnet or the shard (internal/layers enforces
+// both).
 package proto

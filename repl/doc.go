@@ -34,10 +34,12 @@
 //
 // # What it must not import
 //
-// repl may import lockd/shard and lockd/store and the standard library. It
-// must not import its subpackages (they import it), hashicorp's libraries,
-// lockd/engine, lockd/proto, lockd/client, gnet or anything under cmd/:
-// the engine depends on repl, not the other way round (internal/layers).
+// repl may import lockd/api, lockd/shard, lockd/store,
+// lockd/internal/ratelog and the standard library. It must not import
+// lockd/repl/... (its subpackages: they import it),
+// github.com/hashicorp/..., lockd/engine, lockd/proto, lockd/client,
+// github.com/panjf2000/gnet/v2 or lockd/cmd/...: the engine depends on repl,
+// not the other way round (internal/layers).
 // No message of its names a daemon flag: configuration errors are
 // FieldErrors, which cmd/lockd words with the flag.
 package repl

@@ -79,9 +79,10 @@
 //
 // # What it must not import
 //
-// No net, no gnet, no github.com/lockd-dev/lockd/proto, no I/O (os, files,
-// sockets), and no time.Now or time.Sleep: only the standard library's
-// data-structure packages and github.com/cespare/xxhash/v2. It speaks keys,
-// tokens, owners and opaque Conn handles; the engine maps them onto the wire.
-// TestForbiddenImports enforces this.
+// shard may import github.com/cespare/xxhash/v2 and the standard library
+// (its data-structure packages). It must not import net, os, io, syscall,
+// lockd/proto or github.com/panjf2000/gnet/v2 (no I/O: files, sockets);
+// no time.Now or time.Sleep either. It speaks keys, tokens, owners and
+// opaque Conn handles; the engine maps them onto the wire. internal/layers
+// enforces this.
 package shard

@@ -14,7 +14,7 @@
 // reserver, then its shutdown path); its methods are not safe for concurrent
 // use.
 //
-// store imports only the standard library. It must not import net, gnet,
-// lockd/proto or lockd/shard: it speaks keys, tokens, identity names and
-// wall-clock times.
+// store may import only the standard library. It must not import net,
+// github.com/panjf2000/gnet/v2, lockd/proto or lockd/shard: it speaks keys,
+// tokens, identity names and wall-clock times.
 package store

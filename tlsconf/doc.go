@@ -15,7 +15,7 @@
 // material behind an atomic pointer; a handshake reads it once, so a
 // handshake that starts after Reload returned uses the new files.
 //
-// tlsconf imports the standard library only and nothing of lockd: the
-// engine, the admin endpoint, the member link (repl) and cmd/lockd all use
-// it (internal/layers).
+// tlsconf may import only the standard library. It must not import
+// lockd/... (nothing of lockd): the engine, the admin endpoint, the member
+// link (repl) and cmd/lockd all use it (internal/layers).
 package tlsconf

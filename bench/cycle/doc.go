@@ -27,7 +27,9 @@
 //	go run ./bench/cycle -addr 127.0.0.1:7070 -hops 100000
 //
 // It speaks the wire protocol with proto's frames only and drives the
-// server from outside: it imports no server package (its test serves one
-// in process through internal/lockdtest). BENCHMARKS.md, "The handoff cycle
-// across the client and the server", has its figures.
+// server from outside: cycle may import lockd/proto and the standard
+// library. It must not import lockd/engine, lockd/client or lockd/admin
+// (its test serves a lockd in process through internal/lockdtest).
+// BENCHMARKS.md, "The handoff cycle across the client and the server", has
+// its figures.
 package main

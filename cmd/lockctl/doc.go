@@ -48,5 +48,9 @@
 //
 // # What it must not import
 //
-// engine, shard, store, repl, admin or gnet (internal/layers enforces it).
+// lockctl may import lockd/client, lockd/api, lockd/proto,
+// lockd/internal/version, github.com/spf13/cobra and the standard library.
+// It must not import lockd/engine, lockd/shard, lockd/store, lockd/repl,
+// lockd/admin or github.com/panjf2000/gnet/v2 (internal/layers enforces
+// both).
 package main

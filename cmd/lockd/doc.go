@@ -25,7 +25,14 @@
 // (repl.NewLocal through the engine's default, priority.New or
 // raftnode.New) and hands it to engine (the server) and admin (the HTTP
 // endpoint, HTTPS with --tls-cert), with tlsconf's TLS material; the raft
-// membership flags --join and --force-new-cluster are in members.go. It must
-// not import lockd/client: the daemon never talks to another lockd as a
-// client.
+// membership flags --join and --force-new-cluster are in members.go. With
+// --http it serves httpapi's front too (http.go: its flags, its listener
+// bounded to --http-max-conns, HTTPS with the admin endpoint's TLS, its
+// metrics in the admin endpoint's, and its part of the shutdown).
+//
+// lockd may import lockd/engine, lockd/admin, lockd/httpapi, lockd/repl,
+// lockd/repl/priority, lockd/repl/raftnode, lockd/acl, lockd/api,
+// lockd/tlsconf, lockd/internal/ratelog, lockd/internal/version,
+// golang.org/x/sys and the standard library. It must not import
+// lockd/client: the daemon never talks to another lockd as a client.
 package main

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -126,29 +127,61 @@ func helpFlags(t *testing.T) ([]string, string) {
 	return names, stderr.String()
 }
 
-// TestEveryFlagHasItsVariableDocumented: --help shows every flag's
-// variable but --version's, and README's flags table has a row for every
-// flag with its variable.
-func TestEveryFlagHasItsVariableDocumented(t *testing.T) {
+// TestEveryFlagDocumentedOnce: --help shows every flag's variable but
+// --version's; docs/OPERATING.md, the operators' page, has exactly one
+// row for every flag, with its variable ("(none)" for --version), and no
+// row for a flag lockd does not have; and no other page (README.md,
+// docs/*.md) has a flag's row of its own: they link to OPERATING.md, so a
+// flag is described in one place. PROTOCOL.md, the contract, keeps the
+// table of §6.1.
+func TestEveryFlagDocumentedOnce(t *testing.T) {
 	names, help := helpFlags(t)
-	readme, err := os.ReadFile("../../README.md")
+	page, err := os.ReadFile("../../docs/OPERATING.md")
 	if err != nil {
 		t.Fatal(err)
 	}
+	known := map[string]bool{}
 	for _, name := range names {
+		known[name] = true
 		v := envName(name)
 		if name == "version" {
 			if strings.Contains(help, "[$"+v+"]") {
 				t.Errorf("--help gives --version a variable")
 			}
-			continue
-		}
-		if !strings.Contains(help, "[$"+v+"]") {
+			v = "(none)"
+		} else if !strings.Contains(help, "[$"+v+"]") {
 			t.Errorf("--help does not show %s for --%s", v, name)
 		}
-		row := regexp.MustCompile("(?m)^\\| [^|]*`--" + name + "`[^|]*\\| [^|]*`" + v + "`")
-		if !row.Match(readme) {
-			t.Errorf("README's flags table has no row with --%s and %s", name, v)
+		cell := "`" + v + "`"
+		if name == "version" {
+			cell = regexp.QuoteMeta(v)
+		}
+		row := regexp.MustCompile("(?m)^\\| `--" + name + "` \\| " + cell + " \\|")
+		if n := len(row.FindAll(page, -1)); n != 1 {
+			t.Errorf("docs/OPERATING.md has %d rows for --%s with %s in its flags tables, want 1", n, name, v)
+		}
+	}
+	// Rows whose second cell is a variable (or none) are lockd's flags;
+	// lockctl's table has no such cell.
+	for _, m := range regexp.MustCompile("(?m)^\\| `--([a-z0-9-]+)` \\| (?:`LOCKD_[A-Z0-9_]+`|\\(none\\)) \\|").FindAllSubmatch(page, -1) {
+		if !known[string(m[1])] {
+			t.Errorf("docs/OPERATING.md has a row for --%s, which lockd --help does not list", m[1])
+		}
+	}
+	others, _ := filepath.Glob("../../docs/*.md")
+	others = append(others, "../../README.md")
+	for _, f := range others {
+		if base := filepath.Base(f); base == "OPERATING.md" || base == "PROTOCOL.md" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile("(?m)^\\| *`--([a-z0-9-]+)` *\\|").FindAllSubmatch(b, -1) {
+			if known[string(m[1])] {
+				t.Errorf("%s describes --%s in a table row of its own: link to docs/OPERATING.md instead", strings.TrimPrefix(f, "../../"), m[1])
+			}
 		}
 	}
 }

@@ -31,7 +31,7 @@ func needSetup(t *testing.T, why string, err error) {
 	t.Skipf("%s: %v", why, err)
 }
 
-// TestFDLimitKeepsServing reproduces issue 9's fault 1 with a real binary
+// TestFDLimitKeepsServing runs a real binary
 // under a small open-file limit: a flood of idle client connections and
 // of admin connections beyond the limit must not make lockd exit or stop
 // serving the connections it has, and a SIGTERM afterwards still writes
@@ -179,7 +179,7 @@ func httpGet(t *testing.T, url string) (int, string) {
 
 var lostRE = regexp.MustCompile(`snapshot not written.* locks_lost=(\d+)`)
 
-// TestFullDiskAnswersBusy reproduces issue 9's fault 2 on a real binary
+// TestFullDiskAnswersBusy runs a real binary
 // with its data dir on a tiny tmpfs that fills up: once the reserved
 // tokens are used, acquires of new keys get B at once (nothing granted,
 // nothing queued) while releases, renews and pings keep working, /healthz

@@ -16,8 +16,9 @@ const adminMaxConns = 64
 // fdMargin is how many descriptors lockd keeps for everything but client
 // connections: the runtime and log, each event loop's epoll and eventfd,
 // the listeners, the data directory's files, the admin endpoint's
-// connections and the member links of a cluster.
-func fdMargin(loops int) int { return 128 + 4*loops + adminMaxConns }
+// connections, the HTTP API's (httpConns, --http-max-conns when --http is
+// given) and the member links of a cluster.
+func fdMargin(loops, httpConns int) int { return 128 + 4*loops + adminMaxConns + httpConns }
 
 // fitConns raises the soft RLIMIT_NOFILE to the hard limit and returns the
 // number of client connections that fits under it with fdMargin to spare:
@@ -26,7 +27,7 @@ func fdMargin(loops int) int { return 128 + 4*loops + adminMaxConns }
 // (an accept that fails with EMFILE only backs off, but the node's own
 // files must still open). An error means even one connection does not
 // fit.
-func fitConns(maxConns, loops int, log *slog.Logger) (int, error) {
+func fitConns(maxConns, loops, httpConns int, log *slog.Logger) (int, error) {
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		return maxConns, fmt.Errorf("reading RLIMIT_NOFILE: %w", err)
@@ -40,7 +41,7 @@ func fitConns(maxConns, loops int, log *slog.Logger) (int, error) {
 			lim = raised
 		}
 	}
-	margin := uint64(fdMargin(loops))
+	margin := uint64(fdMargin(loops, httpConns))
 	if lim.Cur <= margin {
 		return 0, fmt.Errorf("open-file limit %d leaves no room for client connections (lockd keeps %d for itself); raise it (ulimit -n)", lim.Cur, margin)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/lockd-dev/lockd/proto"
 )
 
-// TestHostilePeersOfTheBinary drives issue 9's faults 4 and 5 against the
+// TestHostilePeersOfTheBinary drives hostile peers (too many waiters, partial frames) against the
 // daemon as an operator runs it, with the new flags: a connection beyond
 // --max-waiters-per-conn gets B while another still queues; a partial frame
 // older than --frame-timeout closes its connection, an idle one stays; and

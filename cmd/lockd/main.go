@@ -54,6 +54,8 @@ type options struct {
 	// peer CAs (Certificate, PeerCAs), all following SIGHUP reloads.
 	tls *tlsconf.Store
 	acl string // --acl FILE, "" for none
+	// http is the HTTP API's flags (http.go).
+	http httpOptions
 	// fromEnv are the flags the environment set (LOCKD_*, env.go), and
 	// envUnknown the LOCKD_ variables that name no flag (warned about).
 	fromEnv    map[string]envSet
@@ -108,6 +110,7 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 	secretFile := fs.String("cluster-secret", "", "file holding the cluster secret, the same on every member: every member connection proves it both ways (PROTOCOL.md §8.4)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	format := fs.String("log-format", "text", "log format: text or json")
+	httpFlagSet(fs, &opt.http)
 	fs.StringVar(&opt.acl, "acl", "", "identity file (PROTOCOL.md §8.2): turns authentication and authorization on; SIGHUP re-reads it")
 	fs.BoolVar(&opt.showVersion, "version", false, "print the version and exit")
 	envUsage(fs)
@@ -165,8 +168,11 @@ func parseArgs(args []string, lookup func(string) (string, bool), environ []stri
 			return cfg, opt, err
 		}
 	}
+	if err := httpFlags(fs, &cfg, &opt); err != nil {
+		return cfg, opt, err
+	}
 	if opt.cluster != "" {
-		if err := checkPorts(opt.member.Peers, opt.member.Self, cfg.Listen, opt.member.PeerOffset, opt.admin, adminSet); err != nil {
+		if err := checkPorts(opt.member.Peers, opt.member.Self, cfg.Listen, opt.member.PeerOffset, opt.admin, adminSet, opt.http.offset); err != nil {
 			return cfg, opt, err
 		}
 	}
@@ -371,7 +377,11 @@ func run(args []string, stderr io.Writer) int {
 	if len(opt.envUnknown) > 0 {
 		log.Warn("environment variables that name no lockd flag are ignored (misspelt?)", "variables", strings.Join(opt.envUnknown, ","))
 	}
-	if cfg.MaxConns, err = fitConns(cfg.MaxConns, cfg.Loops, log); err != nil {
+	httpConns := 0
+	if opt.http.addr != "" {
+		httpConns = opt.http.maxConns
+	}
+	if cfg.MaxConns, err = fitConns(cfg.MaxConns, cfg.Loops, httpConns, log); err != nil {
 		log.Error("start failed", "err", err)
 		return 1
 	}
@@ -397,6 +407,16 @@ func run(args []string, stderr io.Writer) int {
 			adminLn = adminTLS(adminLn, opt.tls)
 		}
 	}
+	var httpLn net.Listener
+	if opt.http.addr != "" {
+		if httpLn, err = listenHTTP(opt.http, opt.tls); err != nil {
+			log.Error("start failed", "err", err)
+			if adminLn != nil {
+				adminLn.Close()
+			}
+			return 1
+		}
+	}
 	switch opt.cluster {
 	case api.ModePriority:
 		cfg.Node, err = priority.New(opt.member)
@@ -412,10 +432,30 @@ func run(args []string, stderr io.Writer) int {
 		if adminLn != nil {
 			adminLn.Close()
 		}
+		if httpLn != nil {
+			httpLn.Close()
+		}
 		return 1
 	}
+	var (
+		httpEnd   *httpEndpoint
+		adminOpts []admin.Option
+	)
+	if httpLn != nil {
+		if httpEnd, err = startHTTP(srv, httpLn, opt.http, opt.tls, log); err != nil {
+			log.Error("start failed", "err", err)
+			httpLn.Close()
+			if adminLn != nil {
+				adminLn.Close()
+			}
+			_ = srv.Close()
+			return 1
+		}
+		defer httpEnd.close(false)
+		adminOpts = append(adminOpts, admin.WithHTTP(httpEnd.front))
+	}
 	if adminLn != nil {
-		adminSrv := &http.Server{Handler: admin.Handler(srv, build()),
+		adminSrv := &http.Server{Handler: admin.Handler(srv, build(), adminOpts...),
 			ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, ErrorLog: limitedLog(log)}
 		go func() { _ = adminSrv.Serve(adminLn) }()
 		log.Info("admin endpoint", "addr", adminLn.Addr().String())
@@ -474,7 +514,19 @@ func run(args []string, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*engine.ShutdownGrace)
 	defer cancel()
 	go signalsDuringShutdown(srv, sigs, log)
-	if err := srv.Shutdown(ctx); err != nil {
+	if httpEnd != nil {
+		// The HTTP endpoint stops accepting with the client port; the
+		// requests in flight get their E 4 or M from the engine's
+		// shutdown below (or, once the engine stopped, their end), and
+		// an M is answered, not forwarded (httpapi.Front.Stopping).
+		httpEnd.front.Stopping()
+		go httpEnd.shutdown(ctx)
+	}
+	err = srv.Shutdown(ctx)
+	if httpEnd != nil {
+		httpEnd.close(true)
+	}
+	if err != nil {
 		log.Error("shutdown failed", "err", err)
 		return 1
 	}
@@ -485,10 +537,10 @@ func run(args []string, stderr io.Writer) int {
 
 var start = time.Now()
 
-// signalsDuringShutdown follows the shutdown's signals (README, "Shutdown
-// and restarts"): the second cuts the drain short (engine.Hurry), and
-// the shutdown still writes the snapshot; the third exits at once, with
-// what that loses.
+// signalsDuringShutdown follows the shutdown's signals (docs/OPERATING.md,
+// "Shutdown and restarts"): the second cuts the drain short (engine.Hurry),
+// and the shutdown still writes the snapshot; the third exits at once,
+// with what that loses.
 func signalsDuringShutdown(srv *engine.Server, sigs <-chan os.Signal, log *slog.Logger) {
 	sig := <-sigs
 	log.Warn("second signal: skipping the rest of the drain; the held locks are still written to the data directory (a third signal exits at once and loses them)",

@@ -11,14 +11,15 @@ import (
 // The port rule of a cluster member (docs/CLUSTER.md, "Ports"): clients on
 // its client port P (--listen; its --peers entry as clients dial it), the
 // admin endpoint on P + 1 unless --admin says otherwise, the member link
-// on P + --peer-offset. Members on one host must therefore leave room:
+// on P + --peer-offset, and with --http the HTTP API on P + the offset of
+// --http's port from --listen's (the same on every member). Members on one host must therefore leave room:
 // client ports one apart put one member's admin endpoint on the next
 // one's client port.
 
 // portUse is one port a member listens on.
 type portUse struct {
 	member int    // index in --peers
-	what   string // "client", "admin" or "member"
+	what   string // "client", "admin", "member" or "http"
 	host   string // sameHost's form
 	port   int
 }
@@ -30,9 +31,10 @@ type portUse struct {
 // included: --peer-offset 1 puts its member link on its own admin port).
 // Every member's admin endpoint is taken to follow the rule when this
 // member's does (--admin not given); an explicit --admin is known only
-// for this member, and "" (off) has no port. peers and offset have
-// passed repl.ClusterConfig.Validate.
-func checkPorts(peers []string, self int, listen string, offset int, admin string, adminGiven bool) error {
+// for this member, and "" (off) has no port. httpOffset is the HTTP
+// API's offset from the client port (0: --http not given), the same on
+// every member. peers and offset have passed repl.ClusterConfig.Validate.
+func checkPorts(peers []string, self int, listen string, offset int, admin string, adminGiven bool, httpOffset int) error {
 	var uses []portUse
 	for i, p := range peers {
 		host, port, _ := net.SplitHostPort(p)
@@ -48,6 +50,9 @@ func checkPorts(peers []string, self int, listen string, offset int, admin strin
 		}
 		h := sameHost(host)
 		uses = append(uses, portUse{i, "client", h, client}, portUse{i, "member", h, client + offset})
+		if httpOffset != 0 {
+			uses = append(uses, portUse{i, "http", h, client + httpOffset})
+		}
 		switch {
 		case i == self && adminGiven && admin != "":
 			ah, ap, _ := net.SplitHostPort(admin)
@@ -67,23 +72,26 @@ func checkPorts(peers []string, self int, listen string, offset int, admin strin
 			if x.host != y.host || x.port != y.port || x.what == "client" && y.what == "client" {
 				continue // two client ports alike are two equal --peers entries: Validate's
 			}
-			// The taker is the port a rule derived (admin, member), the
-			// taken one a client port, else the admin port.
+			// The taker is the port a rule derived (admin, member, http),
+			// the taken one a client port, else the admin port.
 			taker, taken := x, y
-			if x.what == "client" || y.what == "member" && x.what == "admin" {
+			if x.what == "client" || y.what == "member" && x.what == "admin" || y.what == "http" && x.what != "http" {
 				taker, taken = y, x
 			}
 			return usageError{fmt.Sprintf("--peers %s: %s is %s: %s", strings.Join(peers, ","),
-				describe(peers, taker, offset, adminGiven), describe(peers, taken, offset, adminGiven), portAdvice(taker, taken, adminGiven))}
+				describe(peers, taker, offset, adminGiven, httpOffset), describe(peers, taken, offset, adminGiven, httpOffset),
+				portAdvice(taker, taken, adminGiven))}
 		}
 	}
 	return nil
 }
 
 // describe words one port use with the rule (and flag) that put it there.
-func describe(peers []string, u portUse, offset int, adminGiven bool) string {
+func describe(peers []string, u portUse, offset int, adminGiven bool, httpOffset int) string {
 	who := "member " + peers[u.member] + "'s"
 	switch u.what {
+	case "http":
+		return fmt.Sprintf("%s HTTP port %d (client port + %d, --http's offset from --listen)", who, u.port, httpOffset)
 	case "client":
 		return fmt.Sprintf("%s client port %d", who, u.port)
 	case "member":
@@ -98,6 +106,8 @@ func describe(peers []string, u portUse, offset int, adminGiven bool) string {
 // portAdvice says what to change.
 func portAdvice(taker, taken portUse, adminGiven bool) string {
 	switch {
+	case taker.what == "http" || taken.what == "http":
+		return "give --http a port whose offset from --listen's port (the same on every member) puts no member's HTTP port on another port of the cluster"
 	case (taker.what == "admin" || taken.what == "admin") && adminGiven:
 		return "give --admin a port that no member's client or member port uses"
 	case taker.what == "admin" && taken.what == "member" || taker.what == "member" && taken.what == "admin":

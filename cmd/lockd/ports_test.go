@@ -51,7 +51,7 @@ func TestCheckPorts(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkPorts(strings.Split(tc.peers, ","), tc.self, tc.listen, tc.offset, tc.admin, tc.adminGiven)
+			err := checkPorts(strings.Split(tc.peers, ","), tc.self, tc.listen, tc.offset, tc.admin, tc.adminGiven, 0)
 			if tc.want == nil {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -141,5 +141,46 @@ func TestMemberPortWarning(t *testing.T) {
 	}
 	if lo, hi, ok := ephemeralRange(ephemeralFile); ok && (lo < 1 || hi < lo) {
 		t.Fatalf("this machine's range read as %d-%d", lo, hi)
+	}
+}
+
+// TestCheckPortsHTTP: with --http, every member's HTTP port (its client
+// port + --http's offset from --listen) must be away from every other port
+// of the cluster.
+func TestCheckPortsHTTP(t *testing.T) {
+	cases := []struct {
+		name   string
+		peers  string
+		self   int
+		listen string
+		want   []string // nil when the layout is fine
+		http   int      // --http's offset from --listen
+	}{
+		{"http ports beside", "127.0.0.1:7070,127.0.0.1:7080", 0, "127.0.0.1:7070", nil, 1000},
+		{"http on another member's client port", "127.0.0.1:7070,127.0.0.1:7080", 0, "127.0.0.1:7070",
+			[]string{"127.0.0.1:7070's HTTP port 7080 (client port + 10, --http's offset", "127.0.0.1:7080's client port 7080", "give --http a port"}, 10},
+		{"http on a member's own admin port", "127.0.0.1:7070,127.0.0.1:7080", 1, "127.0.0.1:7080",
+			[]string{"HTTP port 7071", "admin port 7071"}, 1},
+		{"http on a member port", "127.0.0.1:7070,127.0.0.1:7080", 0, "127.0.0.1:7070",
+			[]string{"HTTP port 17070", "member port 17070"}, 10000},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkPorts(strings.Split(tc.peers, ","), tc.self, tc.listen, 10000, "", false, tc.http)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("%v\ndoes not say %q", err, w)
+				}
+			}
+		})
 	}
 }

@@ -101,6 +101,11 @@ type Options struct {
 	// --cluster-secret. The harness's HTTP client and Cluster.Dial speak
 	// TLS then; ClientTLS is what other clients need.
 	Secure bool
+	// HTTPOffset, when not 0, runs every member with the HTTP API
+	// (--http 127.0.0.1:P+HTTPOffset, P its client port: the same offset
+	// on every member, as a cluster needs); the picked ports leave
+	// P+HTTPOffset free too. Member.HTTPAddr is the address.
+	HTTPOffset int
 	// AdminUser and AdminPassword, when set, are the HTTP basic
 	// authentication of every request the harness makes to a member's
 	// admin endpoint (members run with --acl, PROTOCOL.md §8.5: a monitor
@@ -270,7 +275,7 @@ func New(opts Options) (*Cluster, error) {
 
 // start makes one attempt at starting the cluster.
 func start(opts Options, bin, dir string) (*Cluster, error) {
-	pl, err := newPlan(opts.Mode, opts.Members, opts.PeerOffset, opts.FailoverTimeout, opts.Proxied)
+	pl, err := newPlan(opts.Mode, opts.Members, opts.PeerOffset, opts.FailoverTimeout, opts.Proxied, opts.HTTPOffset)
 	if err != nil {
 		return nil, err
 	}

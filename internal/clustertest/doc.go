@@ -16,7 +16,9 @@
 //     order), --self, --peer-offset, --failover-timeout; then, for a
 //     Secure cluster, §8's --tls-cert, --tls-key, --tls-peer-ca and
 //     --cluster-secret (a CA, a certificate per member naming 127.0.0.1
-//     and a secret made for the cluster); then Options.ExtraArgs. A
+//     and a secret made for the cluster); --http at the client port +
+//     Options.HTTPOffset when it is set (Member.HTTPAddr; that port is
+//     picked free too); then Options.ExtraArgs. A
 //     member is ready when it logs msg=ready with its address.
 //     Options.Deferred members wait for Member.Start. Members run with
 //     --acl (in ExtraArgs) need Options.AdminUser and AdminPassword: the
@@ -81,9 +83,11 @@
 // # Who uses it, what it must not import
 //
 // Only tests, the chaos command and the benchmark's cluster targets; lockd
-// itself never imports it. It drives the binary from outside: it may
-// import the standard library, api, proto, internal/faultproxy,
-// internal/testcerts and internal/wait, and must not import engine, shard, store, repl, admin, client, bench or cmd
-// (internal/layers enforces it; tests that want the client library import
-// it themselves).
+// itself never imports it. It drives the binary from outside: clustertest
+// may import lockd/api, lockd/proto, lockd/internal/faultproxy,
+// lockd/internal/testcerts, lockd/internal/wait and the standard library.
+// It must not import lockd/engine, lockd/shard, lockd/store, lockd/repl,
+// lockd/admin, lockd/client, lockd/bench or lockd/cmd/... (internal/layers
+// enforces both; tests that want the client library import it
+// themselves).
 package clustertest

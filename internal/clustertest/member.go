@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -406,6 +407,17 @@ func (m *Member) Index() int { return m.index }
 
 // Addr is the member's client address (its --listen and --self).
 func (m *Member) Addr() string { return m.addr }
+
+// HTTPAddr is the member's HTTP API address (Options.HTTPOffset), "" without
+// it.
+func (m *Member) HTTPAddr() string {
+	if m.c.plan.http == 0 {
+		return ""
+	}
+	_, port, _ := net.SplitHostPort(m.addr)
+	p, _ := strconv.Atoi(port)
+	return hostPort(p + m.c.plan.http)
+}
 
 // MemberAddr is the address the member listens on for other members: its
 // client port + the peer offset (§6.1).

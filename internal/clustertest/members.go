@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// Membership changes (issue 20): members started after the cluster, command
+// Membership changes: members started after the cluster, command
 // lines that change between starts (a rolling change of --peers), one-off
 // flags (a forced recovery), and the admin endpoint's JSON requests.
 
@@ -44,7 +44,7 @@ func (c *Cluster) NewMember(peers func(self string) []string, extra ...string) (
 	if c.plan.mode == ModeSingle {
 		return nil, fmt.Errorf("%w: AddMember needs a cluster mode", ErrBadOptions)
 	}
-	ports, err := portsFree.pick(1, c.plan.offset)
+	ports, err := portsFree.pick(1, c.plan.offset, c.plan.http)
 	if err != nil {
 		return nil, err
 	}

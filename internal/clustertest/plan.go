@@ -24,6 +24,9 @@ type plan struct {
 	offset   int
 	failover time.Duration
 	client   []int // member i's client port; its member port is client[i]+offset
+	// http, when not 0, is the HTTP API's offset (Options.HTTPOffset):
+	// member i runs with --http at client[i]+http.
+	http int
 	// link[j][k], j != k, proxied only: the port of the proxy member j
 	// dials for member k (its client port; the proxy of the member link
 	// listens on link[j][k]+offset, since a member dials an entry's port
@@ -56,6 +59,11 @@ func (pl *plan) args(j int, dataDir, logFormat string, extra []string) []string 
 // as its --peers.
 func (pl *plan) argsOf(self string, peers []string, dataDir, logFormat string, extra []string) []string {
 	a := []string{"--listen", self, "--data-dir", dataDir, "--admin", host + ":0", "--log-format", logFormat}
+	if pl.http != 0 {
+		_, port, _ := net.SplitHostPort(self)
+		p, _ := strconv.Atoi(port)
+		a = append(a, "--http", hostPort(p+pl.http))
+	}
 	if pl.mode != ModeSingle {
 		a = append(a,
 			"--cluster", pl.mode,
@@ -100,16 +108,16 @@ func (pl *plan) proxies() []proxySpec {
 // newPlan picks the ports of a cluster of n members: for each member, and
 // with proxies for each ordered pair of members, a port p such that p and
 // p+offset are free.
-func newPlan(mode string, n, offset int, failover time.Duration, proxied bool) (*plan, error) {
+func newPlan(mode string, n, offset int, failover time.Duration, proxied bool, httpOffset int) (*plan, error) {
 	need := n
 	if proxied {
 		need += n * (n - 1)
 	}
-	ports, err := portsFree.pick(need, offset)
+	ports, err := portsFree.pick(need, offset, httpOffset)
 	if err != nil {
 		return nil, err
 	}
-	pl := &plan{mode: mode, offset: offset, failover: failover, client: ports[:n]}
+	pl := &plan{mode: mode, offset: offset, failover: failover, client: ports[:n], http: httpOffset}
 	if proxied {
 		rest := ports[n:]
 		pl.link = make([][]int, n)
@@ -183,8 +191,9 @@ func (pp *portPicker) candidates(offset int) []int {
 }
 
 // pick returns n base ports p, all of their p and p+offset distinct and
-// free at the time of the call.
-func (pp *portPicker) pick(n, offset int) ([]int, error) {
+// free at the time of the call; with extra (an HTTP offset, not 0), p+extra
+// too.
+func (pp *portPicker) pick(n, offset int, extra ...int) ([]int, error) {
 	if offset == 0 {
 		return nil, fmt.Errorf("%w: the peer offset is 0", ErrNoPorts)
 	}
@@ -200,7 +209,21 @@ func (pp *portPicker) pick(n, offset int) ([]int, error) {
 		if pp.handed[p] || pp.handed[p+offset] || !free(p) || !free(p+offset) {
 			continue
 		}
+		ok := true
+		for _, x := range extra {
+			if x != 0 && (p+x < minPort || p+x > 65535 || p+x == p+offset || pp.handed[p+x] || !free(p+x)) {
+				ok = false
+			}
+		}
+		if !ok {
+			continue
+		}
 		pp.handed[p], pp.handed[p+offset] = true, true
+		for _, x := range extra {
+			if x != 0 {
+				pp.handed[p+x] = true
+			}
+		}
 		out = append(out, p)
 	}
 	return out, nil

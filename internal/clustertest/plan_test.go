@@ -102,7 +102,7 @@ func TestProxySpecs(t *testing.T) {
 func TestNewPlan(t *testing.T) {
 	for _, n := range []int{1, 3, 5} {
 		for _, proxied := range []bool{false, true} {
-			pl, err := newPlan(ModePriority, n, 10000, time.Second, proxied)
+			pl, err := newPlan(ModePriority, n, 10000, time.Second, proxied, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

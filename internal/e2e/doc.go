@@ -2,6 +2,7 @@
 // clusters on 127.0.0.1 (internal/clustertest) and hurt them for real:
 // kill -9, SIGSTOP/SIGCONT, SIGTERM, restarts on the same data dir and
 // partitions of the member link through fault proxies. It has no code
-// outside its tests. It may import the client, proto and the test
-// harnesses; nothing imports it.
+// outside its tests: e2e may import only the standard library; its tests
+// import the client, proto and the test harnesses, and nothing imports it.
+// It must not import lockd/cmd/... (it runs the binaries).
 package e2e

@@ -25,7 +25,7 @@ func delayMemberLinks(c *clustertest.Cluster, d time.Duration) {
 	}
 }
 
-// TestPrioritySIGTERMHandoverDelayedLinks (issue 18, hole 3): SIGTERM of
+// TestPrioritySIGTERMHandoverDelayedLinks: SIGTERM of
 // the active while every member link is delayed 1.5 s, longer than the
 // failover timeout: the successor's confirmation of the handover comes
 // late. The handover must still complete — no request is answered E 4
@@ -129,7 +129,7 @@ func TestPrioritySIGTERMHandoverDelayedLinks(t *testing.T) {
 	}
 }
 
-// TestPrioritySIGTERMJustAfterTakingOver (issue 18, hole 3, the residual
+// TestPrioritySIGTERMJustAfterTakingOver (a residual case
 // chaos found): the first member restarts, syncs and takes the active role
 // back by a planned handover; the old active, now its standby, applies its
 // snapshot — and the new active is terminated within milliseconds, before

@@ -16,7 +16,7 @@ import (
 	"github.com/lockd-dev/lockd/internal/clustertest"
 )
 
-// The cluster-operations procedures of docs/CLUSTER.md (issue 20), with
+// The cluster-operations procedures of docs/CLUSTER.md, with
 // real processes: replace a dead raft member, move one to a new address,
 // recover from the loss of a majority, and a rolling change of a priority
 // cluster's --peers. Each holds locks across the procedure and checks them,

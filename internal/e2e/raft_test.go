@@ -454,7 +454,7 @@ func TestRaftPhantomRelease(t *testing.T) {
 	settleKeys(t, c, want)
 }
 
-// TestRaftFrozenLeaderAnswersNothingStale (issue 18, hole 2; PROTOCOL.md
+// TestRaftFrozenLeaderAnswersNothingStale (PROTOCOL.md
 // §6.2): the leader is frozen (SIGSTOP) with client connections open, a
 // new leader is elected and changes the state, requests are sent to the
 // frozen leader meanwhile, and it resumes (SIGCONT). Its answers to them

@@ -81,7 +81,7 @@ func fill(t *testing.T, c *clustertest.Cluster, i, n, conns int, lease uint8) []
 	return tokens
 }
 
-// TestPriorityBigSnapshotNoFalsePromotion (issue 18, hole 1): a standby
+// TestPriorityBigSnapshotNoFalsePromotion: a standby
 // that starts next to an active holding a million locks syncs by a
 // snapshot that takes far longer than the failover timeout. Nothing may
 // take that for a dead active: no member promotes (the active keeps its

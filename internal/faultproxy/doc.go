@@ -47,6 +47,7 @@
 //
 // # What it must not import
 //
-// Nothing but the standard library: no package of the module (the layers
-// test, internal/layers, enforces it).
+// faultproxy may import only the standard library. It must not import
+// lockd/... (no package of the module; the layers test, internal/layers,
+// enforces both).
 package faultproxy

@@ -51,7 +51,8 @@
 //
 // # What it must not import
 //
-// The standard library and porcupine only: it knows nothing of the wire,
-// the client library or the server (internal/layers enforces it), so the
+// history may import github.com/anishathalye/porcupine and the standard
+// library. It must not import lockd/...: it knows nothing of the wire, the
+// client library or the server (internal/layers enforces both), so the
 // end-to-end tests and the chaos command can both feed it.
 package history

@@ -12,19 +12,18 @@ const mod = "github.com/lockd-dev/lockd"
 
 // rule is one package's place in the layers (docs/DESIGN.md "Layers"),
 // stated by kind of import rather than by listing what a dependency happens
-// to pull in, so a dependency's upgrade cannot break it:
+// to pull in, so a dependency's upgrade cannot break it. What a package may
+// import directly is not here: its doc.go says it in a sentence the test
+// reads (doc_test.go, which says why); the rule holds the rest:
 //
-//   - allow: import path prefixes the package may import directly, besides
-//     the standard library (module packages included: an import of another
-//     lockd package must be allowed here);
 //   - noStd: standard-library packages (and their subpackages) it must not
 //     import directly;
 //   - noDeps: path prefixes that must not appear anywhere in its transitive
-//     dependencies;
+//     dependencies (nor in its doc.go's «may import» sentence);
 //   - noCalls: texts that must not appear in its non-test source (a clock
 //     read, a goroutine) for packages that are pure state machines.
 type rule struct {
-	allow, noStd, noDeps, noCalls []string
+	noStd, noDeps, noCalls []string
 }
 
 // Layer groups, for readability.
@@ -47,7 +46,7 @@ var (
 // added; a rule without a package fails too).
 var rules = map[string]rule{
 	"proto": {noStd: []string{"net", "os", "syscall", "io/fs", "time", "sync", "runtime", "unsafe", "fmt"}, noDeps: noNetOrOS},
-	"shard": {allow: []string{"github.com/cespare/xxhash/v2"}, noStd: []string{"net", "os", "syscall", "io"},
+	"shard": {noStd: []string{"net", "os", "syscall", "io"},
 		noDeps:  append([]string{gnet, "net", "os"}, lockd("proto", "engine", "repl")...),
 		noCalls: []string{"time.Now(", "time.Since(", "time.Sleep(", "time.After", "time.NewTimer", "time.Tick", "go func"}},
 	// The identity file: the standard library (crypto included) only.
@@ -55,67 +54,58 @@ var rules = map[string]rule{
 		noDeps: append([]string{gnet, "net"}, lockd("proto", "shard", "store", "engine", "repl", "admin", "client")...)},
 	"store": {noStd: []string{"net"}, noDeps: append([]string{"net"}, lockd("proto", "shard", "engine", "repl")...)},
 	// The seam, the single node and the kernel both cluster modes share.
-	"repl": {allow: lockd("api", "shard", "store", "internal/ratelog"),
-		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
+	"repl": {noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
 	// The priority mode: never the raft mode nor hashicorp's libraries.
-	"repl/priority": {allow: lockd("api", "shard", "store", "repl", "repl/records", "repl/memberauth"),
-		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
+	"repl/priority": {noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/raftnode", "repl/internal")...)},
 	// The priority member's decisions as a pure state machine: the api's
-	// names and the standard library; no I/O, no clock, no lock, no
+	// names, ratelog and the standard library; no I/O, no clock, no lock, no
 	// goroutine (its driver, repl/priority, does all of that).
-	"repl/priority/machine": {allow: lockd("api", "internal/ratelog"), noStd: append(noNetOrOS, "io", "sync", "time/tzdata", "math/rand"),
+	"repl/priority/machine": {noStd: append(noNetOrOS, "io", "sync", "time/tzdata", "math/rand"),
 		noDeps:  append([]string{gnet, cmds, hashicorp}, lockd("shard", "store", "engine", "proto", "client", "admin", "repl", "repl/records", "repl/memberauth", "repl/raftnode")...),
 		noCalls: []string{"time.Now(", "time.Since(", "time.Until(", "time.Sleep(", "time.After", "time.NewTimer", "time.NewTicker", "time.Tick", "go func", "sync.Mutex", "sync.RWMutex", "atomic."}},
 	// The raft mode: the only importer of hashicorp's libraries.
-	"repl/raftnode": {allow: append(lockd("api", "shard", "store", "repl", "repl/records", "repl/memberauth", "internal/ratelog"), hashicorp),
-		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/internal")...)},
+	"repl/raftnode": {noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/internal")...)},
 	// Members that prove who they are (§8.4), for both modes: the
 	// cluster configuration and the standard library, nothing of either
 	// mode.
-	"repl/memberauth": {allow: lockd("repl", "internal/ratelog"),
-		noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/raftnode", "repl/records", "repl/internal")...)},
+	"repl/memberauth": {noDeps: append([]string{gnet, cmds, hashicorp}, lockd("engine", "proto", "client", "admin", "repl/priority", "repl/raftnode", "repl/records", "repl/internal")...)},
 	// The format both cluster modes replicate: the table's records and
 	// the compressor, no I/O.
-	"repl/records": {allow: append(lockd("shard"), "github.com/klauspost/compress/"), noStd: append(noNetOrOS, "io"),
+	"repl/records": {noStd: append(noNetOrOS, "io"),
 		noDeps: append([]string{gnet, "net"}, lockd("proto", "store", "engine", "repl")...)},
 	// Helpers for the tests of repl and its subpackages (only _test.go
 	// files import it).
-	"repl/internal/repltest": {allow: lockd("shard", "repl/records", "internal/testcerts"),
-		noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "store")...)},
-	"engine": {allow: append(lockd("proto", "shard", "repl", "acl"), gnet+"gnet/v2", "golang.org/x/sys/"),
-		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
-	"admin": {allow: append(lockd("api", "engine", "repl", "acl", "internal/ratelog"), "github.com/prometheus/"),
-		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
-	"client": {allow: lockd("proto"), noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
-	"fence":  {noStd: []string{"net", "os"}, noDeps: []string{"net"}},
+	"repl/internal/repltest": {noDeps: append([]string{gnet, cmds}, lockd("engine", "proto", "store")...)},
+	"engine":                 {noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
+	// The HTTP/JSON API: requests go through the engine's in-process
+	// connection as frames (proto), so no lock semantics live here; not
+	// a gateway over the client.
+	"httpapi": {noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
+	"admin":   {noDeps: append([]string{cmds}, lockd("client", "bench")...)},
+	"client":  {noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl")...)},
+	"fence":   {noStd: []string{"net", "os"}, noDeps: []string{"net"}},
 	// The admin endpoint's JSON types and names: the standard library
 	// only, nothing of the module, so any consumer can import them.
 	"api": {noDeps: []string{mod + "/"}},
 	// TLS material: the standard library only, nothing of the module
 	// (the engine, admin, repl and cmd/lockd all use it).
-	"tlsconf": {noDeps: []string{mod + "/"}},
-	"cmd/lockd": {allow: append(lockd("api", "engine", "admin", "repl", "acl", "internal/version", "internal/ratelog", "tlsconf"), "golang.org/x/sys/"),
-		noDeps: lockd("client", "bench")},
+	"tlsconf":   {noDeps: []string{mod + "/"}},
+	"cmd/lockd": {noDeps: lockd("client", "bench")},
 	// The CLI: the client, the admin endpoint's types, cobra for the
 	// command line; never a server package.
-	"cmd/lockctl": {allow: append(lockd("api", "client", "proto", "internal/version"), "github.com/spf13/cobra"),
-		noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl", "admin")...)},
+	"cmd/lockctl": {noDeps: append([]string{gnet}, lockd("engine", "shard", "store", "repl", "admin")...)},
 	// The binaries' version line: the standard library only, so every
 	// command may import it.
 	"internal/version": {noStd: []string{"net", "os", "syscall"}, noDeps: []string{mod + "/"}},
 	// The bench, a module of its own (bench/go.mod) so that its peers'
 	// clients (etcd, gRPC) and its plots (gonum) stay out of the root
 	// go.mod.
-	"bench": {allow: append(lockd("api", "client", "proto", "engine", "repl", "acl", "tlsconf", "internal/"),
-		gnet, "github.com/", "go.etcd.io/", "golang.org/x/", "gonum.org/", "google.golang.org/", "go.uber.org/zap"),
-		noDeps: []string{cmds}},
-	// The handoff cycle's breakdown (issue 22): raw frames against a lockd
+	"bench": {noDeps: []string{cmds}},
+	// The handoff cycle's breakdown: raw frames against a lockd
 	// started apart; its test serves one in process (lockdtest).
-	"bench/cycle": {allow: append(lockd("proto", "engine", "internal/lockdtest"), "go.uber.org/goleak"),
-		noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
-	"internal/lockdtest": {allow: append(lockd("engine", "proto", "repl", "internal/wait"), "go.uber.org/goleak"),
-		noDeps: append([]string{cmds}, lockd("client", "bench")...)},
-	"internal/layers": {},
+	"bench/cycle":        {noDeps: append([]string{cmds}, lockd("client", "bench", "admin")...)},
+	"internal/lockdtest": {noDeps: append([]string{cmds}, lockd("client", "bench")...)},
+	"internal/layers":    {},
 	// One log line per interval for a flood of like events: the standard
 	// library only, time an input (no clock read, no goroutine), so the
 	// pure priority machine may use it too.
@@ -130,28 +120,29 @@ var rules = map[string]rule{
 	// Throwaway certificates for tests and bench: the standard library only.
 	"internal/testcerts": {noDeps: []string{mod + "/"}},
 	"internal/e2e":       {noDeps: []string{cmds}},
+	// The OpenAPI validator of the HTTP API's tests: the standard
+	// library only.
+	"internal/openapitest": {noDeps: []string{mod + "/"}},
 	// Test tools: the standard library only, and nothing of the module
 	// for the proxy; the cluster harness drives the lockd binary from
 	// outside, so it imports no server package (nor client: the tests
 	// that use it bring their own).
-	"internal/faultproxy": {noDeps: []string{mod + "/"}},
-	"internal/clustertest": {allow: lockd("api", "proto", "internal/faultproxy", "internal/testcerts", "internal/wait"),
-		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
+	"internal/faultproxy":  {noDeps: []string{mod + "/"}},
+	"internal/clustertest": {noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
 	// The history checkers know nothing of the wire or the server: the
 	// standard library and porcupine only.
-	"internal/history": {allow: []string{"github.com/anishathalye/porcupine"},
-		noDeps: append([]string{gnet, cmds}, lockd("proto", "engine", "shard", "store", "repl", "admin", "client", "bench", "internal/")...)},
+	"internal/history": {noDeps: append([]string{gnet, cmds}, lockd("proto", "engine", "shard", "store", "repl", "admin", "client", "bench", "internal/")...)},
 	// The chaos command drives real lockd processes from outside, as a
 	// user would: the client library, raw frames of the wire protocol
 	// (proto: what the members answer, byte for byte, around a freeze or a
 	// handover), the fence, the harness and the checkers; never a server
 	// package.
-	"chaos": {allow: lockd("api", "client", "fence", "proto", "internal/clustertest", "internal/faultproxy", "internal/history"),
-		noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "bench")...)},
+	"chaos": {noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "bench")...)},
 }
 
 // owners names, for some third-party libraries, the one package of the
-// module that may import them directly: whatever the other rules allow.
+// module that may import them directly, whatever another package's doc.go
+// says.
 var owners = map[string]string{
 	hashicorp:                        "repl/raftnode",
 	"github.com/klauspost/compress/": "repl/records",
@@ -188,13 +179,22 @@ func hasPrefix(path string, prefixes []string) bool {
 }
 
 // TestImportRules checks every package of the repository's modules (the
-// root module and the bench's, see repoModules) against its rule, and that
-// every rule still names a package.
+// root module and the bench's, see repoModules) against its doc.go's
+// import sentences (doc_test.go) and its rule, and that every rule still
+// names a package.
 func TestImportRules(t *testing.T) {
 	root, dirs := repoModules(t)
 	seen := map[string]bool{}
 	for _, d := range dirs {
 		modDir := filepath.Join(root, d)
+		// The module of every third-party package the module's packages
+		// depend on: a doc.go names modules, a package imports packages.
+		moduleOf := map[string]string{}
+		for _, line := range goList(t, modDir, "{{if not .Standard}}{{.ImportPath}}|{{with .Module}}{{.Path}}{{end}}{{end}}", "-deps", "./...") {
+			if path, m, ok := strings.Cut(line, "|"); ok {
+				moduleOf[path] = m
+			}
+		}
 		for _, line := range goList(t, modDir, "{{.ImportPath}}|{{.Dir}}|{{join .Imports \" \"}}|{{join .GoFiles \" \"}}", "./...") {
 			f := strings.Split(line, "|")
 			path, dir, imports, files := f[0], f[1], strings.Fields(f[2]), strings.Fields(f[3])
@@ -205,7 +205,17 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("package %s has no layering rule: add one to internal/layers", name)
 				continue
 			}
-			t.Run(name, func(t *testing.T) { check(t, name, modDir, dir, imports, files, r) })
+			t.Run(name, func(t *testing.T) {
+				doc, err := readDocImports(dir, filepath.Base(path))
+				if err != nil {
+					t.Errorf("package %s: %v", name, err)
+				} else {
+					for _, p := range docProblems(name, doc, imports, moduleOf, r) {
+						t.Error(p)
+					}
+				}
+				check(t, name, modDir, dir, imports, files, r)
+			})
 		}
 	}
 	for name := range rules {
@@ -215,15 +225,14 @@ func TestImportRules(t *testing.T) {
 	}
 }
 
+// check holds the package to its rule r: no forbidden standard package and
+// no library another package owns among its imports, nothing of noDeps in
+// its dependencies, nothing of noCalls in its source.
 func check(t *testing.T, name, modDir, dir string, imports, files []string, r rule) {
 	for _, imp := range imports {
 		first, _, _ := strings.Cut(imp, "/")
-		std := !strings.Contains(first, ".")
-		switch {
-		case std && hasPrefix(imp, r.noStd):
+		if std := !strings.Contains(first, "."); std && hasPrefix(imp, r.noStd) {
 			t.Errorf("%s imports %s, which its layer forbids", name, imp)
-		case !std && !hasPrefix(imp, r.allow):
-			t.Errorf("%s imports %s: not among the imports its layer allows", name, imp)
 		}
 		for lib, owner := range owners {
 			if name != owner && hasPrefix(imp, []string{lib}) {

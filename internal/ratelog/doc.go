@@ -11,6 +11,9 @@
 //     caller passes in; not safe for concurrent use, so a single
 //     goroutine or a pure state machine keeps one as a plain field.
 //   - Shared: a Limiter behind a mutex, for events from any goroutine.
+//   - Atomic: the same without a lock (two atomics), for callers that
+//     must not wait, such as the engine's event loops; Flush lets the
+//     held-back count of a flood that stopped out without a new event.
 //   - Keyed: a Limiter per key (a message and the peer it names, say), a
 //     bounded number of them, safe for concurrent use.
 //
@@ -20,6 +23,7 @@
 //
 // # What it may import
 //
-// ratelog may import the standard library only (sync and time; no I/O, no
-// clock read): internal/layers enforces it.
+// ratelog may import only the standard library (sync, sync/atomic, math
+// and time; no I/O, no clock read). It must not import io, log, log/slog,
+// os or lockd/...: internal/layers enforces both.
 package ratelog

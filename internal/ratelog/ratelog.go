@@ -1,7 +1,9 @@
 package ratelog
 
 import (
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,6 +55,68 @@ func (s *Shared) Allow(now int64) (held int, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.l.Allow(now)
+}
+
+// Atomic is a Limiter safe for concurrent use without a lock: an event
+// costs an atomic load and an atomic add or swap, so the goroutines that
+// report a flood (every event loop refusing connections, say) never wait
+// on one another, and a caller that must not block may use it. Its zero
+// value lets one event a second through; Every must be set before the
+// first call and not changed after.
+//
+// Its answers are Limiter's but for one race: an event held back while
+// another is being let through may be counted in that event's line
+// instead of the next one (no event is lost from the counts). Any time
+// but math.MinInt64 is a time (that one reads as "none let through yet").
+type Atomic struct {
+	// Every is the shortest time between two events let through
+	// (DefaultEvery when zero).
+	Every time.Duration
+
+	last atomic.Int64 // when the last event was let through, as stamp(t); 0: none yet
+	held atomic.Int64 // events held back since
+}
+
+// stamp maps a time to what Atomic.last holds and back: its top bit
+// flipped, so that the zero Atomic has let no event through.
+func stamp(t int64) int64 { return t ^ math.MinInt64 }
+
+// Allow is Limiter.Allow, from any goroutine.
+func (a *Atomic) Allow(now int64) (held int, ok bool) {
+	if !a.pass(now) {
+		a.held.Add(1)
+		return 0, false
+	}
+	return int(a.held.Swap(0)), true
+}
+
+// Flush lets the events held back out without a new one: when some were
+// held and a line may be logged at now (as Allow would let an event
+// through), it returns how many and true, and the caller logs them; the
+// interval then runs from now. A caller whose events may stop calls it
+// from time to time, so that the last of a flood is logged without
+// waiting for the next event.
+func (a *Atomic) Flush(now int64) (held int, ok bool) {
+	if a.held.Load() == 0 || !a.pass(now) {
+		return 0, false
+	}
+	n := a.held.Swap(0)
+	return int(n), n > 0
+}
+
+// pass reports whether an event at now is let through, and if so makes
+// now the last event's time: of several callers racing at the same last
+// time, one wins.
+func (a *Atomic) pass(now int64) bool {
+	every := a.Every
+	if every <= 0 {
+		every = DefaultEvery
+	}
+	last := a.last.Load()
+	if last != 0 && now-stamp(last) < int64(every) {
+		return false
+	}
+	return a.last.CompareAndSwap(last, stamp(now))
 }
 
 // DefaultMaxKeys bounds a Keyed's limiters when its Max is zero.

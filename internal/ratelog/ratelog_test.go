@@ -1,7 +1,9 @@
 package ratelog
 
 import (
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -35,91 +37,124 @@ func TestLimiter(t *testing.T) {
 		{"a clock that stands still holds everything after the first", time.Second,
 			[]event{{7, true, 0}, {7, false, 0}, {7, false, 0}}},
 	} {
+		// Atomic answers as Limiter does on one goroutine.
+		for _, kind := range []struct {
+			name string
+			new  func(time.Duration) allower
+		}{
+			{"Limiter", func(d time.Duration) allower { return &Limiter{Every: d} }},
+			{"Atomic", func(d time.Duration) allower { return &Atomic{Every: d} }},
+		} {
+			t.Run(kind.name+"/"+tc.name, func(t *testing.T) {
+				l := kind.new(tc.every)
+				for i, e := range tc.events {
+					held, ok := l.Allow(e.at * ms)
+					if ok != e.ok || held != e.held {
+						t.Fatalf("event %d at %d ms: Allow = (%d, %v), want (%d, %v)", i, e.at, held, ok, e.held, e.ok)
+					}
+				}
+			})
+		}
+	}
+}
+
+// allower is what Limiter and Atomic have in common.
+type allower interface {
+	Allow(now int64) (held int, ok bool)
+}
+
+func TestAtomicFlush(t *testing.T) {
+	type call struct {
+		flush bool // Flush, else Allow
+		at    int64
+		ok    bool
+		held  int
+	}
+	allow := func(at int64, ok bool, held int) call { return call{false, at, ok, held} }
+	flush := func(at int64, ok bool, held int) call { return call{true, at, ok, held} }
+	for _, tc := range []struct {
+		name  string
+		calls []call
+	}{
+		{"the zero Atomic has nothing to flush", []call{flush(0, false, 0), flush(5000, false, 0), allow(5000, true, 0)}},
+		{"held events are flushed once the interval has passed", []call{
+			allow(0, true, 0), allow(1, false, 0), allow(2, false, 0),
+			flush(999, false, 0), flush(1000, true, 2), flush(3000, false, 0)}},
+		{"the interval runs from the flush", []call{
+			allow(0, true, 0), allow(1, false, 0), flush(1500, true, 1),
+			allow(2000, false, 0), allow(2499, false, 0), allow(2500, true, 2)}},
+		{"a flush with nothing held does not restart the interval", []call{
+			allow(0, true, 0), flush(1000, false, 0), allow(1000, true, 0)}},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := Limiter{Every: tc.every}
-			for i, e := range tc.events {
-				held, ok := l.Allow(e.at * ms)
-				if ok != e.ok || held != e.held {
-					t.Fatalf("event %d at %d ms: Allow = (%d, %v), want (%d, %v)", i, e.at, held, ok, e.held, e.ok)
+			var a Atomic
+			for i, c := range tc.calls {
+				f, held, ok := "Allow", 0, false
+				if c.flush {
+					f = "Flush"
+					held, ok = a.Flush(c.at * ms)
+				} else {
+					held, ok = a.Allow(c.at * ms)
+				}
+				if ok != c.ok || held != c.held {
+					t.Fatalf("call %d, %s at %d ms: (%d, %v), want (%d, %v)", i, f, c.at, held, ok, c.held, c.ok)
 				}
 			}
 		})
 	}
 }
 
-func TestShared(t *testing.T) {
-	s := NewShared(time.Second)
-	if held, ok := s.Allow(0); !ok || held != 0 {
-		t.Fatalf("first event: (%d, %v)", held, ok)
-	}
-	const goroutines, each = 8, 1000
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	passed := 0
+// TestAtomicConcurrent races Allow and Flush on many goroutines. The
+// clock moves by Every each tick calls, so many calls read the same time,
+// of which at most one may let an event through; and every event is
+// counted exactly once, as a line or in a line's held count.
+func TestAtomicConcurrent(t *testing.T) {
+	const goroutines, each, tick, flushEvery = 8, 4000, 16, 5
+	a := Atomic{Every: time.Second}
+	var (
+		calls   atomic.Int64
+		mu      sync.Mutex
+		passed  []int64 // times let through
+		counted int     // events in lines and held counts
+		wg      sync.WaitGroup
+	)
+	clock := func(n int64) int64 { return n / tick * int64(a.Every) }
 	for range goroutines {
 		wg.Go(func() {
 			for i := range each {
-				if _, ok := s.Allow(int64(i) * 1000); ok { // all within the first ms
+				now := clock(calls.Add(1))
+				if i%flushEvery == 0 {
+					if held, ok := a.Flush(now); ok {
+						mu.Lock()
+						counted += held
+						mu.Unlock()
+					}
+					continue
+				}
+				if held, ok := a.Allow(now); ok {
 					mu.Lock()
-					passed++
+					passed = append(passed, now)
+					counted += 1 + held
 					mu.Unlock()
 				}
 			}
 		})
 	}
 	wg.Wait()
-	if passed != 0 {
-		t.Fatalf("%d events passed within the interval", passed)
+	if held, ok := a.Flush(clock(calls.Load()) + int64(time.Hour)); ok {
+		counted += held
 	}
-	if held, ok := s.Allow(int64(time.Second)); !ok || held != goroutines*each {
-		t.Fatalf("after the interval: (%d, %v), want (%d, true)", held, ok, goroutines*each)
+	const events = goroutines * (each - each/flushEvery)
+	if counted != events {
+		t.Fatalf("%d events counted, want %d", counted, events)
 	}
-	var zero Shared
-	if _, ok := zero.Allow(0); !ok {
-		t.Fatal("the zero Shared held the first event")
+	slices.Sort(passed)
+	for i := 1; i < len(passed); i++ {
+		if gap := passed[i] - passed[i-1]; gap < int64(a.Every) {
+			t.Fatalf("events let through at %v and %v: closer than Every", time.Duration(passed[i-1]), time.Duration(passed[i]))
+		}
 	}
-	if _, ok := zero.Allow(int64(time.Second) - 1); ok {
-		t.Fatal("the zero Shared let a second event through within a second")
-	}
-}
-
-func TestKeyed(t *testing.T) {
-	type call struct {
-		key  string
-		at   int64 // ms
-		ok   bool
-		held int
-		keys int // Len after the call
-	}
-	for _, tc := range []struct {
-		name  string
-		max   int
-		calls []call
-	}{
-		{"keys are limited apart", 0, []call{
-			{"a", 0, true, 0, 1}, {"b", 1, true, 0, 2}, {"a", 2, false, 0, 2}, {"a", 3, false, 0, 2},
-			{"b", 500, false, 0, 2}, {"a", 1000, true, 2, 2}, {"b", 1001, true, 1, 2}}},
-		{"the empty key is a key", 0, []call{{"", 0, true, 0, 1}, {"", 1, false, 0, 1}, {"x", 2, true, 0, 2}}},
-		{"at Max, the idle keys are forgotten", 2, []call{
-			{"a", 0, true, 0, 1}, {"b", 600, true, 0, 2}, {"a", 700, false, 0, 2},
-			{"c", 1100, true, 0, 2}, // a is idle (its line was 1100 ms ago): forgotten, with the event it held
-			{"a", 1200, true, 0, 2}, // b (600) is not idle: the oldest, b, goes
-			{"c", 1300, false, 0, 2}}},
-		{"at Max with no idle key, the oldest goes", 2, []call{
-			{"a", 0, true, 0, 1}, {"b", 10, true, 0, 2}, {"c", 20, true, 0, 2},
-			{"b", 30, false, 0, 2},  // b stays limited
-			{"a", 40, true, 0, 2}}}, // a was forgotten: a first event again
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			k := NewKeyed(time.Second)
-			k.Max = tc.max
-			for i, c := range tc.calls {
-				held, ok := k.Allow(c.key, c.at*ms)
-				if ok != c.ok || held != c.held || k.Len() != c.keys {
-					t.Fatalf("call %d (%q at %d ms): (%d, %v) with %d keys, want (%d, %v) with %d",
-						i, c.key, c.at, held, ok, k.Len(), c.held, c.ok, c.keys)
-				}
-			}
-		})
+	if len(passed) < 2 {
+		t.Fatalf("%d events let through over %v", len(passed), time.Duration(clock(goroutines*each)))
 	}
 }

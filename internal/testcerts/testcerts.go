@@ -1,10 +1,3 @@
-// Package testcerts makes throwaway certificates for tests and the
-// benchmark harness: a CA and the certificates it issues, ECDSA P-256,
-// valid from an hour ago for a day, as crypto/tls values and as PEM files.
-// Nothing here is for production use.
-//
-// It imports the standard library only and nothing of lockd
-// (internal/layers).
 package testcerts
 
 import (

@@ -15,6 +15,7 @@
 //
 // # What it must not import
 //
-// The standard library only, and nothing of the module: every command may
-// import it (internal/layers enforces it).
+// version may import only the standard library. It must not import
+// lockd/... (nothing of the module): every command may import it
+// (internal/layers enforces both).
 package version

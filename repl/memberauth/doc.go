@@ -31,8 +31,9 @@
 //
 // # What it must not import
 //
-// memberauth may import lockd/repl (the cluster configuration) and the
-// standard library. It must not import the modes (lockd/repl/priority,
-// lockd/repl/raftnode), hashicorp's libraries, lockd/engine, lockd/proto,
-// gnet or anything under cmd/ (internal/layers).
+// memberauth may import lockd/repl (the cluster configuration),
+// lockd/internal/ratelog and the standard library. It must not import
+// lockd/repl/priority or lockd/repl/raftnode (the modes),
+// github.com/hashicorp/..., lockd/engine, lockd/proto,
+// github.com/panjf2000/gnet/v2 or lockd/cmd/... (internal/layers).
 package memberauth

@@ -57,9 +57,9 @@
 // # What it must not import
 //
 // priority may import lockd/api, lockd/repl, lockd/repl/priority/machine,
-// lockd/repl/records, lockd/repl/memberauth, lockd/shard, lockd/store and
-// the standard library. It must not import
-// lockd/repl/raftnode or hashicorp's libraries (the two modes share only
-// repl's kernel and the records format), lockd/engine, lockd/proto or
-// gnet (internal/layers).
+// lockd/repl/records, lockd/repl/memberauth, lockd/shard and the standard
+// library. It must not import lockd/repl/raftnode or
+// github.com/hashicorp/... (the two modes share only repl's kernel and the
+// records format), lockd/engine, lockd/proto or
+// github.com/panjf2000/gnet/v2 (internal/layers).
 package priority

@@ -11,7 +11,7 @@ import (
 	"github.com/lockd-dev/lockd/repl/priority/machine"
 )
 
-// TestItemWriterKeepsHeartbeats (issue 18, hole 1): an item written in
+// TestItemWriterKeepsHeartbeats: an item written in
 // place — a snapshot — that writes frames, waits for its window and waits
 // for work done beside it never holds the heartbeats back: on the wire,
 // heartbeats keep coming every interval while it runs, and what was queued
@@ -114,7 +114,7 @@ func TestItemWriterKeepsHeartbeats(t *testing.T) {
 	}
 }
 
-// TestSnapshotWindowByBytes (issue 18): the snapshot window counts raw
+// TestSnapshotWindowByBytes: the snapshot window counts raw
 // bytes, not frames. A small table's shards — a frame each, nearly empty —
 // all go before the first SnapAck, where a window of eight frames needed a
 // round trip per eight shards (over 6 s for one lock's 64 shards with the

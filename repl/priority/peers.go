@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-// A rolling change of --peers (issue 20; docs/CLUSTER.md, "Changing a
+// A rolling change of --peers (docs/CLUSTER.md, "Changing a
 // priority cluster's members"). Members are restarted one at a time with a
 // new --peers (a member added, removed, the order changed), so for a while
 // two members may hold different lists, in which the same index names

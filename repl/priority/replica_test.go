@@ -307,7 +307,7 @@ func (f *fakeFollower) synced(from int, epoch uint64) {
 	}
 }
 
-// TestReplicaAppliesOnlyTheCurrentActive (issue 18, hole 1): a snapshot
+// TestReplicaAppliesOnlyTheCurrentActive: a snapshot
 // is applied only while this member is a standby that follows its sender
 // at the snapshot's epoch. One from another epoch is refused whole; once
 // the member promotes (or follows another) mid-snapshot, the rest of it —

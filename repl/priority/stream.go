@@ -19,7 +19,7 @@ import (
 // acks). The inbound direction is standby.go.
 
 // A batch is cut batchEvery after its first record, or at once when one
-// shard has buffered batchBytes/4 (issue 11 asks ≤ 1 ms or 64 KiB); it
+// shard has buffered batchBytes/4 (the replication lag is to stay within 1 ms or 64 KiB); it
 // carries every shard's buffered records, so a burst on many shards at
 // once can make one larger than batchBytes.
 const (

@@ -47,9 +47,13 @@
 //
 // # What it must not import
 //
-// raftnode may import lockd/repl, lockd/repl/records, lockd/shard,
-// lockd/store, hashicorp's raft libraries and the standard library. It
-// must not import lockd/repl/priority (the two modes share only repl's
-// kernel and the records format), lockd/engine, lockd/proto or gnet; it
-// is the only package that imports hashicorp's (internal/layers).
+// raftnode may import lockd/api, lockd/repl, lockd/repl/records,
+// lockd/repl/memberauth, lockd/shard, lockd/internal/ratelog,
+// github.com/hashicorp/raft, github.com/hashicorp/raft-wal,
+// github.com/hashicorp/raft-boltdb/v2, github.com/hashicorp/go-hclog
+// (hashicorp's raft libraries) and the standard library. It must not import
+// lockd/repl/priority (the two modes share only repl's kernel and the
+// records format), lockd/engine, lockd/proto or
+// github.com/panjf2000/gnet/v2; it is the only package that imports
+// hashicorp's (internal/layers).
 package raftnode

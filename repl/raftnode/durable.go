@@ -11,7 +11,7 @@ import (
 	"github.com/hashicorp/raft-wal/types"
 )
 
-// The leader's log write in parallel with replication (issue 22; the Raft
+// The leader's log write in parallel with replication (the Raft
 // thesis §10.2.1: "the leader may even commit an entry before it has been
 // written to its own disk, if a majority of the other servers have written
 // it").

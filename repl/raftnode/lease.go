@@ -9,7 +9,7 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// The leader lease (issue 18; PROTOCOL.md §6.2: a member frozen longer
+// The leader lease (PROTOCOL.md §6.2: a member frozen longer
 // than the failover timeout executes nothing from its stale state, answers
 // that change nothing included).
 //
@@ -180,7 +180,7 @@ const maxMembers = 7
 // termLimit is the highest raft term this member accepts from another or
 // takes at start. Each election adds one, so a term this high comes only
 // from corrupt or forged state; refusing it keeps hashicorp/raft's
-// term + 1 from ever wrapping to 0 (issue 18): from termLimit, another
+// term + 1 from ever wrapping to 0 (a forged or corrupt term could): from termLimit, another
 // 2^63 elections would be needed.
 const termLimit = 1 << 63
 

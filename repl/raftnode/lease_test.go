@@ -167,7 +167,7 @@ func TestRaftLeaseKeepsTheGate(t *testing.T) {
 	t.Logf("lease %v; seen lapsed %v after acknowledgements stopped counting", time.Duration(dur), time.Duration(lapsed-deaf))
 }
 
-// TestRaftRefusesHugeTerms (issue 18): a member's request carrying a term
+// TestRaftRefusesHugeTerms: a member's request carrying a term
 // above 2^63 — a heartbeat, entries, a vote request — is refused and the
 // term does not change, so raft's term + 1 cannot wrap to 0; the cluster
 // goes on.

@@ -20,7 +20,7 @@ import (
 	"github.com/lockd-dev/lockd/repl"
 )
 
-// Membership (issue 20): the raft configuration is the cluster's
+// Membership: the raft configuration is the cluster's
 // membership, and it changes through hashicorp/raft's configuration
 // changes (repl.Membership: AddMember, RemoveMember).
 //

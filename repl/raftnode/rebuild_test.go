@@ -13,7 +13,7 @@ import (
 	"github.com/lockd-dev/lockd/repl"
 )
 
-// TestRaftRebuildRacesCompaction (issue 18, hole 4a): a snapshot that a
+// TestRaftRebuildRacesCompaction: a snapshot that a
 // follower was persisting finishes while the follower rebuilds its table
 // from the previous snapshot and the log; raft compacts the log past that
 // snapshot once the new one is visible. The rebuild must still end with
@@ -90,7 +90,7 @@ func TestRaftRebuildRacesCompaction(t *testing.T) {
 	}
 }
 
-// TestRaftStaleTableDoesNotServe (issue 18, hole 4a): a rebuild that cannot
+// TestRaftStaleTableDoesNotServe: a rebuild that cannot
 // complete (the log after the snapshot is gone) leaves the member stale:
 // it reports unhealthy, and when it is elected it does not serve but hands
 // the leadership on; another member serves every lock.

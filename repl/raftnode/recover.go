@@ -17,7 +17,7 @@ import (
 	"github.com/lockd-dev/lockd/repl"
 )
 
-// Disaster recovery (issue 20; etcd's --force-new-cluster): when a
+// Disaster recovery (as etcd's --force-new-cluster): when a
 // majority of the members is lost for good, one survivor restarts with
 // ForceNewCluster. raft.RecoverCluster replays its own snapshot and log
 // into a new snapshot whose configuration has this member alone, and

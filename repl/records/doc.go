@@ -25,7 +25,7 @@
 //
 // # What it must not import
 //
-// records imports lockd/shard, github.com/klauspost/compress and the
-// standard library, nothing else: no I/O, no net, no other lockd package
-// (internal/layers).
+// records may import lockd/shard, github.com/klauspost/compress and the
+// standard library; no other lockd package. It must not import io, net,
+// os or syscall: no I/O (internal/layers).
 package records

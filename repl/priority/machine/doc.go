@@ -32,8 +32,9 @@
 //
 // # What it must not import
 //
-// machine may import lockd/api (the role names) and the standard library
-// but no I/O, clock or lock: no net, os, io, sync, no time.Now, no
-// goroutine (internal/layers checks it), and nothing of the table, the
-// wire or the seam (lockd/shard, lockd/repl and below).
+// machine may import lockd/api (the role names), lockd/internal/ratelog
+// (its log lines' limiter, on the time it is given) and the standard
+// library. It must not import net, os, io, sync, lockd/shard, lockd/repl or
+// lockd/proto: no I/O, clock or lock, nothing of the table, the wire or the
+// seam; no time.Now, no goroutine either (internal/layers checks it).
 package machine

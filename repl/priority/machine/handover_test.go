@@ -116,7 +116,7 @@ func TestRolesHandoverTaken(t *testing.T) {
 	}
 }
 
-// TestRolesHandoverAnswersOnceServing (issue 29): the successor's
+// TestRolesHandoverAnswersOnceServing: the successor's
 // Ack(handoff) says it serves. Until its first reservation is done it
 // holds requests (never M naming the old active) and owes the answer; the
 // old active, meanwhile, takes no heartbeat that says "active" without
