@@ -235,3 +235,15 @@ func TestParsePushRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestSemaphoreSkipsHTTP: the HTTP targets skip the semaphore workload
+// with a reason, rather than run it as exclusive locks (their driver sends
+// no limit).
+func TestSemaphoreSkipsHTTP(t *testing.T) {
+	tg := &target{name: "lockd-http", skip: map[string]string{}}
+	httpSkips(tg)
+	res, err := runWorkload(tg, wlSemaphore, &config{}, 1)
+	if err != nil || res.Skipped == "" {
+		t.Fatalf("semaphore over HTTP: %+v %v, want skipped with a reason", res, err)
+	}
+}
