@@ -124,8 +124,10 @@ func TestChaosShort(t *testing.T) {
 				if rep.Availability.Granted == 0 {
 					t.Error("no lock was granted")
 				}
-				// Issue 18 added three: frozen-answers, handover-answers
-				// and large-state; the semaphore workload two.
+				// fenced-safety, tokens, linearizability, the mutex's
+				// overlap, the semaphore's fence and overlap, liveness,
+				// members, client-errors, frozen-answers, handover-answers
+				// and large-state: each reports, whatever the mode.
 				if len(rep.Checkers) != 12 {
 					t.Errorf("%d checkers ran, want 12", len(rep.Checkers))
 				}
