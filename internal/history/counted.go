@@ -39,6 +39,7 @@ func (h History) Select(keep func(key string) bool) History {
 			continue
 		}
 		ids[o.ID] = len(out.Ops)
+		o.src = o.ref() + 1
 		o.ID = len(out.Ops)
 		if o.Grant >= 0 {
 			if g, ok := ids[o.Grant]; ok {
@@ -168,7 +169,7 @@ func (c *CountedRule) smallest() uint64 {
 // token, as PROTOCOL.md §4 and §5 say it does.
 func CheckCountedFenced(h History, assert bool, crashes []Window) Result {
 	r := Result{Name: "semaphore-fenced"}
-	lost := lostInCrashes(h, Beliefs(h), crashes)
+	_, lost := excuseCrashes(h, Beliefs(h), crashes)
 	var steps []Op
 	for _, o := range h.Ops {
 		if (o.Kind == Write || o.Kind == Leave) && o.Grant >= 0 && o.Grant < len(h.Ops) && h.Ops[o.Grant].Limit > 0 {
@@ -239,7 +240,7 @@ func CheckCountedFenced(h History, assert bool, crashes []Window) Result {
 			holders[o.Key][o.Token] = who
 		} else if first != who {
 			r.violate("writes of two holders accepted under token %d for %q: grant %d (worker %d) and %s",
-				o.Token, o.Key, first.grant, first.worker, o)
+				o.Token, o.Key, h.ref(first.grant), first.worker, o)
 		}
 	}
 	r.figure("writes_accepted", float64(accepted))
@@ -307,7 +308,7 @@ func CheckCountedOverlap(h History, assert bool, crashes []Window) Result {
 			lost++
 			if len(notes) < examples {
 				notes = append(notes, fmt.Sprintf("lost grant: %q token %d (op %d, worker %d), held from %v",
-					b.Key, b.Token, b.Grant, b.Worker, b.Start.Round(time.Millisecond)))
+					b.Key, b.Token, h.ref(b.Grant), b.Worker, b.Start.Round(time.Millisecond)))
 			}
 		}
 		if b.End > b.Start {

@@ -219,6 +219,31 @@ func TestSelect(t *testing.T) {
 	}
 }
 
+// TestSelectNamesRecordedOps: the checkers name the ops of a selected
+// sub-history by their IDs in the recorded history, which is what a
+// report's reader has (history.json), not by their new indexes.
+func TestSelectNamesRecordedOps(t *testing.T) {
+	b := newBuilder()
+	m := b.grant(0, "m", 10, 0, 5)
+	b.write(m, true, 6)
+	b.release(m, 9, 10)
+	s := b.sgrant(1, "s", 11, 2, 0, 5)                   // op 3
+	r := b.op(Renew, s, Fail, DetailNotHeld, 1000, 1001) // op 4: a lost grant
+	h := b.history(t)
+	sh := h.Select(func(k string) bool { return k == "s" })
+	if sh.Ops[0].ID != 0 || sh.Ops[1].Grant != 0 {
+		t.Fatalf("the sub-history is not renumbered: %+v", sh.Ops)
+	}
+	res := CheckCountedOverlap(sh, true, nil)
+	expect(t, res, Violated, 1)
+	if v := strings.Join(res.Violations, "\n"); !strings.Contains(v, "(op 3, worker 1)") {
+		t.Errorf("violation %q does not name the grant as op %d", v, s)
+	}
+	if got := sh.Ops[1].String(); !strings.HasPrefix(got, fmt.Sprintf("op %d:", r)) {
+		t.Errorf("the renew is %q, want op %d", got, r)
+	}
+}
+
 // TestValidateLeave: a leave needs a decision order and a grant, and is
 // an OK step.
 func TestValidateLeave(t *testing.T) {
@@ -322,6 +347,14 @@ func TestCrashes(t *testing.T) {
 		{"mutex: an N before the crash is a lost grant still", func(b *builder) {
 			a := b.grant(0, "m", 10, 0, 5)
 			b.op(Renew, a, Fail, DetailNotHeld, 500, 501)
+		}, func(h History, cs []Window) Result { return CheckOverlap(h, true, cs) }, want{Violated, Violated}},
+		{"mutex: a release sent before the crash, answered N after the restart", func(b *builder) {
+			a := b.grant(0, "m", 10, 0, 5)                   // its lease runs to 3000 at least
+			b.op(Release, a, Fail, DetailNotHeld, 100, 1300) // cut off, retried after the restart
+		}, func(h History, cs []Window) Result { return CheckOverlap(h, true, cs) }, want{Pass, Violated}},
+		{"mutex: a grant after the restart lost", func(b *builder) {
+			a := b.grant(0, "m", 10, 1300, 1310)
+			b.op(Renew, a, Fail, DetailNotHeld, 1400, 1401)
 		}, func(h History, cs []Window) Result { return CheckOverlap(h, true, cs) }, want{Violated, Violated}},
 		{"mutex: two holders after the restart", func(b *builder) {
 			c := b.grant(1, "m", 5000, 1300, 1310)

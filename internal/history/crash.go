@@ -16,49 +16,42 @@ import (
 // killed, End once it was surely gone (or later: a wider window excuses
 // more, never less).
 
-// lostInCrashes returns, for every grant of h that one of crashes may have
-// lost, the start of the first such crash: a grant invoked before the
-// crash ended (it may have been executed before the kill) whose holder
-// still believed it held the lock when the crash began.
-func lostInCrashes(h History, bs []Belief, crashes []Window) map[int]time.Duration {
+// excuseCrashes applies crashes to the beliefs bs of h's grants. A grant
+// invoked before a crash ended may have been executed before the kill,
+// and so held by the service when it died:
+//
+//   - if its holder still believed when the crash began, the belief is cut
+//     there (the holder goes on believing, but the service holds the key
+//     for nobody from then on), and the grant is reported lost, with that
+//     crash's start;
+//   - an N it got back after the crash began is not a lost grant, whether
+//     the holder still believed or had asked to release (a release that
+//     could not reach the node before the kill, retried after the restart,
+//     finds nothing to release).
+//
+// It returns the beliefs and the grants whose beliefs were cut.
+func excuseCrashes(h History, bs []Belief, crashes []Window) ([]Belief, map[int]time.Duration) {
 	if len(crashes) == 0 {
-		return nil
+		return bs, nil
 	}
 	cs := slices.Clone(crashes)
 	slices.SortFunc(cs, func(a, b Window) int { return cmp.Compare(a.Start, b.Start) })
-	out := map[int]time.Duration{}
-	for _, b := range bs {
-		call := h.Ops[b.Grant].Call
-		for _, c := range cs {
-			if call < c.End && b.End > c.Start {
-				out[b.Grant] = c.Start
-				break
-			}
-		}
-	}
-	return out
-}
-
-// excuseCrashes cuts the belief of every grant a crash may have lost at
-// that crash's start (the holder goes on believing, but the service holds
-// the key for nobody from then on), and clears the Lost mark of a grant
-// whose N came after that start. It returns the beliefs and the grants
-// the crashes may have lost, each with the start of the crash.
-func excuseCrashes(h History, bs []Belief, crashes []Window) ([]Belief, map[int]time.Duration) {
-	lost := lostInCrashes(h, bs, crashes)
-	if len(lost) == 0 {
-		return bs, lost
-	}
+	lost := map[int]time.Duration{}
 	out := slices.Clone(bs)
 	for i := range out {
 		b := &out[i]
-		at, ok := lost[b.Grant]
-		if !ok {
-			continue
-		}
-		b.End = max(b.Start, min(b.End, at))
-		if b.Lost && b.LostAt > at {
-			b.Lost = false
+		call := h.Ops[b.Grant].Call
+		for _, c := range cs {
+			if call >= c.End {
+				continue
+			}
+			if _, cut := lost[b.Grant]; !cut && b.End > c.Start {
+				lost[b.Grant] = c.Start
+				b.End = max(b.Start, c.Start)
+			}
+			if b.Lost && b.LostAt > c.Start {
+				b.Lost = false
+			}
 		}
 	}
 	return out, lost

@@ -125,11 +125,33 @@ type Op struct {
 	// ended (a paused holder that wakes up): fencing must reject it once a
 	// successor has written.
 	Late bool `json:"late,omitempty"`
+
+	// src is, for an op of a history History.Select made, its ID in the
+	// history it was selected from, plus one (0: not selected): what the
+	// checkers name, so that a report points into the recorded history.
+	src int
+}
+
+// ref is the ID that names o in a report: its ID in the recorded history.
+func (o Op) ref() int {
+	if o.src > 0 {
+		return o.src - 1
+	}
+	return o.ID
+}
+
+// ref names op id of h in a report (ref of that op; id itself when h has
+// no such op).
+func (h History) ref(id int) int {
+	if id >= 0 && id < len(h.Ops) {
+		return h.Ops[id].ref()
+	}
+	return id
 }
 
 // String describes the operation in one line.
 func (o Op) String() string {
-	s := fmt.Sprintf("op %d: worker %d %s %q", o.ID, o.Worker, o.Kind, o.Key)
+	s := fmt.Sprintf("op %d: worker %d %s %q", o.ref(), o.Worker, o.Kind, o.Key)
 	if o.Token != 0 {
 		s += fmt.Sprintf(" token %d", o.Token)
 	}

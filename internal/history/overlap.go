@@ -108,7 +108,7 @@ func Overlaps(h History, crashes []Window) OverlapStats {
 			st.LostGrants++
 			if len(st.Examples) < examples {
 				st.Examples = append(st.Examples, fmt.Sprintf("lost grant: %q token %d (op %d, worker %d), held from %v",
-					b.Key, b.Token, b.Grant, b.Worker, b.Start.Round(time.Millisecond)))
+					b.Key, b.Token, h.ref(b.Grant), b.Worker, b.Start.Round(time.Millisecond)))
 			}
 		}
 		byKey[b.Key] = append(byKey[b.Key], b)
@@ -140,7 +140,7 @@ func Overlaps(h History, crashes []Window) OverlapStats {
 				st.Max = max(st.Max, d)
 				if len(st.Examples) < examples {
 					st.Examples = append(st.Examples, fmt.Sprintf("overlap %v on %q: token %d (op %d, worker %d) and token %d (op %d, worker %d)",
-						d.Round(time.Microsecond), k, o.Token, o.Grant, o.Worker, b.Token, b.Grant, b.Worker))
+						d.Round(time.Microsecond), k, o.Token, h.ref(o.Grant), o.Worker, b.Token, h.ref(b.Grant), b.Worker))
 				}
 			}
 			open = append(open, b)
