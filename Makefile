@@ -28,8 +28,9 @@ build:
 	$(GO) build $(BUILDVCS) -o bin/lockctl ./cmd/lockctl
 
 ## test: what CI runs — lint, every test with the race detector, then
-## chaos/ on its own (TestChaosShort: the short chaos form, both modes,
+## chaos/ on its own (TestChaosShort: the short chaos form, every mode,
 ## seed 1 and a random seed, 20 s each, and seed 1 again with -secure
+## in the cluster modes
 ## (PROTOCOL.md §8: TLS, mutual TLS between members, a cluster secret),
 ## verbose so that the seeds and the
 ## reports are in the log; alone, so that its clusters and the
@@ -146,7 +147,7 @@ bench-failover:
 ## CHAOS_DURATION each (docs/RELIABILITY.md); CHAOS_FLAGS adds flags
 ## (-seed N, -json, -out DIR, ...). Fails on the first mode that fails.
 CHAOS_DURATION ?= 10m
-CHAOS_MODES    ?= priority raft
+CHAOS_MODES    ?= single priority raft
 CHAOS_FLAGS    ?=
 chaos:
 	@set -e; for m in $(CHAOS_MODES); do \

@@ -25,7 +25,14 @@
 // ping, close; plaintext targets skip it). The held workload, outside the
 // standard suite (-workloads held, held.go), fills the server with -held
 // distinct 16-byte keys held at once and reads its memory per lock and in
-// all. Three targets, outside "all", measure the HTTP API (docs/HTTP.md;
+// all. The semaphore workload, also outside the suite (-workloads
+// semaphore, semaphore.go), has -waiters slots take permits of -hot
+// semaphores of -sem-limit permits each, hold them -sem-hold and release
+// them: lockd's S, Redisson's expirable-permit semaphore as Lua scripts on
+// Redis (semaphore_redis.go), and a FIFO semaphore built like
+// concurrency.Mutex on etcd (semaphore_etcd.go); it reports grants/s, the
+// wait, and the most holders of one key the load generator saw at once
+// beside the limit. Three targets, outside "all", measure the HTTP API (docs/HTTP.md;
 // http.go): lockd-http, a lockd child serving httpapi's front (what
 // --http serves); lockd-gw, the same routes through a gateway over the
 // bundled client (gateway.go), the design httpapi did not take; and
@@ -35,7 +42,8 @@
 // single workload (outside the suite) is one client with one request at a
 // time, for the latency of an acquire without load. With several
 // rounds the targets are interleaved (A B A B …) and the report gives
-// medians and the per-round ratios of lockd to each other target. See
+// medians and the per-round ratios of lockd to each other target (and of
+// lockd-bin to lockd-base, a build against its baseline). See
 // BENCHMARKS.md for the method and the numbers.
 //
 // `go run ./bench -failover N` measures failover instead of the suite: a

@@ -151,6 +151,7 @@ const (
 	etcdSharedLease  etcdMode = iota // txn recipe, one lease per connection
 	etcdLeasePerLock                 // txn recipe, one lease per lock (fanin)
 	etcdMutex                        // concurrency.Mutex, a session per slot
+	etcdSemaphore                    // the semaphore workload's recipe (semaphore_etcd.go), a session per slot
 )
 
 // start opens a client per group and prepares every slot for mode: the
@@ -180,7 +181,7 @@ func (d *etcdDriver) start(groups [][]*slot, mode etcdMode) (*etcdRun, error) {
 		for _, s := range groups[i] {
 			es := &r.slots[s.id]
 			es.cli, es.lease = cli, lease
-			if mode == etcdMutex {
+			if mode == etcdMutex || mode == etcdSemaphore {
 				// The contended workload's lease, as the session's TTL.
 				if es.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(10)); err != nil {
 					return err
@@ -279,6 +280,8 @@ func (r *etcdRun) do(s *slot, a *action) answer {
 func (r *etcdRun) op(ctx context.Context, es *etcdSlot, a *action) (ansKind, uint64, error) {
 	key := string(a.key)
 	switch {
+	case a.limit > 0:
+		return r.semOp(ctx, es, a)
 	case es.sess != nil && a.op == opAcquire:
 		if es.mu == nil || es.muKey != key {
 			es.mu, es.muKey = concurrency.NewMutex(es.sess, key), key

@@ -78,6 +78,9 @@ func (c *lockdCodec) encode(dst []byte, s *slot, a action) []byte {
 	switch a.op {
 	case opAcquire:
 		c.seq++
+		if a.limit > 0 { // a semaphore's permit: S (PROTOCOL.md §9.2), answered like A
+			return proto.AppendShared(dst, a.wait, a.lease, c.seq<<slotBits|uint64(s.local), a.limit, a.key)
+		}
 		return proto.AppendAcquire(dst, a.wait, a.lease, c.seq<<slotBits|uint64(s.local), a.key)
 	case opRelease:
 		c.tokens[a.token] = int32(s.local)

@@ -84,6 +84,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&c.Waiters, "waiters", c.Waiters, "contended waiters")
 	fs.DurationVar(&c.Retry, "retry", c.Retry, "contended retry delay (jittered ±50%) for targets without a wait queue")
 	fs.IntVar(&c.Fanin, "fanin", c.Fanin, "fanin connections, one lock each")
+	fs.IntVar(&c.SemLimit, "sem-limit", c.SemLimit, "semaphore: permits of each of the -hot keys")
+	fs.DurationVar(&c.SemHold, "sem-hold", c.SemHold, "semaphore: how long a slot holds its permit before releasing it")
 	fs.IntVar(&c.Held, "held", c.Held, "held: distinct 16-byte keys the -conns × -depth slots acquire and hold before the server's memory is read")
 	fs.StringVar(&c.Profile, "cpuprofile", "", "write CPU and allocation profiles of the lockd and echo servers to PREFIX-target-workload-rN.{cpu,allocs}.pprof (the lockd and echo children: also .mutex.pprof and .block.pprof)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of tables")
@@ -165,6 +167,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-held must be 1..%d", maxHeld-1)
 	case c.Depth >= 1<<slotBits || c.Waiters >= 1<<slotBits:
 		return nil, errors.New("-depth and -waiters must be below 16M")
+	case c.SemLimit < 1 || c.SemLimit > 65535:
+		return nil, errors.New("-sem-limit must be 1..65535")
+	case c.SemHold < 0 || c.SemHold > time.Second:
+		return nil, errors.New("-sem-hold must be 0..1s")
 	case o.lagEvery < 0 || o.lagEvery > time.Second:
 		return nil, errors.New("-lag-every must be 0..1s")
 	}
@@ -283,6 +289,7 @@ func openLockdACL(t *target, o *options) error {
 func openEcho(t *target, o *options) error {
 	t.newCodec = func(int) codec { return newLockdCodec() }
 	t.skip[wlContended] = "no lock state: nothing to wait for"
+	t.skip[wlSemaphore] = t.skip[wlContended]
 	return t.startChild("echo", o.loops)
 }
 
@@ -611,6 +618,10 @@ func report(w io.Writer, o *options, rs []*Result) error {
 	}
 	if len(rt) > 0 {
 		h, r := ratioRows(rt)
+		write(w, h, r)
+	}
+	if h, r := semRows(rs, &o.cfg); len(r) > 0 {
+		fmt.Fprintln(w)
 		write(w, h, r)
 	}
 	if h, r := clusterRows(rs); len(r) > 0 {

@@ -45,6 +45,7 @@ type redisCodec struct {
 type redisPending struct {
 	slot  int32
 	op    opKind
+	sem   bool // a semaphore's script (semaphore_redis.go)
 	token uint64
 }
 
@@ -70,6 +71,9 @@ func appendArray(dst []byte, n int) []byte {
 }
 
 func (c *redisCodec) encode(dst []byte, s *slot, a action) []byte {
+	if a.limit > 0 {
+		return c.encodeSem(dst, s, a)
+	}
 	var token uint64
 	switch a.op {
 	case opAcquire:
@@ -100,11 +104,16 @@ func (c *redisCodec) encode(dst []byte, s *slot, a action) []byte {
 	default:
 		return dst
 	}
+	c.push(redisPending{slot: int32(s.local), op: a.op, token: token})
+	return dst
+}
+
+// push queues the routing of the next reply.
+func (c *redisCodec) push(p redisPending) {
 	if c.head > 0 && c.head == len(c.fifo) {
 		c.fifo, c.head = c.fifo[:0], 0
 	}
-	c.fifo = append(c.fifo, redisPending{int32(s.local), a.op, token})
-	return dst
+	c.fifo = append(c.fifo, p)
 }
 
 // respReply parses one RESP reply: its type byte, the line after it, and
@@ -146,6 +155,10 @@ func (c *redisCodec) decode(in []byte, a *answer) (int, error) {
 	p := c.fifo[c.head]
 	c.head++
 	*a = answer{slot: int(p.slot)}
+	if p.sem {
+		decodeSem(p, typ, line, a)
+		return n, nil
+	}
 	switch {
 	case typ == '-':
 		a.kind = ansError

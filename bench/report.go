@@ -30,11 +30,14 @@ type summary struct {
 
 // ratio compares lockd with another target on one metric, round by round.
 type ratio struct {
-	Workload string    `json:"workload"`
-	Metric   string    `json:"metric"`
-	Versus   string    `json:"versus"`
-	Rounds   []float64 `json:"rounds"` // lockd / versus in each round (0: not measured)
-	Median   float64   `json:"median"`
+	Workload string `json:"workload"`
+	Metric   string `json:"metric"`
+	// Of is the target divided: lockd, or lockd-bin against lockd-base (a
+	// before/after run of two builds).
+	Of     string    `json:"of"`
+	Versus string    `json:"versus"`
+	Rounds []float64 `json:"rounds"` // of / versus in each round (0: not measured)
+	Median float64   `json:"median"`
 }
 
 func median(v []float64) float64 {
@@ -171,7 +174,9 @@ func perRound(rs []*Result, wl, a, b string, f func(*Result) float64) (rounds []
 }
 
 // ratios compares lockd with every other target, per round, on each
-// workload's throughput metric (and, for contended, real handoffs/s).
+// workload's throughput metric (and, for contended, real handoffs/s); and
+// lockd-bin with lockd-base when both ran: a build against its baseline in
+// one interleaved run, which needs no lockd target beside them.
 func ratios(rs []*Result) []ratio {
 	var out []ratio
 	type metric struct {
@@ -186,21 +191,24 @@ func ratios(rs []*Result) []ratio {
 		if wl == wlContended {
 			ms = append(ms, metric{"handoffs/s", func(r *Result) float64 { return r.HandoffRate }})
 		}
+		add := func(m metric, of, versus string) {
+			rounds, med := perRound(rs, wl, of, versus, m.f)
+			if med == 0 {
+				return
+			}
+			rt := ratio{Workload: wl, Metric: m.name, Of: of, Versus: versus, Rounds: rounds, Median: med}
+			if rt.Metric == "" {
+				rt.Metric = find(rs, wl, of, 1+slices.IndexFunc(rounds, func(v float64) bool { return v > 0 })).Unit
+			}
+			out = append(out, rt)
+		}
 		for _, m := range ms {
 			for _, tg := range order(rs, func(r *Result) string { return r.Target }) {
-				if tg == "lockd" {
-					continue
+				if tg != "lockd" {
+					add(m, "lockd", tg)
 				}
-				rounds, med := perRound(rs, wl, "lockd", tg, m.f)
-				if med == 0 {
-					continue
-				}
-				rt := ratio{Workload: wl, Metric: m.name, Versus: tg, Rounds: rounds, Median: med}
-				if rt.Metric == "" {
-					rt.Metric = find(rs, wl, "lockd", 1+slices.IndexFunc(rounds, func(v float64) bool { return v > 0 })).Unit
-				}
-				out = append(out, rt)
 			}
+			add(m, "lockd-bin", "lockd-base")
 		}
 	}
 	return out
@@ -459,12 +467,19 @@ func ratioRows(rs []ratio) (head []string, rows [][]string) {
 		n = max(n, len(r.Rounds))
 	}
 	head = []string{"workload", "metric", "lockd ÷"}
+	other := slices.ContainsFunc(rs, func(r ratio) bool { return r.Of != "lockd" })
+	if other {
+		head[2] = "ratio"
+	}
 	for i := 1; i <= n; i++ {
 		head = append(head, fmt.Sprintf("round %d", i))
 	}
 	head = append(head, "median")
 	for _, r := range rs {
 		row := []string{r.Workload, r.Metric, r.Versus}
+		if other {
+			row[2] = r.Of + " ÷ " + r.Versus
+		}
 		for i := 0; i < n; i++ {
 			if i < len(r.Rounds) && r.Rounds[i] > 0 {
 				row = append(row, ratioStr(r.Rounds[i]))

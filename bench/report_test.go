@@ -100,9 +100,45 @@ func TestSummaryAndRatios(t *testing.T) {
 	if rt[1].Metric != "grants/s" || !near(rt[1].Median, 5) || rt[2].Metric != "handoffs/s" || !near(rt[2].Median, 10) {
 		t.Errorf("contended ratios %+v %+v", rt[1], rt[2])
 	}
+	if head, rows := ratioRows(rt); head[2] != "lockd ÷" || rows[0][2] != "redis" {
+		t.Errorf("table %v %v, want lockd ÷ redis as before", head, rows[0])
+	}
 	// Contended ran one round of three: the others show as not measured.
 	if rt[1].Rounds[1] != 0 || rt[1].Rounds[2] != 0 {
 		t.Errorf("rounds without data must be 0: %v", rt[1].Rounds)
+	}
+}
+
+// TestBaseRatios: a run of lockd-bin beside lockd-base (a build and its
+// baseline) gives lockd-bin ÷ lockd-base per round without a lockd
+// target, and the table names both sides of each ratio.
+func TestBaseRatios(t *testing.T) {
+	rs := []*Result{
+		fake("lockd-base", wlUncontended, 1, 100, 0, time.Millisecond), fake("lockd-bin", wlUncontended, 1, 90, 0, time.Millisecond),
+		fake("lockd-base", wlUncontended, 2, 100, 0, time.Millisecond), fake("lockd-bin", wlUncontended, 2, 120, 0, time.Millisecond),
+		fake("lockd-base", wlUncontended, 3, 100, 0, time.Millisecond), fake("lockd-bin", wlUncontended, 3, 105, 0, time.Millisecond),
+		fake("lockd-base", wlContended, 1, 50, 40, time.Millisecond), fake("lockd-bin", wlContended, 1, 25, 10, time.Millisecond),
+	}
+	rt := ratios(rs)
+	if len(rt) != 3 {
+		t.Fatalf("%d ratios, want 3 (pairs/s, grants/s, handoffs/s): %+v", len(rt), rt)
+	}
+	if rt[0].Of != "lockd-bin" || rt[0].Versus != "lockd-base" || !near(rt[0].Rounds[0], 0.9) ||
+		!near(rt[0].Rounds[1], 1.2) || !near(rt[0].Median, 1.05) {
+		t.Errorf("uncontended ratio %+v, want lockd-bin ÷ lockd-base 0.9 1.2 1.05, median 1.05", rt[0])
+	}
+	if !near(rt[1].Median, 0.5) || rt[2].Metric != "handoffs/s" || !near(rt[2].Median, 0.25) {
+		t.Errorf("contended ratios %+v %+v", rt[1], rt[2])
+	}
+	head, rows := ratioRows(rt)
+	if head[2] != "ratio" || rows[0][2] != "lockd-bin ÷ lockd-base" || rows[0][3] != "0.90×" {
+		t.Errorf("table %v %v", head, rows[0])
+	}
+	// With a lockd target too, lockd's ratios keep their own header.
+	rs = append(rs, fake("lockd", wlUncontended, 1, 200, 0, time.Millisecond))
+	rt = ratios(rs)
+	if head, rows := ratioRows(rt); head[2] != "ratio" || rows[0][2] != "lockd ÷ lockd-base" {
+		t.Errorf("with lockd: %v %v", head, rows[0])
 	}
 }
 

@@ -30,6 +30,7 @@ type action struct {
 	lease uint8  // seconds
 	token uint64
 	delay time.Duration // opWake
+	limit uint16        // acquire, release: a semaphore's permits (0: an exclusive lock)
 }
 
 // ansKind classifies an answer in target-neutral terms.
@@ -61,6 +62,8 @@ type slot struct {
 	sentAt    time.Duration // when the current request was issued
 	waitStart time.Duration // when the current acquire loop started
 	rng       *rand.Rand
+	conn      *pconn      // the pipelined connection carrying it (nil for etcd)
+	wake      *time.Timer // its pending opWake, while it sleeps (guarded by conn.mu)
 }
 
 // stats collects what one connection (or one synchronous slot) measured
@@ -167,10 +170,11 @@ type pconn struct {
 }
 
 func newPconn(nc net.Conn, cd codec, w workload, clk *clock, slots []*slot, bufLen int, sh *statShard) *pconn {
+	c := &pconn{nc: nc, cd: cd, w: w, clk: clk, slots: slots, bufLen: bufLen, sh: sh, active: len(slots)}
 	for i, s := range slots {
-		s.local = i
+		s.local, s.conn = i, c
 	}
-	return &pconn{nc: nc, cd: cd, w: w, clk: clk, slots: slots, bufLen: bufLen, sh: sh, active: len(slots)}
+	return c
 }
 
 // start issues every slot's first action and flushes them.
@@ -194,24 +198,29 @@ func (c *pconn) issue(s *slot, a action) {
 			c.nc.SetReadDeadline(time.Now())
 		}
 	case opWake:
-		time.AfterFunc(a.delay, func() {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			if c.closed {
-				return
-			}
-			now := c.clk.now()
-			c.sh.mu.Lock()
-			a := c.w.next(s, &answer{kind: ansWake, slot: s.local}, now, c.sh.st)
-			c.sh.mu.Unlock()
-			c.issue(s, a)
-			if err := c.flush(); err != nil && c.err == nil {
-				c.err = err
-			}
-		})
+		s.wake = time.AfterFunc(a.delay, func() { c.woken(s) })
 	default:
 		s.sentAt = c.clk.now()
 		c.out = c.cd.encode(c.out, s, a)
+	}
+}
+
+// woken hands slot s its ansWake: its opWake's delay passed, or a
+// notification cut it short (pconn.notify).
+func (c *pconn) woken(s *slot) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s.wake = nil
+	if c.closed {
+		return
+	}
+	now := c.clk.now()
+	c.sh.mu.Lock()
+	a := c.w.next(s, &answer{kind: ansWake, slot: s.local}, now, c.sh.st)
+	c.sh.mu.Unlock()
+	c.issue(s, a)
+	if err := c.flush(); err != nil && c.err == nil {
+		c.err = err
 	}
 }
 

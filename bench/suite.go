@@ -30,7 +30,7 @@ const (
 var allWorkloads = []string{wlUncontended, wlContended, wlFanin, wlHandshakes}
 
 // extraWorkloads run only when -workloads names them.
-var extraWorkloads = []string{wlHeld, wlSingle}
+var extraWorkloads = []string{wlHeld, wlSemaphore, wlSingle}
 
 // config sizes the workloads. Every loop is bounded by Dur plus a drain.
 type config struct {
@@ -46,6 +46,8 @@ type config struct {
 	Lease    time.Duration // fanin lease
 	Renew    time.Duration // fanin renew interval
 	Held     int           // held: distinct 16-byte keys held at once
+	SemLimit int           // semaphore: permits of each hot key
+	SemHold  time.Duration // semaphore: how long a permit is held
 	Drain    time.Duration // how long in-flight work may take to finish after Dur
 	Profile  string        // CPU/alloc profile file prefix for the lockd child ("" = none)
 	Progress func(string)  `json:"-"` // progress lines (nil = none)
@@ -57,6 +59,7 @@ func defaultConfig() config {
 		Dur: 3 * time.Second, Conns: 16, Depth: 32, Keys: 1 << 20,
 		Hot: 8, Waiters: 256, Wait: 5 * time.Second, Retry: time.Millisecond,
 		Fanin: 10000, Lease: 3 * time.Second, Renew: time.Second, Drain: 8 * time.Second, Held: 1_000_000,
+		SemLimit: 4, SemHold: time.Millisecond,
 	}
 }
 
@@ -108,6 +111,14 @@ type Result struct {
 	Lost     int64  `json:"lost,omitempty"`
 	Errors   int64  `json:"errors,omitempty"`
 	Skipped  string `json:"skipped,omitempty"`
+
+	// The semaphore workload: each key's permits, the most holders of one
+	// key the load generator saw at once, the grants beyond the limit, and
+	// the sleeps a release's notification cut short (Redis).
+	Limit      int   `json:"limit,omitempty"`
+	MaxHolders int   `json:"max_holders,omitempty"`
+	OverLimit  int64 `json:"over_limit,omitempty"`
+	Notified   int64 `json:"notified,omitempty"`
 
 	Repl *ReplStats `json:"replication,omitempty"` // cluster targets
 	// ServerCPU is the CPU time (user + system, seconds) each server
@@ -211,6 +222,8 @@ func runWorkload(t *target, wl string, cfg *config, round int) (*Result, error) 
 		err = runHandshakes(t, cfg, res)
 	case wlHeld:
 		err = runHeld(t, cfg, res)
+	case wlSemaphore:
+		err = runSemaphore(t, cfg, res)
 	case wlSingle:
 		err = runSingle(t, cfg, res)
 	default:
@@ -485,6 +498,8 @@ func driveSync(t *target, cfg *config, clk *clock, warm time.Duration, w workloa
 			mode = etcdMutex
 		case *fanin:
 			mode = etcdLeasePerLock
+		case *semaphore:
+			mode = etcdSemaphore
 		}
 		er, err = t.etcd.start(groups, mode)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
 	"github.com/lockd-dev/lockd/internal/history"
 )
@@ -121,6 +122,10 @@ func runBigState(cfg Config, out string, logf func(string, ...any)) history.Resu
 		res: history.Result{Name: "large-state", Figures: map[string]float64{}}}
 	if cfg.BigLocks == 0 {
 		b.res.Verdict, b.res.Summary = history.Skipped, "no large-state phase (-big-locks 0)"
+		return b.res
+	}
+	if cfg.Mode == api.ModeSingle {
+		b.res.Verdict, b.res.Summary = history.Skipped, "single mode: no standby to sync, no active to hand over to"
 		return b.res
 	}
 	began := time.Now()

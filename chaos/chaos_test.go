@@ -69,11 +69,11 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestChaosShort is the CI form: both modes, a fixed seed and a random
-// one (in the log; a failure prints the command that reruns it), each for
-// a short run, and one more run of each mode with PROTOCOL.md §8 on
-// (-secure: TLS, mutual TLS between members, a cluster secret) on the
-// fixed seed. Every checker must pass, and the run must have injected
+// TestChaosShort is the CI form: every mode (one node, a priority
+// cluster, a raft cluster), a fixed seed and a random one (in the log; a
+// failure prints the command that reruns it), each for a short run, and
+// one more run of each cluster mode with PROTOCOL.md §8 on (-secure: TLS,
+// mutual TLS between members, a cluster secret) on the fixed seed. Every checker must pass, and the run must have injected
 // faults and granted locks (a run that did nothing proves nothing).
 func TestChaosShort(t *testing.T) {
 	if testing.Short() {
@@ -81,14 +81,17 @@ func TestChaosShort(t *testing.T) {
 	}
 	d := shortDuration(t)
 	random := rand.Uint64()%1_000_000_000 + 1
-	t.Logf("seeds: 1 and %d (random), %v each; seed 1 once more with -secure", random, d)
+	t.Logf("seeds: 1 and %d (random), %v each; seed 1 once more with -secure in the cluster modes", random, d)
 	type run struct {
 		seed   uint64
 		secure bool
 	}
-	for _, mode := range []string{"priority", "raft"} {
+	for _, mode := range []string{"single", "priority", "raft"} {
 		unavailable := ""
 		for _, rn := range []run{{1, false}, {random, false}, {1, true}} {
+			if rn.secure && mode == "single" {
+				continue // clustertest runs single nodes in plaintext
+			}
 			name := fmt.Sprintf("%s/seed=%d", mode, rn.seed)
 			if rn.secure {
 				name += "/secure"
@@ -121,10 +124,20 @@ func TestChaosShort(t *testing.T) {
 				if rep.Availability.Granted == 0 {
 					t.Error("no lock was granted")
 				}
-				// Issue 18 added three: frozen-answers, handover-answers
-				// and large-state.
-				if len(rep.Checkers) != 10 {
-					t.Errorf("%d checkers ran, want 10", len(rep.Checkers))
+				// fenced-safety, tokens, linearizability, the mutex's
+				// overlap, the semaphore's fence and overlap, liveness,
+				// members, client-errors, frozen-answers, handover-answers
+				// and large-state: each reports, whatever the mode.
+				if len(rep.Checkers) != 12 {
+					t.Errorf("%d checkers ran, want 12", len(rep.Checkers))
+				}
+				// The semaphore workers took permits, and filled a key.
+				for _, c := range rep.Checkers {
+					if strings.HasPrefix(c.Name, "semaphore-") && c.Name != "semaphore-fenced" &&
+						(c.Figures["grants"] == 0 || c.Figures["most_holders_at_once"] < float64(cfg.SemLimit)) {
+						t.Errorf("%s: %v grants, at most %v holders at once; want some, and the limit %d reached",
+							c.Name, c.Figures["grants"], c.Figures["most_holders_at_once"], cfg.SemLimit)
+					}
 				}
 			})
 		}
@@ -151,10 +164,14 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{[]string{}, "-mode"},
 		{[]string{"-mode", "paxos"}, "-mode"},
+		{[]string{"-mode", "single", "-secure"}, "-secure"},
 		{[]string{"-mode", "raft", "-duration", "0s"}, "-duration"},
 		{[]string{"-mode", "raft", "-seed", "-1"}, "-seed"},
 		{[]string{"-mode", "raft", "-workers", "0"}, "-workers"},
 		{[]string{"-mode", "raft", "-keys", "0"}, "-keys"},
+		{[]string{"-mode", "raft", "-sem-workers", "-1"}, "-sem-workers"},
+		{[]string{"-mode", "raft", "-sem-keys", "0"}, "-sem-keys"},
+		{[]string{"-mode", "raft", "-sem-limit", "0"}, "-sem-limit"},
 		{[]string{"-mode", "raft", "-lease", "1500ms"}, "-lease"},
 		{[]string{"-mode", "raft", "-failover-timeout", "10ms"}, "-failover-timeout"},
 		{[]string{"-mode", "raft", "-faults", "kill,flood"}, "-faults"},
@@ -183,6 +200,7 @@ func TestCommandReruns(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Mode, cfg.Seed, cfg.Duration = "priority", 77, 10*time.Minute
 	cfg.Workers, cfg.Lease, cfg.Faults, cfg.Interval = 9, 5*time.Second, []string{"stop", "partition"}, 700*time.Millisecond
+	cfg.SemWorkers, cfg.SemKeys, cfg.SemLimit = 0, 3, 5
 	cfg.Secure = true
 	cfg.BigLocks, cfg.BigFailover = 200_000, 250*time.Millisecond
 	args := strings.Fields(cfg.Command())
@@ -280,6 +298,16 @@ func TestNemesisPlans(t *testing.T) {
 		}
 		if len(bag) != len(AllFaults) {
 			t.Fatalf("faults %d..%d do not hold every kind: %v", i, i+len(AllFaults)-1, bag)
+		}
+	}
+	// One node (single mode): every pick is member 0.
+	rng := rand.New(rand.NewPCG(5, 1))
+	var bag []string
+	for range 50 {
+		var p plan
+		_, p, bag = nextPlan(rng, cfg, AllFaults, bag, 1)
+		if p.pick != 0 || p.pick2 != 0 {
+			t.Fatalf("one member, picks %d and %d", p.pick, p.pick2)
 		}
 	}
 }

@@ -18,7 +18,7 @@ import (
 const (
 	FaultKill      = "kill"      // kill -9 of a member, restart later
 	FaultStop      = "stop"      // SIGSTOP past the failover timeout, then SIGCONT
-	FaultPartition = "partition" // member links cut (isolation, all alone, one way)
+	FaultPartition = "partition" // member links cut (isolation, all alone, one way); single: clients cut off
 	FaultHandover  = "handover"  // SIGTERM (planned handover), restart later
 	FaultDrop      = "drop"      // client connections reset
 )
@@ -28,12 +28,15 @@ var AllFaults = []string{FaultKill, FaultStop, FaultPartition, FaultHandover, Fa
 
 // Config is one run's configuration; every field is a flag.
 type Config struct {
-	Mode            string        // -mode: priority or raft
+	Mode            string        // -mode: single, priority or raft
 	Duration        time.Duration // -duration: how long the workload and the nemesis run
 	Seed            uint64        // -seed: every random choice; 0 picks one
 	JSON            bool          // -json: the report as JSON on stdout
 	Workers         int           // -workers: client workers, each with its own client
 	Keys            int           // -keys: how many keys they contend for
+	SemWorkers      int           // -sem-workers: semaphore workers, beside the mutex ones (0: none)
+	SemKeys         int           // -sem-keys: the semaphore keys they take permits of
+	SemLimit        int           // -sem-limit: each semaphore key's permits
 	Lease           time.Duration // -lease: the lease of every acquire and renew (whole seconds)
 	FailoverTimeout time.Duration // -failover-timeout: the members' --failover-timeout
 	Faults          []string      // -faults: the kinds the nemesis injects
@@ -61,6 +64,9 @@ func DefaultConfig() Config {
 		Duration:        time.Minute,
 		Workers:         6,
 		Keys:            4,
+		SemWorkers:      4,
+		SemKeys:         1,
+		SemLimit:        2,
 		Lease:           3 * time.Second,
 		FailoverTimeout: time.Second,
 		Faults:          slices.Clone(AllFaults),
@@ -71,6 +77,20 @@ func DefaultConfig() Config {
 		BigFailover:     100 * time.Millisecond,
 	}
 }
+
+// members is how many lockd processes the run starts: one node in single
+// mode, a cluster of three otherwise.
+func (c Config) members() int {
+	if c.Mode == api.ModeSingle {
+		return 1
+	}
+	return 3
+}
+
+// clientLocations is how many places the workers sit in: beside each
+// member of a cluster; in single mode one beside the node and two across
+// a network from it, so that a partition can cut some clients off.
+const clientLocations = 3
 
 // DefaultBigLocks is the default -big-locks: a million held locks.
 const DefaultBigLocks = 1_000_000
@@ -84,14 +104,23 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: -%s: %s", ErrUsage, flag, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case c.Mode != api.ModePriority && c.Mode != api.ModeRaft:
-		return bad("mode", "%q: want priority or raft", c.Mode)
+	case c.Mode != api.ModeSingle && c.Mode != api.ModePriority && c.Mode != api.ModeRaft:
+		return bad("mode", "%q: want single, priority or raft", c.Mode)
+	case c.Secure && c.Mode == api.ModeSingle:
+		// clustertest starts single nodes in plaintext only.
+		return bad("secure", "needs -mode priority or raft")
 	case c.Duration < time.Second || c.Duration > 24*time.Hour:
 		return bad("duration", "%v: want 1s..24h", c.Duration)
 	case c.Workers < 1 || c.Workers > 64:
 		return bad("workers", "%d: want 1..64", c.Workers)
 	case c.Keys < 1 || c.Keys > 1000:
 		return bad("keys", "%d: want 1..1000", c.Keys)
+	case c.SemWorkers < 0 || c.SemWorkers > 64:
+		return bad("sem-workers", "%d: want 0..64", c.SemWorkers)
+	case c.SemKeys < 1 || c.SemKeys > 1000:
+		return bad("sem-keys", "%d: want 1..1000", c.SemKeys)
+	case c.SemLimit < 1 || c.SemLimit > 65535:
+		return bad("sem-limit", "%d: want 1..65535", c.SemLimit)
 	case c.Lease < time.Second || c.Lease > 60*time.Second || c.Lease%time.Second != 0:
 		return bad("lease", "%v: want whole seconds, 1s..60s", c.Lease)
 	case c.FailoverTimeout < 100*time.Millisecond || c.FailoverTimeout > 10*time.Second:
@@ -130,12 +159,15 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	cfg := DefaultConfig()
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Mode, "mode", "", "cluster mode: priority or raft (required)")
+	fs.StringVar(&cfg.Mode, "mode", "", "mode: single (one node), priority or raft (a cluster of 3) (required)")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the workload and the nemesis run (1s..24h)")
 	seed := fs.String("seed", "0", "seed of every random choice (0: pick one; it is printed)")
 	fs.BoolVar(&cfg.JSON, "json", false, "print the report as JSON on stdout")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "client workers, each with its own client (1..64)")
 	fs.IntVar(&cfg.Keys, "keys", cfg.Keys, "keys the workers contend for (1..1000)")
+	fs.IntVar(&cfg.SemWorkers, "sem-workers", cfg.SemWorkers, "semaphore workers beside the others, each with its own client, taking permits (0..64; 0: no semaphore workload)")
+	fs.IntVar(&cfg.SemKeys, "sem-keys", cfg.SemKeys, "semaphore keys the semaphore workers take permits of (1..1000)")
+	fs.IntVar(&cfg.SemLimit, "sem-limit", cfg.SemLimit, "permits of each semaphore key (1..65535)")
 	fs.DurationVar(&cfg.Lease, "lease", cfg.Lease, "lease of every acquire and renew (whole seconds, 1s..60s)")
 	fs.DurationVar(&cfg.FailoverTimeout, "failover-timeout", cfg.FailoverTimeout, "the members' --failover-timeout (100ms..10s)")
 	faults := fs.String("faults", strings.Join(cfg.Faults, ","), "fault kinds, comma-separated: "+strings.Join(AllFaults, ",")+", or none")
@@ -184,6 +216,9 @@ func (c Config) Command() string {
 	}
 	add(c.Workers != d.Workers, "workers", strconv.Itoa(c.Workers))
 	add(c.Keys != d.Keys, "keys", strconv.Itoa(c.Keys))
+	add(c.SemWorkers != d.SemWorkers, "sem-workers", strconv.Itoa(c.SemWorkers))
+	add(c.SemKeys != d.SemKeys, "sem-keys", strconv.Itoa(c.SemKeys))
+	add(c.SemLimit != d.SemLimit, "sem-limit", strconv.Itoa(c.SemLimit))
 	add(c.Lease != d.Lease, "lease", c.Lease.String())
 	add(c.FailoverTimeout != d.FailoverTimeout, "failover-timeout", c.FailoverTimeout.String())
 	add(!slices.Equal(c.Faults, d.Faults), "faults", strings.Join(c.Faults, ","))

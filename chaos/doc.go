@@ -1,6 +1,7 @@
 // Command chaos runs a Jepsen-style test against a lockd cluster: real
 // lockd processes (3 members, --cluster priority or raft, on loopback,
-// with fault proxies on the member links), client workers that take locks
+// with fault proxies on the member links; or, -mode single, one node
+// without cluster flags), client workers that take locks
 // on a few contended keys with the bundled client and write to a fenced
 // resource while they hold them, and a nemesis that hurts the cluster at
 // random times, in random order, for a bounded time. Every operation is
@@ -10,6 +11,7 @@
 //
 //	go run ./chaos -mode priority -duration 10m -seed 42
 //	go run ./chaos -mode raft -duration 30s -json
+//	go run ./chaos -mode single -duration 1m
 //
 // # What it owns
 //
@@ -21,6 +23,23 @@
 //     the lease on purpose and writing late (a paused holder), and
 //     releasing; every call recorded with its outcome, indeterminate ones
 //     included.
+//   - The semaphore workload (semaphore.go): -sem-workers more workers
+//     (default 4) beside those, taking permits of -sem-keys keys, each a
+//     semaphore of -sem-limit permits (AcquireShared), and holding them as
+//     the others hold their locks, but writing through a counted fence
+//     (at most N tokens of a key admitted at once, the newest kept; see
+//     history.CountedRule), and telling it when they are done, before
+//     the release. Its checkers: semaphore-fenced and semaphore-exclusion
+//     (raft, single) or semaphore-overlap (priority, measured).
+//   - Single mode: one node, the workers in the same three locations
+//     (0 beside it, 1 and 2 across a network), redialling every 250 ms.
+//     The nemesis's kinds apply to the one node; a partition cuts
+//     locations 1 and 2 (or one of them) off, or drops only the node's
+//     answers to them; after a process fault the node runs 2 s before
+//     the next (singleUp). A kill -9 loses held locks by design
+//     (PROTOCOL.md §4): its span is a crash window (crashWindows), and
+//     the checkers excuse what it may have lost and nothing else; no
+//     large-state phase.
 //   - Client locations: worker i sits beside member i mod 3 and reaches
 //     every member through a fault proxy of its location, so that a
 //     partition cuts clients off from the members of the other side, as

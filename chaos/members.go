@@ -11,6 +11,10 @@ import (
 	"github.com/lockd-dev/lockd/internal/history"
 )
 
+// faultCrash is the fault recorded when a member exited without a fault
+// (watch restarts it).
+const faultCrash = "crash"
+
 // members tracks what the nemesis did to each member, so that the watcher
 // can tell an unexpected exit from a kill and status polls can skip a
 // frozen member (its admin endpoint cannot answer), and collects what went
@@ -110,7 +114,7 @@ func (ms *members) watch(stop <-chan struct{}, logf func(string, ...any)) {
 			}
 			ms.down[m.Index()] = true
 			ms.mu.Unlock()
-			f := ms.rec.AddFault(history.Fault{Kind: "crash", Target: fmt.Sprintf("member %d", m.Index()), Start: ms.rec.Now()})
+			f := ms.rec.AddFault(history.Fault{Kind: faultCrash, Target: fmt.Sprintf("member %d", m.Index()), Start: ms.rec.Now()})
 			tail := lastLines(m.Logs(), 5)
 			ms.problem("member %d exited without a fault; its last lines:\n%s", m.Index(), tail)
 			logf("member %d exited unexpectedly; restarting it", m.Index())

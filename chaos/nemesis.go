@@ -18,6 +18,12 @@ import (
 // faults alone (partitions on top of one can still take it away).
 const maxDown = 1
 
+// singleUp is how long a single node runs after a process fault ends
+// before the next one may take it down: with one node every kill, freeze
+// or termination is an outage, and back to back they would leave the
+// workload nothing to do between them.
+const singleUp = 2 * time.Second
+
 // nemesis injects faults at random times, in random order, bounded: at most
 // Config.MaxActive at once, at most maxDown members down or frozen, one
 // network fault at a time; each fault is reverted when its time is up or
@@ -33,10 +39,11 @@ type nemesis struct {
 	raw     *rawChecks // raw clients across freezes and handovers
 
 	mu        sync.Mutex
-	active    int  // faults in force
-	down      int  // members down or frozen by a fault in force
-	netBusy   bool // a network fault (or slowed member links) in force
-	netFaults int  // network faults begun so far: one began during a fault if this moved
+	active    int       // faults in force
+	down      int       // members down or frozen by a fault in force
+	netBusy   bool      // a network fault (or slowed member links) in force
+	netFaults int       // network faults begun so far: one began during a fault if this moved
+	upAt      time.Time // when the last process fault ended (single mode: see singleUp)
 	wg        sync.WaitGroup
 }
 
@@ -130,7 +137,7 @@ func nextPlan(rng *rand.Rand, cfg Config, kinds, bag []string, members int) (tim
 	}
 	wait := time.Duration(float64(cfg.Interval) * (0.3 + 1.4*rng.Float64()))
 	p := plan{kind: bag[0], coin: rng.Float64(),
-		pick: rng.IntN(members), pick2: rng.IntN(members - 1), choice: rng.Float64()}
+		pick: rng.IntN(members), pick2: rng.IntN(max(members-1, 1)), choice: rng.Float64()}
 	p.hold = holdFor(cfg, p.kind, rng.Float64())
 	return wait, p, bag[1:]
 }
@@ -161,7 +168,7 @@ func (n *nemesis) start(p plan, stop <-chan struct{}) {
 	}
 	switch p.kind {
 	case FaultKill, FaultStop, FaultHandover:
-		if n.down >= maxDown {
+		if n.down >= maxDown || (len(n.c.Members()) == 1 && time.Since(n.upAt) < singleUp) {
 			n.mu.Unlock()
 			return
 		}
@@ -185,6 +192,7 @@ func (n *nemesis) start(p plan, stop <-chan struct{}) {
 			switch p.kind {
 			case FaultKill, FaultStop, FaultHandover:
 				n.down--
+				n.upAt = time.Now()
 			case FaultPartition:
 				n.netBusy = false
 			}
@@ -415,6 +423,10 @@ func (n *nemesis) slowLinks(d time.Duration) {
 // clients notice) and then drop everything (as one that drops).
 func (n *nemesis) partition(p plan, stop <-chan struct{}) {
 	members := len(n.c.Members())
+	if members == 1 {
+		n.cutOff(p, stop)
+		return
+	}
 	var err error
 	var target string
 	var groups [][]int
@@ -447,6 +459,35 @@ func (n *nemesis) partition(p plan, stop <-chan struct{}) {
 		n.end(f, "failed: "+err.Error())
 		return
 	}
+	hold(stop, p.hold)
+	n.healAll()
+	n.end(f, "healed")
+}
+
+// cutOff is a single node's partition: the clients of locations 1 and 2,
+// across a network from the node (location 0 is beside it), lose their
+// paths to it — one location, or both; or both hear nothing back while
+// their requests still arrive (a one-way cut: executed requests whose
+// answers are lost, the outcomes the clients cannot know). Cut paths
+// begin with a reset of their connections, as in partition.
+func (n *nemesis) cutOff(p plan, stop <-chan struct{}) {
+	locs, dir, how := []int{1, 2}, faultproxy.Both, "cut off"
+	switch {
+	case p.choice < 0.55:
+		locs = []int{1 + int(p.coin*2)}
+	case p.choice < 0.8:
+	default:
+		dir, how = faultproxy.Rx, "answers lost"
+	}
+	var names []string
+	for _, loc := range locs {
+		names = append(names, fmt.Sprint(loc))
+		for _, px := range n.clients[loc] {
+			px.Blackhole(dir)
+			px.ResetAll()
+		}
+	}
+	f := n.begin(FaultPartition, fmt.Sprintf("clients at %s %s", strings.Join(names, ", "), how), "")
 	hold(stop, p.hold)
 	n.healAll()
 	n.end(f, "healed")

@@ -27,6 +27,9 @@ type Report struct {
 	Members         int      `json:"members"`
 	Workers         int      `json:"workers"`
 	Keys            int      `json:"keys"`
+	SemWorkers      int      `json:"sem_workers"` // the semaphore workers, beside Workers
+	SemKeys         int      `json:"sem_keys"`
+	SemLimit        int      `json:"sem_limit"` // each semaphore key's permits
 	Lease           float64  `json:"lease_seconds"`
 	FailoverTimeout float64  `json:"failover_timeout_seconds"`
 	FaultKinds      []string `json:"fault_kinds"`
@@ -64,7 +67,8 @@ type Availability struct {
 func newReport(cfg Config) *Report {
 	return &Report{
 		Mode: cfg.Mode, Seed: cfg.Seed, Command: cfg.Command(),
-		Duration: cfg.Duration.Seconds(), Members: 3, Workers: cfg.Workers, Keys: cfg.Keys,
+		Duration: cfg.Duration.Seconds(), Members: cfg.members(), Workers: cfg.Workers, Keys: cfg.Keys,
+		SemWorkers: cfg.SemWorkers, SemKeys: cfg.SemKeys, SemLimit: cfg.SemLimit,
 		Lease: cfg.Lease.Seconds(), FailoverTimeout: cfg.FailoverTimeout.Seconds(), FaultKinds: cfg.Faults,
 		Faults: map[string]int{}, Operations: map[string]map[string]int{}, Phases: map[string]float64{},
 	}
@@ -150,10 +154,13 @@ func (rep *Report) Text() string {
 	} else {
 		fmt.Fprintf(&b, "chaos: mode %s, seed %d, %v of faults and load, %d members, %d workers on %d keys, lease %vs, failover timeout %vs\n",
 			rep.Mode, rep.Seed, time.Duration(rep.Duration*float64(time.Second)), rep.Members, rep.Workers, rep.Keys, rep.Lease, rep.FailoverTimeout)
+		if rep.SemWorkers > 0 {
+			fmt.Fprintf(&b, "semaphore: %d workers on %d keys of %d permits each\n", rep.SemWorkers, rep.SemKeys, rep.SemLimit)
+		}
 	}
 	fmt.Fprintf(&b, "faults injected: %d (%s)\n", rep.FaultsTotal, countList(rep.Faults))
 	fmt.Fprintf(&b, "operations:\n")
-	for _, kind := range []string{"acquire", "renew", "release", "write"} {
+	for _, kind := range []string{"acquire", "renew", "release", "write", "leave"} {
 		outs := rep.Operations[kind]
 		if len(outs) == 0 {
 			continue

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/fence"
 	"github.com/lockd-dev/lockd/internal/history"
@@ -16,17 +17,19 @@ import (
 
 // resource is the fenced resource: an in-process store of one record per
 // key, guarded by a fence.Checker, whose every decision is recorded with
-// its order. The check and the write are one step (Checker.Do).
+// its order. The check and the write are one step (Checker.Do). The
+// semaphore keys have a counted fence instead (semaphore.go).
 type resource struct {
 	rec   *history.Recorder
 	fence fence.Checker
 
-	mu  sync.Mutex // orders decisions: seq is the order the checker sees them in
-	seq uint64
+	mu      sync.Mutex // orders decisions: seq is the order the checker sees them in
+	seq     uint64
+	counted map[string]*countedKey // the semaphore keys' counted fences
 }
 
 func newResource(rec *history.Recorder) *resource {
-	return &resource{rec: rec}
+	return &resource{rec: rec, counted: map[string]*countedKey{}}
 }
 
 // write has the fence judge worker's write under key with token, and
@@ -92,7 +95,8 @@ type workload struct {
 	cfg   Config
 	rec   *history.Recorder
 	res   *resource
-	keys  []string
+	keys  []string               // the mutex workers' keys
+	sem   []string               // the semaphore workers' keys, each of cfg.SemLimit permits
 	addrs func(loc int) []string // every member's address, as a client at location loc reaches it
 
 	mu        sync.Mutex
@@ -106,6 +110,9 @@ func newWorkload(cfg Config, rec *history.Recorder, res *resource, addrs func(in
 	w := &workload{cfg: cfg, rec: rec, res: res, addrs: addrs}
 	for i := range cfg.Keys {
 		w.keys = append(w.keys, keyName(i))
+	}
+	for i := range cfg.SemKeys {
+		w.sem = append(w.sem, semKeyName(i))
 	}
 	return w
 }
@@ -123,8 +130,18 @@ func (w *workload) anomaly(format string, args ...any) {
 // partition) given every member's address through that location's
 // proxies, with the library's defaults.
 func (w *workload) newClient(loc int) (*client.Client, error) {
-	return client.New(client.Config{Addrs: w.addrs(loc), TLS: w.cfg.clientTLS})
+	cfg := client.Config{Addrs: w.addrs(loc), TLS: w.cfg.clientTLS}
+	if w.cfg.Mode == api.ModeSingle {
+		// One node: every restart is an outage for every client, which
+		// then waits for its redial; at the default 3 s most of a short
+		// run would be spent waiting, and the checkers would see little.
+		cfg.ReconnectInterval = singleReconnect
+	}
+	return client.New(cfg)
 }
+
+// singleReconnect is the clients' ReconnectInterval in single mode.
+const singleReconnect = 250 * time.Millisecond
 
 // worker is one client process of the workload.
 type worker struct {
@@ -142,13 +159,23 @@ func (k *worker) note(op history.Op) {
 	}
 }
 
-// acquire runs one acquire and records it; it returns the op's ID and the
-// lock (zero unless granted).
-func (k *worker) acquire(key string, wait time.Duration) (int, client.Lock) {
+// acquire runs one acquire — a permit of a semaphore of limit permits
+// (AcquireShared) when limit > 0 — and records it; it returns the op's ID
+// and the lock (zero unless granted).
+func (k *worker) acquire(key string, wait time.Duration, limit int) (int, client.Lock) {
 	lease := k.w.cfg.Lease
 	call := k.w.rec.Now()
-	l, err := k.cl.Acquire(context.Background(), key, client.AcquireOptions{Wait: wait, Lease: lease})
-	op := history.Op{Worker: k.id, Kind: history.Acquire, Key: key, Lease: lease, Wait: wait,
+	opts := client.AcquireOptions{Wait: wait, Lease: lease}
+	var (
+		l   client.Lock
+		err error
+	)
+	if limit > 0 {
+		l, err = k.cl.AcquireShared(context.Background(), key, limit, opts)
+	} else {
+		l, err = k.cl.Acquire(context.Background(), key, opts)
+	}
+	op := history.Op{Worker: k.id, Kind: history.Acquire, Key: key, Lease: lease, Wait: wait, Limit: limit,
 		Call: call, Return: k.w.rec.Now(), Grant: -1}
 	op.Outcome, op.Detail = classify(err)
 	if err == nil {
@@ -198,36 +225,47 @@ const (
 	renewChance = 0.25                  // a renewal during a short hold
 )
 
-// run loops until stop is closed: acquire a random key, hold it (write,
-// renew), release it.
-func (k *worker) run(stop <-chan struct{}) {
+// run loops until stop is closed: acquire a random key of keys — a
+// permit of it when limit > 0 — hold it (write, renew), release it.
+func (k *worker) run(stop <-chan struct{}, keys []string, limit int) {
 	for {
 		select {
 		case <-stop:
 			return
 		default:
 		}
-		key := k.w.keys[k.rng.IntN(len(k.w.keys))]
+		key := keys[k.rng.IntN(len(keys))]
 		var wait time.Duration
 		if k.rng.Float64() >= 0.3 {
 			wait = 500*time.Millisecond + time.Duration(k.rng.Int64N(int64(1500*time.Millisecond)))
 		}
-		g, l := k.acquire(key, wait)
+		g, l := k.acquire(key, wait, limit)
 		if l.Token == 0 {
 			k.pause(stop, 20*time.Millisecond+time.Duration(k.rng.Int64N(int64(150*time.Millisecond))))
 			continue
 		}
-		k.hold(stop, g, l)
+		k.hold(stop, g, l, limit)
 		k.pause(stop, time.Duration(k.rng.Int64N(int64(20*time.Millisecond))))
 	}
+}
+
+// put writes to the resource under grant g's lock: through the counted
+// fence, declaring the lease's end, for a permit of a semaphore of limit
+// permits (limit > 0), else through the fence of one holder.
+func (k *worker) put(g int, l client.Lock, limit int, late bool) bool {
+	if limit > 0 {
+		return k.w.res.writeCounted(k.id, g, l.Key, limit, l.Token, k.w.rec.At(l.Expires), late)
+	}
+	return k.w.res.write(k.id, g, l.Key, l.Token, late)
 }
 
 // hold works under grant g: writes spread over the hold, renewals when the
 // hold needs them (and sometimes when it does not), then the release. A
 // few holders pause past the lease's end and write late, as a holder
 // stalled by a GC pause or a swap storm would; fencing must turn them away
-// once a successor has written.
-func (k *worker) hold(stop <-chan struct{}, g int, l client.Lock) {
+// once a successor has written. A semaphore's holder (limit > 0) tells the
+// counted fence it is done before it releases.
+func (k *worker) hold(stop <-chan struct{}, g int, l client.Lock, limit int) {
 	lease := k.w.cfg.Lease
 	var holdFor time.Duration
 	switch r := k.rng.Float64(); {
@@ -260,14 +298,17 @@ func (k *worker) hold(stop <-chan struct{}, g int, l client.Lock) {
 		if time.Now().After(l.Expires.Add(-writeMargin)) {
 			break // the lease may be over: a careful holder stops
 		}
-		k.w.res.write(k.id, g, l.Key, l.Token, false)
+		k.put(g, l, limit, false)
 	}
 	if late {
 		if k.sleepUntil(stop, l.Expires.Add(50*time.Millisecond+time.Duration(k.rng.Int64N(int64(450*time.Millisecond))))) {
-			k.w.res.write(k.id, g, l.Key, l.Token, true)
+			k.put(g, l, limit, true)
 		}
 	} else {
 		k.sleepUntil(stop, end)
+	}
+	if limit > 0 {
+		k.w.res.leave(k.id, g, l.Key, l.Token)
 	}
 	k.release(g, l)
 }

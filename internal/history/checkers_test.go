@@ -153,15 +153,15 @@ func TestOverlaps(t *testing.T) {
 			b := newBuilder()
 			tc.build(b)
 			h := b.history(t)
-			st := Overlaps(h)
+			st := Overlaps(h, nil)
 			if st.Pairs != tc.pairs || st.LostGrants != tc.lost || st.Total != tc.total {
 				t.Fatalf("pairs %d lost %d total %v, want %d %d %v (%v)", st.Pairs, st.LostGrants, st.Total, tc.pairs, tc.lost, tc.total, st.Examples)
 			}
-			measured := CheckOverlap(h, false)
+			measured := CheckOverlap(h, false, nil)
 			if measured.Verdict != Measured || measured.Count != 0 {
 				t.Fatalf("measured: %s", measured)
 			}
-			asserted := CheckOverlap(h, true)
+			asserted := CheckOverlap(h, true, nil)
 			if n := tc.pairs + tc.lost; n > 0 {
 				expect(t, asserted, Violated, n)
 			} else {

@@ -1,5 +1,6 @@
 // Package history records what the clients of a lock service did and saw —
-// every acquire, release, renew and fenced write, with its invocation and
+// every acquire (exclusive, or a permit of a shared key), release, renew,
+// fenced write and leave of a counted resource, with its invocation and
 // completion times, its inputs and its outcome (an indeterminate outcome
 // included) — and checks the record, in the manner of Jepsen's checkers.
 //
@@ -19,7 +20,19 @@
 //     a failing key's history visualized to an HTML file), and
 //     CheckOverlap over Overlaps (how often and how long two clients
 //     believed they held one key at once, and how many grants were lost),
-//     asserted or only measured.
+//     asserted or only measured; for the keys taken as shared (semaphores,
+//     PROTOCOL.md §9.2), CheckCountedFenced (a counted resource's every
+//     decision follows CountedRule — at most N tokens admitted at once,
+//     the newest kept — and, asserted for a consensus service, no holder
+//     on time turned away) and CheckCountedOverlap (more holders than the
+//     limit at once, and lost grants). SharedKeys and History.Select split
+//     a history into the exclusive keys' and the shared keys'.
+//   - Crashes (crash.go): the overlap and counted checkers take the spans
+//     in which a service that keeps no held lock across a crash (one
+//     lockd node's kill -9, PROTOCOL.md §4) lost what it held; a grant
+//     such a crash may have lost counts as held until the crash began,
+//     and its N, its eviction from a counted resource and its writes
+//     turned away are excused. Everything else stays asserted.
 //   - LockModel: the porcupine model itself, for tests that record their
 //     own operations.
 //

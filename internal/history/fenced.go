@@ -67,7 +67,7 @@ func CheckFenced(h History) Result {
 			holders[w.Key][w.Token] = who
 		} else if first != who {
 			r.violate("writes of two holders accepted under token %d for %q: grant %d (worker %d) and %s",
-				w.Token, w.Key, first.grant, first.worker, w)
+				w.Token, w.Key, h.ref(first.grant), first.worker, w)
 		}
 	}
 	r.figure("writes_accepted", float64(accepted))

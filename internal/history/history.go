@@ -18,9 +18,13 @@ const (
 	Release                 // release the lock of Token
 	Renew                   // renew the lease of Token
 	Write                   // a write to the fenced resource under Token
+	// Leave: the holder of Token told a counted resource it is done
+	// (CheckCountedFenced), just before its release; Seq orders it among
+	// the resource's decisions.
+	Leave
 )
 
-var kindNames = [...]string{Acquire: "acquire", Release: "release", Renew: "renew", Write: "write"}
+var kindNames = [...]string{Acquire: "acquire", Release: "release", Renew: "renew", Write: "write", Leave: "leave"}
 
 // String is the kind's name.
 func (k Kind) String() string {
@@ -95,31 +99,59 @@ const (
 // Op is one operation of one client, as the client saw it. Times are
 // offsets from the run's start on the monotonic clock.
 type Op struct {
-	ID      int           `json:"id"`     // its index in History.Ops
-	Worker  int           `json:"worker"` // the client that made it, from 0
-	Kind    Kind          `json:"kind"`
-	Key     string        `json:"key"`
-	Token   uint64        `json:"token,omitempty"` // acquire: granted (OK only); else: the token sent
+	ID     int    `json:"id"`     // its index in History.Ops
+	Worker int    `json:"worker"` // the client that made it, from 0
+	Kind   Kind   `json:"kind"`
+	Key    string `json:"key"`
+	Token  uint64 `json:"token,omitempty"` // acquire: granted (OK only); else: the token sent
+	// Limit is, for an acquire of a shared key (a semaphore's permit,
+	// PROTOCOL.md §9.2), the key's limit; 0 for an exclusive acquire.
+	Limit   int           `json:"limit,omitempty"`
 	Lease   time.Duration `json:"lease,omitempty"` // acquire, renew: the lease asked for
 	Wait    time.Duration `json:"wait,omitempty"`  // acquire: how long it could queue
 	Call    time.Duration `json:"call"`            // invoked
 	Return  time.Duration `json:"return"`          // completed (for Unknown: when the client gave up)
 	Outcome Outcome       `json:"outcome"`
-	Detail  string        `json:"detail,omitempty"`  // why it failed (Detail* constants) or the error's text
-	Expires time.Duration `json:"expires,omitempty"` // OK acquire or renew: the client's conservative end of the lease
+	Detail  string        `json:"detail,omitempty"` // why it failed (Detail* constants) or the error's text
+	// Expires is, for an OK acquire or renew, the client's conservative
+	// end of the lease; for a write to a counted resource, the end the
+	// holder declared with it (its lease's, as it knew it then).
+	Expires time.Duration `json:"expires,omitempty"`
 	// Grant is, for a release, renew or write, the ID of the acquire that
 	// granted Token; -1 if there is none. Acquires have -1.
 	Grant int    `json:"grant"`
-	Seq   uint64 `json:"seq,omitempty"` // write: the fenced resource's decision order, from 1
+	Seq   uint64 `json:"seq,omitempty"` // write, leave: the fenced resource's decision order, from 1
 	// Late marks a write made on purpose after the holder's lease had
 	// ended (a paused holder that wakes up): fencing must reject it once a
 	// successor has written.
 	Late bool `json:"late,omitempty"`
+
+	// src is, for an op of a history History.Select made, its ID in the
+	// history it was selected from, plus one (0: not selected): what the
+	// checkers name, so that a report points into the recorded history.
+	src int
+}
+
+// ref is the ID that names o in a report: its ID in the recorded history.
+func (o Op) ref() int {
+	if o.src > 0 {
+		return o.src - 1
+	}
+	return o.ID
+}
+
+// ref names op id of h in a report (ref of that op; id itself when h has
+// no such op).
+func (h History) ref(id int) int {
+	if id >= 0 && id < len(h.Ops) {
+		return h.Ops[id].ref()
+	}
+	return id
 }
 
 // String describes the operation in one line.
 func (o Op) String() string {
-	s := fmt.Sprintf("op %d: worker %d %s %q", o.ID, o.Worker, o.Kind, o.Key)
+	s := fmt.Sprintf("op %d: worker %d %s %q", o.ref(), o.Worker, o.Kind, o.Key)
 	if o.Token != 0 {
 		s += fmt.Sprintf(" token %d", o.Token)
 	}
@@ -155,8 +187,8 @@ var ErrBadHistory = errors.New("history: malformed history")
 // Validate reports the first way in which h is not well formed: IDs that
 // are not indexes, an unknown kind or outcome, a completion before its
 // invocation, a grant reference to something other than an earlier
-// acquire of the same key, a write without a decision order or two with
-// the same one.
+// acquire of the same key, a write or leave without a decision order or
+// two with the same one, a leave that is not an OK step of a grant.
 func (h History) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrBadHistory, fmt.Sprintf(format, args...))
@@ -166,7 +198,7 @@ func (h History) Validate() error {
 		switch {
 		case o.ID != i:
 			return bad("op at index %d has ID %d", i, o.ID)
-		case o.Kind < Acquire || o.Kind > Write:
+		case o.Kind < Acquire || o.Kind > Leave:
 			return bad("op %d: kind %d", i, o.Kind)
 		case o.Outcome < OK || o.Outcome > Unknown:
 			return bad("op %d: outcome %d", i, o.Outcome)
@@ -186,12 +218,15 @@ func (h History) Validate() error {
 				return bad("op %d: grant %d is not an earlier acquire of %q", i, o.Grant, o.Key)
 			}
 		}
-		if o.Kind == Write {
+		if o.Kind == Leave && (o.Outcome != OK || o.Grant < 0) {
+			return bad("op %d: a leave is an OK step of a grant", i)
+		}
+		if o.Kind == Write || o.Kind == Leave {
 			if o.Outcome == Unknown {
 				return bad("op %d: a write's outcome is always known", i)
 			}
 			if o.Seq == 0 {
-				return bad("op %d: a write without a decision order", i)
+				return bad("op %d: a %s without a decision order", i, o.Kind)
 			}
 			if j, dup := seqs[o.Seq]; dup {
 				return bad("ops %d and %d: the same decision order %d", j, i, o.Seq)

@@ -173,14 +173,14 @@ func stepLock(st lockState, in LockInput, out LockOutput) []any {
 func LockOperations(h History) (keys []string, parts [][]porcupine.Operation) {
 	byKey := map[string][]porcupine.Operation{}
 	for _, o := range h.Ops {
-		if o.Kind == Write {
+		if o.Kind == Write || o.Kind == Leave {
 			continue
 		}
 		notHeld := o.Outcome == Fail && o.Detail == DetailNotHeld
 		if o.Outcome == Fail && (o.Kind == Acquire || !notHeld) {
 			continue
 		}
-		in := LockInput{ID: o.ID, Kind: o.Kind, Token: o.Token, Lease: int64(o.Lease),
+		in := LockInput{ID: o.ref(), Kind: o.Kind, Token: o.Token, Lease: int64(o.Lease),
 			Call: int64(o.Call), Return: int64(o.Return), Unknown: o.Outcome == Unknown}
 		if o.Kind == Acquire {
 			in.Token = 0
@@ -193,7 +193,7 @@ func LockOperations(h History) (keys []string, parts [][]porcupine.Operation) {
 			out.Token = o.Token
 		}
 		byKey[o.Key] = append(byKey[o.Key], porcupine.Operation{
-			ClientId: o.Worker, Input: in, Call: in.Call, Output: out, Return: in.Return, Metadata: o.ID,
+			ClientId: o.Worker, Input: in, Call: in.Call, Output: out, Return: in.Return, Metadata: o.ref(),
 		})
 	}
 	for k := range byKey {
