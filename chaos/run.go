@@ -472,17 +472,27 @@ func (r *runner) liveness(res *resource, healed time.Duration) history.Result {
 			bad("member %d's /status: %v", lead, err)
 		case st.Keys != 0:
 			// The raw probes' keys (rawChecks) may still run out their
-			// short leases; every other key must be free.
-			keys, err := dumpLocks(r.c.Member(lead).AdminURL())
-			if err != nil {
-				bad("member %d's /debug/locks: %v", lead, err)
-				break
-			}
+			// short leases; every other key must be free once the leases
+			// of indeterminate grants have run out. The final acquire of
+			// an exclusive key waited for those; a semaphore's took a free
+			// permit beside one, so its lease is waited for here.
 			var left []string
-			for k := range keys {
-				if !strings.HasPrefix(k, "raw/") {
-					left = append(left, k)
+			for deadline := time.Now().Add(r.cfg.Lease + time.Second); ; {
+				keys, err := dumpLocks(r.c.Member(lead).AdminURL())
+				if err != nil {
+					bad("member %d's /debug/locks: %v", lead, err)
+					break
 				}
+				left = left[:0]
+				for k := range keys {
+					if !strings.HasPrefix(k, "raw/") {
+						left = append(left, k)
+					}
+				}
+				if len(left) == 0 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
 			if len(left) > 0 {
 				slices.Sort(left)

@@ -148,6 +148,18 @@ func TestOverlaps(t *testing.T) {
 			c := b.grant(1, "k", 11, 1100, 1101)
 			b.release(c, 1200, 1201)
 		}, 0, 1, 0},
+		{"a lost grant: a Release's N with no fault in force", func(b *builder) {
+			a := b.grant(0, "k", 10, 0, 5)
+			b.fault(100, 200)
+			b.op(Release, a, Fail, DetailNotHeld, 1000, 1001)
+		}, 0, 1, 0},
+		{"a Release's N across a fault: its first attempt may have run", func(b *builder) {
+			a := b.grant(0, "k", 10, 0, 5)
+			b.fault(900, 1500)
+			b.op(Release, a, Fail, DetailNotHeld, 1000, 1600)
+			c := b.grant(1, "k", 11, 1100, 1200)
+			b.release(c, 1700, 1701)
+		}, 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBuilder()
@@ -226,6 +238,18 @@ func TestCheckLinearizable(t *testing.T) {
 			a := b.grant(0, "k", 10, 0, 5)
 			b.op(Release, a, Fail, DetailNotHeld, 1000, 1001)
 		}, false},
+		{"a lost grant: N while the lease surely ran, a fault before it", func(b *builder) {
+			a := b.grant(0, "k", 10, 0, 5)
+			b.fault(100, 200)
+			b.op(Release, a, Fail, DetailNotHeld, 1000, 1001)
+		}, false},
+		{"a Release resent across a fault: N after its first attempt ran", func(b *builder) {
+			a := b.grant(0, "k", 10, 0, 5)
+			b.fault(900, 1500) // answers lost: the first attempt ran, the resend got N
+			b.op(Release, a, Fail, DetailNotHeld, 1000, 1600)
+			c := b.grant(1, "k", 11, 1100, 1200) // granted at the first attempt
+			b.release(c, 1700, 1701)
+		}, true},
 		{"a renew of a superseded token answered K", func(b *builder) {
 			a := b.grant(0, "k", 10, 0, 5)
 			b.release(a, 10, 11)

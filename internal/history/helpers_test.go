@@ -56,6 +56,11 @@ func (b *builder) op(kind Kind, g int, out Outcome, detail string, call, ret int
 
 func (b *builder) release(g, call, ret int) int { return b.op(Release, g, OK, "", call, ret) }
 
+// fault: a network fault in force from start to end.
+func (b *builder) fault(start, end int) {
+	b.h.Faults = append(b.h.Faults, Fault{Kind: "partition", Target: "clients", Start: ms(start), End: ms(end)})
+}
+
 // write: grant g's holder wrote at t, accepted or not.
 func (b *builder) write(g int, accepted bool, t int) int {
 	gr := b.h.Ops[g]

@@ -166,7 +166,8 @@ func stepLock(st lockState, in LockInput, out LockOutput) []any {
 
 // LockOperations turns h into porcupine operations, one slice per key
 // (keys sorted), with the operations the model checks: acquires granted
-// or unknown, releases and renews answered or unknown (an N is kept, other
+// or unknown, releases and renews answered or unknown (an N is kept, but
+// a Release's N during a fault is unknown: resend.go; other
 // failures are left out: nothing was executed). An unknown outcome gets
 // the return time math.MaxInt64: it may take effect at any time after its
 // call.
@@ -180,8 +181,12 @@ func LockOperations(h History) (keys []string, parts [][]porcupine.Operation) {
 		if o.Outcome == Fail && (o.Kind == Acquire || !notHeld) {
 			continue
 		}
+		resent := h.resent(o) // unknown: an earlier attempt may have released it
+		if resent {
+			notHeld = false
+		}
 		in := LockInput{ID: o.ref(), Kind: o.Kind, Token: o.Token, Lease: int64(o.Lease),
-			Call: int64(o.Call), Return: int64(o.Return), Unknown: o.Outcome == Unknown}
+			Call: int64(o.Call), Return: int64(o.Return), Unknown: o.Outcome == Unknown || resent}
 		if o.Kind == Acquire {
 			in.Token = 0
 		}
@@ -189,6 +194,9 @@ func LockOperations(h History) (keys []string, parts [][]porcupine.Operation) {
 			in.Return = math.MaxInt64
 		}
 		out := LockOutput{Outcome: o.Outcome, NotHeld: notHeld}
+		if resent {
+			out.Outcome = Unknown
+		}
 		if o.Kind == Acquire && o.Outcome == OK {
 			out.Token = o.Token
 		}

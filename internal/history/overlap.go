@@ -59,7 +59,7 @@ func Beliefs(h History) []Belief {
 		slices.SortStableFunc(ops, func(a, c Op) int { return cmp.Compare(a.Call, c.Call) })
 		believing := true
 		for _, o := range ops {
-			notHeld := o.Outcome == Fail && o.Detail == DetailNotHeld
+			notHeld := o.Outcome == Fail && o.Detail == DetailNotHeld && !h.resent(o)
 			if notHeld && o.Return < surely && !b.Lost {
 				b.Lost, b.LostAt = true, o.Return
 			}
