@@ -98,7 +98,38 @@ exit 1, never 10.`,
 	return cmd
 }
 
-// lockArg parses the KEY TOKEN arguments of release and renew.
+// tokenCall is how every KEY TOKEN command (release, renew, validate,
+// watch) begins: its output flag and arguments checked, then its own flags
+// (check, when it has any), then the connection flags, and last a client
+// whose server answered; done releases the client and the context.
+func (a *app) tokenCall(o *output, c *conn, pos []string, check func() error) (client.Lock, *client.Client, context.Context, func(), error) {
+	fail := func(err error) (client.Lock, *client.Client, context.Context, func(), error) {
+		return client.Lock{}, nil, nil, nil, err
+	}
+	if err := a.checkOutput(o); err != nil {
+		return fail(err)
+	}
+	l, err := lockArg(pos)
+	if err != nil {
+		return fail(err)
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return fail(err)
+		}
+	}
+	if err := c.finish(); err != nil {
+		return fail(err)
+	}
+	cl, ctx, done, err := c.dial()
+	if err != nil {
+		return fail(err)
+	}
+	return l, cl, ctx, done, nil
+}
+
+// lockArg parses the KEY TOKEN arguments of release, renew, validate and
+// watch.
 func lockArg(pos []string) (client.Lock, error) {
 	tok, err := parseToken(pos[1])
 	return client.Lock{Key: pos[0], Token: tok}, err
@@ -120,17 +151,7 @@ lock (or an admin identity) can release it.`,
 	o := a.outputFlag(cmd)
 	c := connFlags(cmd)
 	cmd.RunE = a.wrap(func(_ *cobra.Command, pos []string) error {
-		if err := a.checkOutput(o); err != nil {
-			return err
-		}
-		l, err := lockArg(pos)
-		if err != nil {
-			return err
-		}
-		if err := c.finish(); err != nil {
-			return err
-		}
-		cl, ctx, done, err := c.dial()
+		l, cl, ctx, done, err := a.tokenCall(o, c, pos, nil)
 		if err != nil {
 			return err
 		}
@@ -160,20 +181,7 @@ exit 13.`,
 	o := a.outputFlag(cmd)
 	c := connFlags(cmd)
 	cmd.RunE = a.wrap(func(_ *cobra.Command, pos []string) error {
-		if err := a.checkOutput(o); err != nil {
-			return err
-		}
-		l, err := lockArg(pos)
-		if err != nil {
-			return err
-		}
-		if err := c.finish(); err != nil {
-			return err
-		}
-		if err := checkWaitLease(nil, &lease); err != nil {
-			return err
-		}
-		cl, ctx, done, err := c.dial()
+		l, cl, ctx, done, err := a.tokenCall(o, c, pos, func() error { return checkWaitLease(nil, &lease) })
 		if err != nil {
 			return err
 		}

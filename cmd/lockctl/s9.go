@@ -88,17 +88,7 @@ a monitor identity included.`,
 	o := a.outputFlag(cmd)
 	c := connFlags(cmd)
 	cmd.RunE = a.wrap(func(_ *cobra.Command, pos []string) error {
-		if err := a.checkOutput(o); err != nil {
-			return err
-		}
-		l, err := lockArg(pos)
-		if err != nil {
-			return err
-		}
-		if err := c.finish(); err != nil {
-			return err
-		}
-		cl, ctx, done, err := c.dial()
+		l, cl, ctx, done, err := a.tokenCall(o, c, pos, nil)
 		if err != nil {
 			return err
 		}
@@ -241,20 +231,12 @@ watch: when it passes with the grant still held, watch exits 10.`,
 	o := a.outputFlag(cmd)
 	c := connFlags(cmd)
 	cmd.RunE = a.wrap(func(_ *cobra.Command, pos []string) error {
-		if err := a.checkOutput(o); err != nil {
-			return err
-		}
-		l, err := lockArg(pos)
-		if err != nil {
-			return err
-		}
-		if wait < 0 {
-			return usageErr("--wait %v: must not be negative", wait)
-		}
-		if err := c.finish(); err != nil {
-			return err
-		}
-		cl, ctx, done, err := c.dial()
+		l, cl, ctx, done, err := a.tokenCall(o, c, pos, func() error {
+			if wait < 0 {
+				return usageErr("--wait %v: must not be negative", wait)
+			}
+			return nil
+		})
 		if err != nil {
 			return err
 		}
