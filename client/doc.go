@@ -237,7 +237,12 @@
 // retries for Config.ReleaseRetry (5 s) at
 // Config.ReleaseRetryInterval (200 ms) across connections, following M as
 // acquires do; Renew retries until Config.TransportTimeout. Both act on
-// the exact token only, which makes a resend harmless.
+// the exact token only, which makes a resend harmless to the lock table.
+// One reading changes: when a Release had to be resent because its
+// connection was lost after it was sent, its ErrNotHeld may mean that the
+// first attempt released the lock and only its answer was lost — the lock
+// is free either way, but the error no longer proves that the lease had
+// ended before the release (the chaos checkers read it so, docs/RELIABILITY.md).
 //
 // KeepAlive renews in the background every third of the lease and reports
 // the lock lost (Lost, Err, a cancelled Context) on an N, on Close, or

@@ -142,7 +142,8 @@ func (a *app) releaseCmd() *cobra.Command {
 		Long: `release ends the grant of KEY whose fencing token is TOKEN (as printed by
 acquire). It acts on that exact token only, and is retried for 5 s while
 lockd cannot be reached; a release already done, or of a lease that ended,
-is exit 13 (not held). With lockd's --acl, only the identity that took the
+is exit 13 (not held) — after a retry that can also be this release's own
+first attempt, executed with its answer lost. With lockd's --acl, only the identity that took the
 lock (or an admin identity) can release it.`,
 		Example: `  lockctl release reports/nightly 1795948991634200642
   lockctl release reports/nightly "$TOKEN" -o json`,
