@@ -802,6 +802,9 @@ func (w *fastWriter) reset(reqClose bool, body *fastBody) {
 		clear(w.h)
 	}
 	w.status, w.wroteHeader, w.reqClose, w.closeAfter, w.err = 0, false, reqClose, false, nil
+	if cap(w.out) > 64<<10 {
+		w.out = nil // a large answer (an inspect of many holders) is not kept per connection
+	}
 	w.out = w.out[:0]
 }
 
