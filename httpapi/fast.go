@@ -64,9 +64,10 @@ type Endpoint struct {
 	startOnce sync.Once
 	shutting  atomic.Bool
 
-	// served counts the requests the fast lane served, handedOff the
-	// connections it gave to net/http (for tests).
-	served, handedOff atomic.Uint64
+	// servedGone counts the requests served on fast connections that
+	// ended (servedCount adds the live ones'), handedOff the connections
+	// given to net/http (for tests).
+	servedGone, handedOff atomic.Uint64
 
 	mu    sync.Mutex
 	lns   map[net.Listener]struct{}
@@ -146,7 +147,7 @@ func (e *Endpoint) Shutdown(ctx context.Context) error {
 	for {
 		e.mu.Lock()
 		for fc := range e.conns {
-			if fc.idle {
+			if fc.idle.Load() {
 				fc.c.Close()
 			}
 		}
@@ -192,7 +193,21 @@ func (e *Endpoint) closeListeners() {
 func (e *Endpoint) forget(fc *fastConn) {
 	e.mu.Lock()
 	delete(e.conns, fc)
+	e.servedGone.Add(fc.served.Load())
 	e.mu.Unlock()
+}
+
+// servedCount is the number of requests the fast lane served. Each
+// connection counts its own: no write shared between connections per
+// request.
+func (e *Endpoint) servedCount() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := e.servedGone.Load()
+	for fc := range e.conns {
+		n += fc.served.Load()
+	}
+	return n
 }
 
 // handoffListener is the listener net/http serves: the connections the
@@ -253,7 +268,8 @@ type fastConn struct {
 	buf    []byte // read buffer: buf[start:end] is read and not yet served
 	start  int
 	end    int
-	idle   bool // waiting for a request's first byte (e.mu)
+	idle   atomic.Bool // waiting for a request's first byte
+	served atomic.Uint64
 
 	// rdl and wdl are the read and write deadlines last set (zero: none).
 	rdl, wdl time.Time
@@ -342,24 +358,19 @@ func (fc *fastConn) readHeader() (int, int) {
 			if fc.rdl.IsZero() || fc.rdl.Sub(now) < IdleTimeout {
 				fc.setReadDeadline(now.Add(IdleTimeout + time.Second))
 			}
-			fc.e.mu.Lock()
+			// Shutdown sets shutting, then closes the idle connections:
+			// one of the two sees the other (no lock per request).
+			fc.idle.Store(true)
 			if fc.e.shutting.Load() {
-				fc.e.mu.Unlock()
 				return 0, headerEnded
 			}
-			fc.idle = true
-			fc.e.mu.Unlock()
 		} else if fc.rdl.IsZero() || fc.rdl.Sub(now) > HeaderTimeout {
 			// A header begun: the rest within HeaderTimeout (closed
 			// without an answer after it, as net/http does).
 			fc.setReadDeadline(now.Add(HeaderTimeout))
 		}
 		n, err := fc.c.Read(fc.buf[fc.end:])
-		if fc.idle {
-			fc.e.mu.Lock()
-			fc.idle = false
-			fc.e.mu.Unlock()
-		}
+		fc.idle.Store(false)
 		fc.end += n
 		if err != nil {
 			return 0, headerEnded
@@ -563,7 +574,7 @@ func (fc *fastConn) serveOne(hdrLen int, rq *fastRequest) bool {
 	}).WithContext(ctx)
 	w := &fc.w
 	w.reset(rq.close, body)
-	fc.e.served.Add(1)
+	fc.served.Add(1)
 	fc.e.f.ServeHTTP(w, r)
 	gone := ctx.finish()
 	w.body = nil
@@ -764,14 +775,10 @@ func (fc *fastConn) unwatch() bool {
 }
 
 // keepByte puts the byte the watcher read (the next request's first) in
-// the buffer.
+// the buffer, which was empty (watch runs only then).
 func (fc *fastConn) keepByte() {
-	if fc.start == fc.end {
-		fc.start, fc.end = 0, 0
-	}
-	fc.end = fc.start + copy(fc.buf[fc.start:], fc.buf[fc.start:fc.end])
-	fc.buf[fc.end] = fc.oneByte[0]
-	fc.end++
+	fc.buf[0] = fc.oneByte[0]
+	fc.start, fc.end = 0, 1
 }
 
 var aLongTimeAgo = time.Unix(1, 0)

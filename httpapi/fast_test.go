@@ -152,7 +152,7 @@ func TestFastLane(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			fast0, handed0 := fe.e.served.Load(), fe.e.handedOff.Load()
+			fast0, handed0 := fe.e.servedCount(), fe.e.handedOff.Load()
 			rc := fe.dial(t)
 			rc.send(tc.parts...)
 			for i, want := range tc.statuses {
@@ -175,7 +175,7 @@ func TestFastLane(t *testing.T) {
 			if got := rc.closed(wait); got != tc.closed {
 				t.Errorf("connection closed after the answers: %v, want %v", got, tc.closed)
 			}
-			if d := fe.e.served.Load() - fast0; d != tc.fast {
+			if d := fe.e.servedCount() - fast0; d != tc.fast {
 				t.Errorf("served by the fast lane: %d, want %d", d, tc.fast)
 			}
 			if d := fe.e.handedOff.Load() - handed0; d != tc.handed {
