@@ -96,7 +96,7 @@ func serveHTTPFront(srv *engine.Server) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	hs := f.Server()
+	hs := f.Endpoint()
 	go func() { _ = hs.Serve(ln) }()
 	return ln.Addr().String(), func() { hs.Close(); f.Close(); srv.Close() }, nil
 }

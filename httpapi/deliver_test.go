@@ -77,7 +77,7 @@ func TestUndeliveredForwardedGrantReleased(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := fa.Server()
+	hs := fa.Endpoint()
 	served := make(chan struct{})
 	go func() { defer close(served); _ = hs.Serve(ln) }()
 	defer func() { hs.Close(); <-served; fa.Close() }()

@@ -45,10 +45,13 @@
 //
 // # Concurrency
 //
-// A Front is safe for concurrent use: each HTTP request runs on its own
-// goroutine (net/http's) and uses a local connection alone; the counters
+// A Front is safe for concurrent use: each HTTP connection has a
+// goroutine (the fast lane's, fast.go, or net/http's) that runs its
+// requests one at a time, each on a local connection alone; the counters
 // are atomics; the pool has a mutex held only to take or give a
-// connection.
+// connection. Endpoint serves a Front on a listener: plaintext
+// connections start on the fast lane, which hands a connection to
+// net/http (Front.Server) at the first request it does not take whole.
 //
 // # What it may import
 //

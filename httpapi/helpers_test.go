@@ -32,7 +32,7 @@ type env struct {
 	t     testing.TB
 	srv   *engine.Server
 	front *httpapi.Front
-	hs    *http.Server
+	hs    *httpapi.Endpoint
 	base  string // http://127.0.0.1:port
 	c     *http.Client
 }
@@ -64,7 +64,7 @@ func start(t testing.TB, o opts) *env {
 		ln = tls.NewListener(ln, o.tls)
 		scheme = "https"
 	}
-	hs := f.Server()
+	hs := f.Endpoint()
 	go func() { _ = hs.Serve(ln) }()
 	e := &env{t: t, srv: srv, front: f, hs: hs, base: scheme + "://" + ln.Addr().String()}
 	e.c = e.client(o.client)

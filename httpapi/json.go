@@ -158,6 +158,9 @@ func bad(code, msg string) *badRequest { return &badRequest{http.StatusBadReques
 // key must reach the engine byte for byte: encoding/json would replace
 // invalid bytes), one object.
 func decode(body []byte, v any) error {
+	if fastDecode(body, v) {
+		return nil
+	}
 	if !utf8.Valid(body) {
 		return bad(CodeBadRequest, "the body is not UTF-8")
 	}
@@ -243,11 +246,24 @@ func parseToken(raw *json.RawMessage) (uint64, error) {
 	if raw == nil {
 		return 0, bad(CodeBadToken, "token: missing")
 	}
+	if r := *raw; len(r) >= 2 && r[0] == '"' && r[len(r)-1] == '"' && plainDigits(r[1:len(r)-1]) {
+		return tokenOf(string(r[1 : len(r)-1]))
+	}
 	var s string
 	if err := json.Unmarshal(*raw, &s); err != nil {
 		return 0, bad(CodeBadToken, "token: want a decimal string (a JSON number loses digits above 2^53)")
 	}
 	return tokenOf(s)
+}
+
+// plainDigits reports whether b is only ASCII digits.
+func plainDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func tokenOf(s string) (uint64, error) {
@@ -259,4 +275,166 @@ func tokenOf(s string) (uint64, error) {
 		return 0, bad(CodeBadToken, "token: want a decimal string below 2^64")
 	}
 	return t, nil
+}
+
+// fastDecode decodes the plain form of a request body — one object whose
+// members are the fields of v (*acquireBody, *tokenBody or *keyBody),
+// each at most once, named exactly, with a string without escapes or a
+// non-negative integer as its value — into v, as json.Unmarshal would,
+// without reflection. Anything else (escapes, other members, null,
+// another type, bad JSON) is false and left to decode's json.Unmarshal,
+// which also gives the errors. FuzzFastDecode checks it against
+// json.Unmarshal.
+//
+// Values of json.RawMessage fields are slices of body (json.Unmarshal
+// copies them); body outlives their use.
+func fastDecode(body []byte, v any) bool {
+	if !utf8.Valid(body) {
+		return false
+	}
+	i := skipSpace(body, 0)
+	if i == len(body) || body[i] != '{' {
+		return false
+	}
+	i = skipSpace(body, i+1)
+	var seen uint8
+	if i < len(body) && body[i] == '}' {
+		return skipSpace(body, i+1) == len(body)
+	}
+	for {
+		name, j, ok := plainString(body, i)
+		if !ok {
+			return false
+		}
+		i = skipSpace(body, j)
+		if i == len(body) || body[i] != ':' {
+			return false
+		}
+		i = skipSpace(body, i+1)
+		var val []byte
+		isString := false
+		if s, j, ok := plainString(body, i); ok {
+			val, isString, i = s, true, j
+		} else if j, ok := plainUint(body, i); ok {
+			val, i = body[i:j], j
+		} else {
+			return false
+		}
+		var bit uint8
+		switch v := v.(type) {
+		case *acquireBody:
+			switch string(name) {
+			case "key":
+				bit, ok = 1, setString(&v.Key, val, isString)
+			case "wait_ms":
+				bit, ok = 2, setNumber(&v.WaitMs, val, isString)
+			case "lease_ms":
+				bit, ok = 4, setNumber(&v.LeaseMs, val, isString)
+			case "limit":
+				bit, ok = 8, setNumber(&v.Limit, val, isString)
+			default:
+				return false
+			}
+		case *tokenBody:
+			switch string(name) {
+			case "key":
+				bit, ok = 1, setString(&v.Key, val, isString)
+			case "token":
+				// A token is a string (a number is json.Unmarshal's to
+				// take and parseToken's to refuse).
+				bit, ok = 2, isString
+				if ok {
+					m := json.RawMessage(body[i-len(val)-2 : i])
+					v.Token = &m
+				}
+			case "lease_ms":
+				bit, ok = 4, setNumber(&v.LeaseMs, val, isString)
+			default:
+				return false
+			}
+		case *keyBody:
+			if string(name) != "key" {
+				return false
+			}
+			bit, ok = 1, setString(&v.Key, val, isString)
+		default:
+			return false
+		}
+		if !ok || seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		i = skipSpace(body, i)
+		if i == len(body) {
+			return false
+		}
+		switch body[i] {
+		case ',':
+			i = skipSpace(body, i+1)
+		case '}':
+			return skipSpace(body, i+1) == len(body)
+		default:
+			return false
+		}
+	}
+}
+
+func setString(dst **string, val []byte, isString bool) bool {
+	if !isString {
+		return false
+	}
+	s := string(val)
+	*dst = &s
+	return true
+}
+
+func setNumber(dst **json.RawMessage, val []byte, isString bool) bool {
+	if isString {
+		return false
+	}
+	m := json.RawMessage(val)
+	*dst = &m
+	return true
+}
+
+// skipSpace skips JSON whitespace from i.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// plainString reads a JSON string at i without escapes or control
+// characters: its contents and the index after its closing quote.
+func plainString(b []byte, i int) ([]byte, int, bool) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, 0, false
+	}
+	for j := i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return b[i+1 : j], j + 1, true
+		case c == '\\' || c < 0x20:
+			return nil, 0, false
+		}
+	}
+	return nil, 0, false
+}
+
+// plainUint reads a JSON integer at i: 0, or 1-9 then digits (at most 18),
+// ended by neither a digit nor a fraction or exponent.
+func plainUint(b []byte, i int) (int, bool) {
+	j := i
+	for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+		j++
+	}
+	n := j - i
+	if n == 0 || n > 18 || (b[i] == '0' && n > 1) {
+		return 0, false
+	}
+	if j < len(b) && (b[j] == '.' || b[j] == 'e' || b[j] == 'E') {
+		return 0, false
+	}
+	return j, true
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -113,7 +112,7 @@ func listenHTTP(o httpOptions, st *tlsconf.Store) (net.Listener, error) {
 // httpEndpoint is the running HTTP API.
 type httpEndpoint struct {
 	front    *httpapi.Front
-	hs       *http.Server
+	hs       *httpapi.Endpoint
 	done     chan struct{} // closed when Serve returned
 	shutDone chan struct{} // closed when shutdown returned
 }
@@ -133,7 +132,7 @@ func startHTTP(srv *engine.Server, ln net.Listener, o httpOptions, st *tlsconf.S
 	if err != nil {
 		return nil, err
 	}
-	e := &httpEndpoint{front: front, hs: front.Server(), done: make(chan struct{}), shutDone: make(chan struct{})}
+	e := &httpEndpoint{front: front, hs: front.Endpoint(), done: make(chan struct{}), shutDone: make(chan struct{})}
 	go func() {
 		defer close(e.done)
 		select {
