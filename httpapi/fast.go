@@ -334,7 +334,7 @@ func (fc *fastConn) handOff() {
 const (
 	headerRead  = iota // buf[start:start+n] is a whole header
 	headerEnded        // the connection ended (idle or header timeout, EOF, shutting down)
-	headerLarge        // the header does not fit in the buffer
+	headerLarge        // the header does not fit in the buffer, or its lines end in a bare LF
 )
 
 // readHeader reads until buf[start:] holds a whole header.
@@ -343,8 +343,9 @@ func (fc *fastConn) readHeader() (int, int) {
 		if i := bytes.Index(fc.buf[fc.start:fc.end], crlfcrlf); i >= 0 {
 			return i + 4, headerRead
 		}
-		if fc.end-fc.start == len(fc.buf) {
-			// Over fastBufSize: net/http reads it (up to MaxHeaderBytes).
+		if fc.end-fc.start == len(fc.buf) || bytes.Contains(fc.buf[fc.start:fc.end], lflf) {
+			// Over fastBufSize, or lines ended by a bare LF (which
+			// net/http accepts): net/http reads it.
 			return 0, headerLarge
 		}
 		if fc.end == len(fc.buf) || fc.start == fc.end {
@@ -378,7 +379,10 @@ func (fc *fastConn) readHeader() (int, int) {
 	}
 }
 
-var crlfcrlf = []byte("\r\n\r\n")
+var (
+	crlfcrlf = []byte("\r\n\r\n")
+	lflf     = []byte("\n\n")
+)
 
 func (fc *fastConn) setReadDeadline(t time.Time) {
 	fc.rdl = t

@@ -146,6 +146,7 @@ func TestFastLane(t *testing.T) {
 		{name: "two Content-Length: net/http's 400", parts: []string{"POST /v1/inspect HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\nContent-Length: 13\r\n\r\n{\"key\":\"f1\"}"}, statuses: []int{400}, handed: 1, closed: true},
 		{name: "header over the buffer: net/http", parts: []string{post("/v1/inspect", `{"key":"f1"}`, "X-Pad: "+strings.Repeat("p", fastBufSize)+"\r\n")}, statuses: []int{200}, handed: 1},
 		{name: "fast then handed over", parts: []string{post("/v1/inspect", `{"key":"f1"}`) + "GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" + post("/v1/inspect", `{"key":"f1"}`)}, statuses: []int{200, 200, 200}, fast: 1, handed: 1},
+		{name: "bare LF line ends: net/http", parts: []string{"POST /v1/inspect HTTP/1.1\nHost: x\nContent-Length: 12\n\n{\"key\":\"f1\"}"}, statuses: []int{200}, handed: 1},
 		{name: "unknown route: net/http's 404", parts: []string{post("/v1/nothing", `{}`)}, statuses: []int{404}, handed: 1},
 		{name: "a body longer than the buffer", parts: []string{post("/v1/inspect", `{"key":"f1","pad":"`+strings.Repeat("p", 2*fastBufSize)+`"}`)}, statuses: []int{200}, fast: 1},
 		{name: "a body over MaxBody: net/http's 413", parts: []string{post("/v1/inspect", `{"key":"f1","pad":"`+strings.Repeat("p", MaxBody)+`"}`)}, statuses: []int{413}, handed: 1, closed: true},
