@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockd-dev/lockd/engine"
 	"github.com/lockd-dev/lockd/internal/lockdtest"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/repl"
 	"github.com/lockd-dev/lockd/shard"
@@ -923,6 +924,13 @@ func TestSharedPendingGrantsCap(t *testing.T) {
 	if err := <-writeErr; err != nil {
 		t.Fatal(err)
 	}
+	// The write ending says the requests are in the server's socket, not
+	// that it has read them: once we read, the pongs drain, and the grant
+	// of 10 could be taken before 11 is read. Wait until the last request
+	// (13's E 7, after 12's) has been answered first.
+	wait.For(t, "the server to answer the last request", func() bool {
+		return ts.Metrics().Errors[proto.CodeLimitMismatch] >= 2
+	})
 	w := &wire{t: t, c: nc}
 	want := map[uint64]frame{10: {Op: proto.OpAcquire}, 11: {Op: proto.OpBusy}, 12: {Op: proto.OpError, Code: proto.CodeLimitMismatch},
 		13: {Op: proto.OpError, Code: proto.CodeLimitMismatch}}

@@ -80,14 +80,19 @@ func TestFlood(t *testing.T) {
 			if n := l.pendingNow(); n > 8 {
 				t.Fatalf("%d connections in the exchange, want at most 8", n)
 			}
+			// An evicted connection is counted refused when it is closed;
+			// its exchange's goroutine ends once its read fails, a moment
+			// later on a loaded machine. What must hold is that they do end:
+			// the flood leaves MaxPending exchanges and a few goroutines.
+			peak := runtime.NumGoroutine() - g0
+			wait.For(t, "the goroutines of the flood to come down to MaxPending (8) and a few", func() bool {
+				return runtime.NumGoroutine()-g0 <= 8+4
+			})
 			runtime.GC()
 			runtime.ReadMemStats(&after)
 			grown := int64(after.HeapInuse) - int64(before.HeapInuse)
-			t.Logf("%d connections flooded: %d in the exchange, %d refused (limit), %d more goroutines, heap in use %+d KiB",
-				flood, l.pendingNow(), a.Refused(ReasonLimit), runtime.NumGoroutine()-g0, grown>>10)
-			if g := runtime.NumGoroutine() - g0; g > 8+4 {
-				t.Errorf("%d more goroutines during the flood, want at most MaxPending (8) and a few", g)
-			}
+			t.Logf("%d connections flooded: %d in the exchange, %d refused (limit), %d more goroutines (%d when the last was refused), heap in use %+d KiB",
+				flood, l.pendingNow(), a.Refused(ReasonLimit), runtime.NumGoroutine()-g0, peak, grown>>10)
 			if grown > 4<<20 {
 				t.Errorf("the heap grew by %d KiB during the flood", grown>>10)
 			}
