@@ -27,7 +27,9 @@ func TestMain(m *testing.M) {
 }
 
 // env is an in-process lockd with the HTTP front in front of it, served
-// by the front's own http.Server on 127.0.0.1.
+// on 127.0.0.1 by the front's Endpoint (what lockd --http serves: the
+// fast lane, and net/http for what it hands over), so every test here
+// runs through both.
 type env struct {
 	t     testing.TB
 	srv   *engine.Server
