@@ -40,7 +40,7 @@ build:
 test: lint test-python test-ops
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list $(PKGS) | grep -v -e '/chaos$$' -e '/ops$$')
 	$(GO) test -race -count=1 -timeout 10m -v ./chaos/
-	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/ ./repl/... ./engine/
+	$(GO) test -count=1 -run 'Allocs$$' ./proto/ ./shard/ ./client/ ./repl/... ./engine/ ./httpapi/
 
 ## test-ops: the operator's assets in ops/ (ops/doc.go): systemd-analyze
 ## verify and security on ops/lockd.service, promtool check rules and test

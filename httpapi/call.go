@@ -54,8 +54,7 @@ func (c *call) request() {
 	}
 	if q.acquire() && q.waitMs > 0 {
 		f := c.f
-		if f.longPolls.Add(1) > int64(f.cfg.MaxLongPolls) {
-			f.longPolls.Add(-1)
+		if !admit(&f.longPolls, f.cfg.MaxLongPolls) {
 			c.fail(http.StatusServiceUnavailable, CodeTooManyLongPolls,
 				"too many acquires are waiting (--http-max-long-polls "+strconv.Itoa(f.cfg.MaxLongPolls)+"); nothing was done")
 			return
@@ -79,10 +78,7 @@ func (c *call) parse(body []byte) (*spec, error) {
 	switch c.route {
 	case routeAcquire:
 		var b acquireBody
-		if err = decode(body, &b); err != nil {
-			return nil, err
-		}
-		if q.key, err = checkKey(b.Key); err != nil {
+		if q.key, err = decodeKeyed(body, &b); err != nil {
 			return nil, err
 		}
 		if q.waitMs, err = millis(b.WaitMs, "wait_ms", CodeBadWait, maxWireMillis, false, 0); err != nil {
@@ -107,10 +103,7 @@ func (c *call) parse(body []byte) (*spec, error) {
 		}
 	case routeRelease, routeRenew, routeValidate:
 		var b tokenBody
-		if err = decode(body, &b); err != nil {
-			return nil, err
-		}
-		if q.key, err = checkKey(b.Key); err != nil {
+		if q.key, err = decodeKeyed(body, &b); err != nil {
 			return nil, err
 		}
 		if q.token, err = parseToken(b.Token); err != nil {
@@ -132,10 +125,7 @@ func (c *call) parse(body []byte) (*spec, error) {
 		}
 	case routeInspect:
 		var b keyBody
-		if err = decode(body, &b); err != nil {
-			return nil, err
-		}
-		if q.key, err = checkKey(b.Key); err != nil {
+		if q.key, err = decodeKeyed(body, &b); err != nil {
 			return nil, err
 		}
 		q.op, q.id = proto.OpInspect, c.f.nonce.Add(1)

@@ -332,9 +332,9 @@ func (fc *fastConn) handOff() {
 
 // How readHeader ended.
 const (
-	headerRead  = iota // buf[start:start+n] is a whole header
-	headerEnded        // the connection ended (idle or header timeout, EOF, shutting down)
-	headerLarge        // the header does not fit in the buffer, or its lines end in a bare LF
+	headerRead       = iota // buf[start:start+n] is a whole header
+	headerEnded             // the connection ended (idle or header timeout, EOF, shutting down)
+	headerForNetHTTP        // the header does not fit in the buffer, or its lines end in a bare LF
 )
 
 // readHeader reads until buf[start:] holds a whole header.
@@ -346,7 +346,7 @@ func (fc *fastConn) readHeader() (int, int) {
 		if fc.end-fc.start == len(fc.buf) || bytes.Contains(fc.buf[fc.start:fc.end], lflf) {
 			// Over fastBufSize, or lines ended by a bare LF (which
 			// net/http accepts): net/http reads it.
-			return 0, headerLarge
+			return 0, headerForNetHTTP
 		}
 		if fc.end == len(fc.buf) || fc.start == fc.end {
 			fc.end = copy(fc.buf, fc.buf[fc.start:fc.end])
@@ -461,11 +461,7 @@ func parseFast(h []byte) (fastRequest, bool) {
 		case asciiEqualFold(name, "transfer-encoding"), asciiEqualFold(name, "expect"):
 			return rq, false
 		case asciiEqualFold(name, "connection"):
-			for _, tok := range bytes.Split(value, []byte(",")) {
-				if asciiEqualFold(trimOWS(tok), "close") {
-					rq.close = true
-				}
-			}
+			rq.close = rq.close || hasCloseToken(value)
 		case asciiEqualFold(name, "authorization"):
 			if rq.auth != nil {
 				return rq, false
@@ -483,7 +479,7 @@ func parseFast(h []byte) (fastRequest, bool) {
 
 var crlf = []byte("\r\n")
 
-func trimOWS(b []byte) []byte {
+func trimOWS[T string | []byte](b T) T {
 	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
 		b = b[1:]
 	}
@@ -519,12 +515,14 @@ func validHost(b []byte) bool {
 	return true
 }
 
-// asciiEqualFold compares b with the lower-case ASCII s, ignoring case.
-func asciiEqualFold(b []byte, s string) bool {
+// asciiEqualFold compares b with the ASCII s, ignoring ASCII case only
+// (bytes.EqualFold would also fold U+017F to 's', which net/http does
+// not).
+func asciiEqualFold[T string | []byte](b T, s string) bool {
 	if len(b) != len(s) {
 		return false
 	}
-	for i := range b {
+	for i := 0; i < len(b); i++ {
 		c := b[i]
 		if c >= 'A' && c <= 'Z' {
 			c += 'a' - 'A'
@@ -561,7 +559,7 @@ func (fc *fastConn) serveOne(hdrLen int, rq *fastRequest) bool {
 	if rq.forwarded != nil {
 		fc.hdr[hdrForwarded] = []string{string(rq.forwarded)}
 	}
-	ctx := &fastCtx{fc: fc, done: make(chan struct{})}
+	ctx := &fastCtx{fc: fc}
 	r := (&http.Request{
 		Method:        http.MethodPost,
 		URL:           rq.url,
@@ -657,7 +655,7 @@ func (b *fastBody) done() bool { return len(b.buffered) == 0 && b.left == 0 }
 type fastCtx struct {
 	fc   *fastConn
 	mu   sync.Mutex
-	done chan struct{}
+	done chan struct{} // made by the first Done (most requests never ask)
 	err  error
 	// watched: Done was called (and, when the body had been read and no
 	// next request was already read, the watcher runs).
@@ -676,6 +674,12 @@ func (x *fastCtx) Err() error {
 func (x *fastCtx) Done() <-chan struct{} {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.done == nil {
+		x.done = make(chan struct{})
+		if x.err != nil {
+			close(x.done)
+		}
+	}
 	if !x.watched && !x.finished {
 		x.watched = true
 		x.fc.watch(x)
@@ -688,7 +692,9 @@ func (x *fastCtx) cancel(err error) {
 	defer x.mu.Unlock()
 	if x.err == nil {
 		x.err = err
-		close(x.done)
+		if x.done != nil {
+			close(x.done)
+		}
 	}
 }
 
@@ -828,7 +834,7 @@ func (w *fastWriter) WriteHeader(status int) {
 		return
 	}
 	w.wroteHeader, w.status = true, status
-	if w.reqClose || w.fc.e.shutting.Load() || hasToken(w.h["Connection"], "close") {
+	if w.reqClose || w.fc.e.shutting.Load() || slices.ContainsFunc(w.h["Connection"], hasCloseToken[string]) {
 		w.closeAfter = true
 		w.h["Connection"] = hdrClose
 	}
@@ -866,13 +872,23 @@ func (w *fastWriter) WriteHeader(status int) {
 
 var hdrClose = []string{"close"}
 
-func hasToken(vs []string, tok string) bool {
-	for _, v := range vs {
-		for _, t := range bytes.Split([]byte(v), []byte(",")) {
-			if asciiEqualFold(trimOWS(t), tok) {
-				return true
-			}
+// hasCloseToken reports whether the comma-separated list v (a Connection
+// header's value) holds the token "close", ASCII case-insensitively, as
+// net/http reads it. It allocates nothing: Node's fetch sends Connection
+// on every request.
+func hasCloseToken[T string | []byte](v T) bool {
+	for len(v) > 0 {
+		i := 0
+		for i < len(v) && v[i] != ',' {
+			i++
 		}
+		if asciiEqualFold(trimOWS(v[:i]), "close") {
+			return true
+		}
+		if i == len(v) {
+			break
+		}
+		v = v[i+1:]
 	}
 	return false
 }

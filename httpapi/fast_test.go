@@ -358,3 +358,22 @@ func FuzzParseFast(f *testing.F) {
 		}
 	})
 }
+
+// TestHasCloseToken: the Connection token lists net/http reads as
+// "close", and those it does not.
+func TestHasCloseToken(t *testing.T) {
+	for _, tc := range []struct {
+		v    string
+		want bool
+	}{
+		{"close", true}, {"Close", true}, {"keep-alive, close", true}, {" close ,x", true}, {",,close,", true},
+		{"keep-alive", false}, {"", false}, {"closed", false}, {"clo\u017fe", false}, {"x-close", false},
+	} {
+		if got := hasCloseToken(tc.v); got != tc.want {
+			t.Errorf("hasCloseToken(%q) = %v, want %v", tc.v, got, tc.want)
+		}
+		if got := hasCloseToken([]byte(tc.v)); got != tc.want {
+			t.Errorf("hasCloseToken([]byte(%q)) = %v, want %v", tc.v, got, tc.want)
+		}
+	}
+}

@@ -167,6 +167,16 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// admit counts one more on n if that keeps it at most max; false (and
+// nothing counted) otherwise. It bounds the long-polls and the streams.
+func admit(n *atomic.Int64, max int) bool {
+	if n.Add(1) > int64(max) {
+		n.Add(-1)
+		return false
+	}
+	return true
+}
+
 // rateWriter is the http.Server's error log (a failed TLS handshake, a bad
 // request line): one line a second at most, with the number dropped.
 type rateWriter struct {

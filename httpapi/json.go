@@ -124,6 +124,21 @@ func errorBody(code, msg, active string) []byte {
 // a zero; integers are kept raw and read by millis (a float, a string or
 // an integer out of range is refused with the field's code: encoding/json
 // would take "5000", a string, into a json.Number).
+// keyed is a request body with a key.
+type keyed interface{ keyField() *string }
+
+func (b *acquireBody) keyField() *string { return b.Key }
+func (b *tokenBody) keyField() *string   { return b.Key }
+func (b *keyBody) keyField() *string     { return b.Key }
+
+// decodeKeyed decodes body into v and returns its key, checked.
+func decodeKeyed(body []byte, v keyed) (string, error) {
+	if err := decode(body, v); err != nil {
+		return "", err
+	}
+	return checkKey(v.keyField())
+}
+
 type acquireBody struct {
 	Key     *string          `json:"key"`
 	WaitMs  *json.RawMessage `json:"wait_ms"`

@@ -48,8 +48,7 @@ func (c *call) watch() {
 		return
 	}
 	f := c.f
-	if f.streams.Add(1) > int64(f.cfg.MaxStreams) {
-		f.streams.Add(-1)
+	if !admit(&f.streams, f.cfg.MaxStreams) {
 		c.fail(http.StatusServiceUnavailable, CodeTooManyStreams,
 			"too many watches are open (--http-max-streams "+strconv.Itoa(f.cfg.MaxStreams)+"); nothing was done")
 		return
