@@ -73,7 +73,8 @@
 // (the wire codec), lockd/engine (to start a server), lockd/httpapi (the
 // lockd-http child's front), lockd/acl (the lockd-acl target's identity
 // file), lockd/client (see below), lockd/internal/clustertest (the lockd
-// processes of the cluster targets, and their waits), lockd/api (the admin
+// processes of the cluster targets, and their waits), lockd/internal/freeport
+// (the ports of the children it starts), lockd/api (the admin
 // endpoint's documents), lockd/tlsconf (the lockd-tls child loads its
 // certificate as the daemon does), lockd/internal/testcerts (the TLS
 // targets' throwaway certificates), github.com/panjf2000/gnet/v2 (the echo

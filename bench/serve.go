@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -22,6 +21,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/lockd-dev/lockd/engine"
+	"github.com/lockd-dev/lockd/internal/freeport"
 	"github.com/lockd-dev/lockd/proto"
 	"github.com/lockd-dev/lockd/tlsconf"
 )
@@ -522,12 +522,13 @@ func (nopLogger) Warnf(string, ...any)  {}
 func (nopLogger) Errorf(string, ...any) {}
 func (nopLogger) Fatalf(string, ...any) {}
 
-// freeAddr returns a loopback address with a port that was free a moment ago.
+// freeAddr returns a loopback address with a port that was free a moment
+// ago, outside the ephemeral range (where the bench's own outgoing
+// connections take ports) and never handed out before in this process.
 func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ps, err := freeport.Process().Ports(1)
 	if err != nil {
 		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return freeport.HostPort(ps[0]), nil
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/internal/freeport"
 )
 
 // These tests run the real binaries: lockd (clustertest.Build: cmd/lockd
@@ -579,15 +580,7 @@ func TestServerAtMaxConns(t *testing.T) {
 // free now, for a lockd that must come back on the same address.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	for p := 20000 + int(time.Now().UnixNano()%10000); p < 32000; p += 7 {
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err == nil {
-			ln.Close()
-			return "127.0.0.1:" + strconv.Itoa(p)
-		}
-	}
-	t.Fatal("no free port")
-	return ""
+	return freeport.Addrs(t, 1, 0)[0]
 }
 
 // adminKey reads the admin endpoint's view of key.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/freeport"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -293,21 +293,11 @@ func TestFullDiskAnswersBusy(t *testing.T) {
 // connections keep using).
 func freePortPair(t *testing.T) int {
 	t.Helper()
-	for range 500 {
-		p := 20000 + rand.IntN(12000)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-		if err != nil {
-			continue
-		}
-		l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+1)))
-		l.Close()
-		if err == nil {
-			l2.Close()
-			return p
-		}
+	ps, err := freeport.Pick(1, 1)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port pair")
-	return 0
+	return ps[0]
 }
 
 // TestTwoInstancesNeedOnlyListen: two lockd processes on one host start

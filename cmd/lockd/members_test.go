@@ -3,34 +3,18 @@ package main
 import (
 	"bytes"
 	"errors"
-	"net"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/lockd-dev/lockd/internal/freeport"
 )
 
 // freePort is a port that is free now, with port + 10000 free too (the
 // member port).
 func freePort(t *testing.T) string {
 	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		if p+10000 > 65535 {
-			continue
-		}
-		if m, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+10000)); err == nil {
-			m.Close()
-			return "127.0.0.1:" + strconv.Itoa(p)
-		}
-	}
-	t.Fatal("no free port pair")
-	return ""
+	return freeport.Addrs(t, 1, 10000)[0]
 }
 
 // TestMembershipFlags: --join and --force-new-cluster are raft flags, not

@@ -85,7 +85,8 @@
 // Only tests, the chaos command and the benchmark's cluster targets; lockd
 // itself never imports it. It drives the binary from outside: clustertest
 // may import lockd/api, lockd/proto, lockd/internal/faultproxy,
-// lockd/internal/testcerts, lockd/internal/wait and the standard library.
+// lockd/internal/freeport, lockd/internal/testcerts, lockd/internal/wait
+// and the standard library.
 // It must not import lockd/engine, lockd/shard, lockd/store, lockd/repl,
 // lockd/admin, lockd/client, lockd/bench or lockd/cmd/... (internal/layers
 // enforces both; tests that want the client library import it

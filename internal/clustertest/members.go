@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/lockd-dev/lockd/internal/freeport"
 )
 
 // Membership changes: members started after the cluster, command
@@ -44,7 +46,7 @@ func (c *Cluster) NewMember(peers func(self string) []string, extra ...string) (
 	if c.plan.mode == ModeSingle {
 		return nil, fmt.Errorf("%w: AddMember needs a cluster mode", ErrBadOptions)
 	}
-	ports, err := portsFree.pick(1, c.plan.offset, c.plan.http)
+	ports, err := freeport.Pick(1, c.plan.offset, c.plan.http)
 	if err != nil {
 		return nil, err
 	}

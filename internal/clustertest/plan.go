@@ -1,15 +1,12 @@
 package clustertest
 
 import (
-	"errors"
-	"fmt"
-	"math/rand/v2"
 	"net"
-	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/lockd-dev/lockd/internal/freeport"
 )
 
 // host is the only address the harness uses.
@@ -113,7 +110,7 @@ func newPlan(mode string, n, offset int, failover time.Duration, proxied bool, h
 	if proxied {
 		need += n * (n - 1)
 	}
-	ports, err := portsFree.pick(need, offset, httpOffset)
+	ports, err := freeport.Pick(need, offset, httpOffset)
 	if err != nil {
 		return nil, err
 	}
@@ -134,107 +131,4 @@ func newPlan(mode string, n, offset int, failover time.Duration, proxied bool, h
 }
 
 // ErrNoPorts means no pair of free ports (p, p+offset) could be found.
-var ErrNoPorts = errors.New("clustertest: no free ports")
-
-// portPicker hands out base ports p such that p and p+offset are both free
-// when picked, both outside the kernel's ephemeral range (where outgoing
-// connections and ":0" listeners take their ports, so nothing else takes
-// them between the pick and the bind), and never handed out twice in this
-// process (so clusters of parallel tests do not collide).
-type portPicker struct {
-	mu       sync.Mutex
-	handed   map[int]bool
-	rng      *rand.Rand
-	eLo, eHi int // the ephemeral range
-}
-
-// minPort keeps the picks above well-known services (Redis, etcd…).
-const minPort = 12000
-
-var portsFree = newPortPicker()
-
-func newPortPicker() *portPicker {
-	lo, hi := 32768, 60999
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			l, err1 := strconv.Atoi(f[0])
-			h, err2 := strconv.Atoi(f[1])
-			if err1 == nil && err2 == nil && l <= h {
-				lo, hi = l, h
-			}
-		}
-	}
-	return &portPicker{handed: map[int]bool{}, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid()))), eLo: lo, eHi: hi}
-}
-
-// candidates lists the base ports p with p and p+offset in range, outside
-// the ephemeral range when possible.
-func (pp *portPicker) candidates(offset int) []int {
-	for _, strict := range []bool{true, false} {
-		ok := func(x int) bool {
-			if x < minPort || x > 65535 {
-				return false
-			}
-			return !strict || x < pp.eLo || x > pp.eHi
-		}
-		var out []int
-		for p := minPort; p <= 65535; p++ {
-			if ok(p) && ok(p+offset) {
-				out = append(out, p)
-			}
-		}
-		if len(out) > 0 {
-			return out
-		}
-	}
-	return nil
-}
-
-// pick returns n base ports p, all of their p and p+offset distinct and
-// free at the time of the call; with extra (an HTTP offset, not 0), p+extra
-// too.
-func (pp *portPicker) pick(n, offset int, extra ...int) ([]int, error) {
-	if offset == 0 {
-		return nil, fmt.Errorf("%w: the peer offset is 0", ErrNoPorts)
-	}
-	pp.mu.Lock()
-	defer pp.mu.Unlock()
-	cands := pp.candidates(offset)
-	var out []int
-	for tries := 0; len(out) < n; tries++ {
-		if tries > 200*n || len(cands) == 0 {
-			return nil, fmt.Errorf("%w: %d pairs (p, p+%d) after %d tries", ErrNoPorts, n, offset, tries)
-		}
-		p := cands[pp.rng.IntN(len(cands))]
-		if pp.handed[p] || pp.handed[p+offset] || !free(p) || !free(p+offset) {
-			continue
-		}
-		ok := true
-		for _, x := range extra {
-			if x != 0 && (p+x < minPort || p+x > 65535 || p+x == p+offset || pp.handed[p+x] || !free(p+x)) {
-				ok = false
-			}
-		}
-		if !ok {
-			continue
-		}
-		pp.handed[p], pp.handed[p+offset] = true, true
-		for _, x := range extra {
-			if x != 0 {
-				pp.handed[p+x] = true
-			}
-		}
-		out = append(out, p)
-	}
-	return out, nil
-}
-
-// free reports whether port can be listened on now.
-func free(port int) bool {
-	ln, err := net.Listen("tcp", hostPort(port))
-	if err != nil {
-		return false
-	}
-	ln.Close()
-	return true
-}
+var ErrNoPorts = freeport.ErrNoPorts

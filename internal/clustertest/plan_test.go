@@ -140,33 +140,6 @@ func TestNewPlan(t *testing.T) {
 	}
 }
 
-func TestPortPicker(t *testing.T) {
-	pp := newPortPicker()
-	for _, off := range []int{10000, 1, -5000, 30000} {
-		ports, err := pp.pick(8, off)
-		if err != nil {
-			t.Fatalf("offset %d: %v", off, err)
-		}
-		for _, p := range ports {
-			for _, x := range []int{p, p + off} {
-				if x < minPort || x > 65535 || (x >= pp.eLo && x <= pp.eHi) {
-					t.Errorf("offset %d: port %d outside the allowed range (ephemeral %d-%d)", off, x, pp.eLo, pp.eHi)
-				}
-			}
-		}
-	}
-	for _, off := range []int{0, 60000} {
-		if _, err := pp.pick(1, off); !errors.Is(err, ErrNoPorts) {
-			t.Errorf("offset %d: %v, want ErrNoPorts", off, err)
-		}
-	}
-	// When the ephemeral range covers everything, the picks fall back to it.
-	all := &portPicker{handed: map[int]bool{}, rng: pp.rng, eLo: 1, eHi: 65535}
-	if c := all.candidates(10000); len(c) == 0 || c[0] != minPort {
-		t.Fatalf("no fallback candidates: %d", len(c))
-	}
-}
-
 func TestOptions(t *testing.T) {
 	var o Options
 	if err := o.fill(); err != nil {

@@ -127,7 +127,9 @@ var rules = map[string]rule{
 	// for the proxy; the cluster harness drives the lockd binary from
 	// outside, so it imports no server package (nor client: the tests
 	// that use it bring their own).
-	"internal/faultproxy":  {noDeps: []string{mod + "/"}},
+	"internal/faultproxy": {noDeps: []string{mod + "/"}},
+	// Ports for tests and harnesses: the standard library only.
+	"internal/freeport":    {noDeps: []string{mod + "/"}},
 	"internal/clustertest": {noDeps: append([]string{gnet, cmds}, lockd("engine", "shard", "store", "repl", "admin", "client", "bench")...)},
 	// The history checkers know nothing of the wire or the server: the
 	// standard library and porcupine only.

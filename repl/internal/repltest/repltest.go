@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd-dev/lockd/internal/freeport"
 	"github.com/lockd-dev/lockd/repl/records"
 	"github.com/lockd-dev/lockd/shard"
 )
@@ -30,25 +30,12 @@ func Clock() func() int64 {
 }
 
 // FreeAddrs returns n addresses 127.0.0.1:p such that p and p+offset
-// were free (a member's client port and its member port).
+// were free (a member's client port and its member port), outside the
+// ephemeral range and never handed out before in this process
+// (internal/freeport).
 func FreeAddrs(tb testing.TB, n, offset int) []string {
 	tb.Helper()
-	var addrs []string
-	for len(addrs) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+offset))
-		l.Close()
-		if err != nil || p+offset > 65535 {
-			continue
-		}
-		l2.Close()
-		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(p))
-	}
-	return addrs
+	return freeport.Addrs(tb, n, offset)
 }
 
 // Workload drives a shard.Table with a mix like bench/'s and returns
