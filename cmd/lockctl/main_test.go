@@ -173,9 +173,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestNoServer(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens there now
+	addr := freeAddr(t) // nothing listens there
 	_, errs, code := ctl(t, nil, "ping", "--addr", addr, "--timeout", "1s")
 	if code != exitError || !strings.Contains(errs, "no connection") {
 		t.Fatalf("ping without server: %d %q", code, errs)
@@ -528,9 +526,7 @@ func TestRunInterruptedWhileWaiting(t *testing.T) {
 // (10 s by default), and an acquire that never reached lockd is not "held
 // by someone else".
 func TestRefusedPortFailsFast(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeAddr(t)
 	for _, args := range [][]string{
 		{"ping"},
 		{"acquire", "k", "--wait", "10s"},
