@@ -268,11 +268,20 @@ func (wf *watchFake) push(t testing.TB, token uint64, reason uint8, key string) 
 // of watched.
 func (wf *watchFake) pushAs(t testing.TB, watched, token uint64, reason uint8, key string) {
 	t.Helper()
-	wf.mu.Lock()
-	cs := wf.watched[watched]
-	wf.mu.Unlock()
+	// The fake records a watch just after writing its answer, so the
+	// client may have read that answer (and the test gone on) a moment
+	// before the record is there.
+	var cs []*fconn
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+		wf.mu.Lock()
+		cs = wf.watched[watched]
+		wf.mu.Unlock()
+		if len(cs) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if len(cs) == 0 {
-		t.Fatalf("no watch of token %d", watched)
+		t.Fatalf("no watch of token %d within 2 s", watched)
 	}
 	cs[len(cs)-1].send(proto.AppendLost(nil, token, reason, key))
 }
