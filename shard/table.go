@@ -22,7 +22,11 @@ type Table struct {
 	shift  uint // shard of hash h: h >> shift (the top bits; the index uses the low ones)
 	tokens *Tokens
 	sink   func(Record)
-	idents idents // the names of the grants' identities (ident.go)
+	// sinkRef is Config.SinkRef, recs the Record each shard hands it (one
+	// per shard, each on lines of its own, written under the shard's lock).
+	sinkRef func(*Record)
+	recs    []paddedRecord
+	idents  idents // the names of the grants' identities (ident.go)
 
 	maxPerKey                     int64
 	maxPerConn, maxWatchesPerConn int
@@ -58,6 +62,7 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		shards:     make([]shard, cfg.Shards),
 		tokens:     tokens,
 		sink:       cfg.Sink,
+		sinkRef:    cfg.SinkRef,
 		maxPerKey:  int64(cfg.MaxWaitersPerKey),
 		maxPerConn: cfg.MaxWaitersPerConn,
 
@@ -68,6 +73,10 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		bits++
 	}
 	t.shift = 64 - bits
+	if t.sinkRef != nil {
+		t.sink = nil
+		t.recs = make([]paddedRecord, cfg.Shards)
+	}
 	t.budgets[budgetKeys].init(int64(cfg.MaxKeys), cfg.Shards)
 	t.budgets[budgetWaiters].init(int64(cfg.MaxWaiters), cfg.Shards)
 	t.budgets[budgetHolders].init(int64(cfg.MaxHolders), cfg.Shards)
