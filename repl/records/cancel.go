@@ -1,6 +1,7 @@
 package records
 
 import (
+	"encoding/binary"
 	"slices"
 
 	"github.com/lockd-dev/lockd/shard"
@@ -71,17 +72,51 @@ type Canceller struct {
 // Indexed's own records).
 func (c *Canceller) scan(raw []byte, n int) bool {
 	ix := slices.Grow(c.ix[:0], n)
-	var r shard.Record
 	for at := 0; at < len(raw); {
-		k, err := decodeRecord(raw[at:], &r)
-		if err != nil {
+		x, ok := header(raw, at)
+		if !ok {
 			return false
 		}
-		at += k
-		ix = append(ix, index{seq: r.Seq, token: r.Token, end: uint32(at), kind: r.Kind})
+		ix = append(ix, x)
+		at = int(x.end)
 	}
 	c.ix = ix
 	return len(ix) == n
+}
+
+// header reads what a Canceller needs of the record at raw[at:]: its kind,
+// Seq and token, and where it ends. The record is one an Indexed wrote
+// (Add checked it whole), so only its bounds are checked here: the cut
+// reads each header once and skips the key and the identity.
+func header(raw []byte, at int) (index, bool) {
+	if len(raw) < at+3 {
+		return index{}, false
+	}
+	k := raw[at]
+	seq, i, err := Uvarint(raw, at+3)
+	if err != nil || len(raw) < i+9 {
+		return index{}, false
+	}
+	token := binary.BigEndian.Uint64(raw[i:])
+	i += 9 // token, lease
+	if k&kindLimit != 0 {
+		i += 2
+	}
+	keyLen, i, err := Uvarint(raw, i)
+	if err != nil || uint64(len(raw)-i) < keyLen {
+		return index{}, false
+	}
+	i += int(keyLen)
+	if k&kindIdent != 0 {
+		if i >= len(raw) {
+			return index{}, false
+		}
+		i += 1 + int(raw[i])
+		if i > len(raw) {
+			return index{}, false
+		}
+	}
+	return index{seq: seq, token: token, end: uint32(i), kind: shard.RecordKind(k &^ (kindIdent | kindLimit))}, true
 }
 
 // grantOf returns the index in ix of the grant of token, or -1.
