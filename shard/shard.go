@@ -125,34 +125,22 @@ func (s *shard) grant(r ref, e *entry, now int64, lease uint8, tok uint64, id Id
 // sink, if any.
 func (s *shard) emit(kind RecordKind, k, x *entry) {
 	s.seq++
-	if ref := s.t.sinkRef; ref != nil {
-		r := &s.t.recs[s.id].r
-		*r = Record{Kind: kind, Shard: s.id, Seq: s.seq, Key: s.keyOf(k), Token: x.token}
-		if kind == RecordGrant || kind == RecordRenew {
-			r.Lease, r.Deadline = x.lease, x.deadline
-		}
-		if kind == RecordGrant {
-			r.Ident = s.t.idents.name(Ident(x.ident))
-			if k.q != 0 {
-				r.Limit = s.queues[k.q-1].limit
-			}
-		}
-		ref(r)
+	ref := s.t.sinkRef
+	if ref == nil {
 		return
 	}
-	if sink := s.t.sink; sink != nil {
-		r := Record{Kind: kind, Shard: s.id, Seq: s.seq, Key: s.keyOf(k), Token: x.token}
-		if kind == RecordGrant || kind == RecordRenew {
-			r.Lease, r.Deadline = x.lease, x.deadline
-		}
-		if kind == RecordGrant {
-			r.Ident = s.t.idents.name(Ident(x.ident))
-			if k.q != 0 {
-				r.Limit = s.queues[k.q-1].limit
-			}
-		}
-		sink(r)
+	r := &s.t.recs[s.id].r
+	*r = Record{Kind: kind, Shard: s.id, Seq: s.seq, Key: s.keyOf(k), Token: x.token}
+	if kind == RecordGrant || kind == RecordRenew {
+		r.Lease, r.Deadline = x.lease, x.deadline
 	}
+	if kind == RecordGrant {
+		r.Ident = s.t.idents.name(Ident(x.ident))
+		if k.q != 0 {
+			r.Limit = s.queues[k.q-1].limit
+		}
+	}
+	ref(r)
 }
 
 // paddedRecord is a shard's Record for Config.SinkRef, alone on its
