@@ -17,7 +17,7 @@ import (
 // Who calls what:
 //
 //   - Open: engine.New, once, on the caller's goroutine, before anything
-//     else. The node builds the table (setting Config.Sink if it streams
+//     else. The node builds the table (setting Config.Sink or SinkRef if it streams
 //     records) and the token allocator, and restores what it keeps.
 //   - Start: the engine's boot (gnet's OnBoot), once, when the client
 //     listener is bound and before the first connection is accepted. It

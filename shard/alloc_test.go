@@ -2,7 +2,10 @@
 
 package shard
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // TestZeroAllocs checks the steady-state hot paths allocate nothing: entries,
 // key buffers, waiters and the Out arena are all reused.
@@ -164,5 +167,34 @@ func TestApplyIdentAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(1000, fn); n != 0 {
 		t.Fatalf("%v allocs per grant and release applied", n)
+	}
+}
+
+// TestSinkRefAllocs: handing a change to a SinkRef allocates nothing.
+func TestSinkRefAllocs(t *testing.T) {
+	n := 0
+	tab, err := New(Config{SinkRef: func(r *Record) { n += len(r.Key) }}, NewTokens(0, 1<<62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([][]byte, 64)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "key/%02d", i)
+	}
+	var out Out
+	i := 0
+	fn := func() {
+		k := keys[i%len(keys)]
+		i++
+		_, tok := tab.Acquire(0, k, 0, 10, 1, nil, &out)
+		tab.Release(0, k, tok, &out)
+		out.Reset()
+	}
+	fn()
+	if a := testing.AllocsPerRun(1000, fn); a != 0 {
+		t.Fatalf("%v allocs per acquire and release with a SinkRef", a)
+	}
+	if n == 0 {
+		t.Fatal("the SinkRef saw no record")
 	}
 }

@@ -38,6 +38,12 @@ type Config struct {
 	// lock held: it must not block and must not call back into the Table.
 	// Record.Key is valid only during the call.
 	Sink func(Record)
+	// SinkRef, if not nil, receives every state change as Sink does (Sink
+	// is then not called), by reference: the Record is the shard's own,
+	// rewritten for its next change, so it is valid only during the call
+	// and must not be modified or kept. It spares each change the copy of
+	// a Record on the way to the Sink.
+	SinkRef func(*Record)
 }
 
 // Defaults and bounds of Config.

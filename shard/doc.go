@@ -65,8 +65,8 @@
 // its own mutex, held only for the state change; Acquire, AcquireShared,
 // Release, Renew, Validate, Watch, Inspect, Tick, EndWatches, Apply and the
 // other calls that take an Out append their effects to it and the caller
-// delivers them after the call has returned, when no table lock is held. Sink is the
-// one callback made under a shard lock: it must not block and must not call
+// delivers them after the call has returned, when no table lock is held. Sink (or
+// SinkRef) is the one callback made under a shard lock: it must not block and must not call
 // back into the Table. A Conn has a small mutex of its own for its list of
 // queued waiters; the lock order is shard → Conn, and DropConn never holds a
 // Conn lock while taking a shard lock. No call waits: Tokens.Next at the

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -124,19 +125,29 @@ func (s *shard) grant(r ref, e *entry, now int64, lease uint8, tok uint64, id Id
 // sink, if any.
 func (s *shard) emit(kind RecordKind, k, x *entry) {
 	s.seq++
-	if sink := s.t.sink; sink != nil {
-		r := Record{Kind: kind, Shard: s.id, Seq: s.seq, Key: s.keyOf(k), Token: x.token}
-		if kind == RecordGrant || kind == RecordRenew {
-			r.Lease, r.Deadline = x.lease, x.deadline
-		}
-		if kind == RecordGrant {
-			r.Ident = s.t.idents.name(Ident(x.ident))
-			if k.q != 0 {
-				r.Limit = s.queues[k.q-1].limit
-			}
-		}
-		sink(r)
+	ref := s.t.sinkRef
+	if ref == nil {
+		return
 	}
+	r := &s.t.recs[s.id].r
+	*r = Record{Kind: kind, Shard: s.id, Seq: s.seq, Key: s.keyOf(k), Token: x.token}
+	if kind == RecordGrant || kind == RecordRenew {
+		r.Lease, r.Deadline = x.lease, x.deadline
+	}
+	if kind == RecordGrant {
+		r.Ident = s.t.idents.name(Ident(x.ident))
+		if k.q != 0 {
+			r.Limit = s.queues[k.q-1].limit
+		}
+	}
+	ref(r)
+}
+
+// paddedRecord is a shard's Record for Config.SinkRef, alone on its
+// cache lines (written by whichever event loop holds the shard's lock).
+type paddedRecord struct {
+	r Record
+	_ [128 - unsafe.Sizeof(Record{})%128]byte
 }
 
 // hooked reports whether the end of a grant owes more than its record: an

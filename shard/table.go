@@ -21,8 +21,12 @@ type Table struct {
 	shards []shard
 	shift  uint // shard of hash h: h >> shift (the top bits; the index uses the low ones)
 	tokens *Tokens
-	sink   func(Record)
-	idents idents // the names of the grants' identities (ident.go)
+	// sinkRef is Config.SinkRef (or a call of Config.Sink with a copy),
+	// recs the Record each shard hands it (one per shard, each on lines of
+	// its own, written under the shard's lock).
+	sinkRef func(*Record)
+	recs    []paddedRecord
+	idents  idents // the names of the grants' identities (ident.go)
 
 	maxPerKey                     int64
 	maxPerConn, maxWatchesPerConn int
@@ -57,7 +61,7 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 	t := &Table{
 		shards:     make([]shard, cfg.Shards),
 		tokens:     tokens,
-		sink:       cfg.Sink,
+		sinkRef:    cfg.SinkRef,
 		maxPerKey:  int64(cfg.MaxWaitersPerKey),
 		maxPerConn: cfg.MaxWaitersPerConn,
 
@@ -68,6 +72,12 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 		bits++
 	}
 	t.shift = 64 - bits
+	if sink := cfg.Sink; sink != nil && t.sinkRef == nil {
+		t.sinkRef = func(r *Record) { sink(*r) }
+	}
+	if t.sinkRef != nil {
+		t.recs = make([]paddedRecord, cfg.Shards)
+	}
 	t.budgets[budgetKeys].init(int64(cfg.MaxKeys), cfg.Shards)
 	t.budgets[budgetWaiters].init(int64(cfg.MaxWaiters), cfg.Shards)
 	t.budgets[budgetHolders].init(int64(cfg.MaxHolders), cfg.Shards)

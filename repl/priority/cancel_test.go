@@ -22,7 +22,7 @@ type cancelRig struct {
 func newCancelRig(t *testing.T, shards int) *cancelRig {
 	t.Helper()
 	r := &cancelRig{o: newOutStream(nil, repltest.Quiet(), nil, nil)}
-	tab, err := shard.New(shard.Config{Shards: shards, Sink: r.o.sink}, shard.NewTokens(1000, 1<<62))
+	tab, err := shard.New(shard.Config{Shards: shards, SinkRef: r.o.sink}, shard.NewTokens(1000, 1<<62))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,15 +148,16 @@ func (o *outStream) attach(table *shard.Table, clock func() int64, links []*peer
 	o.swapped, o.mayCut = make([]int, table.Shards()), make([]bool, table.Shards())
 }
 
-// sink is the table's Sink (the record's shard lock is held): keep the
+// sink is the table's SinkRef (the record's shard lock is held; r is the
+// table's and valid only during the call): keep the
 // record if anyone will get it, and wake the flusher when the first record
 // of a batch arrives (an idle member's flusher sleeps) or a buffer fills.
-func (o *outStream) sink(r shard.Record) {
+func (o *outStream) sink(r *shard.Record) {
 	if !o.active.Load() || o.targets.Load() == 0 {
 		return
 	}
 	b := &o.bufs[r.Shard]
-	if b.w.Add(&r) != nil {
+	if b.w.Add(r) != nil {
 		return
 	}
 	if b.w.Len() >= batchBytes/4 || (!o.pending.Load() && o.pending.CompareAndSwap(false, true)) {

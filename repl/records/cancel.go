@@ -1,14 +1,14 @@
 package records
 
 import (
+	"encoding/binary"
 	"slices"
 
 	"github.com/lockd-dev/lockd/shard"
 )
 
-// index is what a Canceller needs of one record of an Indexed batch:
-// noted beside the record when it is added, so cutting a batch never
-// decodes a record.
+// index is what a Canceller needs of one record of a batch: its kind,
+// token, Seq and end, read from the record's header when the batch is cut.
 type index struct {
 	seq   uint64
 	token uint64
@@ -16,22 +16,20 @@ type index struct {
 	kind  shard.RecordKind
 }
 
-// Indexed is a BatchWriter that also notes, beside each record, its kind,
-// token, Seq and end, for a Canceller. It reuses its buffers after Reset.
-// Not safe for concurrent use.
+// Indexed is a BatchWriter whose batches a Canceller cuts. It keeps
+// nothing beside the records: the Canceller reads what it needs of each
+// from the records themselves when it cuts them, on its own memory. So
+// the writer — an event loop, under a shard lock — writes each record's
+// bytes once and nothing more, and what the cutter reads and writes stays
+// off the lines the writer fills next (a per-record index beside the
+// records doubled the bytes the writer's core had to take back from the
+// cutter's). It reuses its buffer after Reset. Not safe for concurrent use.
 type Indexed struct {
-	w  BatchWriter
-	ix []index
+	w BatchWriter
 }
 
-// Add appends r as BatchWriter.Add does, with its index.
-func (x *Indexed) Add(r *shard.Record) error {
-	if err := x.w.Add(r); err != nil {
-		return err
-	}
-	x.ix = append(x.ix, index{kind: r.Kind, seq: r.Seq, token: r.Token, end: uint32(x.w.Len())})
-	return nil
-}
+// Add appends r as BatchWriter.Add does.
+func (x *Indexed) Add(r *shard.Record) error { return x.w.Add(r) }
 
 // Len returns the raw size of the records added since Reset, in bytes.
 func (x *Indexed) Len() int { return x.w.Len() }
@@ -39,11 +37,8 @@ func (x *Indexed) Len() int { return x.w.Len() }
 // Count returns the number of records added since Reset.
 func (x *Indexed) Count() int { return x.w.Count() }
 
-// Reset empties x, keeping its buffers.
-func (x *Indexed) Reset() {
-	x.w.Reset()
-	x.ix = x.ix[:0]
-}
+// Reset empties x, keeping its buffer.
+func (x *Indexed) Reset() { x.w.Reset() }
 
 // AppendTo appends x's records to dst as they are.
 func (x *Indexed) AppendTo(dst *BatchWriter) { dst.addEncoded(x.w.Bytes(), x.w.Count()) }
@@ -69,6 +64,59 @@ type Canceller struct {
 	slots []int32
 	shift uint // 64 - log2(len(slots))
 	dead  []bool
+	ix    []index // the records of the shard being cut
+}
+
+// scan fills c.ix with the kind, Seq, token and end of each of raw's n
+// records; false if they do not read back as n records (never for an
+// Indexed's own records).
+func (c *Canceller) scan(raw []byte, n int) bool {
+	ix := slices.Grow(c.ix[:0], n)
+	for at := 0; at < len(raw); {
+		x, ok := header(raw, at)
+		if !ok {
+			return false
+		}
+		ix = append(ix, x)
+		at = int(x.end)
+	}
+	c.ix = ix
+	return len(ix) == n
+}
+
+// header reads what a Canceller needs of the record at raw[at:]: its kind,
+// Seq and token, and where it ends. The record is one an Indexed wrote
+// (Add checked it whole), so only its bounds are checked here: the cut
+// reads each header once and skips the key and the identity.
+func header(raw []byte, at int) (index, bool) {
+	if len(raw) < at+3 {
+		return index{}, false
+	}
+	k := raw[at]
+	seq, i, err := Uvarint(raw, at+3)
+	if err != nil || len(raw) < i+9 {
+		return index{}, false
+	}
+	token := binary.BigEndian.Uint64(raw[i:])
+	i += 9 // token, lease
+	if k&kindLimit != 0 {
+		i += 2
+	}
+	keyLen, i, err := Uvarint(raw, i)
+	if err != nil || uint64(len(raw)-i) < keyLen {
+		return index{}, false
+	}
+	i += int(keyLen)
+	if k&kindIdent != 0 {
+		if i >= len(raw) {
+			return index{}, false
+		}
+		i += 1 + int(raw[i])
+		if i > len(raw) {
+			return index{}, false
+		}
+	}
+	return index{seq: seq, token: token, end: uint32(i), kind: shard.RecordKind(k &^ (kindIdent | kindLimit))}, true
 }
 
 // grantOf returns the index in ix of the grant of token, or -1.
@@ -102,7 +150,14 @@ func (c *Canceller) addGrant(ix []index, k int) {
 // grant that ended among them, its end and its renewals replaced by skip
 // records; it returns how many records it took out.
 func (c *Canceller) Cut(dst *BatchWriter, id uint32, src *Indexed) int {
-	raw, ix := src.w.Bytes(), src.ix
+	raw := src.w.Bytes()
+	if !c.scan(raw, src.w.Count()) {
+		// Not records this package wrote: they go as they are, none
+		// taken out.
+		dst.addEncoded(raw, src.w.Count())
+		return 0
+	}
+	ix := c.ix
 	dead := slices.Grow(c.dead[:0], len(ix))[:len(ix)]
 	clear(dead)
 	c.dead = dead
