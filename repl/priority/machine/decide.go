@@ -312,7 +312,7 @@ func (m *Member) decide(now int64) {
 // member never hears may follow a dead one (its own view stale), and the
 // failover rules must decide in the end.
 func (m *Member) waitLater(now int64) bool {
-	if _, e := m.laterActive(now); e <= m.epoch {
+	if !m.heardOfLater(now) {
 		m.heardLater = 0
 		return false
 	}
@@ -320,6 +320,24 @@ func (m *Member) waitLater(now int64) bool {
 		m.heardLater = max(now, 1)
 	}
 	return now-m.heardLater < m.timeout
+}
+
+// heardOfLater reports whether a member heard within the timeout follows
+// an active (not this member) at an epoch above this member's: a live one
+// (laterActive), or one shutting down after handing over — a leaving
+// member counts as not live, but it names its successor until it exits.
+func (m *Member) heardOfLater(now int64) bool {
+	if _, e := m.laterActive(now); e > m.epoch {
+		return true
+	}
+	for i := range m.peers {
+		p := &m.peers[i]
+		if i != m.self && p.known && p.role == RoleLeaving && now-p.heard < m.timeout &&
+			p.follows >= 0 && p.follows < m.n && p.follows != m.self && p.epoch > m.epoch {
+			return true
+		}
+	}
+	return false
 }
 
 // follow makes this member a standby of active a at epoch e: it executes
