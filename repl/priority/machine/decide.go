@@ -289,10 +289,55 @@ func (m *Member) decide(now int64) {
 		if m.active >= 0 && m.active != m.self && m.live(m.active, now) && m.peers[m.active].role == RoleHandover {
 			return // the active is handing over: wait for it
 		}
+		if m.waitLater(now) {
+			return
+		}
 		if !m.leaving && m.candidate(now) == m.self {
 			m.promote(now)
 		}
 	}
+}
+
+// waitLater reports whether a standby with no live active to follow waits
+// for one it knows of only second-hand: a live member follows an active at
+// a later epoch than the one this member followed — its active handed
+// over to a member whose heartbeats do not reach it yet (their links
+// reconnecting after that member's restart). Promoting by the failover
+// rules then would make a second active beside one that serves: the
+// earlier one executes nothing until the two resolve, clients are sent to
+// the later one with M, and that one, having heard the other's tokens,
+// answers acquires B until it has reserved above them (planned handovers
+// lose nothing, PROTOCOL.md §6.2). The wait is one failover timeout from
+// the first such heartbeat: a member that still follows an active this
+// member never hears may follow a dead one (its own view stale), and the
+// failover rules must decide in the end.
+func (m *Member) waitLater(now int64) bool {
+	if !m.heardOfLater(now) {
+		m.heardLater = 0
+		return false
+	}
+	if m.heardLater == 0 {
+		m.heardLater = max(now, 1)
+	}
+	return now-m.heardLater < m.timeout
+}
+
+// heardOfLater reports whether a member heard within the timeout follows
+// an active (not this member) at an epoch above this member's: a live one
+// (laterActive), or one shutting down after handing over — a leaving
+// member counts as not live, but it names its successor until it exits.
+func (m *Member) heardOfLater(now int64) bool {
+	if _, e := m.laterActive(now); e > m.epoch {
+		return true
+	}
+	for i := range m.peers {
+		p := &m.peers[i]
+		if i != m.self && p.known && p.role == RoleLeaving && now-p.heard < m.timeout &&
+			p.follows >= 0 && p.follows < m.n && p.follows != m.self && p.epoch > m.epoch {
+			return true
+		}
+	}
+	return false
 }
 
 // follow makes this member a standby of active a at epoch e: it executes
@@ -301,6 +346,7 @@ func (m *Member) decide(now int64) {
 // it, and until then it is what a failover would promote with.
 func (m *Member) follow(now int64, a int, e uint64) {
 	m.role, m.active, m.epoch, m.inSync = RoleStandby, a, e, false
+	m.heardLater = 0
 	m.ready, m.contest = false, None
 	clear(m.verdict)
 	clear(m.unresolved)

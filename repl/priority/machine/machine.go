@@ -116,6 +116,11 @@ type Member struct {
 	epochSpent  bool  // no epoch left above the highest seen (nextEpoch)
 	epochLogged int64 // when that was last logged
 	leaving     bool  // shutting down: never promotes
+	// heardLater is when this standby, with no live active to follow,
+	// began to hear a live member follow an active at a later epoch than
+	// its own (its active handed over to a member it does not hear yet):
+	// it waits a failover timeout from then for that active (0: not now).
+	heardLater int64
 
 	// Planned handovers (handover.go).
 	hand      handover
