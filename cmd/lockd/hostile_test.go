@@ -138,31 +138,80 @@ func tmpfs(t *testing.T, size int) string {
 	return dir
 }
 
-// fill writes a file until the file system is full and returns its path.
-func fill(t *testing.T, dir string) string {
+// filler is a file that keeps a tmpfs full.
+type filler struct {
+	t    *testing.T
+	path string
+	f    *os.File
+}
+
+// fill writes a file until the file system is full. The file stays open
+// so that top can take back any page freed later: the daemon's own
+// atomic writes free the old file's page after the rename, and a fill
+// that lands between a write and its rename leaves one page free for
+// good, which every later write-then-rename reuses.
+func fill(t *testing.T, dir string) *filler {
 	t.Helper()
 	p := filepath.Join(dir, "filler")
 	f, err := os.Create(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	t.Cleanup(func() { f.Close() }) // a second Close after free is harmless
+	fl := &filler{t: t, path: p, f: f}
+	fl.top()
+	return fl
+}
+
+// top writes to the filler until the file system refuses.
+func (fl *filler) top() {
 	chunk := make([]byte, 4096)
 	for {
-		if _, err := f.Write(chunk); err != nil {
+		if _, err := fl.f.Write(chunk); err != nil {
 			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatalf("filling %s: %v", dir, err)
+				fl.t.Errorf("filling %s: %v", fl.path, err)
 			}
 			break
 		}
 	}
 	// Fill the last partial page too.
 	for {
-		if _, err := f.Write(chunk[:1]); err != nil {
+		if _, err := fl.f.Write(chunk[:1]); err != nil {
 			break
 		}
 	}
-	return p
+}
+
+// free closes and removes the filler: an open file's pages stay taken.
+func (fl *filler) free() {
+	fl.t.Helper()
+	if err := fl.f.Close(); err != nil {
+		fl.t.Fatal(err)
+	}
+	if err := os.Remove(fl.path); err != nil {
+		fl.t.Fatal(err)
+	}
+}
+
+// keepFull tops the filler up every millisecond until the returned
+// function is called.
+func (fl *filler) keepFull() (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				fl.top()
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
 }
 
 func httpGet(t *testing.T, url string) (int, string) {
@@ -197,13 +246,14 @@ func TestFullDiskAnswersBusy(t *testing.T) {
 		key := fmt.Sprintf("h%d", i)
 		held[key] = c.grant(key, 120, uint64(i+1))
 	}
-	filler := fill(t, dir)
+	full := fill(t, dir)
 
 	// Grant new keys until the reserved range is used up: B, at once.
 	var owner uint64 = 1000
 	busy := false
 	for i := 0; i < 200 && !busy; i++ {
 		owner++
+		full.top()
 		began := time.Now()
 		c.send(proto.AppendAcquire(nil, 5, 30, owner, fmt.Sprintf("n%d", i)))
 		r := c.read()
@@ -246,9 +296,7 @@ func TestFullDiskAnswersBusy(t *testing.T) {
 	}
 
 	// Free the space: the reserver's back-off retries, grants resume.
-	if err := os.Remove(filler); err != nil {
-		t.Fatal(err)
-	}
+	full.free()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		owner++
@@ -268,10 +316,11 @@ func TestFullDiskAnswersBusy(t *testing.T) {
 
 	// Full again, then SIGTERM: the shutdown completes in its bound and
 	// says how many held locks the snapshot could not keep.
-	fill(t, dir)
+	stopFilling := fill(t, dir).keepFull()
 	began := time.Now()
 	exit := d.stop(syscall.SIGTERM)
 	took := time.Since(began)
+	stopFilling()
 	if took > 10*time.Second {
 		t.Fatalf("shutdown on a full disk took %v", took)
 	}
