@@ -290,7 +290,11 @@ func (p *node) do(a *machine.Action) {
 		}
 	case machine.ActHandoff:
 		// Read after the gate's Hold and the last batch: exact.
-		p.send(a.To, appendHandoff(nil, a.Epoch, tokens.Last(), max(tokens.Limit(), a.Limit)))
+		last, limit := tokens.Last(), max(tokens.Limit(), a.Limit)
+		if a.Reserve.Block > 0 {
+			limit = max(limit, max(tokens.Limit(), last)+a.Reserve.Block)
+		}
+		p.send(a.To, appendHandoff(nil, a.Epoch, last, limit))
 	case machine.ActHandoffAbort:
 		p.send(a.To, appendHandoffAbort(nil, a.Epoch))
 	case machine.ActAnswer:

@@ -116,7 +116,7 @@ func (m *Member) heartbeat(now int64, from int, hb *Heartbeat) {
 		echo: echo, storedEpoch: hb.StoredEpoch, token: hb.TokenLast, reserved: hb.Reserved, mark: hb.Mark,
 		lastKnown: lastKnown, held: hb.Held, serving: hb.Serving, pos: hb.Pos, verdict: hb.Verdict}
 	m.maxEpoch = max(m.maxEpoch, hb.Epoch, hb.StoredEpoch)
-	m.tokensHeard(now, hb)
+	m.tokensHeard(now, from, hb)
 	m.decide(now)
 	if m.role == RoleActive && hb.Role == RoleStandby && hb.Active == m.self {
 		// A standby that follows this active but is not in the stream (its
@@ -347,7 +347,7 @@ func (m *Member) heardOfLater(now int64) bool {
 func (m *Member) follow(now int64, a int, e uint64) {
 	m.role, m.active, m.epoch, m.inSync = RoleStandby, a, e, false
 	m.heardLater = 0
-	m.ready, m.contest = false, None
+	m.ready, m.contest, m.jumped = false, None, false
 	clear(m.verdict)
 	clear(m.unresolved)
 	m.emit(Action{Kind: ActStream, On: false})

@@ -136,6 +136,7 @@ type Member struct {
 	reserving    uint64 // the highest limit a reservation of this member's own began to write (MsgReserving)
 	jump         uint64 // a counter of a member back from a later epoch, to serve above
 	ready        bool   // the active has made its first reservation (since its promotion or resume)
+	jumped       bool   // another active's tokens raised the counter past the reservation: held until one covers it
 	op           uint64 // the last reservation's number
 	promoteOp    uint64 // the reservation a promotion waits for (0: none)
 	promoteWhy   string
@@ -313,7 +314,7 @@ func (m *Member) gate() Gate {
 		// there while it decides which of the two steps down; this one
 		// executes nothing meanwhile, so its position is final.
 		return Gate{State: Redirect, To: m.contest}
-	case m.serving() && m.ready:
+	case m.serving() && m.ready && !m.jumped:
 		// Until counts from the last tick, never from now: only the tick
 		// notices a freeze, so nothing else (a heartbeat read first after
 		// a SIGCONT) may extend it.

@@ -160,7 +160,10 @@ const (
 	// ActHeartbeat: send HB to member To (the driver fills LagNS).
 	ActHeartbeat
 	// ActHandoff: offer member To the handover at Epoch, with this
-	// member's last token and max(reservation, Limit) read now.
+	// member's last token and max(reservation, Limit) read now — plus
+	// Reserve.Block past max(reservation, last token) when a reservation
+	// asked for may still be made (the standbys record it, and the
+	// successor must start above every mark they can report).
 	ActHandoff
 	// ActHandoffAbort: ask member To to decide the handover at Epoch.
 	ActHandoffAbort

@@ -132,7 +132,7 @@ func (c *cluster) carry(i int, acts []Action) {
 		case ActHeartbeat:
 			c.send(i, a.To, Msg{Kind: MsgHeartbeat, HB: a.HB})
 		case ActHandoff:
-			c.send(i, a.To, Msg{Kind: MsgHandoff, Epoch: a.Epoch, Token: s.last, Limit: max(s.limit, a.Limit)})
+			c.send(i, a.To, Msg{Kind: MsgHandoff, Epoch: a.Epoch, Token: s.last, Limit: max(s.limit, a.Limit, max(s.limit, s.last)+a.Reserve.Block)})
 		case ActHandoffAbort:
 			c.send(i, a.To, Msg{Kind: MsgHandoffAbort, Epoch: a.Epoch})
 		case ActAnswer:
@@ -255,6 +255,15 @@ func (c *cluster) grant(i int, n uint64) {
 	s := c.ms[i]
 	if s.gate.State != Serve {
 		c.t.Fatalf("at %v: grants on member %d, whose gate is %s", time.Duration(c.now), i, gateText(s.gate))
+	}
+	for s.last+n > s.limit && s.gate.State == Serve {
+		// The allocator asks for more, as the driver's does; the
+		// simulated reservation is made at once.
+		limit := s.limit
+		c.input(i, Msg{Kind: MsgWantTokens})
+		if s.limit == limit {
+			break
+		}
 	}
 	s.pos += n
 	s.last += n

@@ -24,8 +24,8 @@ import (
 // table it became active with.
 func (m *Member) becomeActive(now int64, why string, base Base, above uint64, wallFloor bool) {
 	m.base, m.baseKnown = base, false
-	m.ready, m.resumeOp = false, 0
-	start := max(above, m.local.TokenLast, m.limit, m.floor, m.reservedSeen, m.local.Mark)
+	m.ready, m.resumeOp, m.jumped = false, 0, false
+	start := max(above, m.local.TokenLast, m.limit, m.floor, m.reservedSeen, m.local.Mark, m.jump)
 	for i := range m.peers {
 		p := &m.peers[i]
 		start = max(start, p.token, p.reserved, p.mark)
@@ -113,6 +113,13 @@ func (m *Member) reserved(now int64, msg *Msg) {
 				"err", msg.Err, "failures", m.resErrs, "reserved", m.limit)
 		}
 	}
+	if m.jumped && (msg.Err != "" || m.limit > m.floor) {
+		// Covered, or the reservation failed: then acquires that need a
+		// token get B like any acquire while reserving fails, and the
+		// rest is served.
+		m.jumped = false
+		m.publish(false)
+	}
 	switch op {
 	case m.steadyOp:
 		m.steadyOp = 0
@@ -144,11 +151,29 @@ func (m *Member) reserved(now int64, msg *Msg) {
 }
 
 // tokensHeard applies the token rules to a heartbeat of another member.
-func (m *Member) tokensHeard(now int64, hb *Heartbeat) {
+func (m *Member) tokensHeard(now int64, from int, hb *Heartbeat) {
 	if m.role != RoleActive && m.role != RoleHandover {
 		return
 	}
-	if hb.Mark > max(m.local.Mark, m.limit, m.reserving) {
+	if m.role == RoleActive && from == m.tookFrom && m.epoch == m.tookEpoch && hb.Epoch < m.tookEpoch {
+		// The member this one took the handover from, at its epoch before
+		// the offer: it executed nothing after sending its Handoff, whose
+		// last token and reservation this member started above. A
+		// heartbeat of its from before the offer, read late, is not
+		// another active's.
+		return
+	}
+	// An active that hears another that became active later executes
+	// nothing from now until the other's verdict (contest.go), and serves
+	// again only through resume, which reserves above jump. Its counter
+	// and heartbeat stay its own: raising them would send the other its
+	// own reservation back (directly, or through a standby's mark), above
+	// which it would jump again at every heartbeat of the contest.
+	yielding := m.role == RoleActive &&
+		(m.contest != None || hb.Role == RoleActive && m.beats(hb.Epoch, from, m.epoch, m.self, m.mixed(now)))
+	if hb.Mark > max(m.local.Mark, m.limit, m.reserving) && yielding {
+		m.jump = max(m.jump, hb.Mark)
+	} else if hb.Mark > max(m.local.Mark, m.limit, m.reserving) {
 		// Whatever the member is now, its data dir's mark is above every
 		// token it ever issued. A mark above this active's own (written
 		// before any standby is sent the reservation) is one the member
@@ -160,9 +185,12 @@ func (m *Member) tokensHeard(now int64, hb *Heartbeat) {
 		// heard the end of (MsgReserved comes after the standbys'
 		// acknowledgements, and a standby's heartbeat or a snapshot's end
 		// can report the mark first).
+		m.holdAbove(hb.Mark)
 		m.observe(hb.Mark)
 	}
-	if m.role == RoleActive && hb.Role == RoleActive {
+	if yielding && hb.Role == RoleActive {
+		m.jump = max(m.jump, max(hb.TokenLast, hb.Reserved)+2*m.cfg.TokenBlock)
+	} else if m.role == RoleActive && hb.Role == RoleActive {
 		// Another active (a healed partition, a frozen member): whichever
 		// stays, tokens must go on above everything the other issued. Its
 		// heartbeat is already a little old: since it, the other may have
@@ -170,9 +198,13 @@ func (m *Member) tokensHeard(now int64, hb *Heartbeat) {
 		// extension reserves two blocks past its last token, and a second
 		// one needs a block of grants, far more than a heartbeat interval
 		// allows). So this member's next token is above all of that; until
-		// a reservation has made that safe, acquires get B.
+		// a reservation has made that safe, requests are held rather than
+		// answered B: B says the server is full, and clients take it as
+		// final.
 		m.reservedSeen = max(m.reservedSeen, hb.Reserved)
-		m.observe(max(hb.TokenLast, hb.Reserved) + 2*m.cfg.TokenBlock)
+		x := max(hb.TokenLast, hb.Reserved) + 2*m.cfg.TokenBlock
+		m.holdAbove(x)
+		m.observe(x)
 	}
 	if m.role == RoleActive && hb.Role != RoleActive && hb.StoredEpoch > m.epoch && hb.TokenLast < math.MaxUint64/2 {
 		// A member whose data dir holds an epoch above this active's: it
@@ -193,6 +225,17 @@ func (m *Member) tokensHeard(now int64, hb *Heartbeat) {
 		case hb.TokenLast > m.floor:
 			m.observe(hb.TokenLast)
 		}
+	}
+}
+
+// holdAbove holds a serving active's requests when its counter is about
+// to be raised to x, at or above its reserved range, until a reservation
+// covers it (reserved): acquires would get B meanwhile, which says the
+// server is full, and clients take B as final.
+func (m *Member) holdAbove(x uint64) {
+	if m.role == RoleActive && x >= m.limit && x > m.floor && m.ready && !m.jumped && m.contest == None {
+		m.jumped = true
+		m.publish(false)
 	}
 }
 

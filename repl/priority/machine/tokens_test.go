@@ -115,3 +115,149 @@ func TestOwnReservationReportedBackEarlyMovesNothing(t *testing.T) {
 		t.Fatalf("a mark above this member's reservations: observes %+v, want one of %d", o, limit+7)
 	}
 }
+
+// TestActiveHearingActiveHolds: an active that hears another active whose
+// tokens are above its reservation (a healed partition) holds requests
+// until a reservation covers the jump, rather than serving with B for
+// every acquire that needs a token (B says the server is full, and
+// clients take it as final). If that reservation fails, it serves again:
+// acquires get B as they do whenever reserving fails.
+func TestActiveHearingActiveHolds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  string
+	}{
+		{"reserved", ""},
+		{"reserving fails", "no space left on device"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			last, limit := uint64(5000), uint64(5000+1<<20)
+			m, now := activeWith(t, last, limit)
+			other := Heartbeat{Epoch: 1, Role: RoleActive, Active: 1, TokenLast: limit + 10, Reserved: limit + 3<<20}
+			acts := m.Step(now+ms, Msg{Kind: MsgHeartbeat, From: 1, HB: other})
+			g, o, r := find(acts, ActGate), find(acts, ActObserve), find(acts, ActReserve)
+			if len(g) != 1 || g[0].Gate.State != Hold {
+				t.Fatalf("gates %+v on hearing an active above this one's reservation: want one hold", g)
+			}
+			if len(o) != 1 || o[0].Token < other.Reserved || len(r) != 1 {
+				t.Fatalf("observe %+v, reserve %+v: the counter must go above the other's reservation", o, r)
+			}
+			// Another heartbeat of it moves nothing more.
+			acts = m.Step(now+2*ms, Msg{Kind: MsgHeartbeat, From: 1, HB: other})
+			if g := find(acts, ActGate); len(g) != 0 {
+				t.Fatalf("a second heartbeat published %+v", g)
+			}
+			reply := Msg{Kind: MsgReserved, Op: r[0].Reserve.Op, Limit: o[0].Token + 2<<20, Token: o[0].Token}
+			if tc.err != "" {
+				reply = Msg{Kind: MsgReserved, Op: r[0].Reserve.Op, Err: tc.err}
+			}
+			acts = m.Step(now+3*ms, reply)
+			if g := find(acts, ActGate); len(g) != 1 || g[0].Gate.State != Serve {
+				t.Fatalf("gates %+v after the reservation's end: want serve", g)
+			}
+		})
+	}
+}
+
+// TestYieldingActiveKeepsItsCounter: an active that hears one that became
+// active later executes nothing until the contest ends; its counter and
+// heartbeat stay its own (raising them sent the later active its own
+// reservation back, above which it jumped again at every heartbeat), and
+// when it serves again it reserves above everything the other issued.
+func TestYieldingActiveKeepsItsCounter(t *testing.T) {
+	last, limit := uint64(5000), uint64(5000+1<<20)
+	m, now := activeWith(t, last, limit)
+	later := Heartbeat{Epoch: 2, Role: RoleActive, Active: 1, TokenLast: limit + 10, Reserved: limit + 3<<20, Mark: limit + 3<<20}
+	acts := m.Step(now+ms, Msg{Kind: MsgHeartbeat, From: 1, HB: later})
+	if o, r := find(acts, ActObserve), find(acts, ActReserve); len(o) != 0 || len(r) != 0 {
+		t.Fatalf("observe %+v, reserve %+v: the counter of an active that yields moved", o, r)
+	}
+	if g := find(acts, ActGate); len(g) != 1 || g[0].Gate.State != Redirect || g[0].Gate.To != 1 {
+		t.Fatalf("gates %+v: want M naming the later active", g)
+	}
+	if m.reservedSeen > limit || m.floor > limit {
+		t.Fatalf("reservation seen %d, counter %d: echoed back above its own reservation %d", m.reservedSeen, m.floor, limit)
+	}
+	// The later active goes silent: this one serves again above its tokens.
+	var r []Action
+	for at := now + 100*ms; at <= now+3*int64(time.Second) && len(r) == 0; at += 100 * ms {
+		r = find(m.Tick(at, Local{TokenLast: last, TokenLimit: limit, Mark: limit}), ActReserve)
+	}
+	if len(r) != 1 || r[0].Reserve.Start < later.Reserved+2<<20 {
+		t.Fatalf("reservations %+v on serving again: want one starting above %d", r, later.Reserved+2<<20)
+	}
+}
+
+// TestHandoffCoversReservationInFlight: an active that hands over while a
+// reservation of its is being made (or still to be made) tells the
+// successor its end, or a bound on it: the standbys record that
+// reservation as their mark after the handover, and a mark above the
+// successor's reservation makes it jump and reserve again before it
+// gives a token (acquires got B meanwhile before decision 70, and are
+// held now: either way a pause the handover need not cause).
+func TestHandoffCoversReservationInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ask       int  // reservations asked for before the handover
+		reserving bool // the first one said its end (MsgReserving)
+		block     uint64
+	}{
+		{"none", 0, false, 0},
+		{"asked", 1, false, 2 << 20},
+		{"being written", 1, true, 2 << 20},
+		{"one more asked meanwhile", 2, true, 4 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			last, limit := uint64(5000), uint64(5000+1<<20)
+			m, now := activeWith(t, last, limit)
+			var reserve []Action
+			for range tc.ask {
+				reserve = append(reserve, find(m.Step(now, Msg{Kind: MsgWantTokens}), ActReserve)...)
+			}
+			end := limit + 2<<20
+			if tc.reserving {
+				m.Step(now, Msg{Kind: MsgReserving, Op: reserve[0].Reserve.Op, Limit: end})
+			}
+			if !m.offer(1, now+ms, false) {
+				t.Fatal("no handover offered")
+			}
+			h := find(m.out, ActHandoff)
+			if len(h) != 1 {
+				t.Fatalf("handoffs %+v", h)
+			}
+			if h[0].Reserve.Block != tc.block {
+				t.Fatalf("handoff bound past the reservation: %d, want %d", h[0].Reserve.Block, tc.block)
+			}
+			if tc.reserving && h[0].Limit < end {
+				t.Fatalf("handoff limit %d below the reservation being written, %d", h[0].Limit, end)
+			}
+		})
+	}
+}
+
+// TestSuccessorIgnoresOldActivesStaleHeartbeat: a heartbeat the old active
+// sent as an active before its offer, read by the successor after it took
+// the handover, moves nothing: the Handoff's token and reservation, which
+// the successor started above, cover everything in it. Before, the
+// successor raised its counter two blocks above that heartbeat's
+// reservation, past its own, and answered acquires B until it reserved.
+func TestSuccessorIgnoresOldActivesStaleHeartbeat(t *testing.T) {
+	a, s, now := pair(t)
+	before := say(a)
+	before.TokenLast, before.Reserved, before.Mark = 150, 200, 200
+	e := offerTo(t, a, 1, now)
+	if ans := handoff(s, 0, e, now); ans == nil || !ans.Taken || !s.servingNow() {
+		t.Fatalf("handover not taken: %+v", ans)
+	}
+	acts := s.Step(now+ms, Msg{Kind: MsgHeartbeat, From: 0, HB: before})
+	if o, r, g := find(acts, ActObserve), find(acts, ActReserve), find(acts, ActGate); len(o)+len(r)+len(g) != 0 {
+		t.Fatalf("a stale heartbeat of the old active: observe %+v, reserve %+v, gates %+v", o, r, g)
+	}
+	// The same heartbeat from a member this one did not take over from is
+	// another active's: its tokens count.
+	s.tookFrom = None
+	acts = s.Step(now+2*ms, Msg{Kind: MsgHeartbeat, From: 0, HB: before})
+	if o := find(acts, ActObserve); len(o) != 1 {
+		t.Fatalf("another active's heartbeat: observe %+v", o)
+	}
+}
