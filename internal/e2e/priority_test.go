@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -534,6 +537,7 @@ func TestPrioritySIGTERMUnderLoad(t *testing.T) {
 	}
 	if n := otherErrs.Load(); n != 0 {
 		t.Errorf("%d calls failed: %v", n, firstErr.Load())
+		logBusyMetrics(t, c)
 	}
 	if pairs.Load() <= before {
 		t.Error("no pair completed after the handover")
@@ -543,6 +547,28 @@ func TestPrioritySIGTERMUnderLoad(t *testing.T) {
 	for key, tok := range held {
 		if r := do(t, conn, proto.AppendRelease(nil, tok, key)); r.Op != proto.OpRelease {
 			t.Fatalf("lock %s (token %d) after the handover: %c", key, tok, r.Op)
+		}
+	}
+}
+
+// logBusyMetrics logs, for each running member, the metrics that say why
+// it answered B: for want of a reserved token, or capacity.
+func logBusyMetrics(t *testing.T, c *clustertest.Cluster) {
+	t.Helper()
+	hc := http.Client{Timeout: 2 * time.Second}
+	for i, m := range c.Members() {
+		resp, err := hc.Get(m.AdminURL() + "/metrics")
+		if err != nil {
+			t.Logf("member %d: /metrics: %v", i, err)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "lockd_busy_no_token_total") || strings.HasPrefix(line, "lockd_token_reserve") ||
+				strings.HasPrefix(line, "lockd_requests_total") && strings.Contains(line, `result="busy"`) {
+				t.Logf("member %d: %s", i, line)
+			}
 		}
 	}
 }
