@@ -171,9 +171,7 @@ func (m *Member) tokensHeard(now int64, from int, hb *Heartbeat) {
 	// which it would jump again at every heartbeat of the contest.
 	yielding := m.role == RoleActive &&
 		(m.contest != None || hb.Role == RoleActive && m.beats(hb.Epoch, from, m.epoch, m.self, m.mixed(now)))
-	if hb.Mark > max(m.local.Mark, m.limit, m.reserving) && yielding {
-		m.jump = max(m.jump, hb.Mark)
-	} else if hb.Mark > max(m.local.Mark, m.limit, m.reserving) {
+	if hb.Mark > max(m.local.Mark, m.limit, m.reserving) {
 		// Whatever the member is now, its data dir's mark is above every
 		// token it ever issued. A mark above this active's own (written
 		// before any standby is sent the reservation) is one the member
@@ -185,8 +183,12 @@ func (m *Member) tokensHeard(now int64, from int, hb *Heartbeat) {
 		// heard the end of (MsgReserved comes after the standbys'
 		// acknowledgements, and a standby's heartbeat or a snapshot's end
 		// can report the mark first).
-		m.holdAbove(hb.Mark)
-		m.observe(hb.Mark)
+		if yielding {
+			m.jump = max(m.jump, hb.Mark)
+		} else {
+			m.holdAbove(hb.Mark)
+			m.observe(hb.Mark)
+		}
 	}
 	if yielding && hb.Role == RoleActive {
 		m.jump = max(m.jump, max(hb.TokenLast, hb.Reserved)+2*m.cfg.TokenBlock)
