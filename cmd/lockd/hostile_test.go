@@ -194,10 +194,13 @@ func (fl *filler) free() {
 }
 
 // keepFull tops the filler up every millisecond until the returned
-// function is called.
+// function is called, or the test ends (before the filler is closed).
 func (fl *filler) keepFull() (stop func()) {
 	done := make(chan struct{})
 	exited := make(chan struct{})
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done); <-exited }) }
+	fl.t.Cleanup(stop)
 	go func() {
 		defer close(exited)
 		tick := time.NewTicker(time.Millisecond)
@@ -211,7 +214,7 @@ func (fl *filler) keepFull() (stop func()) {
 			}
 		}
 	}()
-	return func() { close(done); <-exited }
+	return stop
 }
 
 func httpGet(t *testing.T, url string) (int, string) {
