@@ -295,6 +295,58 @@ func TestSplitActiveBackAsStandby(t *testing.T) {
 	}
 }
 
+// TestActiveMeetingActiveHoldsNotBusy: an active that hears another
+// active whose tokens are above its reservation (a healed partition; here
+// a raw heartbeat of member 2 claiming to be active at the same epoch,
+// which member 0 beats) never serves without a token to give: it holds
+// requests until its reservation covers the jump (PROTOCOL.md decision
+// 70), then grants above the other's reservation. On the old code its
+// gate kept serving while the counter was past the reservation, and an
+// acquire got B.
+func TestActiveMeetingActiveHoldsNotBusy(t *testing.T) {
+	ms := startMembers(t, 3)
+	waitServing(t, ms, 0)
+	a := ms[0]
+	ms[2].p.Close(context.Background(), repl.Discard)
+	ms[2] = nil
+	epoch := a.p.Status().Priority.Epoch
+	other := a.table.Tokens().Limit() + 1e12 // what the other side reserved
+	c, err := net.Dial("tcp", a.p.cfg.MemberAddr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := a.p.hello()
+	h.Self = 2
+	hb := heartbeat{Epoch: epoch, Role: machine.RoleActive, Active: 2, Probe: 1, TokenLast: other - 5, Reserved: other, StoredEpoch: epoch, Serving: true}
+	var out shard.Out
+	if st, _ := a.table.Acquire(a.clock(), []byte("before"), 0, 30, 0, nil, &out); st != shard.Granted {
+		t.Fatalf("acquire before the heartbeat: %v", st)
+	}
+	if _, err := c.Write(hb.Append(h.Append(nil))); err != nil {
+		t.Fatal(err)
+	}
+	// Acquire as the engine would: only while the gate serves. A B seen
+	// while the gate still serves, after the acquire, is one a client got.
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("not serving above the other active's reservation %d within 10 s: counter %d, serving %v",
+				other, a.table.Tokens().Last(), a.serving())
+		}
+		if !a.serving() {
+			continue
+		}
+		st, tok := a.table.Acquire(a.clock(), []byte(fmt.Sprint("k", i)), 0, 30, 0, nil, &out)
+		if st == shard.Busy && a.serving() {
+			t.Fatalf("acquire %d answered B while the gate served (counter %d, limit %d)", i, a.table.Tokens().Last(), a.table.Tokens().Limit())
+		}
+		if st == shard.Granted && tok > other {
+			break
+		}
+	}
+}
+
 // countingHandler counts the records whose message contains match.
 type countingHandler struct {
 	slog.Handler
