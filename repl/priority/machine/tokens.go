@@ -71,6 +71,15 @@ func (m *Member) reserve(r Reserve) uint64 {
 // jumped above the reserved range): one reservation at a time; one asked
 // for meanwhile follows it.
 func (m *Member) reserveSoon() {
+	if m.role == RoleHandover {
+		// It executes nothing, and its Handoff told the successor its
+		// reservation and a bound on the one in flight: one begun now
+		// would go past that bound, the standbys would record it as their
+		// mark, and the successor would jump above it. If the handover is
+		// refused, the allocator asks again when it runs low.
+		m.wantMore = false
+		return
+	}
 	if m.steadyOp != 0 {
 		m.wantMore = true
 		return

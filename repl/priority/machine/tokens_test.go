@@ -261,3 +261,28 @@ func TestSuccessorIgnoresOldActivesStaleHeartbeat(t *testing.T) {
 		t.Fatalf("another active's heartbeat: observe %+v", o)
 	}
 }
+
+// TestHandingOverReservesNothing: an active handing over executes nothing
+// and told the successor its reservation and a bound on the one in
+// flight; a reservation begun after the offer — the allocator's late ask,
+// or the one asked for while another was in flight — went past that
+// bound, the standbys recorded it as their mark, and the successor jumped
+// above it (found by TestHandoverUnderLoadServesWithTokens: the successor
+// answered B while serving, its counter two blocks past its limit).
+func TestHandingOverReservesNothing(t *testing.T) {
+	last, limit := uint64(5000), uint64(5000+1<<20)
+	m, now := activeWith(t, last, limit)
+	r := find(m.Step(now, Msg{Kind: MsgWantTokens}), ActReserve)
+	if len(r) != 1 {
+		t.Fatalf("reservations asked for: %+v", r)
+	}
+	m.Step(now, Msg{Kind: MsgWantTokens}) // asked for while one is in flight
+	if !m.offer(1, now+ms, false) {
+		t.Fatal("no handover offered")
+	}
+	acts := m.Step(now+2*ms, Msg{Kind: MsgWantTokens})
+	acts = append(acts, m.Step(now+3*ms, Msg{Kind: MsgReserved, Op: r[0].Reserve.Op, Limit: limit + 2<<20, Token: last})...)
+	if r := find(acts, ActReserve); len(r) != 0 {
+		t.Fatalf("reservations begun while handing over: %+v", r)
+	}
+}
