@@ -244,6 +244,27 @@ func TestPriorityFailoverInProcess(t *testing.T) {
 	t.Logf("%d of the last burst's grants were lost with the active; first token after: +%d", lost, tok-last)
 }
 
+// speakAsMember2 starts three members with member 0 serving, stops member
+// 2 and dials member 0's member link as member 2 would: it returns member
+// 0, its epoch, the connection and the hello to write before anything
+// else on it.
+func speakAsMember2(t *testing.T) (a *member, epoch uint64, c net.Conn, hello []byte) {
+	t.Helper()
+	ms := startMembers(t, 3)
+	waitServing(t, ms, 0)
+	a = ms[0]
+	ms[2].p.Close(context.Background(), repl.Discard)
+	ms[2] = nil // the members' cleanup skips it
+	c, err := net.Dial("tcp", a.p.cfg.MemberAddr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	h := a.p.hello()
+	h.Self = 2
+	return a, a.p.Status().Priority.Epoch, c, h.Append(nil)
+}
+
 // TestSplitActiveBackAsStandby: a member that comes back as a standby
 // with a stored epoch above the active's — it promoted on the other side
 // of a partition, granted above the active's counter and died before the
@@ -252,22 +273,10 @@ func TestPriorityFailoverInProcess(t *testing.T) {
 // 6). Member 2 of three is that member: it is stopped, and its first
 // heartbeat after a restart is played on a raw connection.
 func TestSplitActiveBackAsStandby(t *testing.T) {
-	ms := startMembers(t, 3)
-	waitServing(t, ms, 0)
-	a := ms[0]
-	ms[2].p.Close(context.Background(), repl.Discard)
-	ms[2] = nil
-	epoch := a.p.Status().Priority.Epoch
+	a, epoch, c, hello := speakAsMember2(t)
 	mark := a.table.Tokens().Last() + 1e12 // what it reserved on its side
-	c, err := net.Dial("tcp", a.p.cfg.MemberAddr(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	h := a.p.hello()
-	h.Self = 2
 	hb := heartbeat{Epoch: 0, Role: machine.RoleStandby, Active: noActive, Probe: 1, TokenLast: mark, StoredEpoch: epoch + 1}
-	if _, err := c.Write(hb.Append(h.Append(nil))); err != nil {
+	if _, err := c.Write(hb.Append(hello)); err != nil {
 		t.Fatal(err)
 	}
 	// The gate holds requests from the heartbeat until the jump is
@@ -304,26 +313,14 @@ func TestSplitActiveBackAsStandby(t *testing.T) {
 // gate kept serving while the counter was past the reservation, and an
 // acquire got B.
 func TestActiveMeetingActiveHoldsNotBusy(t *testing.T) {
-	ms := startMembers(t, 3)
-	waitServing(t, ms, 0)
-	a := ms[0]
-	ms[2].p.Close(context.Background(), repl.Discard)
-	ms[2] = nil
-	epoch := a.p.Status().Priority.Epoch
+	a, epoch, c, hello := speakAsMember2(t)
 	other := a.table.Tokens().Limit() + 1e12 // what the other side reserved
-	c, err := net.Dial("tcp", a.p.cfg.MemberAddr(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	h := a.p.hello()
-	h.Self = 2
 	hb := heartbeat{Epoch: epoch, Role: machine.RoleActive, Active: 2, Probe: 1, TokenLast: other - 5, Reserved: other, StoredEpoch: epoch, Serving: true}
 	var out shard.Out
 	if st, _ := a.table.Acquire(a.clock(), []byte("before"), 0, 30, 0, nil, &out); st != shard.Granted {
 		t.Fatalf("acquire before the heartbeat: %v", st)
 	}
-	if _, err := c.Write(hb.Append(h.Append(nil))); err != nil {
+	if _, err := c.Write(hb.Append(hello)); err != nil {
 		t.Fatal(err)
 	}
 	// Acquire as the engine would: only while the gate serves. A B seen
