@@ -251,7 +251,9 @@ func (m *Member) holdAbove(x uint64) {
 }
 
 // observe raises the allocator's counter to at least x; above the
-// reserved range an active reserves at once (grants get B until then).
+// reserved range an active reserves at once. Until then a grant that
+// needs a token gets B, unless holdAbove has closed the gate first (the
+// callers that can hold do so before they observe).
 func (m *Member) observe(x uint64) {
 	if x <= m.floor {
 		return
