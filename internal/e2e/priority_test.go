@@ -16,6 +16,7 @@ import (
 
 	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -162,6 +163,55 @@ func TestPriorityFrozenActive(t *testing.T) {
 	waitActiveIs(t, c, 0, "member 0 active again by a planned handoff")
 	if held, got := keyState(t, c, 0, "contested"); !held || got != tok {
 		t.Fatalf("contested after the freeze: %v %d, want %d", held, got, tok)
+	}
+}
+
+// TestPriorityFrozenActiveAfterHandover: the active (member 0) and member
+// 1 freeze together; member 2, alone, promotes and grants; member 1 comes
+// back, syncs from it and takes the role by a planned handover (it has the
+// higher priority); then member 0 comes back. Member 0 holds nothing that
+// member 2 had not applied, while member 1's table holds member 2's grant:
+// the handover's successor counts its predecessor's changes as its own
+// (PROTOCOL.md §6.3, docs/PROTOCOL.md decision 71), so member 0 steps
+// down and the grant survives. (Counting only its own, none, member 1
+// stepped down and the grant was lost: CI once saw that as "false 0".)
+func TestPriorityFrozenActiveAfterHandover(t *testing.T) {
+	c, _ := startPriority(t, 3, false)
+	warm := grant(t, dial(t, c, 0), "warm", 60, 1)
+	wait.For(t, "member 2 to hold the replicated grant", func() bool {
+		held, tok := keyState(t, c, 2, "warm")
+		return held && tok == warm
+	})
+	for _, i := range []int{0, 1} {
+		if err := c.Member(i).Stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, _ := waitActive(t, c, 5*time.Second, 0, 1); a != 2 {
+		t.Fatalf("member %d active with members 0 and 1 frozen, want 2", a)
+	}
+	tok := grant(t, dial(t, c, 2), "contested", 60, 2)
+	if err := c.Member(1).Cont(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.WaitStatuses(10*time.Second, clustertest.Running(0), func(sts []clustertest.Status) error {
+		a, err := c.Agreed(sts)
+		if err == nil && a != 1 {
+			err = fmt.Errorf("member %d is the active", a)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("member 1 did not take over from member 2: %v", err)
+	}
+	if err := c.Member(0).Cont(); err != nil {
+		t.Fatal(err)
+	}
+	waitActiveIs(t, c, 0, "member 0 active again by a planned handoff")
+	for key, want := range map[string]uint64{"warm": warm, "contested": tok} {
+		if held, got := keyState(t, c, 0, key); !held || got != want {
+			t.Fatalf("%s after member 0 came back: held=%v token %d, want %d", key, held, got, want)
+		}
 	}
 }
 

@@ -27,12 +27,15 @@ import (
 // means it serves; 7 since Batches carry shared grants (records of kinds
 // 0x41 and 0xC1, records.Version 3) and SnapShard frames carry snapshot
 // entries in the format version 3, one per holder with its key's limit
-// (PROTOCOL.md §9.2). A member of another version would misread them: the
+// (PROTOCOL.md §9.2); 8 since a Handoff carries the old active's base (the
+// table it became active with), which its successor judges a contest by
+// (PROTOCOL.md §6.3: a handover's successor keeps its predecessors'
+// changes). A member of another version would misread them: the
 // Hello is refused, and the refusal logged with both versions
 // (hello.Decode). A change of what the replication records or snapshot
 // entries carry (repl/records) raises it too (recordsVersion):
 // a mixed-version cluster is refused at the Hello, never misread.
-const protocolVersion = 7
+const protocolVersion = 8
 
 // recordsVersion is the format version of repl/records that this
 // member-link version carries (records in Batches, snapshot entries in
@@ -642,12 +645,22 @@ func (n *needSnapshot) Decode(p []byte) error {
 }
 
 // handoff asks the receiver to take over as active with Epoch, above the
-// tokens the sender handed out and reserved.
+// tokens the sender handed out and reserved. Base is the table the sender
+// became active with (machine.Base; BaseFrom noBase when none was whole):
+// the successor takes it as its own, so the changes made since that table
+// count as its own in a contest (PROTOCOL.md §6.3).
 type handoff struct {
 	Epoch     uint64 // the epoch the successor must take
 	TokenLast uint64
 	Reserved  uint64
+	BaseFrom  uint8 // a member index, or noBase
+	BaseEpoch uint64
+	BasePos   uint64
 }
+
+// noBase is a Handoff's BaseFrom when the sender became active without
+// any member's whole table.
+const noBase = 0xFF
 
 // Append appends h as a complete frame to dst.
 func (h *handoff) Append(dst []byte) []byte {
@@ -655,18 +668,25 @@ func (h *handoff) Append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, h.Epoch)
 	dst = binary.BigEndian.AppendUint64(dst, h.TokenLast)
 	dst = binary.BigEndian.AppendUint64(dst, h.Reserved)
+	dst = append(dst, h.BaseFrom)
+	dst = binary.BigEndian.AppendUint64(dst, h.BaseEpoch)
+	dst = binary.BigEndian.AppendUint64(dst, h.BasePos)
 	return endFrame(dst, at)
 }
 
-// Decode decodes a Handoff payload.
+// Decode decodes a Handoff payload. (Whether BaseFrom names a member of
+// the receiver's cluster is the machine's check.)
 func (h *handoff) Decode(p []byte) error {
-	if err := fixedLen(p, 24); err != nil {
+	if err := fixedLen(p, 41); err != nil {
 		return err
 	}
 	*h = handoff{
 		Epoch:     binary.BigEndian.Uint64(p),
 		TokenLast: binary.BigEndian.Uint64(p[8:]),
 		Reserved:  binary.BigEndian.Uint64(p[16:]),
+		BaseFrom:  p[24],
+		BaseEpoch: binary.BigEndian.Uint64(p[25:]),
+		BasePos:   binary.BigEndian.Uint64(p[33:]),
 	}
 	return nil
 }
@@ -707,8 +727,11 @@ func appendReserve(dst []byte, id, limit uint64) []byte {
 	return m.Append(dst)
 }
 
-func appendHandoff(dst []byte, epoch, token, reserved uint64) []byte {
-	m := handoff{Epoch: epoch, TokenLast: token, Reserved: reserved}
+func appendHandoff(dst []byte, epoch, token, reserved uint64, base machine.Base) []byte {
+	m := handoff{Epoch: epoch, TokenLast: token, Reserved: reserved, BaseFrom: noBase, BaseEpoch: base.Epoch, BasePos: base.Pos}
+	if base.From >= 0 && base.From < noBase {
+		m.BaseFrom = uint8(base.From)
+	}
 	return m.Append(dst)
 }
 

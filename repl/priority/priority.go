@@ -294,7 +294,7 @@ func (p *node) do(a *machine.Action) {
 		if a.Reserve.Block > 0 {
 			limit = max(limit, max(tokens.Limit(), last)+a.Reserve.Block)
 		}
-		p.send(a.To, appendHandoff(nil, a.Epoch, last, limit))
+		p.send(a.To, appendHandoff(nil, a.Epoch, last, limit, a.Base))
 	case machine.ActHandoffAbort:
 		p.send(a.To, appendHandoffAbort(nil, a.Epoch))
 	case machine.ActAnswer:

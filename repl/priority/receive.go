@@ -95,7 +95,11 @@ func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []
 		if err := h.Decode(payload); err != nil {
 			return err
 		}
-		p.tell(machine.Msg{Kind: machine.MsgHandoff, From: from, Epoch: h.Epoch, Token: h.TokenLast, Limit: h.Reserved})
+		base := machine.Base{From: machine.None, Epoch: h.BaseEpoch, Pos: h.BasePos}
+		if h.BaseFrom != noBase {
+			base.From = int(h.BaseFrom)
+		}
+		p.tell(machine.Msg{Kind: machine.MsgHandoff, From: from, Epoch: h.Epoch, Token: h.TokenLast, Limit: h.Reserved, Base: base})
 	case msgHandoffAbort:
 		var h handoffAbort
 		if err := h.Decode(payload); err != nil {

@@ -33,12 +33,12 @@ type wireCase struct {
 
 func wireCases() []wireCase {
 	return []wireCase{
-		{"hello", msgHello, &hello{Version: 7, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000,
+		{"hello", msgHello, &hello{Version: 8, Mode: modePriority, Members: 3, Self: 2, Offset: 10000, Shards: 64, FailoverMS: 1000,
 			Peers: []string{"a:1", "b:2", "c:3"}},
-			"0007 01 03 02 00002710 00000040 000003e8 0003 613a31 0003 623a32 0003 633a33"},
-		{"hello-raft-max", msgHello, &hello{Version: 7, Mode: modeRaft, Members: 2, Self: 1, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000,
+			"0008 01 03 02 00002710 00000040 000003e8 0003 613a31 0003 623a32 0003 633a33"},
+		{"hello-raft-max", msgHello, &hello{Version: 8, Mode: modeRaft, Members: 2, Self: 1, Offset: 1<<32 - 1, Shards: 1 << 16, FailoverMS: 60000,
 			Peers: []string{"h:65535", "[::1]:7"}},
-			"0007 02 02 01 ffffffff 00010000 0000ea60 0007 683a3635353335 0007 5b3a3a315d3a37"},
+			"0008 02 02 01 ffffffff 00010000 0000ea60 0007 683a3635353335 0007 5b3a3a315d3a37"},
 		{"heartbeat-active", msgHeartbeat, &heartbeat{Epoch: 7, Role: machine.RoleActive, Active: 0, InSync: true, Held: true, Serving: true, Probe: 1, Echo: 2,
 			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0, Mark: 0x11223344556677aa, Pos: 1000000, Verdict: 3},
 			"0000000000000007 02 00 07 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000 11223344556677aa 00000000000f4240 0000000000000003"},
@@ -71,8 +71,10 @@ func wireCases() []wireCase {
 		{"need-snapshot-gap", msgNeedSnapshot, &needSnapshot{Reason: snapGap}, "01"},
 		{"need-snapshot-start", msgNeedSnapshot, &needSnapshot{Reason: snapStart}, "02"},
 		{"need-snapshot-behind", msgNeedSnapshot, &needSnapshot{Reason: snapBehind}, "03"},
-		{"handoff", msgHandoff, &handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000},
-			"0000000000000008 00000000000003e8 00000000000007d0"},
+		{"handoff", msgHandoff, &handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000, BaseFrom: 2, BaseEpoch: 5, BasePos: 300},
+			"0000000000000008 00000000000003e8 00000000000007d0 02 0000000000000005 000000000000012c"},
+		{"handoff-no-base", msgHandoff, &handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000, BaseFrom: noBase, BasePos: 7},
+			"0000000000000008 00000000000003e8 00000000000007d0 ff 0000000000000000 0000000000000007"},
 		{"handoff-abort", msgHandoffAbort, &handoffAbort{Epoch: 8}, "0000000000000008"},
 	}
 }
@@ -185,19 +187,20 @@ func TestMessageBadFields(t *testing.T) {
 		{"snap-ack-long", &snapAck{}, "0000000000000003 0000000000000011 00", errLongPayload},
 		{"handoff-abort-short", &handoffAbort{}, "00000000", errShortPayload},
 		{"reserve-short", &reserve{}, "00", errShortPayload},
-		{"hello-short", &hello{}, "0007 01", errShortPayload},
-		{"hello-long", &hello{}, "0007 01 01 00 00002710 00000040 000003e8 0001 61 00", errLongPayload},
-		{"hello-peers-missing", &hello{}, "0007 01 02 00 00002710 00000040 000003e8 0001 61", errShortPayload},
-		{"hello-peer-cut", &hello{}, "0007 01 01 00 00002710 00000040 000003e8 0003 6161", errShortPayload},
-		{"hello-peer-empty", &hello{}, "0007 01 01 00 00002710 00000040 000003e8 0000", errBadField},
-		{"hello-peer-too-long", &hello{}, "0007 01 01 00 00002710 00000040 000003e8 0401", errBadField},
+		{"hello-short", &hello{}, "0008 01", errShortPayload},
+		{"hello-long", &hello{}, "0008 01 01 00 00002710 00000040 000003e8 0001 61 00", errLongPayload},
+		{"hello-peers-missing", &hello{}, "0008 01 02 00 00002710 00000040 000003e8 0001 61", errShortPayload},
+		{"hello-peer-cut", &hello{}, "0008 01 01 00 00002710 00000040 000003e8 0003 6161", errShortPayload},
+		{"hello-peer-empty", &hello{}, "0008 01 01 00 00002710 00000040 000003e8 0000", errBadField},
+		{"hello-peer-too-long", &hello{}, "0008 01 01 00 00002710 00000040 000003e8 0401", errBadField},
 		{"hello-version-1", &hello{}, "0001 01 03 02 00002710 00000040 000003e8", errMismatch},
 		{"hello-version-2", &hello{}, "0002", errMismatch},
 		{"hello-version-3", &hello{}, "0003 01 03 02 00002710 00000040 000003e8", errMismatch},
 		{"hello-version-4", &hello{}, "0004 01 01 00 00002710 00000040 000003e8 0001 61", errMismatch},
 		{"hello-version-5", &hello{}, "0005 01 01 00 00002710 00000040 000003e8 0001 61", errMismatch},
 		{"hello-version-6", &hello{}, "0006 01 01 00 00002710 00000040 000003e8 0001 61", errMismatch},
-		{"hello-version-8", &hello{}, "0008", errMismatch},
+		{"hello-version-7", &hello{}, "0007 01 01 00 00002710 00000040 000003e8 0001 61", errMismatch},
+		{"hello-version-9", &hello{}, "0009", errMismatch},
 		{"hello-version-0-long", &hello{}, "0000 01 03 02 00002710 00000040 000003e8 00", errMismatch},
 	}
 	for _, c := range cases {
@@ -208,9 +211,9 @@ func TestMessageBadFields(t *testing.T) {
 		})
 	}
 	var h hello
-	err := h.Decode(repltest.Hex(t, "0008 ffff"))
-	if h.Version != 8 || err == nil || !strings.Contains(err.Error(), "protocol version 8, here 7") {
-		t.Fatalf("version 8: %+v, %v", h, err)
+	err := h.Decode(repltest.Hex(t, "0009 ffff"))
+	if h.Version != 9 || err == nil || !strings.Contains(err.Error(), "protocol version 9, here 8") {
+		t.Fatalf("version 9: %+v, %v", h, err)
 	}
 }
 
@@ -225,7 +228,7 @@ func TestHelloCheck(t *testing.T) {
 	}{
 		{"same", func(*hello) {}, nil},
 		{"last-member", func(h *hello) { h.Self = 2 }, nil},
-		{"version", func(h *hello) { h.Version = 2 }, []string{"protocol version 2 (here 7)"}},
+		{"version", func(h *hello) { h.Version = 2 }, []string{"protocol version 2 (here 8)"}},
 		{"mode", func(h *hello) { h.Mode = modeRaft }, []string{"mode raft (here priority)"}},
 		{"mode-unknown", func(h *hello) { h.Mode = 9 }, []string{"mode ClusterMode(9) (here priority)"}},
 		// The member lists may differ (a rolling change of --peers):

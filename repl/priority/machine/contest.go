@@ -22,7 +22,10 @@ import "log/slog"
 //   - L, on E's first held heartbeat, compares: E's changes are E's
 //     position less L's base position when L became active with E's whole
 //     table at E's epoch (Base), else all of E's position; L's are its
-//     position less its base position. L steps down if it has fewer, else
+//     position less its base position. A member that took the role by a
+//     planned handover has its predecessor's base (handedBase): the
+//     chain of handovers is one active here, since each successor holds
+//     the whole table its predecessor served. L steps down if it has fewer, else
 //     it tells E so in every heartbeat to it (Heartbeat.Verdict: E's
 //     epoch), and E steps down on reading it;
 //   - E serves again when no later active is left (L stepped down and

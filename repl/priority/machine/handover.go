@@ -53,8 +53,22 @@ func (m *Member) offer(s int, now int64, shutdown bool) bool {
 			pending += 2 * m.cfg.TokenBlock
 		}
 	}
-	m.emit(Action{Kind: ActHandoff, To: s, Epoch: e, Limit: max(m.reservedSeen, m.reserving), Reserve: Reserve{Block: pending}})
+	m.emit(Action{Kind: ActHandoff, To: s, Epoch: e, Limit: max(m.reservedSeen, m.reserving), Reserve: Reserve{Block: pending}, Base: m.handedBase()})
 	return true
+}
+
+// handedBase is the base a Handoff gives the successor: this member's own.
+// The successor holds this member's whole table, so every change made
+// since that base is in it: the handover's chain is one active for a
+// contest (contest.go). Before its first reservation is done (a shutdown
+// may hand over then) the base's position is not measured yet; nothing
+// has executed since it became active, so the position now stands in.
+func (m *Member) handedBase() Base {
+	b := m.base
+	if !m.baseKnown {
+		b.Pos = m.local.Pos
+	}
+	return b
 }
 
 // tickHandover asks the successor to decide once the offer has waited a
@@ -175,7 +189,7 @@ func (m *Member) endHandover(now int64, o HandState, i int, e uint64) {
 // good. Taken, it promotes (its epoch stored, a reservation of its own
 // above the old active's tokens) and answers once it serves; refused, it
 // answers at once.
-func (m *Member) takeOver(now int64, from int, e, token, reserved uint64) {
+func (m *Member) takeOver(now int64, from int, e, token, reserved uint64, handed Base) {
 	if m.tookFrom == from && m.tookEpoch == e && m.role == RoleActive && m.epoch == e {
 		m.answerWhenServing(from, e) // a repeated Handoff: taken again
 		return
@@ -187,12 +201,18 @@ func (m *Member) takeOver(now int64, from int, e, token, reserved uint64) {
 		m.emit(Action{Kind: ActAnswer, To: from, Taken: false, Epoch: m.refused})
 		return
 	}
-	base := m.followedBase()
 	m.reservedSeen = max(m.reservedSeen, reserved)
 	m.promoteAt(e)
 	m.tookFrom, m.tookEpoch = from, e
 	m.handovers++
-	m.becomeActive(now, "planned handover", base, max(token, reserved), false)
+	if handed.From < None || handed.From >= m.n {
+		handed.From = None // no member of this cluster: no table of one
+	}
+	// The old active's base, not the table this member followed: the
+	// old active's changes since it became active are in this table,
+	// and stepping down would lose them too (PROTOCOL.md §6.3).
+	m.becomeActive(now, "planned handover", handed, max(token, reserved), false)
+	m.baseHanded = true
 	m.answerWhenServing(from, e)
 }
 

@@ -563,3 +563,43 @@ func TestRolesSnapshotAckMakesASuccessor(t *testing.T) {
 		})
 	}
 }
+
+// TestSuccessorTakesTheHandedBase: the Handoff carries the old active's
+// base, and the successor takes it as its own, position included (not
+// measured again when its first reservation is done), so a contest counts
+// the changes of the whole chain of handovers (PROTOCOL.md §6.3); a base
+// naming no member of this cluster counts as none. An old active whose
+// base is not measured yet sends its position now.
+func TestSuccessorTakesTheHandedBase(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		sent, want Base
+	}{
+		{"a member's whole table", Base{From: 0, Epoch: 1, Pos: 40}, Base{From: 0, Epoch: 1, Pos: 40}},
+		{"no whole table", Base{From: None, Pos: 7}, Base{From: None, Pos: 7}},
+		{"no member of this cluster", Base{From: 9, Epoch: 3, Pos: 7}, Base{From: None, Epoch: 3, Pos: 7}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, s, now := pair(t)
+			settle(s, now, s.Step(now, Msg{Kind: MsgHandoff, From: 0, Epoch: 2, Token: 100, Limit: 200, Base: tc.sent}))
+			if !s.servingNow() {
+				t.Fatal("handover not taken")
+			}
+			if s.base != tc.want || !s.baseKnown {
+				t.Fatalf("successor's base %+v (known %v), want %+v", s.base, s.baseKnown, tc.want)
+			}
+		})
+	}
+	for _, known := range []bool{true, false} {
+		a, _, now := pair(t)
+		a.base, a.baseKnown, a.local.Pos = Base{From: 1, Epoch: 4, Pos: 30}, known, 55
+		offerTo(t, a, 1, now)
+		want := Base{From: 1, Epoch: 4, Pos: 30}
+		if !known {
+			want.Pos = 55
+		}
+		if h := find(a.out, ActHandoff); h[0].Base != want {
+			t.Fatalf("base known %v: Handoff's base %+v, want %+v", known, h[0].Base, want)
+		}
+	}
+}

@@ -153,6 +153,7 @@ type Member struct {
 	// Whoever would lose more stays (contest.go).
 	base       Base     // the table this member became active with
 	baseKnown  bool     // base.Pos is measured (the promotion's reservation is done)
+	baseHanded bool     // base came with a Handoff, its position measured by the old active
 	contest    int      // an active later than this one whose verdict it waits for, None
 	verdict    []uint64 // by member: its epoch at which this member found it would lose less
 	unresolved []int64  // by member: since when it is an earlier active that does not hold (0: not)
@@ -248,7 +249,7 @@ func (m *Member) Step(now int64, msg Msg) []Action {
 		}
 	case MsgHandoff:
 		if valid {
-			m.takeOver(now, from, msg.Epoch, msg.Token, msg.Limit)
+			m.takeOver(now, from, msg.Epoch, msg.Token, msg.Limit, msg.Base)
 		}
 	case MsgHandoffAbort:
 		if valid {

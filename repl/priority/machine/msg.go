@@ -69,7 +69,8 @@ const (
 	MsgRefused
 	MsgLinkUp
 	// MsgHandoff: From offers this member a planned handover at Epoch,
-	// above Token (its last) and Limit (its reservation).
+	// above Token (its last) and Limit (its reservation); Base is the
+	// table From became active with, which the successor takes as its own.
 	MsgHandoff
 	// MsgHandoffAbort: From asks this member to decide the handover at
 	// Epoch.
@@ -133,6 +134,7 @@ type Msg struct {
 	Name     string
 	Deadline int64
 	Set      uint64
+	Base     Base
 }
 
 // Local is what the driver measures of this member before each Tick.
@@ -163,7 +165,8 @@ const (
 	// member's last token and max(reservation, Limit) read now — plus
 	// Reserve.Block past max(reservation, last token) when a reservation
 	// asked for may still be made (the standbys record it, and the
-	// successor must start above every mark they can report).
+	// successor must start above every mark they can report), and Base,
+	// the table this member became active with.
 	ActHandoff
 	// ActHandoffAbort: ask member To to decide the handover at Epoch.
 	ActHandoffAbort
@@ -216,6 +219,7 @@ type Action struct {
 	HB      Heartbeat
 	Reserve Reserve
 	Log     Log
+	Base    Base // ActHandoff
 }
 
 // Gate is the engine's instruction: Serve (until Until on the table's

@@ -23,7 +23,7 @@ import (
 // plus the failover timeout — is durable and replicated; base is the
 // table it became active with.
 func (m *Member) becomeActive(now int64, why string, base Base, above uint64, wallFloor bool) {
-	m.base, m.baseKnown = base, false
+	m.base, m.baseKnown, m.baseHanded = base, false, false
 	m.ready, m.resumeOp, m.jumped = false, 0, false
 	start := max(above, m.local.TokenLast, m.limit, m.floor, m.reservedSeen, m.local.Mark, m.jump)
 	for i := range m.peers {
@@ -141,7 +141,10 @@ func (m *Member) reserved(now int64, msg *Msg) {
 		if m.role != RoleActive {
 			return
 		}
-		m.base.Pos, m.baseKnown = msg.Pos, true
+		if !m.baseHanded {
+			m.base.Pos = msg.Pos
+		}
+		m.baseKnown = true
 		m.emit(Action{Kind: ActStream, On: true})
 		m.ready = true
 		m.logf(slog.LevelInfo, "active", "epoch", m.epoch, "why", m.promoteWhy, "token_start", msg.Token, "position", msg.Pos)
