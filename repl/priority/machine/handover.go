@@ -42,16 +42,14 @@ func (m *Member) offer(s int, now int64, shutdown bool) bool {
 	}
 	m.publish(false) // Hold: nothing executes from here
 	m.emit(Action{Kind: ActFlush})
-	// A reservation in flight, or asked for after it, still completes
-	// after this: the standbys record it as their mark, which the
-	// successor must be above (a mark above its reservation makes it jump
-	// and reserve again before it serves acquires).
+	// A reservation in flight still completes after this: the standbys
+	// record it as their mark, which the successor must be above (a mark
+	// above its reservation makes it jump and reserve again before it
+	// serves acquires). One asked for meanwhile (wantMore) is never begun
+	// while handing over (reserveSoon).
 	var pending uint64
 	if m.steadyOp != 0 {
 		pending = 2 * m.cfg.TokenBlock
-		if m.wantMore {
-			pending += 2 * m.cfg.TokenBlock
-		}
 	}
 	m.emit(Action{Kind: ActHandoff, To: s, Epoch: e, Limit: max(m.reservedSeen, m.reserving), Reserve: Reserve{Block: pending}, Base: m.handedBase()})
 	return true
