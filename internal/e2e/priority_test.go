@@ -215,6 +215,51 @@ func TestPriorityFrozenActiveAfterHandover(t *testing.T) {
 	}
 }
 
+// TestPriorityFrozenActiveAfterTwoFailovers: the active (member 0)
+// freezes; member 1 promotes with its whole table and grants; member 2
+// replicates that, and promotes when member 1 is killed; then member 0
+// comes back. Member 2's table holds member 0's whole table through member
+// 1's (its lineage, PROTOCOL.md §6.3, docs/PROTOCOL.md decision 71):
+// member 0 holds nothing member 2 lacks, a tie, and member 0 steps down;
+// member 1's grant survives. (Judged by its own base only, member 2 counted
+// all of member 0's table and stepped down, and the grant was lost.)
+func TestPriorityFrozenActiveAfterTwoFailovers(t *testing.T) {
+	c, _ := startPriority(t, 3, false)
+	warm := grant(t, dial(t, c, 0), "warm", 60, 1)
+	replicated := func(i int, key string, tok uint64) {
+		t.Helper()
+		wait.For(t, fmt.Sprintf("member %d to hold %s", i, key), func() bool {
+			held, got := keyState(t, c, i, key)
+			return held && got == tok
+		})
+	}
+	replicated(1, "warm", warm)
+	replicated(2, "warm", warm)
+	if err := c.Member(0).Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := waitActive(t, c, 5*time.Second, 0); a != 1 {
+		t.Fatalf("member %d active with member 0 frozen, want 1", a)
+	}
+	tok := grant(t, dial(t, c, 1), "contested", 60, 2)
+	replicated(2, "contested", tok)
+	if err := c.Member(1).Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := waitActive(t, c, 5*time.Second, 0, 1); a != 2 {
+		t.Fatalf("member %d active with member 0 frozen and member 1 dead, want 2", a)
+	}
+	if err := c.Member(0).Cont(); err != nil {
+		t.Fatal(err)
+	}
+	waitActiveIs(t, c, 0, "member 0 active again by a planned handoff")
+	for key, want := range map[string]uint64{"warm": warm, "contested": tok} {
+		if held, got := keyState(t, c, 0, key); !held || got != want {
+			t.Fatalf("%s after member 0 came back: held=%v token %d, want %d", key, held, got, want)
+		}
+	}
+}
+
 // TestPrioritySIGTERMHandsOver: SIGTERM of the active hands over: nothing
 // is answered E 4, a queued acquire gets M naming the successor, held
 // locks stay with their tokens, and the successor serves within 500 ms.

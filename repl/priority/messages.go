@@ -27,10 +27,11 @@ import (
 // means it serves; 7 since Batches carry shared grants (records of kinds
 // 0x41 and 0xC1, records.Version 3) and SnapShard frames carry snapshot
 // entries in the format version 3, one per holder with its key's limit
-// (PROTOCOL.md §9.2); 8 since a Handoff carries the old active's base (the
-// table it became active with), which its successor judges a contest by
-// (PROTOCOL.md §6.3: a handover's successor keeps its predecessors'
-// changes). A member of another version would misread them: the
+// (PROTOCOL.md §9.2); 8 since an active's heartbeat and a Handoff carry
+// its lineage (the tables of earlier actives its table holds whole), by
+// which a later active judges a contest (PROTOCOL.md §6.3: a handover's
+// successor keeps its predecessors' changes, and a standby promoted with
+// its active's whole table holds what that one held). A member of another version would misread them: the
 // Hello is refused, and the refusal logged with both versions
 // (hello.Decode). A change of what the replication records or snapshot
 // entries carry (repl/records) raises it too (recordsVersion):
@@ -235,6 +236,59 @@ type heartbeat struct {
 	// became active later, found the receiver would lose less by stepping
 	// down (0: none).
 	Verdict uint64
+	// Lineage is the sender's when it is an active or hands over
+	// (machine.Lineage), else names nobody.
+	Lineage lineage
+}
+
+// lineage is machine.Lineage on the wire: machine.LineageLen entries of
+// member u8 (noActive: none), epoch u64, pos u64, with the sender's
+// member indexes.
+type lineage [machine.LineageLen]struct {
+	From  uint8
+	Epoch uint64
+	Pos   uint64
+}
+
+const lineageLen = machine.LineageLen * 17
+
+func (l *lineage) append(dst []byte) []byte {
+	for _, b := range l {
+		dst = append(dst, b.From)
+		dst = binary.BigEndian.AppendUint64(dst, b.Epoch)
+		dst = binary.BigEndian.AppendUint64(dst, b.Pos)
+	}
+	return dst
+}
+
+// decode reads a lineage from p, which holds at least lineageLen bytes.
+func (l *lineage) decode(p []byte) {
+	for i := range l {
+		e := p[i*17:]
+		l[i].From, l[i].Epoch, l[i].Pos = e[0], binary.BigEndian.Uint64(e[1:]), binary.BigEndian.Uint64(e[9:])
+	}
+}
+
+// wireLineage is l with this member's indexes (None: noActive).
+func wireLineage(l *machine.Lineage) lineage {
+	var w lineage
+	for i, b := range l {
+		w[i].From, w[i].Epoch, w[i].Pos = noActive, b.Epoch, b.Pos
+		if b.From >= 0 && b.From < noActive {
+			w[i].From = uint8(b.From)
+		}
+	}
+	return w
+}
+
+// machineLineage is w with the peer's indexes mapped onto this member's
+// list (a member not listed here names nobody).
+func machineLineage(w *lineage, pm *peerMap) machine.Lineage {
+	var l machine.Lineage
+	for i, b := range w {
+		l[i] = machine.Base{From: pm.index(b.From), Epoch: b.Epoch, Pos: b.Pos}
+	}
+	return l
 }
 
 // Heartbeat flags (the byte after Active).
@@ -245,7 +299,7 @@ const (
 	flagsKnown  = flagInSync | flagHeld | flagServing
 )
 
-const heartbeatLen = 8 + 3 + 9*8
+const heartbeatLen = 8 + 3 + 9*8 + lineageLen
 
 // Append appends hb as a complete frame to dst.
 func (hb *heartbeat) Append(dst []byte) []byte {
@@ -265,6 +319,7 @@ func (hb *heartbeat) Append(dst []byte) []byte {
 	for _, v := range [...]uint64{hb.Probe, hb.Echo, hb.TokenLast, hb.Reserved, hb.StoredEpoch, hb.LagNS, hb.Mark, hb.Pos, hb.Verdict} {
 		dst = binary.BigEndian.AppendUint64(dst, v)
 	}
+	dst = hb.Lineage.append(dst)
 	return endFrame(dst, at)
 }
 
@@ -295,6 +350,7 @@ func (hb *heartbeat) Decode(p []byte) error {
 		Pos:         u(67),
 		Verdict:     u(75),
 	}
+	hb.Lineage.decode(p[83:])
 	return nil
 }
 
@@ -645,22 +701,15 @@ func (n *needSnapshot) Decode(p []byte) error {
 }
 
 // handoff asks the receiver to take over as active with Epoch, above the
-// tokens the sender handed out and reserved. Base is the table the sender
-// became active with (machine.Base; BaseFrom noBase when none was whole):
-// the successor takes it as its own, so the changes made since that table
-// count as its own in a contest (PROTOCOL.md §6.3).
+// tokens the sender handed out and reserved. Lineage is the sender's (its
+// base first): the successor takes it as its own, so the changes made
+// since that base count as its own in a contest (PROTOCOL.md §6.3).
 type handoff struct {
 	Epoch     uint64 // the epoch the successor must take
 	TokenLast uint64
 	Reserved  uint64
-	BaseFrom  uint8 // a member index, or noBase
-	BaseEpoch uint64
-	BasePos   uint64
+	Lineage   lineage
 }
-
-// noBase is a Handoff's BaseFrom when the sender became active without
-// any member's whole table.
-const noBase = 0xFF
 
 // Append appends h as a complete frame to dst.
 func (h *handoff) Append(dst []byte) []byte {
@@ -668,26 +717,20 @@ func (h *handoff) Append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, h.Epoch)
 	dst = binary.BigEndian.AppendUint64(dst, h.TokenLast)
 	dst = binary.BigEndian.AppendUint64(dst, h.Reserved)
-	dst = append(dst, h.BaseFrom)
-	dst = binary.BigEndian.AppendUint64(dst, h.BaseEpoch)
-	dst = binary.BigEndian.AppendUint64(dst, h.BasePos)
+	dst = h.Lineage.append(dst)
 	return endFrame(dst, at)
 }
 
-// Decode decodes a Handoff payload. (Whether BaseFrom names a member of
+// Decode decodes a Handoff payload. (Whether the lineage names members of
 // the receiver's cluster is the machine's check.)
 func (h *handoff) Decode(p []byte) error {
-	if err := fixedLen(p, 41); err != nil {
+	if err := fixedLen(p, 24+lineageLen); err != nil {
 		return err
 	}
-	*h = handoff{
-		Epoch:     binary.BigEndian.Uint64(p),
-		TokenLast: binary.BigEndian.Uint64(p[8:]),
-		Reserved:  binary.BigEndian.Uint64(p[16:]),
-		BaseFrom:  p[24],
-		BaseEpoch: binary.BigEndian.Uint64(p[25:]),
-		BasePos:   binary.BigEndian.Uint64(p[33:]),
-	}
+	h.Epoch = binary.BigEndian.Uint64(p)
+	h.TokenLast = binary.BigEndian.Uint64(p[8:])
+	h.Reserved = binary.BigEndian.Uint64(p[16:])
+	h.Lineage.decode(p[24:])
 	return nil
 }
 
@@ -727,11 +770,8 @@ func appendReserve(dst []byte, id, limit uint64) []byte {
 	return m.Append(dst)
 }
 
-func appendHandoff(dst []byte, epoch, token, reserved uint64, base machine.Base) []byte {
-	m := handoff{Epoch: epoch, TokenLast: token, Reserved: reserved, BaseFrom: noBase, BaseEpoch: base.Epoch, BasePos: base.Pos}
-	if base.From >= 0 && base.From < noBase {
-		m.BaseFrom = uint8(base.From)
-	}
+func appendHandoff(dst []byte, epoch, token, reserved uint64, l *machine.Lineage) []byte {
+	m := handoff{Epoch: epoch, TokenLast: token, Reserved: reserved, Lineage: wireLineage(l)}
 	return m.Append(dst)
 }
 

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/lockd-dev/lockd/repl/priority/machine"
 )
 
 // TestMapPeers: who a peer is here and what its indexes mean, for lists
@@ -54,5 +56,23 @@ func TestMapPeers(t *testing.T) {
 				t.Fatalf("index(noActive) = %d", got)
 			}
 		})
+	}
+}
+
+// TestLineageMapped: a lineage's member indexes are the sender's; they are
+// mapped onto this member's list like a heartbeat's active, and an index
+// this member does not list (or noActive) names nobody. Back to the wire,
+// nobody is noActive.
+func TestLineageMapped(t *testing.T) {
+	pm := &peerMap{from: 1, xlate: []int{2, 0, -1}}
+	w := lineage{{From: 0, Epoch: 5, Pos: 50}, {From: 2, Epoch: 4, Pos: 40}, {From: 1, Epoch: 3, Pos: 30}, {From: noActive}}
+	got := machineLineage(&w, pm)
+	want := machine.Lineage{{From: 2, Epoch: 5, Pos: 50}, {From: machine.None, Epoch: 4, Pos: 40}, {From: 0, Epoch: 3, Pos: 30}, {From: machine.None}}
+	if got != want {
+		t.Fatalf("mapped %+v, want %+v", got, want)
+	}
+	back := wireLineage(&got)
+	if back[1].From != noActive || back[3].From != noActive || back[0].From != 2 || back[2].Pos != 30 {
+		t.Fatalf("back on the wire: %+v", back)
 	}
 }

@@ -47,7 +47,7 @@ func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []
 		p.tell(machine.Msg{Kind: machine.MsgHeartbeat, From: from, HB: machine.Heartbeat{Epoch: hb.Epoch, Role: hb.Role,
 			Active: pm.index(hb.Active), InSync: hb.InSync, Held: hb.Held, Serving: hb.Serving, Probe: hb.Probe, Echo: hb.Echo,
 			TokenLast: hb.TokenLast, Reserved: hb.Reserved, StoredEpoch: hb.StoredEpoch, LagNS: hb.LagNS, Mark: hb.Mark,
-			Pos: hb.Pos, Verdict: hb.Verdict}})
+			Pos: hb.Pos, Verdict: hb.Verdict, Lineage: machineLineage(&hb.Lineage, pm)}})
 	case msgBatch:
 		return in.batch(payload)
 	case msgReserve:
@@ -95,11 +95,8 @@ func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []
 		if err := h.Decode(payload); err != nil {
 			return err
 		}
-		base := machine.Base{From: machine.None, Epoch: h.BaseEpoch, Pos: h.BasePos}
-		if h.BaseFrom != noBase {
-			base.From = int(h.BaseFrom)
-		}
-		p.tell(machine.Msg{Kind: machine.MsgHandoff, From: from, Epoch: h.Epoch, Token: h.TokenLast, Limit: h.Reserved, Base: base})
+		p.tell(machine.Msg{Kind: machine.MsgHandoff, From: from, Epoch: h.Epoch, Token: h.TokenLast, Limit: h.Reserved,
+			Lineage: machineLineage(&h.Lineage, pm)})
 	case msgHandoffAbort:
 		var h handoffAbort
 		if err := h.Decode(payload); err != nil {

@@ -21,11 +21,13 @@ import "log/slog"
 //     final (Heartbeat.Held);
 //   - L, on E's first held heartbeat, compares: E's changes are E's
 //     position less L's base position when L became active with E's whole
-//     table at E's epoch (Base), else all of E's position; L's are its
+//     table at E's epoch (Base), or a table of E's that its base held
+//     whole (Lineage: a standby promoted with its active's whole table
+//     holds what that active held), else all of E's position; L's are its
 //     position less its base position. A member that took the role by a
-//     planned handover has its predecessor's base (handedBase): the
-//     chain of handovers is one active here, since each successor holds
-//     the whole table its predecessor served. L steps down if it has fewer, else
+//     planned handover has its predecessor's base and lineage: the chain
+//     of handovers is one active here, since each successor holds the
+//     whole table its predecessor served. L steps down if it has fewer, else
 //     it tells E so in every heartbeat to it (Heartbeat.Verdict: E's
 //     epoch), and E steps down on reading it;
 //   - E serves again when no later active is left (L stepped down and
@@ -109,11 +111,7 @@ func (m *Member) judgeEarlier(now int64) bool {
 			continue
 		}
 		mine := sub(m.local.Pos, m.base.Pos)
-		applied := uint64(0)
-		if m.base.From == i && m.base.Epoch == p.epoch {
-			applied = m.base.Pos
-		}
-		theirs := sub(p.pos, applied)
+		theirs := sub(p.pos, m.applied(i, p.epoch))
 		if mine < theirs {
 			m.stepDown(now, i, p.epoch, "another member became active earlier and would lose more than this one by stepping down: discarding this state and following it",
 				"changes_here", mine, "changes_there", theirs)
@@ -124,6 +122,66 @@ func (m *Member) judgeEarlier(now int64) bool {
 			"other", m.name(i), "its_epoch", p.epoch, "changes_here", mine, "changes_there", theirs)
 	}
 	return false
+}
+
+// applied is the position of member i's table, while it was active at
+// epoch e, that this active's table holds whole: through its base, or a
+// table of the base's lineage; 0 when it holds none of it.
+func (m *Member) applied(i int, e uint64) uint64 {
+	if m.base.From == i && m.base.Epoch == e {
+		return m.base.Pos
+	}
+	for _, b := range m.ancestors {
+		if b.From == i && b.Epoch == e {
+			return b.Pos
+		}
+	}
+	return 0
+}
+
+// ownLineage is this active's lineage: its base as a Handoff gives it
+// (handedBase), then the base's own lineage.
+func (m *Member) ownLineage() Lineage {
+	var l Lineage
+	l[0] = m.handedBase()
+	copy(l[1:], m.ancestors[:LineageLen-1])
+	return l
+}
+
+// inherit is the ancestors of a table whose base is the whole table of an
+// active with lineage l (or whose base l[0] a Handoff gave, with l its
+// ancestors): the entries of l that name a table, nearest first, the
+// oldest past LineageLen-1 forgotten.
+func inherit(l []Base) Lineage {
+	out := noLineage()
+	n := 0
+	for _, b := range l {
+		if b.From != None && n < LineageLen-1 {
+			out[n] = b
+			n++
+		}
+	}
+	return out
+}
+
+// noLineage names no table (a zero Base would name member 0).
+func noLineage() Lineage {
+	var l Lineage
+	for i := range l {
+		l[i].From = None
+	}
+	return l
+}
+
+// known is l with every entry that names no member of this cluster
+// made None: a peer's message names only members this one knows.
+func (m *Member) known(l Lineage) Lineage {
+	for i := range l {
+		if l[i].From < None || l[i].From >= m.n {
+			l[i].From = None
+		}
+	}
+	return l
 }
 
 // stepDown makes this active (or handing-over member) a standby of a at

@@ -564,42 +564,77 @@ func TestRolesSnapshotAckMakesASuccessor(t *testing.T) {
 	}
 }
 
-// TestSuccessorTakesTheHandedBase: the Handoff carries the old active's
-// base, and the successor takes it as its own, position included (not
-// measured again when its first reservation is done), so a contest counts
-// the changes of the whole chain of handovers (PROTOCOL.md §6.3); a base
-// naming no member of this cluster counts as none. An old active whose
-// base is not measured yet sends its position now.
-func TestSuccessorTakesTheHandedBase(t *testing.T) {
+// TestSuccessorTakesTheHandedLineage: the Handoff carries the old
+// active's lineage (its base first), and the successor takes it as its
+// own, the base's position included (not measured again when its first
+// reservation is done), so a contest counts the changes of the whole
+// chain of handovers (PROTOCOL.md §6.3); an entry naming no member of this
+// cluster names nothing. An old active whose base is not measured yet
+// sends its position now.
+func TestSuccessorTakesTheHandedLineage(t *testing.T) {
+	lin := func(bs ...Base) Lineage {
+		l := noLineage()
+		copy(l[:], bs)
+		return l
+	}
 	for _, tc := range []struct {
-		name       string
-		sent, want Base
+		name      string
+		sent      Lineage
+		base      Base
+		ancestors Lineage
 	}{
-		{"a member's whole table", Base{From: 0, Epoch: 1, Pos: 40}, Base{From: 0, Epoch: 1, Pos: 40}},
-		{"no whole table", Base{From: None, Pos: 7}, Base{From: None, Pos: 7}},
-		{"no member of this cluster", Base{From: 9, Epoch: 3, Pos: 7}, Base{From: None, Epoch: 3, Pos: 7}},
+		{"a member's whole table", lin(Base{From: 0, Epoch: 1, Pos: 40}), Base{From: 0, Epoch: 1, Pos: 40}, lin()},
+		{"no whole table", lin(Base{From: None, Pos: 7}), Base{From: None, Pos: 7}, lin()},
+		{"no member of this cluster", lin(Base{From: 9, Epoch: 3, Pos: 7}, Base{From: 5, Epoch: 2, Pos: 1}), Base{From: None, Epoch: 3, Pos: 7}, lin()},
+		{"a lineage", lin(Base{From: 0, Epoch: 3, Pos: 40}, Base{From: 1, Epoch: 2, Pos: 30}, Base{From: 0, Epoch: 1, Pos: 10}),
+			Base{From: 0, Epoch: 3, Pos: 40}, lin(Base{From: 1, Epoch: 2, Pos: 30}, Base{From: 0, Epoch: 1, Pos: 10})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, s, now := pair(t)
-			settle(s, now, s.Step(now, Msg{Kind: MsgHandoff, From: 0, Epoch: 2, Token: 100, Limit: 200, Base: tc.sent}))
+			settle(s, now, s.Step(now, Msg{Kind: MsgHandoff, From: 0, Epoch: 5, Token: 100, Limit: 200, Lineage: tc.sent}))
 			if !s.servingNow() {
 				t.Fatal("handover not taken")
 			}
-			if s.base != tc.want || !s.baseKnown {
-				t.Fatalf("successor's base %+v (known %v), want %+v", s.base, s.baseKnown, tc.want)
+			if s.base != tc.base || !s.baseKnown || s.ancestors != tc.ancestors {
+				t.Fatalf("successor's base %+v (known %v), ancestors %+v; want %+v, %+v", s.base, s.baseKnown, s.ancestors, tc.base, tc.ancestors)
+			}
+			if got := s.ownLineage(); got[0] != tc.base || got[1] != tc.ancestors[0] {
+				t.Fatalf("successor's heartbeat lineage %+v", got)
 			}
 		})
 	}
 	for _, known := range []bool{true, false} {
 		a, _, now := pair(t)
 		a.base, a.baseKnown, a.local.Pos = Base{From: 1, Epoch: 4, Pos: 30}, known, 55
+		a.ancestors = lin(Base{From: 0, Epoch: 2, Pos: 20})
 		offerTo(t, a, 1, now)
-		want := Base{From: 1, Epoch: 4, Pos: 30}
+		want := lin(Base{From: 1, Epoch: 4, Pos: 30}, Base{From: 0, Epoch: 2, Pos: 20})
 		if !known {
-			want.Pos = 55
+			want[0].Pos = 55
 		}
-		if h := find(a.out, ActHandoff); h[0].Base != want {
-			t.Fatalf("base known %v: Handoff's base %+v, want %+v", known, h[0].Base, want)
+		if h := find(a.out, ActHandoff); h[0].Lineage != want {
+			t.Fatalf("base known %v: Handoff's lineage %+v, want %+v", known, h[0].Lineage, want)
 		}
+	}
+}
+
+// TestLineageInherited: a standby that promotes with its active's whole
+// table takes that active's lineage (from its heartbeats at the epoch it
+// follows) as its base's; the oldest entries past LineageLen are
+// forgotten, and a heartbeat of another epoch gives none.
+func TestLineageInherited(t *testing.T) {
+	full := Lineage{{From: 1, Epoch: 9, Pos: 90}, {From: 0, Epoch: 7, Pos: 70}, {From: 1, Epoch: 5, Pos: 50}, {From: 0, Epoch: 3, Pos: 30}}
+	a, s, now := pair(t)
+	hb := say(a)
+	hb.Lineage = full
+	s.Step(now, Msg{Kind: MsgHeartbeat, From: 0, HB: hb})
+	want := Lineage{full[0], full[1], full[2], {From: None}}
+	if base, anc := s.followedBase(); base.From != 0 || base.Epoch != 1 || anc != want {
+		t.Fatalf("followed base %+v, ancestors %+v; want %+v", base, anc, want)
+	}
+	// Heard last at another epoch (the driver's view moved on): none.
+	s.peers[0].epoch = 2
+	if base, anc := s.followedBase(); base.From != 0 || anc != noLineage() {
+		t.Fatalf("heard at another epoch: followed base %+v, ancestors %+v; want none", base, anc)
 	}
 }

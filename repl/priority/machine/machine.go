@@ -52,6 +52,7 @@ type peer struct {
 	serving     bool   // its gate serves
 	pos         uint64 // its position
 	verdict     uint64 // its verdict on this member's epoch (Heartbeat.Verdict)
+	lineage     Lineage
 }
 
 // handover is the old active's side of a planned handover.
@@ -154,6 +155,7 @@ type Member struct {
 	base       Base     // the table this member became active with
 	baseKnown  bool     // base.Pos is measured (the promotion's reservation is done)
 	baseHanded bool     // base came with a Handoff, its position measured by the old active
+	ancestors  Lineage  // base's own lineage (the last entry always None): tables this one holds too
 	contest    int      // an active later than this one whose verdict it waits for, None
 	verdict    []uint64 // by member: its epoch at which this member found it would lose less
 	unresolved []int64  // by member: since when it is an earlier active that does not hold (0: not)
@@ -193,6 +195,7 @@ func New(cfg Config) *Member {
 	m.peers[m.self].storedEpoch = cfg.StoredEpoch
 	m.names[m.self] = cfg.Peers[m.self]
 	m.base.From = None
+	m.ancestors = noLineage()
 	return m
 }
 
@@ -249,7 +252,7 @@ func (m *Member) Step(now int64, msg Msg) []Action {
 		}
 	case MsgHandoff:
 		if valid {
-			m.takeOver(now, from, msg.Epoch, msg.Token, msg.Limit, msg.Base)
+			m.takeOver(now, from, msg.Epoch, msg.Token, msg.Limit, m.known(msg.Lineage))
 		}
 	case MsgHandoffAbort:
 		if valid {
@@ -355,7 +358,10 @@ func (m *Member) heartbeats() {
 		Held:  (m.role == RoleActive || m.role == RoleHandover) && m.held,
 		Probe: m.nextProbe(), Serving: m.servingNow(),
 		TokenLast: m.local.TokenLast, Reserved: max(m.local.TokenLimit, m.limit, m.reservedSeen),
-		StoredEpoch: m.peers[m.self].storedEpoch, Mark: m.local.Mark, Pos: m.local.Pos}
+		StoredEpoch: m.peers[m.self].storedEpoch, Mark: m.local.Mark, Pos: m.local.Pos, Lineage: noLineage()}
+	if m.role == RoleActive || m.role == RoleHandover {
+		hb.Lineage = m.ownLineage()
+	}
 	for j := range m.n {
 		if j == m.self {
 			continue

@@ -39,6 +39,9 @@ type Heartbeat struct {
 	// is that active's epoch when the sender found that it would lose
 	// less by stepping down than the sender: it steps down (0: none).
 	Verdict uint64
+	// Lineage is the sender's, when it is an active or hands over
+	// (otherwise every entry names None).
+	Lineage Lineage
 }
 
 // Base is the table a member became active with: the active it had
@@ -50,6 +53,20 @@ type Base struct {
 	Epoch uint64
 	Pos   uint64
 }
+
+// LineageLen is how many earlier actives' tables a lineage names.
+const LineageLen = 4
+
+// Lineage is what an active's table holds of earlier actives' tables,
+// nearest first: its base, then its base's active's base, and so on —
+// each the whole table of member From while it was active at Epoch, as it
+// was at position Pos. A standby that promotes with its active's whole
+// table holds all of that active's lineage too, so a frozen ex-active met
+// later is judged by what the chain applied from it (contest.go). Entries
+// whose From is None name nothing (the first may still carry the base's
+// Pos); past LineageLen tables, the oldest are forgotten, and an
+// ex-active met after that many promotions counts all of its position.
+type Lineage [LineageLen]Base
 
 // MsgKind says what a Msg carries.
 type MsgKind uint8
@@ -69,8 +86,8 @@ const (
 	MsgRefused
 	MsgLinkUp
 	// MsgHandoff: From offers this member a planned handover at Epoch,
-	// above Token (its last) and Limit (its reservation); Base is the
-	// table From became active with, which the successor takes as its own.
+	// above Token (its last) and Limit (its reservation); Lineage is
+	// From's, which the successor takes as its own.
 	MsgHandoff
 	// MsgHandoffAbort: From asks this member to decide the handover at
 	// Epoch.
@@ -134,7 +151,7 @@ type Msg struct {
 	Name     string
 	Deadline int64
 	Set      uint64
-	Base     Base
+	Lineage  Lineage
 }
 
 // Local is what the driver measures of this member before each Tick.
@@ -165,8 +182,8 @@ const (
 	// member's last token and max(reservation, Limit) read now — plus
 	// Reserve.Block past max(reservation, last token) when a reservation
 	// asked for may still be made (the standbys record it, and the
-	// successor must start above every mark they can report), and Base,
-	// the table this member became active with.
+	// successor must start above every mark they can report), and this
+	// member's Lineage.
 	ActHandoff
 	// ActHandoffAbort: ask member To to decide the handover at Epoch.
 	ActHandoffAbort
@@ -219,7 +236,7 @@ type Action struct {
 	HB      Heartbeat
 	Reserve Reserve
 	Log     Log
-	Base    Base // ActHandoff
+	Lineage Lineage // ActHandoff
 }
 
 // Gate is the engine's instruction: Serve (until Until on the table's

@@ -132,7 +132,7 @@ func (c *cluster) carry(i int, acts []Action) {
 		case ActHeartbeat:
 			c.send(i, a.To, Msg{Kind: MsgHeartbeat, HB: a.HB})
 		case ActHandoff:
-			c.send(i, a.To, Msg{Kind: MsgHandoff, Epoch: a.Epoch, Token: s.last, Limit: max(s.limit, a.Limit, max(s.limit, s.last)+a.Reserve.Block), Base: a.Base})
+			c.send(i, a.To, Msg{Kind: MsgHandoff, Epoch: a.Epoch, Token: s.last, Limit: max(s.limit, a.Limit, max(s.limit, s.last)+a.Reserve.Block), Lineage: a.Lineage})
 		case ActHandoffAbort:
 			c.send(i, a.To, Msg{Kind: MsgHandoffAbort, Epoch: a.Epoch})
 		case ActAnswer:
