@@ -181,8 +181,14 @@ func (m *Member) tokensHeard(now int64, from int, hb *Heartbeat) {
 	// and heartbeat stay its own: raising them would send the other its
 	// own reservation back (directly, or through a standby's mark), above
 	// which it would jump again at every heartbeat of the contest.
+	// A standby that follows such an active makes it yield too, in the
+	// decide that follows this (second-hand: laterActive); its mark is that
+	// active's reservation, which this member must not take as its own and
+	// reserve above before it yields.
+	mixed := m.mixed(now)
 	yielding := m.role == RoleActive &&
-		(m.contest != None || hb.Role == RoleActive && m.beats(hb.Epoch, from, m.epoch, m.self, m.mixed(now)))
+		(m.contest != None || hb.Role == RoleActive && m.beats(hb.Epoch, from, m.epoch, m.self, mixed) ||
+			hb.Role == RoleStandby && hb.Active >= 0 && hb.Active < m.n && hb.Active != m.self && m.beats(hb.Epoch, hb.Active, m.epoch, m.self, mixed))
 	if hb.Mark > max(m.local.Mark, m.limit, m.reserving) {
 		// Whatever the member is now, its data dir's mark is above every
 		// token it ever issued. A mark above this active's own (written
@@ -233,6 +239,13 @@ func (m *Member) tokensHeard(now int64, from int, hb *Heartbeat) {
 		// member's — tokens start near the wall clock in ns, 2^60 — and
 		// the reservation above it would wrap: it is ignored.)
 		switch {
+		case yielding:
+			// It follows a later active (or this member waits for one's
+			// verdict): this member serves again only through resume,
+			// which reserves above jump; reserving now would show the
+			// later active a reservation above its own, and it would jump
+			// again.
+			m.jump = max(m.jump, hb.TokenLast)
 		case hb.TokenLast > m.limit && hb.TokenLast > m.jump:
 			m.jump = hb.TokenLast
 			m.resume(now, "a member back from a later epoch")

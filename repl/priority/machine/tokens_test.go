@@ -9,8 +9,14 @@ import (
 // last with limit, as Local says.
 func activeWith(t *testing.T, last, limit uint64) (*Member, int64) {
 	t.Helper()
+	return activeAmong(t, []string{"m0", "m1"}, last, limit)
+}
+
+// activeAmong is activeWith in a cluster of the members peers.
+func activeAmong(t *testing.T, peers []string, last, limit uint64) (*Member, int64) {
+	t.Helper()
 	now := 1000 * ms
-	m := New(Config{Self: 0, Peers: []string{"m0", "m1"}, Timeout: int64(time.Second), TokenBlock: 1 << 20, Start: last, Now: now, NoWallFloor: true})
+	m := New(Config{Self: 0, Peers: peers, Timeout: int64(time.Second), TokenBlock: 1 << 20, Start: last, Now: now, NoWallFloor: true})
 	m.promoteAt(1)
 	m.begin()
 	m.becomeActive(now, "a test", Base{From: None}, 0, false)
@@ -160,31 +166,47 @@ func TestActiveHearingActiveHolds(t *testing.T) {
 }
 
 // TestYieldingActiveKeepsItsCounter: an active that hears one that became
-// active later executes nothing until the contest ends; its counter and
-// heartbeat stay its own (raising them sent the later active its own
-// reservation back, above which it jumped again at every heartbeat), and
-// when it serves again it reserves above everything the other issued.
+// active later — itself, or a standby that follows it — executes nothing
+// until the contest ends; its counter and heartbeat stay its own (raising
+// them, or reserving above a standby's mark or its counter from a later
+// epoch, sent the later active a reservation above its own, above which it
+// jumped again), and when it serves again it reserves above everything the
+// other issued.
 func TestYieldingActiveKeepsItsCounter(t *testing.T) {
 	last, limit := uint64(5000), uint64(5000+1<<20)
-	m, now := activeWith(t, last, limit)
-	later := Heartbeat{Epoch: 2, Role: RoleActive, Active: 1, TokenLast: limit + 10, Reserved: limit + 3<<20, Mark: limit + 3<<20}
-	acts := m.Step(now+ms, Msg{Kind: MsgHeartbeat, From: 1, HB: later})
-	if o, r := find(acts, ActObserve), find(acts, ActReserve); len(o) != 0 || len(r) != 0 {
-		t.Fatalf("observe %+v, reserve %+v: the counter of an active that yields moved", o, r)
-	}
-	if g := find(acts, ActGate); len(g) != 1 || g[0].Gate.State != Redirect || g[0].Gate.To != 1 {
-		t.Fatalf("gates %+v: want M naming the later active", g)
-	}
-	if m.reservedSeen > limit || m.floor > limit {
-		t.Fatalf("reservation seen %d, counter %d: echoed back above its own reservation %d", m.reservedSeen, m.floor, limit)
-	}
-	// The later active goes silent: this one serves again above its tokens.
-	var r []Action
-	for at := now + 100*ms; at <= now+3*int64(time.Second) && len(r) == 0; at += 100 * ms {
-		r = find(m.Tick(at, Local{TokenLast: last, TokenLimit: limit, Mark: limit}), ActReserve)
-	}
-	if len(r) != 1 || r[0].Reserve.Start < later.Reserved+2<<20 {
-		t.Fatalf("reservations %+v on serving again: want one starting above %d", r, later.Reserved+2<<20)
+	for _, tc := range []struct {
+		name  string
+		from  int
+		hb    Heartbeat
+		above uint64 // the reservation on serving again starts at least here
+	}{
+		{"the later active", 1, Heartbeat{Epoch: 2, Role: RoleActive, Active: 1, TokenLast: limit + 10, Reserved: limit + 3<<20, Mark: limit + 3<<20},
+			limit + 5<<20},
+		{"a standby following it", 2, Heartbeat{Epoch: 2, Role: RoleStandby, Active: 1, InSync: true, StoredEpoch: 2, TokenLast: limit + 10, Reserved: limit + 3<<20, Mark: limit + 3<<20},
+			limit + 3<<20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, now := activeAmong(t, []string{"m0", "m1", "m2"}, last, limit)
+			acts := m.Step(now+ms, Msg{Kind: MsgHeartbeat, From: tc.from, HB: tc.hb})
+			if o, r := find(acts, ActObserve), find(acts, ActReserve); len(o) != 0 || len(r) != 0 {
+				t.Fatalf("observe %+v, reserve %+v: the counter of an active that yields moved", o, r)
+			}
+			if g := find(acts, ActGate); len(g) != 1 || g[0].Gate.State != Redirect || g[0].Gate.To != 1 {
+				t.Fatalf("gates %+v: want M naming the later active", g)
+			}
+			if m.reservedSeen > limit || m.floor > limit {
+				t.Fatalf("reservation seen %d, counter %d: echoed back above its own reservation %d", m.reservedSeen, m.floor, limit)
+			}
+			// The later active (and whoever follows it) goes silent: this one
+			// serves again above its tokens.
+			var r []Action
+			for at := now + 100*ms; at <= now+3*int64(time.Second) && len(r) == 0; at += 100 * ms {
+				r = find(m.Tick(at, Local{TokenLast: last, TokenLimit: limit, Mark: limit}), ActReserve)
+			}
+			if len(r) != 1 || r[0].Reserve.Start < tc.above {
+				t.Fatalf("reservations %+v on serving again: want one starting above %d", r, tc.above)
+			}
+		})
 	}
 }
 
