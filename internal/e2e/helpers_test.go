@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockd-dev/lockd/api"
 	"github.com/lockd-dev/lockd/internal/clustertest"
+	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -45,11 +46,12 @@ func waitActive(t *testing.T, c *clustertest.Cluster, within time.Duration, skip
 	return a, time.Since(began)
 }
 
-// waitActiveIs waits until every running member agrees that member want
-// is the active; what says what failed if they do not within 10 s.
-func waitActiveIs(t *testing.T, c *clustertest.Cluster, want int, what string) {
+// waitActiveIs waits until every running member (but those in skip)
+// agrees that member want is the active; what says what failed if they do
+// not within 10 s.
+func waitActiveIs(t *testing.T, c *clustertest.Cluster, want int, what string, skip ...int) {
 	t.Helper()
-	_, err := c.WaitStatuses(10*time.Second, clustertest.Running(), func(sts []clustertest.Status) error {
+	_, err := c.WaitStatuses(10*time.Second, clustertest.Running(skip...), func(sts []clustertest.Status) error {
 		a, err := c.Agreed(sts)
 		if err == nil && a != want {
 			err = fmt.Errorf("member %d is the active", a)
@@ -108,6 +110,26 @@ func keyState(t *testing.T, c *clustertest.Cluster, i int, key string) (bool, ui
 	}
 	tok, _ := strconv.ParseUint(k.Token, 10, 64)
 	return k.Held, tok
+}
+
+// waitHeld waits until member i holds key with token tok (a standby's
+// copy included).
+func waitHeld(t *testing.T, c *clustertest.Cluster, i int, key string, tok uint64) {
+	t.Helper()
+	wait.For(t, fmt.Sprintf("member %d to hold %s with token %d", i, key, tok), func() bool {
+		held, got := keyState(t, c, i, key)
+		return held && got == tok
+	})
+}
+
+// mustHold fails unless member i holds every key of want with its token.
+func mustHold(t *testing.T, c *clustertest.Cluster, i int, when string, want map[string]uint64) {
+	t.Helper()
+	for key, tok := range want {
+		if held, got := keyState(t, c, i, key); !held || got != tok {
+			t.Fatalf("%s %s: held=%v token %d, want %d", key, when, held, got, tok)
+		}
+	}
 }
 
 // env returns an integer from the environment, or def.

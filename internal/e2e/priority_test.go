@@ -16,7 +16,6 @@ import (
 
 	"github.com/lockd-dev/lockd/client"
 	"github.com/lockd-dev/lockd/internal/clustertest"
-	"github.com/lockd-dev/lockd/internal/wait"
 	"github.com/lockd-dev/lockd/proto"
 )
 
@@ -178,10 +177,7 @@ func TestPriorityFrozenActive(t *testing.T) {
 func TestPriorityFrozenActiveAfterHandover(t *testing.T) {
 	c, _ := startPriority(t, 3, false)
 	warm := grant(t, dial(t, c, 0), "warm", 60, 1)
-	wait.For(t, "member 2 to hold the replicated grant", func() bool {
-		held, tok := keyState(t, c, 2, "warm")
-		return held && tok == warm
-	})
+	waitHeld(t, c, 2, "warm", warm)
 	for _, i := range []int{0, 1} {
 		if err := c.Member(i).Stop(); err != nil {
 			t.Fatal(err)
@@ -194,25 +190,12 @@ func TestPriorityFrozenActiveAfterHandover(t *testing.T) {
 	if err := c.Member(1).Cont(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := c.WaitStatuses(10*time.Second, clustertest.Running(0), func(sts []clustertest.Status) error {
-		a, err := c.Agreed(sts)
-		if err == nil && a != 1 {
-			err = fmt.Errorf("member %d is the active", a)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("member 1 did not take over from member 2: %v", err)
-	}
+	waitActiveIs(t, c, 1, "member 1 to take over from member 2", 0)
 	if err := c.Member(0).Cont(); err != nil {
 		t.Fatal(err)
 	}
 	waitActiveIs(t, c, 0, "member 0 active again by a planned handoff")
-	for key, want := range map[string]uint64{"warm": warm, "contested": tok} {
-		if held, got := keyState(t, c, 0, key); !held || got != want {
-			t.Fatalf("%s after member 0 came back: held=%v token %d, want %d", key, held, got, want)
-		}
-	}
+	mustHold(t, c, 0, "after member 0 came back", map[string]uint64{"warm": warm, "contested": tok})
 }
 
 // TestPriorityFrozenActiveAfterTwoFailovers: the active (member 0)
@@ -226,15 +209,8 @@ func TestPriorityFrozenActiveAfterHandover(t *testing.T) {
 func TestPriorityFrozenActiveAfterTwoFailovers(t *testing.T) {
 	c, _ := startPriority(t, 3, false)
 	warm := grant(t, dial(t, c, 0), "warm", 60, 1)
-	replicated := func(i int, key string, tok uint64) {
-		t.Helper()
-		wait.For(t, fmt.Sprintf("member %d to hold %s", i, key), func() bool {
-			held, got := keyState(t, c, i, key)
-			return held && got == tok
-		})
-	}
-	replicated(1, "warm", warm)
-	replicated(2, "warm", warm)
+	waitHeld(t, c, 1, "warm", warm)
+	waitHeld(t, c, 2, "warm", warm)
 	if err := c.Member(0).Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +218,7 @@ func TestPriorityFrozenActiveAfterTwoFailovers(t *testing.T) {
 		t.Fatalf("member %d active with member 0 frozen, want 1", a)
 	}
 	tok := grant(t, dial(t, c, 1), "contested", 60, 2)
-	replicated(2, "contested", tok)
+	waitHeld(t, c, 2, "contested", tok)
 	if err := c.Member(1).Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -253,11 +229,7 @@ func TestPriorityFrozenActiveAfterTwoFailovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitActiveIs(t, c, 0, "member 0 active again by a planned handoff")
-	for key, want := range map[string]uint64{"warm": warm, "contested": tok} {
-		if held, got := keyState(t, c, 0, key); !held || got != want {
-			t.Fatalf("%s after member 0 came back: held=%v token %d, want %d", key, held, got, want)
-		}
-	}
+	mustHold(t, c, 0, "after member 0 came back", map[string]uint64{"warm": warm, "contested": tok})
 }
 
 // TestPrioritySIGTERMHandsOver: SIGTERM of the active hands over: nothing
