@@ -77,7 +77,10 @@
 //     every member within 3 s, then a fresh acquire, write and release on
 //     every key, and no lock left held), the members check (no unexpected
 //     exit, clean SIGTERM exits, no race or panic in a member's log), and
-//     the checkers over the history.
+//     the checkers over the history. The history and the report go to
+//     -out; the members' logs (members.log) too when the run fails, or
+//     whenever -out was given, so that the lost grants a passing run
+//     measures can be read against them.
 //   - The report (report.go): text, or JSON with -json; a failing run
 //     prints its seed and the command that reruns it, and keeps its
 //     history, the members' logs and any porcupine visualization in -out.

@@ -570,7 +570,10 @@ func (r *runner) keepArtifacts(h history.History) {
 	}
 	write("history.json", h.WriteJSON)
 	write("report.json", r.rep.WriteJSON)
-	if !r.rep.Passed && r.c != nil {
+	// The members' logs are kept when the run failed, and whenever -out
+	// named the directory: a passing run's lost grants (measured, not
+	// failed) are read against them.
+	if (!r.rep.Passed || r.cfg.Out != "") && r.c != nil {
 		write("members.log", func(w io.Writer) error {
 			r.c.Dump(w, 1<<20)
 			return nil
