@@ -35,7 +35,10 @@ import "log/slog"
 //     every token L issued (tokens.go).
 //
 // L keeps serving while it decides: it cannot lose what it has not
-// compared yet. A later active E hears only second-hand (a standby follows
+// compared yet. But an L whose gate is about to open (its promotion's or a
+// resume's reservation done) compares first, against every E that already
+// holds: serving first, it would answer from a table it may be about to
+// discard (N to a renew of a lock E holds, a grant lost with the step-down). A later active E hears only second-hand (a standby follows
 // it) also stops E executing, until it is heard or gone: E never steps
 // down on hearsay, which cost a replicated table before.
 

@@ -148,6 +148,9 @@ func (m *Member) reserved(now int64, msg *Msg) {
 		m.emit(Action{Kind: ActStream, On: true})
 		m.ready = true
 		m.logf(slog.LevelInfo, "active", "epoch", m.epoch, "why", m.promoteWhy, "token_start", msg.Token, "position", msg.Pos)
+		if m.judgeEarlier(now) {
+			return
+		}
 		m.publish(false)
 		m.payOwed()
 	case m.resumeOp:
@@ -156,6 +159,9 @@ func (m *Member) reserved(now int64, msg *Msg) {
 			return
 		}
 		m.ready = true
+		if m.judgeEarlier(now) {
+			return
+		}
 		m.logf(slog.LevelInfo, "serving again", "why", m.resumeWhy, "next_token", msg.Token+1)
 		m.publish(false)
 		m.payOwed()
