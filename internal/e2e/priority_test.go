@@ -232,6 +232,69 @@ func TestPriorityFrozenActiveAfterTwoFailovers(t *testing.T) {
 	mustHold(t, c, 0, "after member 0 came back", map[string]uint64{"warm": warm, "contested": tok})
 }
 
+// TestPriorityEmptyPromotionYields: a member that promoted with an empty
+// table meets one that promoted with the replicated table, and yields,
+// however few changes the other made since its promotion. Member 2 is
+// killed and restarted cut off from the others, so it promotes alone with
+// nothing (at epoch 2: its data dir holds epoch 1) and grants three locks;
+// member 0 freezes, and member 1 promotes with member 0's whole table, also
+// at epoch 2, and grants one. After the heal each counts what it holds that
+// the other lacks (PROTOCOL.md §6.3, docs/PROTOCOL.md decision 71): member
+// 1 holds the replicated table, so member 2 steps down and its three locks
+// are lost; member 0 yields too, and every replicated lock and member 1's
+// grant survive. (Counting only member 1's changes since its promotion, 1
+// against 3, member 1 stepped down and the replicated table was lost: a
+// chaos run lost a table that way.)
+func TestPriorityEmptyPromotionYields(t *testing.T) {
+	c, a := startPriority(t, 3, true)
+	if a != 0 {
+		t.Fatalf("active %d at start, want the first member", a)
+	}
+	conn := dial(t, c, 0)
+	warm := map[string]uint64{}
+	for i := range 5 {
+		key := fmt.Sprintf("warm-%d", i)
+		warm[key] = grant(t, conn, key, 60, uint64(i+1))
+	}
+	for key, tok := range warm {
+		waitHeld(t, c, 1, key, tok)
+		waitHeld(t, c, 2, key, tok)
+	}
+	if err := c.Member(2).Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Partition([]int{2}, []int{0, 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Member(2).Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Member(2).WaitStatus(10*time.Second, func(st clustertest.Status) bool { return st.Serving() }); err != nil {
+		t.Fatalf("member 2, alone, did not promote: %v", err)
+	}
+	m2 := dial(t, c, 2)
+	for i := range 3 {
+		grant(t, m2, fmt.Sprintf("alone-%d", i), 60, uint64(10+i))
+	}
+	if err := c.Member(0).Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Member(1).WaitStatus(10*time.Second, func(st clustertest.Status) bool { return st.Serving() }); err != nil {
+		t.Fatalf("member 1 did not promote with member 0 frozen: %v", err)
+	}
+	tok := grant(t, dial(t, c, 1), "contested", 60, 20)
+	c.Heal()
+	if err := c.Member(0).Cont(); err != nil {
+		t.Fatal(err)
+	}
+	waitActiveIs(t, c, 0, "member 0 active again by a planned handoff")
+	warm["contested"] = tok
+	mustHold(t, c, 0, "after the heal", warm)
+	if held, _ := keyState(t, c, 0, "alone-0"); held {
+		t.Fatal("a lock of the member that promoted with an empty table survived: it should have stepped down")
+	}
+}
+
 // TestPrioritySIGTERMHandsOver: SIGTERM of the active hands over: nothing
 // is answered E 4, a queued acquire gets M naming the successor, held
 // locks stay with their tokens, and the successor serves within 500 ms.

@@ -237,8 +237,10 @@ type heartbeat struct {
 	// down (0: none).
 	Verdict uint64
 	// Lineage is the sender's when it is an active or hands over
-	// (machine.Lineage), else names nobody.
+	// (machine.Lineage), else names nobody; Root is its root (the
+	// position below which its table counts as nothing in a contest).
 	Lineage lineage
+	Root    uint64
 }
 
 // lineage is machine.Lineage on the wire: machine.LineageLen entries of
@@ -299,7 +301,7 @@ const (
 	flagsKnown  = flagInSync | flagHeld | flagServing
 )
 
-const heartbeatLen = 8 + 3 + 9*8 + lineageLen
+const heartbeatLen = 8 + 3 + 9*8 + lineageLen + 8
 
 // Append appends hb as a complete frame to dst.
 func (hb *heartbeat) Append(dst []byte) []byte {
@@ -320,6 +322,7 @@ func (hb *heartbeat) Append(dst []byte) []byte {
 		dst = binary.BigEndian.AppendUint64(dst, v)
 	}
 	dst = hb.Lineage.append(dst)
+	dst = binary.BigEndian.AppendUint64(dst, hb.Root)
 	return endFrame(dst, at)
 }
 
@@ -351,6 +354,7 @@ func (hb *heartbeat) Decode(p []byte) error {
 		Verdict:     u(75),
 	}
 	hb.Lineage.decode(p[83:])
+	hb.Root = binary.BigEndian.Uint64(p[83+lineageLen:])
 	return nil
 }
 
@@ -701,14 +705,16 @@ func (n *needSnapshot) Decode(p []byte) error {
 }
 
 // handoff asks the receiver to take over as active with Epoch, above the
-// tokens the sender handed out and reserved. Lineage is the sender's (its
-// base first): the successor takes it as its own, so the changes made
-// since that base count as its own in a contest (PROTOCOL.md §6.3).
+// tokens the sender handed out and reserved. Lineage (its base first)
+// and Root are the sender's: the successor takes them as its own, so the
+// changes made since that base count as its own in a contest (PROTOCOL.md
+// §6.3).
 type handoff struct {
 	Epoch     uint64 // the epoch the successor must take
 	TokenLast uint64
 	Reserved  uint64
 	Lineage   lineage
+	Root      uint64
 }
 
 // Append appends h as a complete frame to dst.
@@ -718,19 +724,21 @@ func (h *handoff) Append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, h.TokenLast)
 	dst = binary.BigEndian.AppendUint64(dst, h.Reserved)
 	dst = h.Lineage.append(dst)
+	dst = binary.BigEndian.AppendUint64(dst, h.Root)
 	return endFrame(dst, at)
 }
 
 // Decode decodes a Handoff payload. (Whether the lineage names members of
 // the receiver's cluster is the machine's check.)
 func (h *handoff) Decode(p []byte) error {
-	if err := fixedLen(p, 24+lineageLen); err != nil {
+	if err := fixedLen(p, 24+lineageLen+8); err != nil {
 		return err
 	}
 	h.Epoch = binary.BigEndian.Uint64(p)
 	h.TokenLast = binary.BigEndian.Uint64(p[8:])
 	h.Reserved = binary.BigEndian.Uint64(p[16:])
 	h.Lineage.decode(p[24:])
+	h.Root = binary.BigEndian.Uint64(p[24+lineageLen:])
 	return nil
 }
 
@@ -770,8 +778,8 @@ func appendReserve(dst []byte, id, limit uint64) []byte {
 	return m.Append(dst)
 }
 
-func appendHandoff(dst []byte, epoch, token, reserved uint64, l *machine.Lineage) []byte {
-	m := handoff{Epoch: epoch, TokenLast: token, Reserved: reserved, Lineage: wireLineage(l)}
+func appendHandoff(dst []byte, epoch, token, reserved uint64, l *machine.Lineage, root uint64) []byte {
+	m := handoff{Epoch: epoch, TokenLast: token, Reserved: reserved, Lineage: wireLineage(l), Root: root}
 	return m.Append(dst)
 }
 

@@ -294,7 +294,7 @@ func (p *node) do(a *machine.Action) {
 		if a.Reserve.Block > 0 {
 			limit = max(limit, max(tokens.Limit(), last)+a.Reserve.Block)
 		}
-		p.send(a.To, appendHandoff(nil, a.Epoch, last, limit, &a.Lineage))
+		p.send(a.To, appendHandoff(nil, a.Epoch, last, limit, &a.Lineage, a.Root))
 	case machine.ActHandoffAbort:
 		p.send(a.To, appendHandoffAbort(nil, a.Epoch))
 	case machine.ActAnswer:
@@ -349,7 +349,7 @@ func wireHeartbeat(h *machine.Heartbeat) heartbeat {
 	}
 	return heartbeat{Epoch: h.Epoch, Role: h.Role, Active: active, InSync: h.InSync, Held: h.Held, Serving: h.Serving,
 		Probe: h.Probe, Echo: h.Echo, TokenLast: h.TokenLast, Reserved: h.Reserved, StoredEpoch: h.StoredEpoch,
-		LagNS: h.LagNS, Mark: h.Mark, Pos: h.Pos, Verdict: h.Verdict, Lineage: wireLineage(&h.Lineage)}
+		LagNS: h.LagNS, Mark: h.Mark, Pos: h.Pos, Verdict: h.Verdict, Lineage: wireLineage(&h.Lineage), Root: h.Root}
 }
 
 // Gate is the current gate.

@@ -47,7 +47,7 @@ func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []
 		p.tell(machine.Msg{Kind: machine.MsgHeartbeat, From: from, HB: machine.Heartbeat{Epoch: hb.Epoch, Role: hb.Role,
 			Active: pm.index(hb.Active), InSync: hb.InSync, Held: hb.Held, Serving: hb.Serving, Probe: hb.Probe, Echo: hb.Echo,
 			TokenLast: hb.TokenLast, Reserved: hb.Reserved, StoredEpoch: hb.StoredEpoch, LagNS: hb.LagNS, Mark: hb.Mark,
-			Pos: hb.Pos, Verdict: hb.Verdict, Lineage: machineLineage(&hb.Lineage, pm)}})
+			Pos: hb.Pos, Verdict: hb.Verdict, Lineage: machineLineage(&hb.Lineage, pm), Root: hb.Root}})
 	case msgBatch:
 		return in.batch(payload)
 	case msgReserve:
@@ -96,7 +96,7 @@ func (p *node) receive(in *replica, from int, pm *peerMap, t msgType, payload []
 			return err
 		}
 		p.tell(machine.Msg{Kind: machine.MsgHandoff, From: from, Epoch: h.Epoch, Token: h.TokenLast, Limit: h.Reserved,
-			Lineage: machineLineage(&h.Lineage, pm)})
+			Lineage: machineLineage(&h.Lineage, pm), Root: h.Root})
 	case msgHandoffAbort:
 		var h handoffAbort
 		if err := h.Decode(payload); err != nil {

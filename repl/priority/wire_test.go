@@ -41,16 +41,16 @@ func wireCases() []wireCase {
 			"0008 02 02 01 ffffffff 00010000 0000ea60 0007 683a3635353335 0007 5b3a3a315d3a37"},
 		{"heartbeat-active", msgHeartbeat, &heartbeat{Epoch: 7, Role: machine.RoleActive, Active: 0, InSync: true, Held: true, Serving: true, Probe: 1, Echo: 2,
 			TokenLast: 0x1122334455667788, Reserved: 0x1122334455667799, StoredEpoch: 6, LagNS: 0, Mark: 0x11223344556677aa, Pos: 1000000, Verdict: 3,
-			Lineage: lineage{{From: 2, Epoch: 5, Pos: 300}, {From: 1, Epoch: 4, Pos: 200}, {From: noActive}, {From: noActive}}},
+			Lineage: lineage{{From: 2, Epoch: 5, Pos: 300}, {From: 1, Epoch: 4, Pos: 200}, {From: noActive}, {From: noActive}}, Root: 40},
 			"0000000000000007 02 00 07 0000000000000001 0000000000000002 1122334455667788 1122334455667799 0000000000000006 0000000000000000 11223344556677aa 00000000000f4240 0000000000000003" +
-				" 02 0000000000000005 000000000000012c 01 0000000000000004 00000000000000c8" + noLineageHex[:2*2*17]},
+				" 02 0000000000000005 000000000000012c 01 0000000000000004 00000000000000c8" + noLineageHex[:2*2*17] + " 0000000000000028"},
 		{"heartbeat-standby-none", msgHeartbeat, &heartbeat{Epoch: 1<<64 - 1, Role: machine.RoleStandby, Active: noActive, LagNS: 1500000, Lineage: noLineageWire},
-			"ffffffffffffffff 01 ff 00 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 000000000016e360 0000000000000000 0000000000000000 0000000000000000" + noLineageHex},
-		{"heartbeat-handover", msgHeartbeat, &heartbeat{Epoch: 9, Role: machine.RoleHandover, Active: 1, InSync: true, Held: true, Lineage: lineage{{From: noActive, Pos: 7}, {From: noActive}, {From: noActive}, {From: noActive}}},
+			"ffffffffffffffff 01 ff 00 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 000000000016e360 0000000000000000 0000000000000000 0000000000000000" + noLineageHex + " 0000000000000000"},
+		{"heartbeat-handover", msgHeartbeat, &heartbeat{Epoch: 9, Role: machine.RoleHandover, Active: 1, InSync: true, Held: true, Lineage: lineage{{From: noActive, Pos: 7}, {From: noActive}, {From: noActive}, {From: noActive}}, Root: 7},
 			"0000000000000009 03 01 03 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000" +
-				" ff 0000000000000000 0000000000000007" + noLineageHex[:2*3*17]},
+				" ff 0000000000000000 0000000000000007" + noLineageHex[:2*3*17] + " 0000000000000007"},
 		{"heartbeat-leaving", msgHeartbeat, &heartbeat{Epoch: 9, Role: machine.RoleLeaving, Active: 1, InSync: true, Lineage: noLineageWire},
-			"0000000000000009 04 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000" + noLineageHex},
+			"0000000000000009 04 01 01 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000" + noLineageHex + " 0000000000000000"},
 		{"batch-raw", msgBatch, &batch{Seq: 3, Codec: records.CodecRaw, RawLen: 4, Data: []byte("abcd")},
 			"0000000000000003 00 00000004 61626364"},
 		{"batch-s2", msgBatch, &batch{Seq: 1<<64 - 1, Codec: records.CodecS2, RawLen: 1000, Data: []byte{0xe8, 0x07, 0x00}},
@@ -75,10 +75,10 @@ func wireCases() []wireCase {
 		{"need-snapshot-start", msgNeedSnapshot, &needSnapshot{Reason: snapStart}, "02"},
 		{"need-snapshot-behind", msgNeedSnapshot, &needSnapshot{Reason: snapBehind}, "03"},
 		{"handoff", msgHandoff, &handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000,
-			Lineage: lineage{{From: 2, Epoch: 5, Pos: 300}, {From: 0, Epoch: 3, Pos: 100}, {From: noActive}, {From: noActive}}},
-			"0000000000000008 00000000000003e8 00000000000007d0 02 0000000000000005 000000000000012c 00 0000000000000003 0000000000000064" + noLineageHex[:2*2*17]},
-		{"handoff-no-base", msgHandoff, &handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000, Lineage: lineage{{From: noActive, Pos: 7}, {From: noActive}, {From: noActive}, {From: noActive}}},
-			"0000000000000008 00000000000003e8 00000000000007d0 ff 0000000000000000 0000000000000007" + noLineageHex[:2*3*17]},
+			Lineage: lineage{{From: 2, Epoch: 5, Pos: 300}, {From: 0, Epoch: 3, Pos: 100}, {From: noActive}, {From: noActive}}, Root: 16},
+			"0000000000000008 00000000000003e8 00000000000007d0 02 0000000000000005 000000000000012c 00 0000000000000003 0000000000000064" + noLineageHex[:2*2*17] + " 0000000000000010"},
+		{"handoff-no-base", msgHandoff, &handoff{Epoch: 8, TokenLast: 1000, Reserved: 2000, Lineage: lineage{{From: noActive, Pos: 7}, {From: noActive}, {From: noActive}, {From: noActive}}, Root: 7},
+			"0000000000000008 00000000000003e8 00000000000007d0 ff 0000000000000000 0000000000000007" + noLineageHex[:2*3*17] + " 0000000000000007"},
 		{"handoff-abort", msgHandoffAbort, &handoffAbort{Epoch: 8}, "0000000000000008"},
 	}
 }
@@ -171,9 +171,9 @@ func TestMessageBadFields(t *testing.T) {
 		payload string
 		want    error
 	}{
-		{"heartbeat-role-0", &heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 72+lineageLen), errBadField},
-		{"heartbeat-role-5", &heartbeat{}, "0000000000000007 05 00 01" + strings.Repeat("00", 72+lineageLen), errBadField},
-		{"heartbeat-flag-8", &heartbeat{}, "0000000000000007 01 00 08" + strings.Repeat("00", 72+lineageLen), errBadField},
+		{"heartbeat-role-0", &heartbeat{}, "0000000000000007 00 00 01" + strings.Repeat("00", 72+lineageLen+8), errBadField},
+		{"heartbeat-role-5", &heartbeat{}, "0000000000000007 05 00 01" + strings.Repeat("00", 72+lineageLen+8), errBadField},
+		{"heartbeat-flag-8", &heartbeat{}, "0000000000000007 01 00 08" + strings.Repeat("00", 72+lineageLen+8), errBadField},
 		{"heartbeat-v5-length", &heartbeat{}, "0000000000000007 01 00 01" + strings.Repeat("00", 56), errShortPayload},
 		{"heartbeat-v7-length", &heartbeat{}, "0000000000000007 01 00 01" + strings.Repeat("00", 72), errShortPayload},
 		{"handoff-v7-length", &handoff{}, strings.Repeat("00", 24), errShortPayload},

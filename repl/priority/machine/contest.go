@@ -1,14 +1,18 @@
 package machine
 
-import "log/slog"
+import (
+	"log/slog"
+	"math"
+)
 
 // Whoever would lose more stays (PROTOCOL.md §6.3). When two actives see
 // each other, each holds changes the other lacks: the one that became
-// active later (L), the changes it has made since it took over; the other
-// (E), the changes it made or received after the last position L had
-// applied from it — all of them when L never held E's whole table (a
+// active later (L), the changes it has made since it took over from E's
+// table (all of its table's, from its root, when it never held E's); the
+// other (E), the changes it made or received after the last position L
+// had applied from it — all of them when L never held E's whole table (a
 // snapshot counts only once complete). The one with fewer steps down; on a
-// tie, E. So a member that promoted with a partial or empty table yields
+// tie, E (docs/PROTOCOL.md decision 71). So a member that promoted with a partial or empty table yields
 // to a live active that kept the replicated table, while a frozen
 // ex-active still yields to a successor that has served since.
 //
@@ -19,15 +23,17 @@ import "log/slog"
 //   - E, on hearing L, stops executing: its gate sends requests to L (M),
 //     its table stays, and from its next heartbeat on its position is
 //     final (Heartbeat.Held);
-//   - L, on E's first held heartbeat, compares: E's changes are E's
-//     position less L's base position when L became active with E's whole
-//     table at E's epoch (Base), or a table of E's that its base held
-//     whole (Lineage: a standby promoted with its active's whole table
-//     holds what that active held), else all of E's position; L's are its
-//     position less its base position. A member that took the role by a
-//     planned handover has its predecessor's base and lineage: the chain
-//     of handovers is one active here, since each successor holds the
-//     whole table its predecessor served. L steps down if it has fewer, else
+//   - L, on E's first held heartbeat, compares what each holds that the
+//     other lacks. Their tables are the same up to the position of E's
+//     table (at E's epoch) that L holds whole — through its base or a table
+//     of its lineage (a standby promoted with its active's whole table
+//     holds what that active held; a handover's successor has its
+//     predecessor's base and lineage: the chain of handovers is one
+//     active) — else up to the lesser of their positions of a third
+//     member's table both hold, else 0 (shared). E's changes are its
+//     position less that; L's, its position less that or its root (where
+//     its chain of whole tables began from a partial or empty one),
+//     whichever is higher. L steps down if it has fewer, else
 //     it tells E so in every heartbeat to it (Heartbeat.Verdict: E's
 //     epoch), and E steps down on reading it;
 //   - E serves again when no later active is left (L stepped down and
@@ -113,8 +119,9 @@ func (m *Member) judgeEarlier(now int64) bool {
 		if m.verdict[i] == p.epoch {
 			continue
 		}
-		mine := sub(m.local.Pos, m.base.Pos)
-		theirs := sub(p.pos, m.applied(i, p.epoch))
+		common := m.shared(i, p)
+		mine := sub(m.local.Pos, max(common, m.ownRoot()))
+		theirs := sub(p.pos, common)
 		if mine < theirs {
 			m.stepDown(now, i, p.epoch, "another member became active earlier and would lose more than this one by stepping down: discarding this state and following it",
 				"changes_here", mine, "changes_there", theirs)
@@ -127,19 +134,44 @@ func (m *Member) judgeEarlier(now int64) bool {
 	return false
 }
 
-// applied is the position of member i's table, while it was active at
-// epoch e, that this active's table holds whole: through its base, or a
-// table of the base's lineage; 0 when it holds none of it.
-func (m *Member) applied(i int, e uint64) uint64 {
-	if m.base.From == i && m.base.Epoch == e {
-		return m.base.Pos
-	}
-	for _, b := range m.ancestors {
-		if b.From == i && b.Epoch == e {
+// shared is the position up to which this active's table and the table
+// of member i (an earlier active, p) are the same: the position of i's
+// table at its epoch that this one holds whole (through its base or a
+// table of its lineage), else, where both hold a table of some third
+// member at one epoch whole, the lesser of their two positions of it;
+// 0 when they share nothing.
+func (m *Member) shared(i int, p *peer) uint64 {
+	own := m.ownLineage()
+	for _, b := range own {
+		if b.From == i && b.Epoch == p.epoch {
 			return b.Pos
 		}
 	}
-	return 0
+	var common uint64
+	for _, b := range own {
+		for _, c := range p.lineage {
+			if b.From != None && b.From == c.From && b.Epoch == c.Epoch {
+				common = max(common, min(b.Pos, c.Pos))
+			}
+		}
+	}
+	return common
+}
+
+// rootOfBase is Member.root when a whole base's root is not known: the
+// base's own position stands in (only changes since count).
+const rootOfBase = math.MaxUint64
+
+// ownRoot is the position below which this active's table counts as
+// nothing in a contest: where its chain of whole tables began from a
+// partial or empty one (a snapshot counts only once complete). For a
+// member that promoted without a whole table, its base's position; for
+// one with a whole base, that base's root, as its active said it.
+func (m *Member) ownRoot() uint64 {
+	if m.base.From == None || m.root == rootOfBase {
+		return m.handedBase().Pos
+	}
+	return m.root
 }
 
 // ownLineage is this active's lineage: its base as a Handoff gives it

@@ -114,7 +114,7 @@ func (m *Member) heartbeat(now int64, from int, hb *Heartbeat) {
 	echo, lastKnown := max(p.echo, hb.Echo), p.lastKnown
 	*p = peer{known: true, heard: now, epoch: hb.Epoch, role: hb.Role, follows: hb.Active, inSync: hb.InSync,
 		echo: echo, storedEpoch: hb.StoredEpoch, token: hb.TokenLast, reserved: hb.Reserved, mark: hb.Mark,
-		lastKnown: lastKnown, held: hb.Held, serving: hb.Serving, pos: hb.Pos, verdict: hb.Verdict, lineage: m.known(hb.Lineage)}
+		lastKnown: lastKnown, held: hb.Held, serving: hb.Serving, pos: hb.Pos, verdict: hb.Verdict, lineage: m.known(hb.Lineage), root: hb.Root}
 	m.maxEpoch = max(m.maxEpoch, hb.Epoch, hb.StoredEpoch)
 	m.tokensHeard(now, from, hb)
 	m.decide(now)
@@ -414,27 +414,27 @@ func (m *Member) promote(now int64) {
 	if !ok {
 		return
 	}
-	base, anc := m.followedBase()
+	base, anc, root := m.followedBase()
 	m.promoteAt(e)
 	m.failovers++
 	m.becomeActive(now, "the failover rules", base, 0, true)
-	m.ancestors = anc
+	m.ancestors, m.root = anc, root
 }
 
 // followedBase is the table this standby holds, as a promotion records
 // it: the active it follows at its epoch when it holds all of it (in
 // sync: a snapshot that is not complete counts as nothing), else none;
-// and that active's lineage, as its heartbeats at that epoch gave it,
-// which this member's table holds too.
-func (m *Member) followedBase() (Base, Lineage) {
+// and that active's lineage and root, as its heartbeats at that epoch gave
+// them, which this member's table shares (rootOfBase when not heard).
+func (m *Member) followedBase() (Base, Lineage, uint64) {
 	if m.role == RoleStandby && m.inSync && m.active >= 0 && m.active != m.self {
-		anc := noLineage()
+		anc, root := noLineage(), uint64(rootOfBase)
 		if p := &m.peers[m.active]; p.epoch == m.epoch && (p.role == RoleActive || p.role == RoleHandover) {
-			anc = inherit(p.lineage[:])
+			anc, root = inherit(p.lineage[:]), p.root
 		}
-		return Base{From: m.active, Epoch: m.epoch}, anc
+		return Base{From: m.active, Epoch: m.epoch}, anc, root
 	}
-	return Base{From: None}, noLineage()
+	return Base{From: None}, noLineage(), rootOfBase
 }
 
 // promoteAt makes this member the active at epoch e.

@@ -51,7 +51,7 @@ func (m *Member) offer(s int, now int64, shutdown bool) bool {
 	if m.steadyOp != 0 {
 		pending = 2 * m.cfg.TokenBlock
 	}
-	m.emit(Action{Kind: ActHandoff, To: s, Epoch: e, Limit: max(m.reservedSeen, m.reserving), Reserve: Reserve{Block: pending}, Lineage: m.ownLineage()})
+	m.emit(Action{Kind: ActHandoff, To: s, Epoch: e, Limit: max(m.reservedSeen, m.reserving), Reserve: Reserve{Block: pending}, Lineage: m.ownLineage(), Root: m.ownRoot()})
 	return true
 }
 
@@ -187,7 +187,7 @@ func (m *Member) endHandover(now int64, o HandState, i int, e uint64) {
 // good. Taken, it promotes (its epoch stored, a reservation of its own
 // above the old active's tokens) and answers once it serves; refused, it
 // answers at once.
-func (m *Member) takeOver(now int64, from int, e, token, reserved uint64, handed Lineage) {
+func (m *Member) takeOver(now int64, from int, e, token, reserved uint64, handed Lineage, root uint64) {
 	if m.tookFrom == from && m.tookEpoch == e && m.role == RoleActive && m.epoch == e {
 		m.answerWhenServing(from, e) // a repeated Handoff: taken again
 		return
@@ -209,7 +209,7 @@ func (m *Member) takeOver(now int64, from int, e, token, reserved uint64, handed
 	// §6.3).
 	m.becomeActive(now, "planned handover", handed[0], max(token, reserved), false)
 	m.baseHanded = true
-	m.ancestors = inherit(handed[1:])
+	m.ancestors, m.root = inherit(handed[1:]), root
 	m.answerWhenServing(from, e)
 }
 

@@ -591,9 +591,12 @@ func TestSuccessorTakesTheHandedLineage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, s, now := pair(t)
-			settle(s, now, s.Step(now, Msg{Kind: MsgHandoff, From: 0, Epoch: 5, Token: 100, Limit: 200, Lineage: tc.sent}))
+			settle(s, now, s.Step(now, Msg{Kind: MsgHandoff, From: 0, Epoch: 5, Token: 100, Limit: 200, Lineage: tc.sent, Root: 3}))
 			if !s.servingNow() {
 				t.Fatal("handover not taken")
+			}
+			if s.root != 3 {
+				t.Fatalf("successor's root %d, want the handed 3", s.root)
 			}
 			if s.base != tc.base || !s.baseKnown || s.ancestors != tc.ancestors {
 				t.Fatalf("successor's base %+v (known %v), ancestors %+v; want %+v, %+v", s.base, s.baseKnown, s.ancestors, tc.base, tc.ancestors)
@@ -606,14 +609,14 @@ func TestSuccessorTakesTheHandedLineage(t *testing.T) {
 	for _, known := range []bool{true, false} {
 		a, _, now := pair(t)
 		a.base, a.baseKnown, a.local.Pos = Base{From: 1, Epoch: 4, Pos: 30}, known, 55
-		a.ancestors = lin(Base{From: 0, Epoch: 2, Pos: 20})
+		a.ancestors, a.root = lin(Base{From: 0, Epoch: 2, Pos: 20}), 9
 		offerTo(t, a, 1, now)
 		want := lin(Base{From: 1, Epoch: 4, Pos: 30}, Base{From: 0, Epoch: 2, Pos: 20})
 		if !known {
 			want[0].Pos = 55
 		}
-		if h := find(a.out, ActHandoff); h[0].Lineage != want {
-			t.Fatalf("base known %v: Handoff's lineage %+v, want %+v", known, h[0].Lineage, want)
+		if h := find(a.out, ActHandoff); h[0].Lineage != want || h[0].Root != 9 {
+			t.Fatalf("base known %v: Handoff's lineage %+v root %d, want %+v root 9", known, h[0].Lineage, h[0].Root, want)
 		}
 	}
 }
@@ -626,15 +629,58 @@ func TestLineageInherited(t *testing.T) {
 	full := Lineage{{From: 1, Epoch: 9, Pos: 90}, {From: 0, Epoch: 7, Pos: 70}, {From: 1, Epoch: 5, Pos: 50}, {From: 0, Epoch: 3, Pos: 30}}
 	a, s, now := pair(t)
 	hb := say(a)
-	hb.Lineage = full
+	hb.Lineage, hb.Root = full, 11
 	s.Step(now, Msg{Kind: MsgHeartbeat, From: 0, HB: hb})
 	want := Lineage{full[0], full[1], full[2], {From: None}}
-	if base, anc := s.followedBase(); base.From != 0 || base.Epoch != 1 || anc != want {
-		t.Fatalf("followed base %+v, ancestors %+v; want %+v", base, anc, want)
+	if base, anc, root := s.followedBase(); base.From != 0 || base.Epoch != 1 || anc != want || root != 11 {
+		t.Fatalf("followed base %+v, ancestors %+v, root %d; want %+v, root 11", base, anc, root, want)
 	}
-	// Heard last at another epoch (the driver's view moved on): none.
+	// Heard last at another epoch (the driver's view moved on): none, and
+	// the root is not known.
 	s.peers[0].epoch = 2
-	if base, anc := s.followedBase(); base.From != 0 || anc != noLineage() {
-		t.Fatalf("heard at another epoch: followed base %+v, ancestors %+v; want none", base, anc)
+	if base, anc, root := s.followedBase(); base.From != 0 || anc != noLineage() || root != rootOfBase {
+		t.Fatalf("heard at another epoch: followed base %+v, ancestors %+v, root %d; want none", base, anc, root)
+	}
+}
+
+// TestSharedAndRoot: what a later active counts against an earlier one
+// (PROTOCOL.md §6.3, docs/PROTOCOL.md decision 71) — the position up to
+// which their tables are the same, and the root below which its own table
+// counts as nothing.
+func TestSharedAndRoot(t *testing.T) {
+	lin := func(bs ...Base) Lineage {
+		l := noLineage()
+		copy(l[:], bs)
+		return l
+	}
+	for _, tc := range []struct {
+		name      string
+		base      Base
+		ancestors Lineage
+		root      uint64
+		other     Lineage // the earlier active's (member 1 at epoch 5)
+		shared    uint64
+		ownRoot   uint64
+	}{
+		{"its table is the base", Base{From: 1, Epoch: 5, Pos: 500}, lin(), 0, lin(), 500, 0},
+		{"its table is in the lineage", Base{From: 2, Epoch: 6, Pos: 600}, lin(Base{From: 1, Epoch: 5, Pos: 450}), 0, lin(), 450, 0},
+		{"at another epoch", Base{From: 1, Epoch: 4, Pos: 500}, lin(), 0, lin(), 0, 0},
+		{"a third member's table both hold", Base{From: 2, Epoch: 6, Pos: 600}, lin(Base{From: 0, Epoch: 3, Pos: 300}), 0,
+			lin(Base{From: 0, Epoch: 3, Pos: 250}), 250, 0},
+		{"nothing shared, promoted without a whole table", Base{From: None, Pos: 40}, lin(), rootOfBase, lin(Base{From: 0, Epoch: 3, Pos: 250}), 0, 40},
+		{"a whole base whose root is known", Base{From: 2, Epoch: 6, Pos: 600}, lin(), 70, lin(), 0, 70},
+		{"a whole base whose root is not known", Base{From: 2, Epoch: 6, Pos: 600}, lin(), rootOfBase, lin(), 0, 600},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := activeAmong(t, []string{"m0", "m1", "m2"}, 5000, 5000+1<<20)
+			m.base, m.ancestors, m.root = tc.base, tc.ancestors, tc.root
+			p := &peer{epoch: 5, lineage: tc.other}
+			if got := m.shared(1, p); got != tc.shared {
+				t.Errorf("shared %d, want %d", got, tc.shared)
+			}
+			if got := m.ownRoot(); got != tc.ownRoot {
+				t.Errorf("root %d, want %d", got, tc.ownRoot)
+			}
+		})
 	}
 }

@@ -53,6 +53,7 @@ type peer struct {
 	pos         uint64 // its position
 	verdict     uint64 // its verdict on this member's epoch (Heartbeat.Verdict)
 	lineage     Lineage
+	root        uint64
 }
 
 // handover is the old active's side of a planned handover.
@@ -156,6 +157,7 @@ type Member struct {
 	baseKnown  bool     // base.Pos is measured (the promotion's reservation is done)
 	baseHanded bool     // base came with a Handoff, its position measured by the old active
 	ancestors  Lineage  // base's own lineage (the last entry always None): tables this one holds too
+	root       uint64   // a whole base's root, as its active said it (rootOfBase: not known; ownRoot)
 	contest    int      // an active later than this one whose verdict it waits for, None
 	verdict    []uint64 // by member: its epoch at which this member found it would lose less
 	unresolved []int64  // by member: since when it is an earlier active that does not hold (0: not)
@@ -252,7 +254,7 @@ func (m *Member) Step(now int64, msg Msg) []Action {
 		}
 	case MsgHandoff:
 		if valid {
-			m.takeOver(now, from, msg.Epoch, msg.Token, msg.Limit, m.known(msg.Lineage))
+			m.takeOver(now, from, msg.Epoch, msg.Token, msg.Limit, m.known(msg.Lineage), msg.Root)
 		}
 	case MsgHandoffAbort:
 		if valid {
@@ -360,7 +362,7 @@ func (m *Member) heartbeats() {
 		TokenLast: m.local.TokenLast, Reserved: max(m.local.TokenLimit, m.limit, m.reservedSeen),
 		StoredEpoch: m.peers[m.self].storedEpoch, Mark: m.local.Mark, Pos: m.local.Pos, Lineage: noLineage()}
 	if m.role == RoleActive || m.role == RoleHandover {
-		hb.Lineage = m.ownLineage()
+		hb.Lineage, hb.Root = m.ownLineage(), m.ownRoot()
 	}
 	for j := range m.n {
 		if j == m.self {

@@ -40,8 +40,9 @@ type Heartbeat struct {
 	// less by stepping down than the sender: it steps down (0: none).
 	Verdict uint64
 	// Lineage is the sender's, when it is an active or hands over
-	// (otherwise every entry names None).
+	// (otherwise every entry names None), and Root its root (Member.ownRoot).
 	Lineage Lineage
+	Root    uint64
 }
 
 // Base is the table a member became active with: the active it had
@@ -86,8 +87,8 @@ const (
 	MsgRefused
 	MsgLinkUp
 	// MsgHandoff: From offers this member a planned handover at Epoch,
-	// above Token (its last) and Limit (its reservation); Lineage is
-	// From's, which the successor takes as its own.
+	// above Token (its last) and Limit (its reservation); Lineage and
+	// Root are From's, which the successor takes as its own.
 	MsgHandoff
 	// MsgHandoffAbort: From asks this member to decide the handover at
 	// Epoch.
@@ -152,6 +153,7 @@ type Msg struct {
 	Deadline int64
 	Set      uint64
 	Lineage  Lineage
+	Root     uint64
 }
 
 // Local is what the driver measures of this member before each Tick.
@@ -183,7 +185,7 @@ const (
 	// Reserve.Block past max(reservation, last token) when a reservation
 	// asked for may still be made (the standbys record it, and the
 	// successor must start above every mark they can report), and this
-	// member's Lineage.
+	// member's Lineage and Root.
 	ActHandoff
 	// ActHandoffAbort: ask member To to decide the handover at Epoch.
 	ActHandoffAbort
@@ -237,6 +239,7 @@ type Action struct {
 	Reserve Reserve
 	Log     Log
 	Lineage Lineage // ActHandoff
+	Root    uint64  // ActHandoff
 }
 
 // Gate is the engine's instruction: Serve (until Until on the table's

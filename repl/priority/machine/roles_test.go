@@ -98,7 +98,7 @@ func TestRolesTwoActivesResolve(t *testing.T) {
 			// a tie, which the earlier one loses).
 			for i, e := range []uint64{tc.e0, tc.e1} {
 				m := c.ms[i].m
-				base, _ := m.followedBase()
+				base, _, _ := m.followedBase()
 				m.promoteAt(e)
 				m.becomeActive(c.now, "a test's split", base, 0, false)
 				c.carry(i, m.out)

@@ -23,7 +23,7 @@ import (
 // plus the failover timeout — is durable and replicated; base is the
 // table it became active with.
 func (m *Member) becomeActive(now int64, why string, base Base, above uint64, wallFloor bool) {
-	m.base, m.baseKnown, m.baseHanded, m.ancestors = base, false, false, noLineage()
+	m.base, m.baseKnown, m.baseHanded, m.ancestors, m.root = base, false, false, noLineage(), rootOfBase
 	m.ready, m.resumeOp, m.jumped = false, 0, false
 	start := max(above, m.local.TokenLast, m.limit, m.floor, m.reservedSeen, m.local.Mark, m.jump)
 	for i := range m.peers {
