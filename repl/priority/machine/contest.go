@@ -40,13 +40,16 @@ import (
 //     follows it, or went silent), once a reservation is made above
 //     every token L issued (tokens.go).
 //
-// L keeps serving while it decides: it cannot lose what it has not
-// compared yet. But an L whose gate is about to open (its promotion's or a
-// resume's reservation done) compares first, against every E that already
-// holds: serving first, it would answer from a table it may be about to
-// discard (N to a renew of a lock E holds, a grant lost with the step-down). A later active E hears only second-hand (a standby follows
-// it) also stops E executing, until it is heard or gone: E never steps
-// down on hearsay, which cost a replicated table before.
+// L answers nothing (its gate holds) from the moment it hears E until the
+// two are compared — E holds from its next heartbeat — and it compares
+// before its gate first opens (its promotion's or a resume's reservation
+// done): serving meanwhile, it answered from a table it might discard a
+// heartbeat later (N to a renew of a lock E holds, grants lost with the
+// step-down). An E that does not hold within a failover timeout is served
+// beside (judgeEarlier; unready says so after two). A later active E hears
+// only second-hand (a standby follows it) also stops E executing, until it
+// is heard or gone: E never steps down on hearsay, which cost a replicated
+// table before.
 
 // yieldsToLater handles this active's side as E: a live active that
 // became active later, heard directly (or second-hand), makes it execute
@@ -98,12 +101,27 @@ func (m *Member) yieldsToLater(now int64) bool {
 // each would lose, and steps down (reporting true) or gives its verdict.
 func (m *Member) judgeEarlier(now int64) bool {
 	mixed := m.mixed(now)
+	deciding := false
+	defer func() {
+		// Until an earlier active it hears holds, this one answers
+		// nothing: serving meanwhile, it would answer from a table it may
+		// discard a heartbeat later (N to a renew of a lock the other
+		// holds, grants lost with the step-down). The other holds from its
+		// next heartbeat; one that does not within a failover timeout is
+		// served beside (unready says so after two).
+		if m.deciding != deciding {
+			m.deciding = deciding
+			m.publish(false)
+		}
+	}()
 	for i := range m.peers {
 		p := &m.peers[i]
 		if i == m.self || !m.live(i, now) || (p.role != RoleActive && p.role != RoleHandover) ||
-			!m.beats(m.epoch, m.self, p.epoch, i, mixed) || (i == m.tookFrom && m.epoch == m.tookEpoch && p.role == RoleHandover) {
+			!m.beats(m.epoch, m.self, p.epoch, i, mixed) || (i == m.tookFrom && m.epoch == m.tookEpoch && p.epoch < m.tookEpoch) {
 			// (The member that handed this one the role ends its handover
-			// by this one's answer.)
+			// by this one's answer, and executes nothing meanwhile: a
+			// heartbeat of its as the active, from before its offer, is
+			// stale.)
 			m.unresolved[i] = 0
 			continue
 		}
@@ -113,6 +131,7 @@ func (m *Member) judgeEarlier(now int64) bool {
 			if m.unresolved[i] == 0 {
 				m.unresolved[i] = now
 			}
+			deciding = deciding || now-m.unresolved[i] < m.timeout
 			continue
 		}
 		m.unresolved[i] = 0
@@ -123,6 +142,7 @@ func (m *Member) judgeEarlier(now int64) bool {
 		mine := sub(m.local.Pos, max(common, m.ownRoot()))
 		theirs := sub(p.pos, common)
 		if mine < theirs {
+			deciding = false
 			m.stepDown(now, i, p.epoch, "another member became active earlier and would lose more than this one by stepping down: discarding this state and following it",
 				"changes_here", mine, "changes_there", theirs)
 			return true

@@ -350,6 +350,7 @@ func (m *Member) follow(now int64, a int, e uint64) {
 	m.ready, m.contest, m.jumped = false, None, false
 	clear(m.verdict)
 	clear(m.unresolved)
+	m.deciding = false
 	m.emit(Action{Kind: ActStream, On: false})
 	m.publish(false)
 	m.emit(Action{Kind: ActFollow, To: a, Epoch: e})
@@ -445,6 +446,7 @@ func (m *Member) promoteAt(e uint64) {
 	m.contest = None
 	clear(m.verdict)
 	clear(m.unresolved)
+	m.deciding = false
 	// A held heartbeat heard before this member became active was no
 	// answer to it (an active holds while it reserves at its own
 	// promotion, or checks a freeze): the contest waits for one sent since.

@@ -161,6 +161,7 @@ type Member struct {
 	contest    int      // an active later than this one whose verdict it waits for, None
 	verdict    []uint64 // by member: its epoch at which this member found it would lose less
 	unresolved []int64  // by member: since when it is an earlier active that does not hold (0: not)
+	deciding   bool     // an earlier active is heard that does not hold yet, for less than a timeout: hold
 
 	// Readiness.
 	refusedBy uint64 // members whose link was refused (a bit each) since the last that came up
@@ -320,7 +321,7 @@ func (m *Member) gate() Gate {
 		// there while it decides which of the two steps down; this one
 		// executes nothing meanwhile, so its position is final.
 		return Gate{State: Redirect, To: m.contest}
-	case m.serving() && m.ready && !m.jumped:
+	case m.serving() && m.ready && !m.jumped && !m.deciding:
 		// Until counts from the last tick, never from now: only the tick
 		// notices a freeze, so nothing else (a heartbeat read first after
 		// a SIGCONT) may extend it.

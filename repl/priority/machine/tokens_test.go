@@ -126,8 +126,10 @@ func TestOwnReservationReportedBackEarlyMovesNothing(t *testing.T) {
 // tokens are above its reservation (a healed partition) holds requests
 // until a reservation covers the jump, rather than serving with B for
 // every acquire that needs a token (B says the server is full, and
-// clients take it as final). If that reservation fails, it serves again:
-// acquires get B as they do whenever reserving fails.
+// clients take it as final) — and, the other having become active
+// earlier, until the other holds and the two are compared. If that
+// reservation fails, it serves again once compared: acquires get B as they
+// do whenever reserving fails.
 func TestActiveHearingActiveHolds(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -158,8 +160,16 @@ func TestActiveHearingActiveHolds(t *testing.T) {
 				reply = Msg{Kind: MsgReserved, Op: r[0].Reserve.Op, Err: tc.err}
 			}
 			acts = m.Step(now+3*ms, reply)
-			if g := find(acts, ActGate); len(g) != 1 || g[0].Gate.State != Serve {
-				t.Fatalf("gates %+v after the reservation's end: want serve", g)
+			if g := find(acts, ActGate); len(g) != 0 || m.servingNow() {
+				t.Fatalf("gates %+v after the reservation's end, before the other holds: want the hold kept", g)
+			}
+			// The other (the earlier active of the two: the same epoch, a
+			// lower priority) holds: this one compares, stays, and serves.
+			held := other
+			held.Held = true
+			acts = m.Step(now+4*ms, Msg{Kind: MsgHeartbeat, From: 1, HB: held})
+			if g := find(acts, ActGate); len(g) != 1 || g[0].Gate.State != Serve || m.verdict[1] != 1 {
+				t.Fatalf("gates %+v, verdict %d once the other holds: want serve and the verdict", g, m.verdict[1])
 			}
 		})
 	}
@@ -306,5 +316,35 @@ func TestHandingOverReservesNothing(t *testing.T) {
 	acts = append(acts, m.Step(now+3*ms, Msg{Kind: MsgReserved, Op: r[0].Reserve.Op, Limit: limit + 2<<20, Token: last})...)
 	if r := find(acts, ActReserve); len(r) != 0 {
 		t.Fatalf("reservations begun while handing over: %+v", r)
+	}
+}
+
+// TestLaterActiveHoldsUntilCompared: an active that hears one that became
+// active earlier answers nothing until that one holds and the two are
+// compared (serving meanwhile, it answered N to renews of locks the other
+// held, and granted locks lost when it stepped down a heartbeat later);
+// one that does not hold within a failover timeout is served beside.
+func TestLaterActiveHoldsUntilCompared(t *testing.T) {
+	last, limit := uint64(5000), uint64(1<<40) // far above the other's tokens: no jump
+	m, now := activeWith(t, last, limit)
+	m.epoch = 2
+	m.publish(false)
+	earlier := Heartbeat{Epoch: 1, Role: RoleActive, Active: 1, TokenLast: 10, Reserved: 20}
+	acts := m.Step(now+ms, Msg{Kind: MsgHeartbeat, From: 1, HB: earlier})
+	if g := find(acts, ActGate); len(g) != 1 || g[0].Gate.State != Hold {
+		t.Fatalf("gates %+v on hearing an earlier active: want a hold", g)
+	}
+	local := Local{TokenLast: last, TokenLimit: limit, Mark: limit}
+	for at := now + 100*ms; at < now+m.timeout; at += 100 * ms {
+		m.Step(at, Msg{Kind: MsgHeartbeat, From: 1, HB: earlier})
+		m.Tick(at, local)
+		if m.servingNow() {
+			t.Fatalf("served %v after hearing an earlier active that does not hold yet", time.Duration(at-now))
+		}
+	}
+	m.Step(now+m.timeout+ms, Msg{Kind: MsgHeartbeat, From: 1, HB: earlier})
+	m.Tick(now+m.timeout+ms, local)
+	if !m.servingNow() {
+		t.Fatal("still holding a failover timeout after hearing an earlier active that never holds")
 	}
 }
