@@ -564,6 +564,13 @@ func TestRolesSnapshotAckMakesASuccessor(t *testing.T) {
 	}
 }
 
+// lin is a lineage of the tables bs, the rest naming none.
+func lin(bs ...Base) Lineage {
+	l := noLineage()
+	copy(l[:], bs)
+	return l
+}
+
 // TestSuccessorTakesTheHandedLineage: the Handoff carries the old
 // active's lineage (its base first), and the successor takes it as its
 // own, the base's position included (not measured again when its first
@@ -572,11 +579,6 @@ func TestRolesSnapshotAckMakesASuccessor(t *testing.T) {
 // cluster names nothing. An old active whose base is not measured yet
 // sends its position now.
 func TestSuccessorTakesTheHandedLineage(t *testing.T) {
-	lin := func(bs ...Base) Lineage {
-		l := noLineage()
-		copy(l[:], bs)
-		return l
-	}
 	for _, tc := range []struct {
 		name      string
 		sent      Lineage
@@ -648,11 +650,6 @@ func TestLineageInherited(t *testing.T) {
 // which their tables are the same, and the root below which its own table
 // counts as nothing.
 func TestSharedAndRoot(t *testing.T) {
-	lin := func(bs ...Base) Lineage {
-		l := noLineage()
-		copy(l[:], bs)
-		return l
-	}
 	for _, tc := range []struct {
 		name      string
 		base      Base
