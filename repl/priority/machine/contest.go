@@ -239,6 +239,16 @@ func (m *Member) known(l Lineage) Lineage {
 	return l
 }
 
+// endContests forgets every contest of §6.3 this member was in, as it
+// changes role: whom it waits for, its verdicts, the earlier actives it
+// waited to hold, and the hold while it waited.
+func (m *Member) endContests() {
+	m.contest = None
+	clear(m.verdict)
+	clear(m.unresolved)
+	m.deciding = false
+}
+
 // stepDown makes this active (or handing-over member) a standby of a at
 // epoch e, discarding its state: the snapshot a sends replaces its table.
 func (m *Member) stepDown(now int64, a int, e uint64, why string, args ...any) {

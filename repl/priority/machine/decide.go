@@ -347,10 +347,8 @@ func (m *Member) heardOfLater(now int64) bool {
 func (m *Member) follow(now int64, a int, e uint64) {
 	m.role, m.active, m.epoch, m.inSync = RoleStandby, a, e, false
 	m.heardLater = 0
-	m.ready, m.contest, m.jumped = false, None, false
-	clear(m.verdict)
-	clear(m.unresolved)
-	m.deciding = false
+	m.ready, m.jumped = false, false
+	m.endContests()
 	m.emit(Action{Kind: ActStream, On: false})
 	m.publish(false)
 	m.emit(Action{Kind: ActFollow, To: a, Epoch: e})
@@ -443,10 +441,7 @@ func (m *Member) promoteAt(e uint64) {
 	m.maxEpoch = max(m.maxEpoch, e)
 	m.role, m.epoch, m.active, m.hand.to = RoleActive, e, m.self, None
 	m.peers[m.self].storedEpoch = e
-	m.contest = None
-	clear(m.verdict)
-	clear(m.unresolved)
-	m.deciding = false
+	m.endContests()
 	// A held heartbeat heard before this member became active was no
 	// answer to it (an active holds while it reserves at its own
 	// promotion, or checks a freeze): the contest waits for one sent since.
