@@ -272,6 +272,7 @@ func (t *Table) Reset(out *Out) {
 			}
 		}
 		s.seq = 0
+		s.pend, s.renews = s.pend[:0], s.renews[:0]
 		s.unlock()
 	}
 }

@@ -44,6 +44,17 @@ type Config struct {
 	// and must not be modified or kept. It spares each change the copy of
 	// a Record on the way to the Sink.
 	SinkRef func(*Record)
+	// Defer, with Sink or SinkRef, lets the Sink's owner take the records
+	// of exclusive grants later (Table.LockedTake) instead of at each
+	// change. It is called under the shard's lock before each exclusive
+	// grant's record, with the number of grants the shard holds back
+	// already, and reports whether to hold this one back too. A grant held
+	// back whose lease ends (release, expiry) before it is taken is never
+	// sent: LockedTake hands its record's Seq and its end's as skips, and a
+	// renew of it is held back with it. So a pipelined client's
+	// acquire/release pairs, which mostly end within one batch, cost the
+	// shard no record at all. Without a Sink it is not called.
+	Defer func(shard uint32, pending int) bool
 }
 
 // Defaults and bounds of Config.

@@ -83,10 +83,16 @@ type shard struct {
 	watches watchIndex          // the watches of each watched token
 	nwatch  int                 // watches registered here
 	forced  map[uint64]struct{} // tokens whose lease an admin renewed (their expiry is ReasonForced)
+
+	// Deferred records (deferred.go): exclusive grants whose records the
+	// Sink's owner takes later (Config.Defer), and renews of them.
+	pend   []pendGrant
+	renews []pendRenew
+	pendAt *[pendAtMask + 1]uint16 // findPend's first guess (deferred.go), allocated with the first grant held back
 	// Keep the next shard's first line off this one's last, and the size
 	// a multiple of a line: shards are 64-byte aligned (a size class that
 	// is a multiple of 64; a large array is page-aligned).
-	_ [72]byte
+	_ [80]byte
 }
 
 // unlock ends a Table call on s: it gives back memory that the call made
@@ -127,6 +133,9 @@ func (s *shard) emit(kind RecordKind, k, x *entry) {
 	s.seq++
 	ref := s.t.sinkRef
 	if ref == nil {
+		return
+	}
+	if len(s.pend) != 0 && kind != RecordGrant && s.withheld(kind, k, x) {
 		return
 	}
 	r := &s.t.recs[s.id].r
@@ -197,7 +206,7 @@ func (s *shard) handoff(r ref, e *entry, h uint64, now, freed int64, out *Out) b
 		if tok := s.t.tokens.Next(); tok != 0 {
 			s.unqueue(w)
 			s.grant(r, e, now, w.lease, tok, w.ident)
-			s.emit(RecordGrant, e, e)
+			s.emitGrant(r, e)
 			s.ctr.Handoffs++
 			out.add(EffectGrant, w, tok, s.keyOf(e))
 			s.freeWaiter(w)
@@ -263,7 +272,7 @@ func (s *shard) serve(r ref, e *entry, h uint64, now, freed int64, vacant bool, 
 			if limit != 0 {
 				s.queues[e.q-1].next = e.deadline
 			}
-			s.emit(RecordGrant, e, e)
+			s.emitGrant(r, e)
 			vacant = false
 		} else {
 			s.unqueue(w)
@@ -430,7 +439,7 @@ func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owne
 		}
 		r, e = s.newEntry(h, key)
 		s.grant(r, e, now, lease, tok, id)
-		s.emit(RecordGrant, e, e)
+		s.emitGrant(r, e)
 		return Granted, e.token
 	}
 	// wait's code, written out for the exclusive acquire.

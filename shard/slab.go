@@ -367,6 +367,7 @@ func (s *shard) move(from, to ref) {
 			s.longs[longIndex(dst)].e = to
 		}
 	}
+	s.repointPend(from, to, dst)
 	if s.nwatch != 0 {
 		s.repointWatches(dst.token, to)
 	}

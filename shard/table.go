@@ -25,6 +25,7 @@ type Table struct {
 	// recs the Record each shard hands it (one per shard, each on lines of
 	// its own, written under the shard's lock).
 	sinkRef func(*Record)
+	deferFn func(uint32, int) bool // Config.Defer, nil without a Sink
 	recs    []paddedRecord
 	idents  idents // the names of the grants' identities (ident.go)
 
@@ -77,6 +78,7 @@ func New(cfg Config, tokens *Tokens) (*Table, error) {
 	}
 	if t.sinkRef != nil {
 		t.recs = make([]paddedRecord, cfg.Shards)
+		t.deferFn = cfg.Defer
 	}
 	t.budgets[budgetKeys].init(int64(cfg.MaxKeys), cfg.Shards)
 	t.budgets[budgetWaiters].init(int64(cfg.MaxWaiters), cfg.Shards)

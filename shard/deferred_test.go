@@ -1,0 +1,221 @@
+package shard
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// deferRecorder is a Sink's owner that lets the table hold exclusive
+// grants back (Config.Defer) and takes them at times the test chooses:
+// it keeps every record the Sink and LockedTake hand it, and every Seq
+// LockedTake hands as a skip, per shard.
+type deferRecorder struct {
+	shards [][]Record
+	defers func() bool // whether Defer holds the next grant back
+	held   int         // grants Defer held back
+}
+
+func (d *deferRecorder) sink(r *Record) {
+	c := *r
+	c.Key = slices.Clone(r.Key)
+	d.shards[r.Shard] = append(d.shards[r.Shard], c)
+}
+
+func (d *deferRecorder) deferGrant(shard uint32, pending int) bool {
+	if d.defers() {
+		d.held++
+		return true
+	}
+	return false
+}
+
+// takeAll takes what every shard of tab holds back.
+func (d *deferRecorder) takeAll(tab *Table) {
+	for i := range tab.Shards() {
+		d.takeShard(tab, i)
+	}
+}
+
+func (d *deferRecorder) takeShard(tab *Table, i int) {
+	var skips []uint64
+	tab.LockedTake(i, d.sink, &skips, func(int) {})
+	for _, seq := range skips {
+		d.shards[i] = append(d.shards[i], Record{Kind: RecordSkip, Shard: uint32(i), Seq: seq, From: seq})
+	}
+}
+
+// stream returns each shard's records and skips in Seq order, and fails
+// the test unless they number 1, 2, 3, … up to the shard's Seq, each once.
+func (d *deferRecorder) stream(t *testing.T, tab *Table) *recorder {
+	t.Helper()
+	rec := &recorder{shards: make([][]Record, len(d.shards))}
+	for i, list := range d.shards {
+		list = slices.Clone(list)
+		slices.SortStableFunc(list, func(a, b Record) int { return cmp.Compare(a.Seq, b.Seq) })
+		for k, r := range list {
+			if r.Seq != uint64(k+1) {
+				t.Fatalf("shard %d: record %d has Seq %d (%s): every Seq must be handed over once", i, k, r.Seq, r.Kind)
+			}
+		}
+		if got, want := uint64(len(list)), tab.Seq(i); got != want {
+			t.Fatalf("shard %d: %d records and skips handed over, Seq is %d", i, got, want)
+		}
+		rec.shards[i] = list
+	}
+	return rec
+}
+
+// TestDeferRoundTrip: a table that holds grants back (at random) and hands
+// them over at random moments gives, records and skips together, every
+// Seq of every shard once, and a table fed them in Seq order ends equal to
+// it key by key, with the same Seqs: whatever a held-back grant went
+// through before it was taken (an end, renews, a handoff of its key, a
+// shared grant of the key after it) reaches the other table as it should.
+func TestDeferRoundTrip(t *testing.T) {
+	for _, share := range []int{0, 50, 80, 100} {
+		for seed := range uint64(8) {
+			t.Run(fmt.Sprintf("defer%d/%d", share, seed), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(seed, 11))
+				drng := rand.New(rand.NewPCG(seed, 12))
+				d := &deferRecorder{shards: make([][]Record, 4), defers: func() bool { return drng.IntN(100) < share }}
+				src, err := New(Config{Shards: 4, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var now int64
+				drive(src, rng, 3000, &now, func(op int) {
+					switch x := drng.IntN(40); {
+					case x == 0:
+						d.takeAll(src)
+					case x < 4:
+						d.takeShard(src, drng.IntN(4))
+					}
+				})
+				d.takeAll(src)
+				if share > 0 && d.held == 0 {
+					t.Fatal("no grant was held back: the test defers nothing")
+				}
+				rec := d.stream(t, src)
+				dst, err := New(Config{Shards: 4}, NewTokens(0, 0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				replay(t, dst, rec, rng)
+				want, wantSeq := dumpAll(src)
+				got, gotSeq := dumpAll(dst)
+				assertSame(t, want, got)
+				if !slices.Equal(wantSeq, gotSeq) {
+					t.Fatalf("seqs %v, want %v", gotSeq, wantSeq)
+				}
+			})
+		}
+	}
+}
+
+// TestDeferPairsCostNoRecord: an acquire and release of a key whose grant
+// was held back reach the Sink as nothing, and LockedTake hands both Seqs
+// as skips; a grant still held when it is taken comes as its record, with
+// the lease of its last renew (the renew's own record follows it).
+func TestDeferPairsCostNoRecord(t *testing.T) {
+	d := &deferRecorder{shards: make([][]Record, 1), defers: func() bool { return true }}
+	tab, err := New(Config{Shards: 1, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := tab.Ident([]byte("orders"))
+	var out Out
+	_, t1 := tab.AcquireAs(0, []byte("a"), 0, 5, 1, id, nil, &out)
+	_, t2 := tab.AcquireAs(0, []byte("b"), 0, 5, 1, NoIdent, nil, &out)
+	if !tab.Release(1, []byte("a"), t1, &out) {
+		t.Fatal("release a")
+	}
+	if !tab.Renew(2*second, []byte("b"), 9, t2, &out) {
+		t.Fatal("renew b")
+	}
+	if len(d.shards[0]) != 0 {
+		t.Fatalf("the Sink got %+v before the take: want nothing", d.shards[0])
+	}
+	var skips []uint64
+	tab.LockedTake(0, d.sink, &skips, func(int) {})
+	slices.Sort(skips)
+	if !slices.Equal(skips, []uint64{1, 3}) {
+		t.Fatalf("skips %v, want [1 3] (a's grant and its release)", skips)
+	}
+	got := d.shards[0]
+	if len(got) != 2 || got[0].Kind != RecordGrant || got[0].Seq != 2 || string(got[0].Key) != "b" || got[0].Token != t2 ||
+		got[0].Lease != 9 || got[0].Deadline != 11*second || got[1].Kind != RecordRenew || got[1].Seq != 4 || got[1].Lease != 9 {
+		t.Fatalf("taken %+v, want b's grant (Seq 2, lease 9 to 11 s) then its renew (Seq 4)", got)
+	}
+	// Nothing is held back any more: a second take hands nothing, and the
+	// release of b now goes to the Sink.
+	d.shards[0] = nil
+	skips = skips[:0]
+	tab.LockedTake(0, d.sink, &skips, func(int) {})
+	if len(skips) != 0 || len(d.shards[0]) != 0 {
+		t.Fatalf("second take: %v %+v, want nothing", skips, d.shards[0])
+	}
+	tab.Release(3*second, []byte("b"), t2, &out)
+	if got := d.shards[0]; len(got) != 1 || got[0].Kind != RecordRelease || got[0].Seq != 5 {
+		t.Fatalf("after the take, the release of b: %+v, want one release record, Seq 5", got)
+	}
+}
+
+// TestDeferAcrossCompact: grants held back whose entries a compact moves
+// (most keys of a large shard released) are taken from where they moved
+// to.
+func TestDeferAcrossCompact(t *testing.T) {
+	d := &deferRecorder{shards: make([][]Record, 1), defers: func() bool { return true }}
+	src, err := New(Config{Shards: 1, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Out
+	const n = 4 * chunkLen
+	toks := make([]uint64, n)
+	for i := range n {
+		_, toks[i] = src.Acquire(0, fmt.Appendf(nil, "key-%05d", i), 0, 30, 1, nil, &out)
+	}
+	// Release all but every 16th, from the bottom up, so that the live
+	// entries left are high in the slab and the compact moves them.
+	for i := range n {
+		if i%16 != 15 {
+			src.Release(0, fmt.Appendf(nil, "key-%05d", i), toks[i], &out)
+		}
+	}
+	if c := len(src.shards[0].slab.chunks); c != 1 {
+		t.Fatalf("the slab kept %d chunks: no compact ran, the test proves nothing", c)
+	}
+	d.takeAll(src)
+	rec := d.stream(t, src)
+	dst, err := New(Config{Shards: 1}, NewTokens(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay(t, dst, rec, rand.New(rand.NewPCG(1, 1)))
+	want, _ := dumpAll(src)
+	got, _ := dumpAll(dst)
+	if len(want) != n/16 {
+		t.Fatalf("source holds %d keys, want %d", len(want), n/16)
+	}
+	assertSame(t, want, got)
+}
+
+// TestDeferReset: Reset forgets what the table held back.
+func TestDeferReset(t *testing.T) {
+	d := &deferRecorder{shards: make([][]Record, 1), defers: func() bool { return true }}
+	tab, err := New(Config{Shards: 1, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Out
+	tab.Acquire(0, []byte("a"), 0, 5, 1, nil, &out)
+	tab.Reset(&out)
+	var skips []uint64
+	tab.LockedTake(0, d.sink, &skips, func(int) {})
+	if len(skips) != 0 || len(d.shards[0]) != 0 {
+		t.Fatalf("after Reset, taken %v %+v: want nothing", skips, d.shards[0])
+	}
+}
