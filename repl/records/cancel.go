@@ -2,6 +2,7 @@ package records
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"slices"
 
 	"github.com/lockd-dev/lockd/shard"
@@ -64,24 +65,67 @@ type Canceller struct {
 	slots []int32
 	shift uint // 64 - log2(len(slots))
 	dead  []bool
-	ix    []index // the records of the shard being cut
+	ix    []index  // the records of the shard being cut
+	dix   []index  // … and those it held back (CutMerged)
+	bits  []uint64 // sortSeqs' bitmap
+}
+
+// sortSeqs sorts seqs, the Seqs of one shard's batch (so within a span
+// about as wide as their number), through a bitmap of that span: linear,
+// where a comparison sort of a batch's pairs of grants and ends cost the
+// cutter as much as the rest of the cut. A Seq given twice is kept once.
+func (c *Canceller) sortSeqs(seqs []uint64) []uint64 {
+	if len(seqs) < 2 {
+		return seqs
+	}
+	lo, hi := seqs[0], seqs[0]
+	for _, s := range seqs[1:] {
+		lo, hi = min(lo, s), max(hi, s)
+	}
+	if hi-lo >= 64*uint64(len(seqs))+4096 {
+		slices.Sort(seqs)
+		return slices.Compact(seqs)
+	}
+	words := int((hi-lo)/64 + 1)
+	c.bits = slices.Grow(c.bits[:0], words)[:words]
+	clear(c.bits)
+	for _, s := range seqs {
+		d := s - lo
+		c.bits[d>>6] |= 1 << (d & 63)
+	}
+	n := 0
+	for w, word := range c.bits {
+		for word != 0 {
+			seqs[n] = lo + uint64(w)*64 + uint64(bits.TrailingZeros64(word))
+			n++
+			word &= word - 1
+		}
+	}
+	return seqs[:n]
 }
 
 // scan fills c.ix with the kind, Seq, token and end of each of raw's n
 // records; false if they do not read back as n records (never for an
 // Indexed's own records).
 func (c *Canceller) scan(raw []byte, n int) bool {
-	ix := slices.Grow(c.ix[:0], n)
+	ix, ok := scanInto(c.ix[:0], raw, n)
+	c.ix = ix
+	return ok
+}
+
+// scanInto appends to ix the kind, Seq, token and end of each of raw's n
+// records; false if they do not read back as n records.
+func scanInto(ix []index, raw []byte, n int) ([]index, bool) {
+	ix = slices.Grow(ix, n)
 	for at := 0; at < len(raw); {
 		x, ok := header(raw, at)
 		if !ok {
-			return false
+			return ix, false
 		}
 		ix = append(ix, x)
 		at = int(x.end)
 	}
-	c.ix = ix
-	return len(ix) == n
+	return ix, len(ix) == n
 }
 
 // header reads what a Canceller needs of the record at raw[at:]: its kind,
@@ -161,34 +205,9 @@ func (c *Canceller) Cut(dst *BatchWriter, id uint32, src *Indexed) int {
 	dead := slices.Grow(c.dead[:0], len(ix))[:len(ix)]
 	clear(dead)
 	c.dead = dead
-	bits := uint(4)
-	for 1<<bits < 2*len(ix) {
-		bits++
-	}
-	c.slots = slices.Grow(c.slots[:0], 1<<bits)[:1<<bits]
-	clear(c.slots)
-	c.shift = 64 - bits
-	cut := false
-	for k, r := range ix {
-		switch r.kind {
-		case shard.RecordGrant:
-			c.addGrant(ix, k)
-		case shard.RecordRelease, shard.RecordExpire:
-			if j := c.grantOf(ix, r.token); j >= 0 && j < k && ix[j].kind == shard.RecordGrant {
-				dead[j], dead[k], cut = true, true, true
-			}
-		}
-	}
-	if !cut {
+	if c.mark(ix, dead) == 0 {
 		dst.addEncoded(raw, len(ix))
 		return 0
-	}
-	for k, r := range ix {
-		if r.kind == shard.RecordRenew {
-			if j := c.grantOf(ix, r.token); j >= 0 && j < k && dead[j] {
-				dead[k] = true
-			}
-		}
 	}
 	taken := 0
 	start := 0 // the byte offset of record k
@@ -221,4 +240,137 @@ func (c *Canceller) Cut(dst *BatchWriter, id uint32, src *Indexed) int {
 		_ = dst.AddSkip(id, from, ix[k-1].seq)
 	}
 	return taken
+}
+
+// mark sets dead[k] for every record k of ix that cancels out: a grant
+// that ended among them, its end and its renewals. It returns how many.
+func (c *Canceller) mark(ix []index, dead []bool) int {
+	bits := uint(4)
+	for 1<<bits < 2*len(ix) {
+		bits++
+	}
+	c.slots = slices.Grow(c.slots[:0], 1<<bits)[:1<<bits]
+	clear(c.slots)
+	c.shift = 64 - bits
+	n := 0
+	for k, r := range ix {
+		switch r.kind {
+		case shard.RecordGrant:
+			c.addGrant(ix, k)
+		case shard.RecordRelease, shard.RecordExpire:
+			if j := c.grantOf(ix, r.token); j >= 0 && j < k && ix[j].kind == shard.RecordGrant {
+				dead[j], dead[k] = true, true
+				n += 2
+			}
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	for k, r := range ix {
+		if r.kind == shard.RecordRenew {
+			if j := c.grantOf(ix, r.token); j >= 0 && j < k && dead[j] {
+				dead[k] = true
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// CutMerged is Cut of src merged with what the shard held back
+// (shard.Config.Defer): def, the records of grants held back and still
+// held and of their renews (in Seq order), and skips, the Seqs of grants
+// held back that ended within the batch and of their ends (any order;
+// sorted in place). All three go to dst in Seq order, consecutive Seqs
+// that stand for nothing (skips, and src's records cancelled) as one skip
+// record. With cancel false, none of src's records is cancelled (a
+// snapshot of the shard was cut while they were buffered), as if src were
+// appended as it is. It returns the number of records taken out: src's
+// cancelled records and skips.
+func (c *Canceller) CutMerged(dst *BatchWriter, id uint32, src, def *Indexed, skips []uint64, cancel bool) int {
+	if def.Count() == 0 && len(skips) == 0 {
+		if cancel {
+			return c.Cut(dst, id, src)
+		}
+		src.AppendTo(dst)
+		return 0
+	}
+	raw, draw := src.w.Bytes(), def.w.Bytes()
+	ok := c.scan(raw, src.w.Count())
+	ix := c.ix
+	var dix []index
+	if ok {
+		dix, ok = scanInto(c.dix[:0], draw, def.w.Count())
+		c.dix = dix
+	}
+	if !ok {
+		// Not records this package wrote: they go as they are, none taken
+		// out; the Seqs out of order make the standby resynchronise.
+		dst.addEncoded(raw, src.w.Count())
+		dst.addEncoded(draw, def.w.Count())
+		return 0
+	}
+	dead := slices.Grow(c.dead[:0], len(ix))[:len(ix)]
+	clear(dead)
+	c.dead = dead
+	taken := 0
+	if cancel {
+		taken = c.mark(ix, dead)
+	}
+	skips = c.sortSeqs(skips)
+	taken += len(skips)
+	var from, to uint64 // the skip run being built (from 0: none)
+	flush := func() {
+		if from != 0 {
+			// AddSkip cannot refuse here (Seqs ≥ 1, shard ≤ 65535).
+			_ = dst.AddSkip(id, from, to)
+			from = 0
+		}
+	}
+	gap := func(seq uint64) {
+		if from != 0 && seq == to+1 {
+			to = seq
+			return
+		}
+		flush()
+		from, to = seq, seq
+	}
+	const none = ^uint64(0)
+	a, b, k := 0, 0, 0
+	aStart, bStart := 0, 0
+	for {
+		sa, sb, sk := none, none, none
+		if a < len(ix) {
+			sa = ix[a].seq
+		}
+		if b < len(dix) {
+			sb = dix[b].seq
+		}
+		if k < len(skips) {
+			sk = skips[k]
+		}
+		switch {
+		case sa == none && sb == none && sk == none:
+			flush()
+			return taken
+		case sa <= sb && sa <= sk:
+			if dead[a] {
+				gap(sa)
+			} else {
+				flush()
+				dst.addEncoded(raw[aStart:ix[a].end], 1)
+			}
+			aStart = int(ix[a].end)
+			a++
+		case sb <= sk:
+			flush()
+			dst.addEncoded(draw[bStart:dix[b].end], 1)
+			bStart = int(dix[b].end)
+			b++
+		default:
+			gap(sk)
+			k++
+		}
+	}
 }

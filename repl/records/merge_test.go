@@ -1,0 +1,188 @@
+package records_test
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/lockd-dev/lockd/repl/records"
+	"github.com/lockd-dev/lockd/shard"
+)
+
+// readBack returns the records of a batch, keys and identities copied,
+// empty ones nil.
+func readBack(t *testing.T, raw []byte) []shard.Record {
+	t.Helper()
+	var rr records.RecordReader
+	var got []shard.Record
+	var r shard.Record
+	for rr.Reset(raw); rr.Next(&r); {
+		r.Key, r.Ident = slices.Clone(r.Key), slices.Clone(r.Ident)
+		if len(r.Key) == 0 {
+			r.Key = nil
+		}
+		if len(r.Ident) == 0 {
+			r.Ident = nil
+		}
+		got = append(got, r)
+	}
+	if rr.Err() != nil {
+		t.Fatal(rr.Err())
+	}
+	return got
+}
+
+func indexed(t *testing.T, rs []shard.Record) *records.Indexed {
+	t.Helper()
+	var x records.Indexed
+	for i := range rs {
+		if err := x.Add(&rs[i]); err != nil {
+			t.Fatalf("add %+v: %v", rs[i], err)
+		}
+	}
+	return &x
+}
+
+func skip(from, to uint64) shard.Record {
+	return shard.Record{Kind: shard.RecordSkip, Shard: 2, Seq: to, From: from}
+}
+
+// TestCutMerged: one shard's buffered records, the records of grants it
+// held back and the Seqs it withheld come out as one batch in Seq order,
+// consecutive Seqs that stand for nothing — withheld, or cancelled out of
+// the buffer — as one skip record.
+func TestCutMerged(t *testing.T) {
+	rel := func(seq, tok uint64) shard.Record {
+		return shard.Record{Kind: shard.RecordRelease, Shard: 2, Seq: seq, Key: []byte("r"), Token: tok}
+	}
+	grant := func(seq, tok uint64, key string) shard.Record {
+		return shard.Record{Kind: shard.RecordGrant, Shard: 2, Seq: seq, Key: []byte(key), Token: tok, Lease: 5, Ident: []byte("orders")}
+	}
+	renew := func(seq, tok uint64, key string) shard.Record {
+		return shard.Record{Kind: shard.RecordRenew, Shard: 2, Seq: seq, Key: []byte(key), Token: tok, Lease: 9}
+	}
+	for _, tc := range []struct {
+		name   string
+		src    []shard.Record
+		def    []shard.Record
+		skips  []uint64
+		cancel bool
+		want   []shard.Record
+		taken  int
+	}{
+		{
+			name: "buffer only, cancelling: as Cut",
+			src:  []shard.Record{rel(10, 3), grant(11, 20, "a"), rel(12, 20)}, cancel: true,
+			want: []shard.Record{rel(10, 3), skip(11, 12)}, taken: 2,
+		},
+		{
+			name: "buffer only, a snapshot cut meanwhile: as it is",
+			src:  []shard.Record{rel(10, 3), grant(11, 20, "a"), rel(12, 20)},
+			want: []shard.Record{rel(10, 3), grant(11, 20, "a"), rel(12, 20)},
+		},
+		{
+			name:  "all three interleaved",
+			src:   []shard.Record{rel(2, 3), grant(5, 30, "b")},
+			def:   []shard.Record{grant(1, 10, "a"), renew(4, 10, "a")},
+			skips: []uint64{7, 3, 6}, cancel: true,
+			want:  []shard.Record{grant(1, 10, "a"), rel(2, 3), skip(3, 3), renew(4, 10, "a"), grant(5, 30, "b"), skip(6, 7)},
+			taken: 3,
+		},
+		{
+			name:  "withheld and cancelled Seqs make one skip",
+			src:   []shard.Record{grant(3, 30, "b"), rel(4, 30), rel(8, 2)},
+			def:   []shard.Record{grant(7, 40, "c")},
+			skips: []uint64{5, 1, 2, 6}, cancel: true,
+			want:  []shard.Record{skip(1, 6), grant(7, 40, "c"), rel(8, 2)},
+			taken: 6,
+		},
+		{
+			name:  "a snapshot cut meanwhile: the buffer stays whole, the withheld Seqs are still skips",
+			src:   []shard.Record{grant(3, 30, "b"), rel(4, 30)},
+			skips: []uint64{2, 1},
+			want:  []shard.Record{skip(1, 2), grant(3, 30, "b"), rel(4, 30)},
+			taken: 2,
+		},
+		{
+			name:  "only skips",
+			skips: []uint64{9, 4, 5, 6, 8}, cancel: true,
+			want:  []shard.Record{skip(4, 6), skip(8, 9)},
+			taken: 5,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c records.Canceller
+			var out records.BatchWriter
+			n := c.CutMerged(&out, 2, indexed(t, tc.src), indexed(t, tc.def), slices.Clone(tc.skips), tc.cancel)
+			if n != tc.taken {
+				t.Errorf("%d taken out, want %d", n, tc.taken)
+			}
+			got := readBack(t, out.Bytes())
+			want := readBack(t, func() []byte {
+				var w records.BatchWriter
+				for _, r := range tc.want {
+					if r.Kind == shard.RecordSkip {
+						if err := w.AddSkip(r.Shard, r.From, r.Seq); err != nil {
+							t.Fatal(err)
+						}
+					} else if err := w.Add(&r); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return w.Bytes()
+			}())
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("merged\n%+v\nwant\n%+v", got, want)
+			}
+			if out.Count() != len(tc.want) {
+				t.Fatalf("writer counts %d records, want %d", out.Count(), len(tc.want))
+			}
+		})
+	}
+}
+
+// TestCutMergedSortsSeqs: whatever order the withheld Seqs come in, and
+// however far apart (past the bitmap's reach the merge sorts them), they
+// come out in order, each once, as the fewest skip records.
+func TestCutMergedSortsSeqs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, tc := range []struct {
+		name string
+		seqs []uint64
+	}{
+		{"dense", func() []uint64 {
+			s := make([]uint64, 500)
+			for i := range s {
+				s[i] = 1000 + uint64(i)*2
+			}
+			return s
+		}()},
+		{"sparse", []uint64{5, 1 << 40, 7, 1<<40 + 1, 6}},
+		{"repeated", []uint64{3, 4, 3, 5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seqs := slices.Clone(tc.seqs)
+			rng.Shuffle(len(seqs), func(i, j int) { seqs[i], seqs[j] = seqs[j], seqs[i] })
+			var c records.Canceller
+			var out records.BatchWriter
+			c.CutMerged(&out, 2, &records.Indexed{}, &records.Indexed{}, seqs, true)
+			var got []uint64
+			for _, r := range readBack(t, out.Bytes()) {
+				if r.Kind != shard.RecordSkip {
+					t.Fatalf("record %+v: want only skips", r)
+				}
+				if len(got) > 0 && r.From == got[len(got)-1]+1 {
+					t.Fatalf("skip %d..%d follows %d: two skips where one would do", r.From, r.Seq, got[len(got)-1])
+				}
+				for s := r.From; s <= r.Seq; s++ {
+					got = append(got, s)
+				}
+			}
+			want := slices.Compact(slices.Sorted(slices.Values(tc.seqs)))
+			if !slices.Equal(got, want) {
+				t.Fatalf("skips stand for %v, want %v", got, want)
+			}
+		})
+	}
+}
