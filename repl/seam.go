@@ -27,7 +27,9 @@ import (
 //     and the ticker, concurrently: it must be one atomic load.
 //   - Records reach the node through Config.Sink, called under a shard lock
 //     on whatever goroutine changed the table: the Sink must not block and
-//     must not call back into the table.
+//     must not call back into the table. A node may let the table hold
+//     exclusive grants back (Config.Defer) and take them when it cuts a
+//     batch (Table.LockedTake); the same rules hold for both.
 //   - Stop: the engine's Shutdown, once, on the signal's goroutine, after
 //     no batch is running that saw the gate open and before the engine
 //     answers anything E 4. A cluster node hands its work to a successor

@@ -105,8 +105,9 @@ func TestCompressAllocs(t *testing.T) {
 	}
 }
 
-// TestSinkAndCancelAllocs: the active's Sink (on the event loop, under a
-// shard lock) and the canceller cutting a batch of acquire/release pairs
+// TestSinkAndCancelAllocs: the active's Sink and the grants its table
+// holds back (on the event loop, under a shard lock) and the cut of a
+// batch of acquire/release pairs
 // — exclusive, or two holders of a shared key each released — allocate
 // nothing once their buffers have grown.
 func TestSinkAndCancelAllocs(t *testing.T) {
@@ -141,9 +142,7 @@ func sinkAndCancelAllocs(t *testing.T, shared bool) {
 	cut := func() {
 		w.Reset()
 		for i := range rig.o.bufs {
-			b := &rig.o.bufs[i]
-			rig.o.canceller.Cut(&w, uint32(i), &b.w)
-			b.w.Reset()
+			rig.o.cutShard(i, &w)
 		}
 	}
 	pairs()

@@ -19,10 +19,20 @@ type cancelRig struct {
 	batches [][]byte
 }
 
-func newCancelRig(t *testing.T, shards int) *cancelRig {
+// newCancelRig is a rig whose table holds exclusive grants back for the
+// cut, as a member's does.
+func newCancelRig(t *testing.T, shards int) *cancelRig { return newCancelRigWith(t, shards, true) }
+
+// newCancelRigWith is a rig whose table holds grants back (deferGrants)
+// or hands every record to the Sink as it happens.
+func newCancelRigWith(t *testing.T, shards int, deferGrants bool) *cancelRig {
 	t.Helper()
 	r := &cancelRig{o: newOutStream(nil, repltest.Quiet(), nil, nil)}
-	tab, err := shard.New(shard.Config{Shards: shards, SinkRef: r.o.sink}, shard.NewTokens(1000, 1<<62))
+	cfg := shard.Config{Shards: shards, SinkRef: r.o.sink}
+	if deferGrants {
+		cfg.Defer = r.o.deferGrant
+	}
+	tab, err := shard.New(cfg, shard.NewTokens(1000, 1<<62))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,8 +129,16 @@ func (r *cancelRig) diff(tab *shard.Table) string {
 // equal to the active, key by key, holder by holder and Seq by Seq. In the
 // shared cases every key is shared (limits 2, 3 and 65535) and each step
 // acts on one holder: a holder's grant and its end cancel out while the
-// key's other holders, granted and ended in the same batches, stay.
+// key's other holders, granted and ended in the same batches, stay. Each
+// case runs with exclusive grants held back for the cut (as a member
+// does) and with every record buffered as it happens.
 func TestCancelKeepsReplicas(t *testing.T) {
+	for _, deferGrants := range []bool{true, false} {
+		t.Run(fmt.Sprint("defer=", deferGrants), func(t *testing.T) { cancelKeepsReplicas(t, deferGrants) })
+	}
+}
+
+func cancelKeepsReplicas(t *testing.T, deferGrants bool) {
 	for _, tc := range []struct {
 		name   string
 		seed   uint64
@@ -137,7 +155,7 @@ func TestCancelKeepsReplicas(t *testing.T) {
 		{"shared-tiny-batches", 7, 30, 2, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rig := newCancelRig(t, 16)
+			rig := newCancelRigWith(t, 16, deferGrants)
 			tab := rig.table
 			rng := rand.New(rand.NewPCG(tc.seed, 7))
 			keys := make([][]byte, tc.keys)
@@ -233,9 +251,10 @@ func TestCancelKeepsReplicas(t *testing.T) {
 // same moves with the dump not bracketed (Table.DumpShard alone) show the
 // phantom lock, so the test fails when the rule goes.
 func TestCancelNotAcrossADump(t *testing.T) {
-	for _, bracketed := range []bool{true, false} {
-		t.Run(fmt.Sprint("bracketed=", bracketed), func(t *testing.T) {
-			rig := newCancelRig(t, 4)
+	for _, tc := range []struct{ bracketed, deferGrants bool }{{true, true}, {false, true}, {true, false}, {false, false}} {
+		bracketed := tc.bracketed
+		t.Run(fmt.Sprint("bracketed=", bracketed, "/defer=", tc.deferGrants), func(t *testing.T) {
+			rig := newCancelRigWith(t, 4, tc.deferGrants)
 			tab := rig.table
 			var out shard.Out
 			key := []byte("k")
@@ -348,5 +367,36 @@ func TestCancelSharedByToken(t *testing.T) {
 				t.Fatalf("replica: %s", d)
 			}
 		})
+	}
+}
+
+// TestNoDeferWhileDumping: a grant made while a snapshot's dump of its
+// shard is under way — after the dump took what the shard held back, before
+// it read the shard — is in the snapshot, so its end after the dump must
+// reach the standby that joins with it: the table must not hold it back
+// (an end would cancel it out of the stream).
+func TestNoDeferWhileDumping(t *testing.T) {
+	rig := newCancelRig(t, 1)
+	tab, o := rig.table, rig.o
+	var out shard.Out
+	key := []byte("k")
+	// dumpShard's steps, with the grant between them.
+	tab.LockedTake(0, o.takeFn, &o.bufs[0].skips, o.holdFn)
+	_, tok := tab.Acquire(0, key, 0, 30, 1, nil, &out)
+	var snap []SnapEntryAt
+	seq := tab.Dump(0, func(h *shard.HeldLock) {
+		snap = append(snap, SnapEntryAt{Key: string(h.Key), Token: h.Token})
+	})
+	tab.Locked(0, o.unholdFn)
+	snap = append(snap, SnapEntryAt{Seq: seq})
+	if len(snap) != 2 {
+		t.Fatalf("snapshot %+v: want the key and the cut", snap)
+	}
+	if !tab.Release(0, key, tok, &out) {
+		t.Fatal("release")
+	}
+	rig.flush()
+	if d := rig.diff(rig.replica(t, snap, 0)); d != "" {
+		t.Fatalf("replica from the snapshot and the stream: %s", d)
 	}
 }

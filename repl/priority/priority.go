@@ -157,6 +157,7 @@ func (p *node) Open(cfg shard.Config, clock func() int64, log *slog.Logger) (*sh
 	}
 	p.out = newOutStream(p.cfg.Peers, p.log, p.activeEpoch, p.resMark.Load)
 	cfg.SinkRef = p.out.sink
+	cfg.Defer = p.out.deferGrant
 	// No token may be handed out before this member is the active and has
 	// made a reservation of its own (limit = start).
 	p.table, err = shard.New(cfg, shard.NewTokens(start, start))

@@ -29,7 +29,7 @@ func sinkPairs(b *testing.B, mode string) {
 	o := newOutStream(nil, repltest.Quiet(), nil, nil)
 	cfg := shard.Config{}
 	if mode != "no-sink" {
-		cfg.SinkRef = o.sink
+		cfg.SinkRef, cfg.Defer = o.sink, o.deferGrant
 	}
 	tab, err := shard.New(cfg, shard.NewTokens(1000, 1<<62))
 	if err != nil {

@@ -39,6 +39,11 @@ const (
 	snapRecheck = 50 * time.Millisecond
 	maxQueue    = 64 << 20 // bytes queued for one standby before it is resynced instead
 	maxUnacked  = 4096     // batches tracked for lag figures
+	// maxHeld bounds the grants one shard holds back for the next cut
+	// (shard.Config.Defer; 32 bytes each): past it grants go to the Sink
+	// as they happen, and a quarter of it wakes the flusher at once, as a
+	// quarter-full buffer does.
+	maxHeld = 4096
 )
 
 // outStream collects the active's records (the table's Sink, under each
@@ -65,6 +70,7 @@ type outStream struct {
 	seq       uint64     // batch number, guarded by flushMu
 	raw       records.BatchWriter
 	swapFn    func(int) // o.swap, bound once (a method value allocates)
+	takeFn    func(*shard.Record)
 	swapped   []int     // records taken from each shard by swap
 	mayCut    []bool    // whether swap found shard i's records free to cancel out
 	holdFn    func(int) // o.hold and o.unhold, bound once
@@ -76,15 +82,20 @@ type outStream struct {
 
 // shardBuf is one shard's buffered records. w is written by the Sink
 // under the table's shard lock and swapped with spare by the flusher under
-// the same lock (Table.Locked): the Sink takes no lock of its own. w
-// indexes its records for the canceller. The padding keeps neighbouring
-// shards' buffers, written by different event loops, off each other's
-// cache lines.
+// the same lock (Table.LockedTake): the Sink takes no lock of its own. d
+// and skips are what the shard held back (shard.Config.Defer) and handed
+// over when the flusher or a snapshot took it: the records of grants
+// still held, and the Seqs of grants that ended within the batch and of
+// their ends; they are swapped with dspare and skipSpare as w is. The
+// padding keeps neighbouring shards' buffers, written by different event
+// loops, off each other's cache lines.
 type shardBuf struct {
-	w, spare records.Indexed
-	holds    int // snapshot dumps of this shard in progress
-	dumped   bool
-	_        [256 - 2*unsafe.Sizeof(records.Indexed{}) - 16]byte
+	w, spare         records.Indexed
+	d, dspare        records.Indexed
+	skips, skipSpare []uint64
+	holds            int // snapshot dumps of this shard in progress
+	dumped           bool
+	_                [320 - 4*unsafe.Sizeof(records.Indexed{}) - 2*unsafe.Sizeof([]uint64(nil)) - 16]byte
 }
 
 // target is what the active keeps of one standby (under mu; a target's
@@ -133,7 +144,7 @@ func newOutStream(names []string, log *slog.Logger, epoch func() (uint64, bool),
 		o.members[i].resCond = make(chan struct{})
 		o.members[i].snapCond = make(chan struct{})
 	}
-	o.swapFn, o.holdFn, o.unholdFn = o.swap, o.hold, o.unhold
+	o.swapFn, o.holdFn, o.unholdFn, o.takeFn = o.swap, o.hold, o.unhold, o.take
 	return o
 }
 
@@ -168,26 +179,58 @@ func (o *outStream) sink(r *shard.Record) {
 	}
 }
 
-// swap takes shard i's buffered records (under its lock). Records may
-// cancel out only when no snapshot of the shard was cut while they were
-// buffered: a grant before a cut and its release after it must both reach
-// a standby that joined with that snapshot.
+// deferGrant is the table's Defer (under the shard's lock): whether to
+// hold back an exclusive grant of shard i, which holds back pending
+// already, for the next cut. Only while records are kept, and never
+// across a snapshot of the shard (from its dump to the next cut): a grant
+// the dump shows held and its end after the dump must both reach the
+// standby that joins with it, so the end must not cancel the grant out.
+func (o *outStream) deferGrant(i uint32, pending int) bool {
+	if !o.active.Load() || o.targets.Load() == 0 || pending >= maxHeld {
+		return false
+	}
+	if b := &o.bufs[i]; b.holds != 0 || b.dumped {
+		return false
+	}
+	if pending+1 >= maxHeld/4 || (!o.pending.Load() && o.pending.CompareAndSwap(false, true)) {
+		select {
+		case o.kick <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// take receives what shard r.Shard held back (Table.LockedTake, under the
+// shard's lock): a record of a grant still held, or of its renew. A record
+// the format cannot carry is dropped: its Seq is a gap, and a standby that
+// meets it resynchronises.
+func (o *outStream) take(r *shard.Record) { _ = o.bufs[r.Shard].d.Add(r) }
+
+// swap takes shard i's buffered records (under its lock, after the table
+// handed over what it held back). Records may cancel out only when no
+// snapshot of the shard was cut while they were buffered: a grant before
+// a cut and its release after it must both reach a standby that joined
+// with that snapshot.
 func (o *outStream) swap(i int) {
 	b := &o.bufs[i]
-	o.swapped[i] = b.w.Count()
+	o.swapped[i] = b.w.Count() + b.d.Count() + len(b.skips)
 	o.mayCut[i] = b.holds == 0 && !b.dumped
 	b.dumped = false
 	if o.swapped[i] > 0 {
 		b.w, b.spare = b.spare, b.w
+		b.d, b.dspare = b.dspare, b.d
+		b.skips, b.skipSpare = b.skipSpare, b.skips
 	}
 }
 
 // dumpShard dumps shard i for a snapshot (Table.Dump: every held key with
 // its grant's identity), bracketed by hold and unhold (under the shard's
 // lock): the records buffered across the dump are sent as they are, none
-// cancelled.
+// cancelled, and hold first takes what the shard held back, so that no
+// end after the dump cancels a grant before it.
 func (o *outStream) dumpShard(i int, fn func(h *shard.HeldLock)) uint64 {
-	o.table.Locked(i, o.holdFn)
+	o.table.LockedTake(i, o.takeFn, &o.bufs[i].skips, o.holdFn)
 	defer o.table.Locked(i, o.unholdFn)
 	return o.table.Dump(i, fn)
 }
@@ -485,17 +528,8 @@ func (o *outStream) flushNow() {
 	o.raw.Reset()
 	records, cancelled := 0, 0
 	for i := range o.bufs {
-		o.table.Locked(i, o.swapFn)
-		if n := o.swapped[i]; n > 0 {
-			b := &o.bufs[i]
-			if o.mayCut[i] {
-				cancelled += o.canceller.Cut(&o.raw, uint32(i), &b.spare)
-			} else {
-				b.spare.AppendTo(&o.raw)
-			}
-			records += n
-			b.spare.Reset()
-		}
+		n, c := o.cutShard(i, &o.raw)
+		records, cancelled = records+n, cancelled+c
 	}
 	if records == 0 {
 		return
@@ -514,6 +548,23 @@ func (o *outStream) flushNow() {
 			o.enqueue(i, frame, o.seq, records, len(raw))
 		}
 	}
+}
+
+// cutShard appends shard i's part of a batch to dst (flushMu held): what
+// the shard held back and what its Sink buffered, merged in Seq order and
+// with what cancelled out as skips. It returns the number of records the
+// part stands for and how many of them were taken out.
+func (o *outStream) cutShard(i int, dst *records.BatchWriter) (n, cancelled int) {
+	o.table.LockedTake(i, o.takeFn, &o.bufs[i].skips, o.swapFn)
+	if n = o.swapped[i]; n == 0 {
+		return 0, 0
+	}
+	b := &o.bufs[i]
+	cancelled = o.canceller.CutMerged(dst, uint32(i), &b.spare, &b.dspare, b.skipSpare, o.mayCut[i])
+	b.spare.Reset()
+	b.dspare.Reset()
+	b.skipSpare = b.skipSpare[:0]
+	return n, cancelled
 }
 
 func (o *outStream) close() {
