@@ -30,6 +30,14 @@ type pendGrant struct {
 	r   ref // the key's entry
 }
 
+// maxHeldRenews bounds the renews a shard holds back with their grants
+// (16 bytes each; the grants themselves are bounded by Config.Defer's
+// answer): past it a renew goes to the Sink as it happens. Its record
+// then follows its grant's in Seq order if the grant is still held at
+// the cut; if the grant ended, the standby never had it and the renew of
+// a token it does not hold changes nothing there.
+const maxHeldRenews = 4096
+
 // pendRenew is a renew of a grant held back, held back with it.
 type pendRenew struct {
 	seq uint64
@@ -98,6 +106,9 @@ func (s *shard) withheld(kind RecordKind, k, x *entry) bool {
 	case RecordRelease, RecordExpire:
 		s.pend[j].end = s.seq
 	case RecordRenew:
+		if len(s.renews) >= maxHeldRenews {
+			return false // its record goes to the Sink, after its grant's Seq
+		}
 		s.renews = append(s.renews, pendRenew{seq: s.seq, j: j})
 	default:
 		return false

@@ -219,3 +219,45 @@ func TestDeferReset(t *testing.T) {
 		t.Fatalf("after Reset, taken %v %+v: want nothing", skips, d.shards[0])
 	}
 }
+
+// TestDeferRenewsBounded: past maxHeldRenews, renews of a grant held
+// back go to the Sink as they happen, and the stream stays whole whether
+// the grant is still held at the take or ended before it.
+func TestDeferRenewsBounded(t *testing.T) {
+	for _, end := range []bool{false, true} {
+		t.Run(fmt.Sprint("end=", end), func(t *testing.T) {
+			d := &deferRecorder{shards: make([][]Record, 1), defers: func() bool { return true }}
+			src, err := New(Config{Shards: 1, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out Out
+			_, tok := src.Acquire(0, []byte("k"), 0, 5, 1, nil, &out)
+			src.Acquire(0, []byte("other"), 0, 5, 1, nil, &out)
+			for i := range maxHeldRenews + 10 {
+				if !src.Renew(int64(i), []byte("k"), 5, tok, &out) {
+					t.Fatal("renew")
+				}
+			}
+			if got := len(src.shards[0].renews); got != maxHeldRenews {
+				t.Fatalf("%d renews held back, want the bound %d", got, maxHeldRenews)
+			}
+			if got := len(d.shards[0]); got != 10 {
+				t.Fatalf("%d records reached the Sink before the take, want the 10 renews past the bound", got)
+			}
+			if end {
+				src.Release(1e9, []byte("k"), tok, &out)
+			}
+			d.takeAll(src)
+			rec := d.stream(t, src)
+			dst, err := New(Config{Shards: 1}, NewTokens(0, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			replay(t, dst, rec, rand.New(rand.NewPCG(1, 1)))
+			want, _ := dumpAll(src)
+			got, _ := dumpAll(dst)
+			assertSame(t, want, got)
+		})
+	}
+}
