@@ -68,6 +68,27 @@ func (d *deferRecorder) stream(t *testing.T, tab *Table) *recorder {
 	return rec
 }
 
+// assertCopy takes what src holds back, replays everything src handed
+// over into a fresh table (shards interleaved by rng) and fails unless it
+// ends equal to src, key by key and Seq by Seq. It returns src's keys.
+func (d *deferRecorder) assertCopy(t *testing.T, src *Table, rng *rand.Rand) map[string][]held {
+	t.Helper()
+	d.takeAll(src)
+	rec := d.stream(t, src)
+	dst, err := New(Config{Shards: src.Shards()}, NewTokens(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay(t, dst, rec, rng)
+	want, wantSeq := dumpAll(src)
+	got, gotSeq := dumpAll(dst)
+	assertSame(t, want, got)
+	if !slices.Equal(wantSeq, gotSeq) {
+		t.Fatalf("seqs %v, want %v", gotSeq, wantSeq)
+	}
+	return want
+}
+
 // TestDeferRoundTrip: a table that holds grants back (at random) and hands
 // them over at random moments gives, records and skips together, every
 // Seq of every shard once, and a table fed them in Seq order ends equal to
@@ -94,22 +115,10 @@ func TestDeferRoundTrip(t *testing.T) {
 						d.takeShard(src, drng.IntN(4))
 					}
 				})
-				d.takeAll(src)
 				if share > 0 && d.held == 0 {
 					t.Fatal("no grant was held back: the test defers nothing")
 				}
-				rec := d.stream(t, src)
-				dst, err := New(Config{Shards: 4}, NewTokens(0, 0))
-				if err != nil {
-					t.Fatal(err)
-				}
-				replay(t, dst, rec, rng)
-				want, wantSeq := dumpAll(src)
-				got, gotSeq := dumpAll(dst)
-				assertSame(t, want, got)
-				if !slices.Equal(wantSeq, gotSeq) {
-					t.Fatalf("seqs %v, want %v", gotSeq, wantSeq)
-				}
+				d.assertCopy(t, src, rng)
 			})
 		}
 	}
@@ -188,19 +197,9 @@ func TestDeferAcrossCompact(t *testing.T) {
 	if c := len(src.shards[0].slab.chunks); c != 1 {
 		t.Fatalf("the slab kept %d chunks: no compact ran, the test proves nothing", c)
 	}
-	d.takeAll(src)
-	rec := d.stream(t, src)
-	dst, err := New(Config{Shards: 1}, NewTokens(0, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	replay(t, dst, rec, rand.New(rand.NewPCG(1, 1)))
-	want, _ := dumpAll(src)
-	got, _ := dumpAll(dst)
-	if len(want) != n/16 {
+	if want := d.assertCopy(t, src, rand.New(rand.NewPCG(1, 1))); len(want) != n/16 {
 		t.Fatalf("source holds %d keys, want %d", len(want), n/16)
 	}
-	assertSame(t, want, got)
 }
 
 // TestDeferReset: Reset forgets what the table held back.
@@ -248,16 +247,7 @@ func TestDeferRenewsBounded(t *testing.T) {
 			if end {
 				src.Release(1e9, []byte("k"), tok, &out)
 			}
-			d.takeAll(src)
-			rec := d.stream(t, src)
-			dst, err := New(Config{Shards: 1}, NewTokens(0, 0))
-			if err != nil {
-				t.Fatal(err)
-			}
-			replay(t, dst, rec, rand.New(rand.NewPCG(1, 1)))
-			want, _ := dumpAll(src)
-			got, _ := dumpAll(dst)
-			assertSame(t, want, got)
+			d.assertCopy(t, src, rand.New(rand.NewPCG(1, 1)))
 		})
 	}
 }
