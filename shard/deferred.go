@@ -127,18 +127,26 @@ func (s *shard) repointPend(from, to ref, dst *entry) {
 	}
 }
 
+// holding returns the entry of the grant p, or nil if it no longer holds
+// it (a bug: its Seq is then handed over as neither record nor skip, a
+// gap, and a standby that meets it resynchronises).
+func (s *shard) holding(p *pendGrant) *entry {
+	e := s.ent(p.r)
+	if e.kl == klFree || e.kl == klHolder || e.token != p.tok {
+		return nil
+	}
+	return e
+}
+
 // takePend hands everything held back to take, in Seq order for records
 // (grants still held, read from their entries now, and renews of them),
 // and appends to skips the Seqs of grants that ended, of their ends and of
-// their renews; then it forgets them. r is the shard's Record, rewritten
-// for each call. A slot whose entry no longer holds its grant (a bug) is
-// handed over as neither: its Seq is a gap, and a standby that meets it
-// resynchronises.
+// their renews; then it forgets them. The Record is the shard's,
+// rewritten for each call.
 func (s *shard) takePend(take func(*Record), skips *[]uint64) {
 	if len(s.pend) == 0 {
 		return
 	}
-	r := &s.t.recs[s.id].r
 	ri := 0
 	for gi := range s.pend {
 		p := &s.pend[gi]
@@ -149,13 +157,9 @@ func (s *shard) takePend(take func(*Record), skips *[]uint64) {
 			*skips = append(*skips, p.seq, p.end)
 			continue
 		}
-		e := s.ent(p.r)
-		if e.kl == klFree || e.kl == klHolder || e.token != p.tok {
-			continue
+		if e := s.holding(p); e != nil {
+			take(s.record(RecordGrant, p.seq, e, e))
 		}
-		*r = Record{Kind: RecordGrant, Shard: s.id, Seq: p.seq, Key: s.keyOf(e), Token: p.tok,
-			Lease: e.lease, Deadline: e.deadline, Ident: s.t.idents.name(Ident(e.ident))}
-		take(r)
 	}
 	for ; ri < len(s.renews); ri++ {
 		s.takeRenew(s.renews[ri], take, skips)
@@ -171,13 +175,9 @@ func (s *shard) takeRenew(rn pendRenew, take func(*Record), skips *[]uint64) {
 		*skips = append(*skips, rn.seq)
 		return
 	}
-	e := s.ent(p.r)
-	if e.kl == klFree || e.kl == klHolder || e.token != p.tok {
-		return
+	if e := s.holding(p); e != nil {
+		take(s.record(RecordRenew, rn.seq, e, e))
 	}
-	r := &s.t.recs[s.id].r
-	*r = Record{Kind: RecordRenew, Shard: s.id, Seq: rn.seq, Key: s.keyOf(e), Token: p.tok, Lease: e.lease, Deadline: e.deadline}
-	take(r)
 }
 
 // LockedTake is Locked that first hands over everything shard i holds

@@ -138,8 +138,15 @@ func (s *shard) emit(kind RecordKind, k, x *entry) {
 	if len(s.pend) != 0 && kind != RecordGrant && s.withheld(kind, k, x) {
 		return
 	}
+	ref(s.record(kind, s.seq, k, x))
+}
+
+// record fills the shard's Record with the change kind, numbered seq, of
+// the holder x of the key whose entry is k, as it stands now, and returns
+// it (valid until the shard's next record).
+func (s *shard) record(kind RecordKind, seq uint64, k, x *entry) *Record {
 	r := &s.t.recs[s.id].r
-	*r = Record{Kind: kind, Shard: s.id, Seq: s.seq, Key: s.keyOf(k), Token: x.token}
+	*r = Record{Kind: kind, Shard: s.id, Seq: seq, Key: s.keyOf(k), Token: x.token}
 	if kind == RecordGrant || kind == RecordRenew {
 		r.Lease, r.Deadline = x.lease, x.deadline
 	}
@@ -149,7 +156,7 @@ func (s *shard) emit(kind RecordKind, k, x *entry) {
 			r.Limit = s.queues[k.q-1].limit
 		}
 	}
-	ref(r)
+	return r
 }
 
 // paddedRecord is a shard's Record for Config.SinkRef, alone on its

@@ -171,7 +171,14 @@ func (o *outStream) sink(r *shard.Record) {
 	if b.w.Add(r) != nil {
 		return
 	}
-	if b.w.Len() >= batchBytes/4 || (!o.pending.Load() && o.pending.CompareAndSwap(false, true)) {
+	o.wake(b.w.Len() >= batchBytes/4)
+}
+
+// wake wakes the flusher if the record just kept is the first of a batch
+// (an idle member's flusher sleeps) or full says a shard has buffered
+// enough to cut at once. It never blocks (a shard lock is held).
+func (o *outStream) wake(full bool) {
+	if full || (!o.pending.Load() && o.pending.CompareAndSwap(false, true)) {
 		select {
 		case o.kick <- struct{}{}:
 		default:
@@ -192,12 +199,7 @@ func (o *outStream) deferGrant(i uint32, pending int) bool {
 	if b := &o.bufs[i]; b.holds != 0 || b.dumped {
 		return false
 	}
-	if pending+1 >= maxHeld/4 || (!o.pending.Load() && o.pending.CompareAndSwap(false, true)) {
-		select {
-		case o.kick <- struct{}{}:
-		default:
-		}
-	}
+	o.wake(pending+1 >= maxHeld/4)
 	return true
 }
 
