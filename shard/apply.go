@@ -202,7 +202,7 @@ func (t *Table) Seq(i int) uint64 {
 func (t *Table) SetSeq(i int, seq uint64) {
 	s := &t.shards[i]
 	s.mu.Lock()
-	s.seq = seq
+	s.seq, s.cutSeq = seq, min(s.cutSeq, seq)
 	s.mu.Unlock()
 }
 
@@ -271,7 +271,7 @@ func (t *Table) Reset(out *Out) {
 				s.dropKey(r, e, xxhash.Sum64(s.keyOf(e)), out)
 			}
 		}
-		s.seq = 0
+		s.seq, s.cutSeq = 0, 0
 		s.pend, s.renews = s.pend[:0], s.renews[:0]
 		s.unlock()
 	}

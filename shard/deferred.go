@@ -27,8 +27,17 @@ type pendGrant struct {
 	// end is the Seq of the release or expiry that ended the grant before
 	// it was taken (0: still held). Both Seqs are then skips.
 	end uint64
-	r   ref // the key's entry
+	r   ref    // the key's entry
+	at  uint32 // when it was granted, in units of 1<<atShift ns of the table's clock (wraps)
 }
+
+// atShift scales a grant's time for pendGrant.at: about a microsecond,
+// so 32 bits compare correctly for grants less than half an hour apart.
+const atShift = 10
+
+// young reports whether p was granted at or after the table time since
+// (both within half an hour of each other).
+func (p *pendGrant) young(since int64) bool { return int32(p.at-uint32(since>>atShift)) >= 0 }
 
 // maxHeldRenews bounds the renews a shard holds back with their grants
 // (16 bytes each; the grants themselves are bounded by Config.Defer's
@@ -74,17 +83,17 @@ func (s *shard) findPend(tok uint64) int {
 	return -1
 }
 
-// emitGrant is emit of the grant just made on the key entry e (ref r), k
-// and x both e: held back if e's key is exclusive and the Sink's owner
+// emitGrant is emit of the grant just made at now on the key entry e (ref
+// r), k and x both e: held back if e's key is exclusive and the Sink's owner
 // wants it (Config.Defer).
-func (s *shard) emitGrant(r ref, e *entry) {
+func (s *shard) emitGrant(r ref, e *entry, now int64) {
 	if f := s.t.deferFn; f != nil && (e.q == 0 || s.queues[e.q-1].limit == 0) && f(s.id, len(s.pend)) {
 		s.seq++
 		if s.pendAt == nil {
 			s.pendAt = new([pendAtMask + 1]uint16)
 		}
 		s.pendAt[e.token&pendAtMask] = uint16(len(s.pend))
-		s.pend = append(s.pend, pendGrant{seq: s.seq, tok: e.token, r: r})
+		s.pend = append(s.pend, pendGrant{seq: s.seq, tok: e.token, r: r, at: uint32(now >> atShift)})
 		return
 	}
 	s.emit(RecordGrant, e, e)
@@ -138,17 +147,19 @@ func (s *shard) holding(p *pendGrant) *entry {
 	return e
 }
 
-// takePend hands everything held back to take, in Seq order for records
-// (grants still held, read from their entries now, and renews of them),
-// and appends to skips the Seqs of grants that ended, of their ends and of
-// their renews; then it forgets them. The Record is the shard's,
-// rewritten for each call.
-func (s *shard) takePend(take func(*Record), skips *[]uint64) {
+// takePend hands the first n grants held back to take, with their renews
+// (all Seqs below those of the rest, cutPoint), and keeps the rest held
+// back; n = len(s.pend) hands over everything. Records (grants still
+// held, read from their entries now, and renews of them) go to take in
+// Seq order; the Seqs of grants that ended, of their ends and of their
+// renews are appended to skips. The Record is the shard's, rewritten for
+// each call.
+func (s *shard) takePend(n int, take func(*Record), skips *[]uint64) {
 	if len(s.pend) == 0 {
 		return
 	}
 	ri := 0
-	for gi := range s.pend {
+	for gi := range s.pend[:n] {
 		p := &s.pend[gi]
 		for ; ri < len(s.renews) && s.renews[ri].seq < p.seq; ri++ {
 			s.takeRenew(s.renews[ri], take, skips)
@@ -161,10 +172,56 @@ func (s *shard) takePend(take func(*Record), skips *[]uint64) {
 			take(s.record(RecordGrant, p.seq, e, e))
 		}
 	}
-	for ; ri < len(s.renews); ri++ {
+	// The renews of the first n grants come first: each is numbered after
+	// its grant, and every one of theirs before the rest's first grant.
+	for ; ri < len(s.renews) && s.renews[ri].j < n; ri++ {
 		s.takeRenew(s.renews[ri], take, skips)
 	}
-	s.pend, s.renews = s.pend[:0], s.renews[:0]
+	if n == len(s.pend) {
+		s.pend, s.renews = s.pend[:0], s.renews[:0]
+		return
+	}
+	s.pend = s.pend[:copy(s.pend, s.pend[n:])]
+	s.renews = s.renews[:copy(s.renews, s.renews[ri:])]
+	for k := range s.renews {
+		s.renews[k].j -= n
+	}
+	for j := range s.pend {
+		s.pendAt[s.pend[j].tok&pendAtMask] = uint16(j)
+	}
+}
+
+// cutPoint returns how many of the grants held back a cut at since hands
+// over: all of them, or those before the first one granted at or after
+// since, still held and numbered after the last cut (so that a change
+// waits at most one cut more, whatever the clock does), and before any
+// grant renewed after that one was made (a renew goes in its grant's
+// cut). A grant before the point that ended after it is a skip now and
+// its end a skip later; nothing else numbered before the point depends on
+// what is numbered after it.
+func (s *shard) cutPoint(since int64) int {
+	n := -1
+	for j := range s.pend {
+		if p := &s.pend[j]; p.end == 0 && p.seq > s.cutSeq && p.young(since) {
+			n = j
+			break
+		}
+	}
+	if n < 0 {
+		return len(s.pend)
+	}
+	for {
+		keep, lo := s.pend[n].seq, n
+		for k := len(s.renews) - 1; k >= 0 && s.renews[k].seq >= keep; k-- {
+			lo = min(lo, s.renews[k].j)
+		}
+		if lo == n {
+			return n
+		}
+		if n = lo; s.pend[n].seq <= s.cutSeq {
+			return len(s.pend) // a renew ties the young grant to one the last cut kept
+		}
+	}
 }
 
 // takeRenew hands a renew held back to take: a record if its grant is
@@ -190,7 +247,32 @@ func (s *shard) takeRenew(rn pendRenew, take func(*Record), skips *[]uint64) {
 func (t *Table) LockedTake(i int, take func(*Record), skips *[]uint64, fn func(int)) {
 	s := &t.shards[i]
 	s.mu.Lock()
-	s.takePend(take, skips)
+	s.takePend(len(s.pend), take, skips)
+	s.cutSeq = s.seq
 	fn(i)
 	s.mu.Unlock()
+}
+
+// LockedCut is LockedTake that keeps held back the grants made at or
+// after since (on the table's clock) that are still held, and with them
+// every change numbered from the first of them on: it returns that Seq,
+// keep (0 when it kept nothing). The cut it feeds takes only the changes
+// numbered below keep; the Sink's owner keeps what its Sink got from keep
+// on for a later cut, as the shard keeps the rest of what it held back.
+// Most such grants end before the next cut, and a grant and its end then
+// cost the stream no record; what is kept waits one cut longer. Of the
+// skips appended, those of grants that ended at keep or later are keep or
+// more too: they belong to a later cut.
+func (t *Table) LockedCut(i int, since int64, take func(*Record), skips *[]uint64, fn func(int)) (keep uint64) {
+	s := &t.shards[i]
+	s.mu.Lock()
+	n := s.cutPoint(since)
+	if n < len(s.pend) {
+		keep = s.pend[n].seq
+	}
+	s.takePend(n, take, skips)
+	s.cutSeq = s.seq
+	fn(i)
+	s.mu.Unlock()
+	return keep
 }

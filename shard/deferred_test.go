@@ -251,3 +251,150 @@ func TestDeferRenewsBounded(t *testing.T) {
 		})
 	}
 }
+
+// cutRecorder is a Sink's owner that cuts as the priority stream does:
+// what the Sink buffered since the last cut, what the cut took (records
+// and skips) and what the last cut kept, split at the Seq the table kept
+// on (LockedCut); the part below it is sent, the rest kept for the next
+// cut.
+type cutRecorder struct {
+	defers func() bool
+	buf    [][]Record // per shard: what the Sink buffered since the last cut
+	carry  [][]Record // per shard: what the last cut kept
+	sent   [][]Record // per shard: what the cuts sent, in the order sent
+	taken  []Record   // what the running cut took
+	kept   int        // cuts that kept something
+	prev   []uint64   // per shard: its Seq at its last cut
+}
+
+func newCutRecorder(shards int, defers func() bool) *cutRecorder {
+	return &cutRecorder{defers: defers, buf: make([][]Record, shards), carry: make([][]Record, shards), sent: make([][]Record, shards),
+		prev: make([]uint64, shards)}
+}
+
+func (c *cutRecorder) sink(r *Record) {
+	x := *r
+	x.Key = slices.Clone(r.Key)
+	c.buf[r.Shard] = append(c.buf[r.Shard], x)
+}
+
+func (c *cutRecorder) take(r *Record) {
+	x := *r
+	x.Key = slices.Clone(r.Key)
+	c.taken = append(c.taken, x)
+}
+
+func (c *cutRecorder) deferGrant(uint32, int) bool { return c.defers() }
+
+// cut cuts shard i of tab at since (everything when all) and fails the
+// test unless what it sends numbers on from what the shard sent last,
+// without a gap or a repeat, up to the Seq the table kept on (or to the
+// shard's Seq when it kept nothing).
+func (c *cutRecorder) cut(t *testing.T, tab *Table, i int, since int64, all bool) {
+	t.Helper()
+	var skips []uint64
+	var buffered []Record
+	c.taken = c.taken[:0]
+	swap := func(int) { buffered, c.buf[i] = c.buf[i], nil }
+	var keep uint64
+	if all {
+		tab.LockedTake(i, c.take, &skips, swap)
+	} else {
+		keep = tab.LockedCut(i, since, c.take, &skips, swap)
+	}
+	part := append(c.carry[i], buffered...)
+	c.carry[i] = nil
+	for _, r := range c.taken {
+		if keep != 0 && r.Seq >= keep {
+			t.Fatalf("shard %d: the cut took %s Seq %d, at or after the Seq it kept on (%d)", i, r.Kind, r.Seq, keep)
+		}
+	}
+	part = append(part, c.taken...)
+	for _, seq := range skips {
+		part = append(part, Record{Kind: RecordSkip, Shard: uint32(i), Seq: seq, From: seq})
+	}
+	if keep != 0 {
+		c.kept++
+		now := part[:0]
+		for _, r := range part {
+			if r.Seq >= keep {
+				c.carry[i] = append(c.carry[i], r)
+			} else {
+				now = append(now, r)
+			}
+		}
+		part = now
+		if p := tab.shards[i].pend; len(p) == 0 || p[0].seq != keep {
+			t.Fatalf("shard %d: kept on from %d, but held back %+v", i, keep, p)
+		}
+	}
+	slices.SortStableFunc(part, func(a, b Record) int { return cmp.Compare(a.Seq, b.Seq) })
+	last := uint64(len(c.sent[i]))
+	for k, r := range part {
+		if r.Seq != last+uint64(k)+1 {
+			t.Fatalf("shard %d: the cut sends Seq %d (%s) after %d: a gap or a repeat", i, r.Seq, r.Kind, last+uint64(k))
+		}
+	}
+	end := tab.Seq(i)
+	if keep != 0 {
+		end = keep - 1
+	}
+	if got := last + uint64(len(part)); got != end {
+		t.Fatalf("shard %d: the cut sends up to Seq %d, want %d (kept on from %d)", i, got, end, keep)
+	}
+	if end < c.prev[i] {
+		t.Fatalf("shard %d: the cut sends up to Seq %d, but the last cut was at %d: a change waited two cuts", i, end, c.prev[i])
+	}
+	c.prev[i] = tab.Seq(i)
+	c.sent[i] = append(c.sent[i], part...)
+}
+
+// TestDeferCutKeepsPrefix: cuts that keep the young grants still held
+// (LockedCut, at random times and shares) send each shard's Seqs as an
+// unbroken prefix, every Seq once, and a table fed the cuts in the order
+// sent ends equal to the source, whatever the grants kept went through
+// before the cut that took them (ends, renews, handoffs, shared grants
+// after them, ends of older grants after them).
+func TestDeferCutKeepsPrefix(t *testing.T) {
+	for _, share := range []int{50, 100} {
+		for seed := range uint64(8) {
+			t.Run(fmt.Sprintf("defer%d/%d", share, seed), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(seed, 21))
+				crng := rand.New(rand.NewPCG(seed, 22))
+				c := newCutRecorder(4, func() bool { return crng.IntN(100) < share })
+				src, err := New(Config{Shards: 4, SinkRef: c.sink, Defer: c.deferGrant}, NewTokens(1000, 1<<40))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var now int64
+				drive(src, rng, 3000, &now, func(op int) {
+					if x := crng.IntN(20); x < 3 {
+						// since: the grants made at this moment are young
+						// (x 0), none are (1), those of the last 500 ms (2).
+						since := []int64{now, now + 1, now - 500*1e6}[x]
+						c.cut(t, src, crng.IntN(4), since, false)
+					} else if x == 3 {
+						c.cut(t, src, crng.IntN(4), 0, true)
+					}
+				})
+				for i := range src.Shards() {
+					c.cut(t, src, i, 0, true)
+				}
+				if c.kept == 0 {
+					t.Fatal("no cut kept anything: the test proves nothing")
+				}
+				dst, err := New(Config{Shards: src.Shards()}, NewTokens(0, 0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				replay(t, dst, &recorder{shards: c.sent}, rng)
+				want, wantSeq := dumpAll(src)
+				got, gotSeq := dumpAll(dst)
+				assertSame(t, want, got)
+				if !slices.Equal(wantSeq, gotSeq) {
+					t.Fatalf("seqs %v, want %v", gotSeq, wantSeq)
+				}
+			})
+		}
+	}
+}

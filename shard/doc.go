@@ -43,7 +43,8 @@
 //   - The fencing-token allocator (Tokens, PROTOCOL.md §5).
 //   - The state-change records (Record) streamed to Config.Sink for
 //     replication and persistence (an exclusive grant held back for the
-//     Sink's owner to take later instead, Config.Defer and LockedTake), and
+//     Sink's owner to take later instead, Config.Defer, LockedTake and
+//     LockedCut), and
 //     the effects (Effect) owed to queued acquires.
 //   - The identity of every grant (PROTOCOL.md §8.3): a 2-byte handle
 //     (Ident) per entry into the table's registry of names, so a held lock
@@ -67,7 +68,7 @@
 // Release, Renew, Validate, Watch, Inspect, Tick, EndWatches, Apply and the
 // other calls that take an Out append their effects to it and the caller
 // delivers them after the call has returned, when no table lock is held. Sink (or
-// SinkRef), with Defer and the functions given to LockedTake and Locked, are the
+// SinkRef), with Defer and the functions given to LockedTake, LockedCut and Locked, are the
 // callbacks made under a shard lock: they must not block and must not call back
 // into the Table. A Conn has a small mutex of its own for its list of
 // queued waiters; the lock order is shard → Conn, and DropConn never holds a

@@ -89,10 +89,11 @@ type shard struct {
 	pend   []pendGrant
 	renews []pendRenew
 	pendAt *[pendAtMask + 1]uint16 // findPend's first guess (deferred.go), allocated with the first grant held back
+	cutSeq uint64                  // the Seq when LockedCut or LockedTake last ran: no grant before it is kept again
 	// Keep the next shard's first line off this one's last, and the size
 	// a multiple of a line: shards are 64-byte aligned (a size class that
 	// is a multiple of 64; a large array is page-aligned).
-	_ [80]byte
+	_ [72]byte
 }
 
 // unlock ends a Table call on s: it gives back memory that the call made
@@ -213,7 +214,7 @@ func (s *shard) handoff(r ref, e *entry, h uint64, now, freed int64, out *Out) b
 		if tok := s.t.tokens.Next(); tok != 0 {
 			s.unqueue(w)
 			s.grant(r, e, now, w.lease, tok, w.ident)
-			s.emitGrant(r, e)
+			s.emitGrant(r, e, now)
 			s.ctr.Handoffs++
 			out.add(EffectGrant, w, tok, s.keyOf(e))
 			s.freeWaiter(w)
@@ -279,7 +280,7 @@ func (s *shard) serve(r ref, e *entry, h uint64, now, freed int64, vacant bool, 
 			if limit != 0 {
 				s.queues[e.q-1].next = e.deadline
 			}
-			s.emitGrant(r, e)
+			s.emitGrant(r, e, now)
 			vacant = false
 		} else {
 			s.unqueue(w)
@@ -446,7 +447,7 @@ func (s *shard) acquire(now int64, h uint64, key []byte, wait, lease uint8, owne
 		}
 		r, e = s.newEntry(h, key)
 		s.grant(r, e, now, lease, tok, id)
-		s.emitGrant(r, e)
+		s.emitGrant(r, e, now)
 		return Granted, e.token
 	}
 	// wait's code, written out for the exclusive acquire.
