@@ -44,6 +44,31 @@ func (x *Indexed) Reset() { x.w.Reset() }
 // AppendTo appends x's records to dst as they are.
 func (x *Indexed) AppendTo(dst *BatchWriter) { dst.addEncoded(x.w.Bytes(), x.w.Count()) }
 
+// AppendIndexed appends src's records to x, after x's own.
+func (x *Indexed) AppendIndexed(src *Indexed) { x.w.addEncoded(src.w.Bytes(), src.w.Count()) }
+
+// SplitFrom moves x's records numbered seq or later to the end of tail and
+// returns how many it moved. An Indexed's records are in Seq order (a
+// shard's Sink numbers them as it adds them), so they are a suffix; if x's
+// bytes do not read back as records, none move.
+func (x *Indexed) SplitFrom(seq uint64, tail *Indexed) int {
+	raw := x.w.Bytes()
+	for at, k := 0, 0; at < len(raw); k++ {
+		h, ok := header(raw, at)
+		if !ok {
+			return 0
+		}
+		if h.seq >= seq {
+			moved := x.w.Count() - k
+			tail.w.addEncoded(raw[at:], moved)
+			x.w.buf, x.w.n = raw[:at], k
+			return moved
+		}
+		at = int(h.end)
+	}
+	return 0
+}
+
 // Canceller takes out of one shard's records (an Indexed batch) every
 // grant whose lease ended in the same batch (released or expired),
 // together with that end and any renewal between: the standby's table is

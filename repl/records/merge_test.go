@@ -186,3 +186,67 @@ func TestCutMergedSortsSeqs(t *testing.T) {
 		})
 	}
 }
+
+// TestSplitFrom: SplitFrom moves the records numbered at or after a Seq
+// (a suffix) to the end of another Indexed, and AppendIndexed puts them
+// back in front of later ones: the two round-trip a shard's records kept
+// for the next cut.
+func TestSplitFrom(t *testing.T) {
+	rec := func(seq uint64) shard.Record {
+		if seq%3 == 0 {
+			return shard.Record{Kind: shard.RecordGrant, Shard: 2, Seq: seq, Key: []byte("g"), Token: seq, Lease: 5, Ident: []byte("orders"), Limit: 3}
+		}
+		return shard.Record{Kind: shard.RecordRelease, Shard: 2, Seq: seq, Key: []byte("k"), Token: seq}
+	}
+	seqs := func(from, to uint64) []shard.Record {
+		var rs []shard.Record
+		for s := from; s <= to; s++ {
+			rs = append(rs, rec(s))
+		}
+		return rs
+	}
+	for _, tc := range []struct {
+		name       string
+		have, tail []shard.Record // x's records, tail's before the split
+		at         uint64
+		moved      int
+	}{
+		{"middle", seqs(1, 6), nil, 4, 3},
+		{"all", seqs(1, 6), nil, 1, 6},
+		{"none", seqs(1, 6), nil, 7, 0},
+		{"empty", nil, nil, 1, 0},
+		{"onto a tail", seqs(5, 9), seqs(1, 2), 8, 2},
+		{"between Seqs", []shard.Record{rec(2), rec(4), rec(9)}, nil, 5, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x, tail := indexed(t, tc.have), indexed(t, tc.tail)
+			if got := x.SplitFrom(tc.at, tail); got != tc.moved {
+				t.Fatalf("moved %d, want %d", got, tc.moved)
+			}
+			k := len(tc.have) - tc.moved
+			var w records.BatchWriter
+			x.AppendTo(&w)
+			if got := readBack(t, w.Bytes()); x.Count() != k || !reflect.DeepEqual(got, nilIfEmpty(tc.have[:k])) {
+				t.Fatalf("kept %d %+v, want %+v", x.Count(), got, tc.have[:k])
+			}
+			want := append(slices.Clone(tc.tail), tc.have[k:]...)
+			w.Reset()
+			tail.AppendTo(&w)
+			if got := readBack(t, w.Bytes()); tail.Count() != len(want) || !reflect.DeepEqual(got, nilIfEmpty(want)) {
+				t.Fatalf("tail %d %+v, want %+v", tail.Count(), got, want)
+			}
+			// Back in front of what came later: the same records in order.
+			tail.AppendIndexed(x)
+			if tail.Count() != len(tc.tail)+len(tc.have) {
+				t.Fatalf("after AppendIndexed: %d records, want %d", tail.Count(), len(tc.tail)+len(tc.have))
+			}
+		})
+	}
+}
+
+func nilIfEmpty(rs []shard.Record) []shard.Record {
+	if len(rs) == 0 {
+		return nil
+	}
+	return rs
+}
