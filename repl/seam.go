@@ -29,7 +29,8 @@ import (
 //     on whatever goroutine changed the table: the Sink must not block and
 //     must not call back into the table. A node may let the table hold
 //     exclusive grants back (Config.Defer) and take them when it cuts a
-//     batch (Table.LockedTake); the same rules hold for both.
+//     batch (Table.LockedTake, or LockedCut to keep the young ones for
+//     the next batch); the same rules hold for both.
 //   - Stop: the engine's Shutdown, once, on the signal's goroutine, after
 //     no batch is running that saw the gate open and before the engine
 //     answers anything E 4. A cluster node hands its work to a successor

@@ -142,7 +142,7 @@ func sinkAndCancelAllocs(t *testing.T, shared bool) {
 	cut := func() {
 		w.Reset()
 		for i := range rig.o.bufs {
-			rig.o.cutShard(i, &w)
+			rig.o.cutShard(i, &w, 0, true)
 		}
 	}
 	pairs()

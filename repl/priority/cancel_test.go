@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/lockd-dev/lockd/repl/internal/repltest"
 	"github.com/lockd-dev/lockd/repl/records"
@@ -17,6 +18,9 @@ type cancelRig struct {
 	table   *shard.Table
 	o       *outStream
 	batches [][]byte
+	// since, if set, makes the step's cuts keep the grants made at or
+	// after since() that are still held, as the flusher's do (cut).
+	since func() int64
 }
 
 // newCancelRig is a rig whose table holds exclusive grants back for the
@@ -43,10 +47,26 @@ func newCancelRigWith(t *testing.T, shards int, deferGrants bool) *cancelRig {
 	return r
 }
 
-// flush cuts a batch and keeps its raw records.
+// flush cuts a batch of everything and keeps its raw records.
 func (r *cancelRig) flush() {
 	before := r.o.seq
 	r.o.flushNow()
+	r.keepBatch(before)
+}
+
+// cut cuts a batch as the flusher does when the rig has since (else as
+// flush does) and keeps its raw records.
+func (r *cancelRig) cut() {
+	if r.since == nil {
+		r.flush()
+		return
+	}
+	before := r.o.seq
+	r.o.cut(r.since())
+	r.keepBatch(before)
+}
+
+func (r *cancelRig) keepBatch(before uint64) {
 	if r.o.seq != before {
 		r.batches = append(r.batches, append([]byte(nil), r.o.raw.Bytes()...))
 	}
@@ -132,13 +152,18 @@ func (r *cancelRig) diff(tab *shard.Table) string {
 // key's other holders, granted and ended in the same batches, stay. Each
 // case runs with exclusive grants held back for the cut (as a member
 // does) and with every record buffered as it happens.
+//
+// With young cuts, the step's cuts keep the grants of the last 3 ms still
+// held, and what follows them, for the next cut (as the flusher's do).
 func TestCancelKeepsReplicas(t *testing.T) {
-	for _, deferGrants := range []bool{true, false} {
-		t.Run(fmt.Sprint("defer=", deferGrants), func(t *testing.T) { cancelKeepsReplicas(t, deferGrants) })
+	for _, mode := range []struct{ deferGrants, young bool }{{true, false}, {false, false}, {true, true}} {
+		t.Run(fmt.Sprint("defer=", mode.deferGrants, "/young=", mode.young), func(t *testing.T) {
+			cancelKeepsReplicas(t, mode.deferGrants, mode.young)
+		})
 	}
 }
 
-func cancelKeepsReplicas(t *testing.T, deferGrants bool) {
+func cancelKeepsReplicas(t *testing.T, deferGrants, young bool) {
 	for _, tc := range []struct {
 		name   string
 		seed   uint64
@@ -157,6 +182,10 @@ func cancelKeepsReplicas(t *testing.T, deferGrants bool) {
 		t.Run(tc.name, func(t *testing.T) {
 			rig := newCancelRigWith(t, 16, deferGrants)
 			tab := rig.table
+			now := int64(0)
+			if young {
+				rig.since = func() int64 { return now - 3e6 }
+			}
 			rng := rand.New(rand.NewPCG(tc.seed, 7))
 			keys := make([][]byte, tc.keys)
 			for i := range keys {
@@ -164,7 +193,6 @@ func cancelKeepsReplicas(t *testing.T, deferGrants bool) {
 			}
 			tokens := make([]uint64, len(keys))
 			var out shard.Out
-			now := int64(0)
 			nextFlush := 1 + rng.IntN(tc.flush)
 			sharedStep := func(i int) {
 				limit := []uint16{2, 3, 65535}[i%3]
@@ -204,7 +232,7 @@ func cancelKeepsReplicas(t *testing.T, deferGrants bool) {
 					}
 				}
 				if nextFlush--; nextFlush == 0 {
-					rig.flush()
+					rig.cut()
 					nextFlush = 1 + rng.IntN(tc.flush)
 				}
 			}
@@ -235,6 +263,9 @@ func cancelKeepsReplicas(t *testing.T, deferGrants bool) {
 				t.Fatalf("%d of %d records cancelled: the canceller never cut", st.cancelled.Load(), st.records.Load())
 			}
 			t.Logf("%d records, %d cancelled, %d batches, %d raw bytes", st.records.Load(), st.cancelled.Load(), st.batches.Load(), st.rawBytes.Load())
+			if young && !tc.shared && rig.o.keptCuts == 0 { // shared grants are never held back
+				t.Fatal("no cut kept anything: the young cuts were not tested")
+			}
 			if d := rig.diff(rig.replica(t, nil, 0)); d != "" {
 				t.Fatalf("replica fed the stream: %s", d)
 			}
@@ -399,4 +430,52 @@ func TestNoDeferWhileDumping(t *testing.T) {
 	if d := rig.diff(rig.replica(t, snap, 0)); d != "" {
 		t.Fatalf("replica from the snapshot and the stream: %s", d)
 	}
+}
+
+// TestKeptGoesAtNextCut: the flusher's cuts keep a grant younger than
+// holdOver that is still held, and the next cut sends it although no
+// record came since (the flusher does not wait for one), even on a clock
+// that stands still: a grant waits one cut more, not for the next change.
+func TestKeptGoesAtNextCut(t *testing.T) {
+	rig := newCancelRig(t, 1)
+	tab, o := rig.table, rig.o
+	const at = int64(50e9)
+	o.clock = func() int64 { return at }
+	var out shard.Out
+	_, tok := tab.Acquire(at, []byte("k"), 0, 30, 1, nil, &out)
+	done := make(chan struct{})
+	go func() { defer close(done); o.flusher() }()
+	defer func() { o.close(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for o.stats.records.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no batch in 5 s (%d cuts kept the grant): a kept grant waits for the next change", o.keptCutsNow())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := o.keptCutsNow(); n != 1 {
+		t.Fatalf("%d cuts kept the grant, want 1: the first keeps it, the next sends it", n)
+	}
+	if o.stats.batches.Load() != 1 || o.stats.records.Load() != 1 || o.stats.cancelled.Load() != 0 {
+		t.Fatalf("%d batches, %d records, %d cancelled: want the grant alone", o.stats.batches.Load(), o.stats.records.Load(), o.stats.cancelled.Load())
+	}
+	// It reached the batch as the grant it is.
+	rig.batches = append(rig.batches, o.lastRaw())
+	if h := repltest.Holders(rig.replica(t, nil, 0)); len(h) != 1 || h["k"][0].Token != tok {
+		t.Fatalf("replica holds %v, want k by %d", h, tok)
+	}
+}
+
+// keptCutsNow is keptCuts, read under flushMu (the flusher may be running).
+func (o *outStream) keptCutsNow() uint64 {
+	o.flushMu.Lock()
+	defer o.flushMu.Unlock()
+	return o.keptCuts
+}
+
+// lastRaw is a copy of the last batch's raw records, read under flushMu.
+func (o *outStream) lastRaw() []byte {
+	o.flushMu.Lock()
+	defer o.flushMu.Unlock()
+	return append([]byte(nil), o.raw.Bytes()...)
 }

@@ -19,9 +19,10 @@ import (
 // acks). The inbound direction is standby.go.
 
 // A batch is cut batchEvery after its first record, or at once when one
-// shard has buffered batchBytes/4 (the replication lag is to stay within 1 ms or 64 KiB); it
-// carries every shard's buffered records, so a burst on many shards at
-// once can make one larger than batchBytes.
+// shard has buffered batchBytes/4 (the replication lag is to stay within
+// 1 ms or 64 KiB, plus holdOver for a change that waits a cut behind a
+// young grant); it carries every shard's buffered records, so a burst on
+// many shards at once can make one larger than batchBytes.
 const (
 	batchEvery = time.Millisecond
 	batchBytes = 64 << 10
@@ -44,6 +45,14 @@ const (
 	// as they happen, and a quarter of it wakes the flusher at once, as a
 	// quarter-full buffer does.
 	maxHeld = 4096
+	// holdOver is how young a grant still held at a cut may be and stay
+	// for the next cut (Table.LockedCut): most of a pipelined client's
+	// grants end within it, and each that does costs the stream no record
+	// (one still held at the cut costs its grant's record and, in the next
+	// batch, its end's). A change numbered after such a grant in its shard
+	// waits with it: the lag grows by at most holdOver for those, and a
+	// change waits at most one cut more.
+	holdOver = batchEvery / 2
 )
 
 // outStream collects the active's records (the table's Sink, under each
@@ -78,6 +87,21 @@ type outStream struct {
 	canceller records.Canceller
 
 	stats flow // what was sent
+
+	// carry is what each shard's last cut kept for the next one (flushMu):
+	// from the Seq the table kept on (Table.LockedCut), what its Sink had
+	// buffered and the skips handed over; kept is whether any shard kept
+	// anything, so the flusher cuts again without waiting for a record.
+	carry    []carried
+	kept     bool
+	keptCuts uint64 // cuts that kept anything, for tests
+}
+
+// carried is what a cut kept of one shard for the next (flushMu held).
+type carried struct {
+	recs   records.Indexed
+	skips  []uint64
+	mayCut bool // no snapshot of the shard was cut while recs were buffered
 }
 
 // shardBuf is one shard's buffered records. w is written by the Sink
@@ -157,6 +181,7 @@ func (o *outStream) attach(table *shard.Table, clock func() int64, links []*peer
 	o.table, o.clock, o.links = table, clock, links
 	o.bufs = make([]shardBuf, table.Shards())
 	o.swapped, o.mayCut = make([]int, table.Shards()), make([]bool, table.Shards())
+	o.carry = make([]carried, table.Shards())
 }
 
 // sink is the table's SinkRef (the record's shard lock is held; r is the
@@ -497,16 +522,28 @@ func (o *outStream) status(i int, m *repl.Member) {
 }
 
 // flusher cuts a batch batchEvery after the first record of a batch
-// arrived, or sooner when a buffer fills; it sleeps while nothing comes.
-// It returns once the stream is closed.
+// arrived, or sooner when a buffer fills; it sleeps while nothing comes,
+// unless the last cut kept changes for the next. Its cuts keep the grants
+// younger than holdOver that are still held (cut). It returns once the
+// stream is closed.
 func (o *outStream) flusher() {
 	t := time.NewTimer(batchEvery)
 	t.Stop()
+	kept := false
 	for {
-		select {
-		case <-o.done:
-			return
-		case <-o.kick:
+		if kept {
+			// The next cut is already due: a kick now is only news of a
+			// batch's first record, sent before pending was set again.
+			select {
+			case <-o.kick:
+			default:
+			}
+		} else {
+			select {
+			case <-o.done:
+				return
+			case <-o.kick:
+			}
 		}
 		t.Reset(batchEvery)
 		select {
@@ -518,23 +555,42 @@ func (o *outStream) flusher() {
 			t.Stop()
 		}
 		o.pending.Store(false) // records from here on wake the flusher again
-		o.flushNow()
+		if o.clock == nil {
+			o.flushNow()
+			continue
+		}
+		if kept = o.cut(o.clock() - int64(holdOver)); kept {
+			// The next cut is due anyway: records from here on wake the
+			// flusher only when a buffer fills.
+			o.pending.Store(true)
+		}
 	}
 }
 
-// flushNow cuts one batch of everything buffered and queues it for every
-// streaming standby.
-func (o *outStream) flushNow() {
+// flushNow cuts one batch of everything buffered and held back, and
+// queues it for every streaming standby.
+func (o *outStream) flushNow() { o.cutBatch(0, true) }
+
+// cut cuts one batch, keeping for the next the grants made at or after
+// since that are still held, and what is numbered after them in their
+// shard; it reports whether it kept anything.
+func (o *outStream) cut(since int64) bool { return o.cutBatch(since, false) }
+
+func (o *outStream) cutBatch(since int64, all bool) (kept bool) {
 	o.flushMu.Lock()
 	defer o.flushMu.Unlock()
 	o.raw.Reset()
 	records, cancelled := 0, 0
+	o.kept = false
 	for i := range o.bufs {
-		n, c := o.cutShard(i, &o.raw)
+		n, c := o.cutShard(i, &o.raw, since, all)
 		records, cancelled = records+n, cancelled+c
 	}
+	if kept = o.kept; kept {
+		o.keptCuts++
+	}
 	if records == 0 {
-		return
+		return kept
 	}
 	o.seq++
 	raw := o.raw.Bytes()
@@ -550,19 +606,54 @@ func (o *outStream) flushNow() {
 			o.enqueue(i, frame, o.seq, records, len(raw))
 		}
 	}
+	return kept
 }
 
 // cutShard appends shard i's part of a batch to dst (flushMu held): what
-// the shard held back and what its Sink buffered, merged in Seq order and
-// with what cancelled out as skips. It returns the number of records the
-// part stands for and how many of them were taken out.
-func (o *outStream) cutShard(i int, dst *records.BatchWriter) (n, cancelled int) {
-	o.table.LockedTake(i, o.takeFn, &o.bufs[i].skips, o.swapFn)
-	if n = o.swapped[i]; n == 0 {
-		return 0, 0
+// the last cut kept, what the shard held back and what its Sink buffered,
+// merged in Seq order and with what cancelled out as skips. Unless all,
+// it keeps for the next cut what the table kept on from (Table.LockedCut:
+// grants made at or after since and still held). It returns the number of
+// records the part stands for and how many of them were taken out.
+func (o *outStream) cutShard(i int, dst *records.BatchWriter, since int64, all bool) (n, cancelled int) {
+	var keep uint64
+	b, c := &o.bufs[i], &o.carry[i]
+	if all {
+		o.table.LockedTake(i, o.takeFn, &b.skips, o.swapFn)
+	} else {
+		keep = o.table.LockedCut(i, since, o.takeFn, &b.skips, o.swapFn)
 	}
-	b := &o.bufs[i]
-	cancelled = o.canceller.CutMerged(dst, uint32(i), &b.spare, &b.dspare, b.skipSpare, o.mayCut[i])
+	// swap left the shard's records in spare, dspare and skipSpare (or
+	// them empty).
+	mayCut := o.mayCut[i]
+	if c.recs.Count() > 0 || len(c.skips) > 0 {
+		// What the last cut kept goes first: its Seqs are all below those
+		// buffered since.
+		mayCut = mayCut && c.mayCut
+		c.recs.AppendIndexed(&b.spare)
+		b.spare, c.recs = c.recs, b.spare
+		c.recs.Reset()
+		b.skipSpare = append(b.skipSpare, c.skips...)
+		c.skips = c.skips[:0]
+	}
+	if keep != 0 {
+		b.spare.SplitFrom(keep, &c.recs)
+		k := 0
+		for _, q := range b.skipSpare {
+			if q >= keep {
+				c.skips = append(c.skips, q)
+			} else {
+				b.skipSpare[k] = q
+				k++
+			}
+		}
+		b.skipSpare = b.skipSpare[:k]
+		c.mayCut = mayCut
+		o.kept = true
+	}
+	if n = b.spare.Count() + b.dspare.Count() + len(b.skipSpare); n > 0 {
+		cancelled = o.canceller.CutMerged(dst, uint32(i), &b.spare, &b.dspare, b.skipSpare, mayCut)
+	}
 	b.spare.Reset()
 	b.dspare.Reset()
 	b.skipSpare = b.skipSpare[:0]
