@@ -50,8 +50,10 @@ const (
 	// grants end within it, and each that does costs the stream no record
 	// (one still held at the cut costs its grant's record and, in the next
 	// batch, its end's). A change numbered after such a grant in its shard
-	// waits with it: the lag grows by at most holdOver for those, and a
-	// change waits at most one cut more.
+	// waits with it, for one cut at most: a change made more than holdOver
+	// before a cut goes in it (unless a renew ties it to a younger grant),
+	// so the longest wait on the active goes from about batchEvery to
+	// batchEvery+holdOver, and never past the next cut but one.
 	holdOver = batchEvery / 2
 )
 
