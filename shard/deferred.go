@@ -1,5 +1,11 @@
 package shard
 
+import (
+	"cmp"
+	"slices"
+	"sort"
+)
+
 // Deferred records (Config.Defer). An active member streams every change
 // to its standbys, but most of a pipelined client's grants end within the
 // batch they were made in, and such a grant and its end are sent as a
@@ -199,16 +205,25 @@ func (s *shard) takePend(n int, take func(*Record), skips *[]uint64) {
 // cut). A grant before the point that ended after it is a skip now and
 // its end a skip later; nothing else numbered before the point depends on
 // what is numbered after it.
+//
+// Slots are in Seq order and, near enough, in time order (each event loop
+// reads the clock for itself), so both bounds are binary searches: the cut
+// reads the slots the loops wrote from the point on only, not all of them.
+// Slots a little out of time order move the point a little; any point
+// keeps the stream whole.
 func (s *shard) cutPoint(since int64) int {
+	p := s.pend
+	lo, _ := slices.BinarySearchFunc(p, s.cutSeq+1, func(g pendGrant, seq uint64) int { return cmp.Compare(g.seq, seq) })
+	y := lo + sort.Search(len(p)-lo, func(k int) bool { return p[lo+k].young(since) })
 	n := -1
-	for j := range s.pend {
-		if p := &s.pend[j]; p.end == 0 && p.seq > s.cutSeq && p.young(since) {
+	for j := y; j < len(p); j++ {
+		if p[j].end == 0 {
 			n = j
 			break
 		}
 	}
 	if n < 0 {
-		return len(s.pend)
+		return len(p)
 	}
 	for {
 		keep, lo := s.pend[n].seq, n
