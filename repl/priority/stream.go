@@ -82,7 +82,6 @@ type outStream struct {
 	raw       records.BatchWriter
 	swapFn    func(int) // o.swap, bound once (a method value allocates)
 	takeFn    func(*shard.Record)
-	swapped   []int     // records taken from each shard by swap
 	mayCut    []bool    // whether swap found shard i's records free to cancel out
 	holdFn    func(int) // o.hold and o.unhold, bound once
 	unholdFn  func(int)
@@ -182,7 +181,7 @@ func (o *outStream) attach(table *shard.Table, clock func() int64, links []*peer
 	}
 	o.table, o.clock, o.links = table, clock, links
 	o.bufs = make([]shardBuf, table.Shards())
-	o.swapped, o.mayCut = make([]int, table.Shards()), make([]bool, table.Shards())
+	o.mayCut = make([]bool, table.Shards())
 	o.carry = make([]carried, table.Shards())
 }
 
@@ -243,10 +242,9 @@ func (o *outStream) take(r *shard.Record) { _ = o.bufs[r.Shard].d.Add(r) }
 // with that snapshot.
 func (o *outStream) swap(i int) {
 	b := &o.bufs[i]
-	o.swapped[i] = b.w.Count() + b.d.Count() + len(b.skips)
 	o.mayCut[i] = b.holds == 0 && !b.dumped
 	b.dumped = false
-	if o.swapped[i] > 0 {
+	if b.w.Count()+b.d.Count()+len(b.skips) > 0 {
 		b.w, b.spare = b.spare, b.w
 		b.d, b.dspare = b.dspare, b.d
 		b.skips, b.skipSpare = b.skipSpare, b.skips
