@@ -226,14 +226,14 @@ func (s *shard) cutPoint(since int64) int {
 		return len(p)
 	}
 	for {
-		keep, lo := s.pend[n].seq, n
+		keep, tied := s.pend[n].seq, n
 		for k := len(s.renews) - 1; k >= 0 && s.renews[k].seq >= keep; k-- {
-			lo = min(lo, s.renews[k].j)
+			tied = min(tied, s.renews[k].j)
 		}
-		if lo == n {
+		if tied == n {
 			return n
 		}
-		if n = lo; s.pend[n].seq <= s.cutSeq {
+		if n = tied; s.pend[n].seq <= s.cutSeq {
 			return len(s.pend) // a renew ties the young grant to one the last cut kept
 		}
 	}
@@ -260,12 +260,7 @@ func (s *shard) takeRenew(rn pendRenew, take func(*Record), skips *[]uint64) {
 // take and fn run under the shard's lock: they must be quick and must not
 // call back into the Table.
 func (t *Table) LockedTake(i int, take func(*Record), skips *[]uint64, fn func(int)) {
-	s := &t.shards[i]
-	s.mu.Lock()
-	s.takePend(len(s.pend), take, skips)
-	s.cutSeq = s.seq
-	fn(i)
-	s.mu.Unlock()
+	t.lockedCut(i, 0, true, take, skips, fn)
 }
 
 // LockedCut is LockedTake that keeps held back the grants made at or
@@ -279,9 +274,18 @@ func (t *Table) LockedTake(i int, take func(*Record), skips *[]uint64, fn func(i
 // skips appended, those of grants that ended at keep or later are keep or
 // more too: they belong to a later cut.
 func (t *Table) LockedCut(i int, since int64, take func(*Record), skips *[]uint64, fn func(int)) (keep uint64) {
+	return t.lockedCut(i, since, false, take, skips, fn)
+}
+
+// lockedCut is LockedCut, or LockedTake when all (since unused: no time
+// names every grant, the clock's bits wrap).
+func (t *Table) lockedCut(i int, since int64, all bool, take func(*Record), skips *[]uint64, fn func(int)) (keep uint64) {
 	s := &t.shards[i]
 	s.mu.Lock()
-	n := s.cutPoint(since)
+	n := len(s.pend)
+	if !all {
+		n = s.cutPoint(since)
+	}
 	if n < len(s.pend) {
 		keep = s.pend[n].seq
 	}

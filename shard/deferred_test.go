@@ -18,11 +18,26 @@ type deferRecorder struct {
 	held   int         // grants Defer held back
 }
 
-func (d *deferRecorder) sink(r *Record) {
+// newDeferOne is a one-shard table that holds back every exclusive
+// grant, and its recorder.
+func newDeferOne(t *testing.T) (*deferRecorder, *Table) {
+	t.Helper()
+	d := &deferRecorder{shards: make([][]Record, 1), defers: func() bool { return true }}
+	tab, err := New(Config{Shards: 1, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, tab
+}
+
+// keptRecord is a copy of the table's Record r that outlives the call.
+func keptRecord(r *Record) Record {
 	c := *r
 	c.Key = slices.Clone(r.Key)
-	d.shards[r.Shard] = append(d.shards[r.Shard], c)
+	return c
 }
+
+func (d *deferRecorder) sink(r *Record) { d.shards[r.Shard] = append(d.shards[r.Shard], keptRecord(r)) }
 
 func (d *deferRecorder) deferGrant(shard uint32, pending int) bool {
 	if d.defers() {
@@ -129,11 +144,7 @@ func TestDeferRoundTrip(t *testing.T) {
 // as skips; a grant still held when it is taken comes as its record, with
 // the lease of its last renew (the renew's own record follows it).
 func TestDeferPairsCostNoRecord(t *testing.T) {
-	d := &deferRecorder{shards: make([][]Record, 1), defers: func() bool { return true }}
-	tab, err := New(Config{Shards: 1, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, tab := newDeferOne(t)
 	id := tab.Ident([]byte("orders"))
 	var out Out
 	_, t1 := tab.AcquireAs(0, []byte("a"), 0, 5, 1, id, nil, &out)
@@ -176,11 +187,7 @@ func TestDeferPairsCostNoRecord(t *testing.T) {
 // (most keys of a large shard released) are taken from where they moved
 // to.
 func TestDeferAcrossCompact(t *testing.T) {
-	d := &deferRecorder{shards: make([][]Record, 1), defers: func() bool { return true }}
-	src, err := New(Config{Shards: 1, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, src := newDeferOne(t)
 	var out Out
 	const n = 4 * chunkLen
 	toks := make([]uint64, n)
@@ -204,11 +211,7 @@ func TestDeferAcrossCompact(t *testing.T) {
 
 // TestDeferReset: Reset forgets what the table held back.
 func TestDeferReset(t *testing.T) {
-	d := &deferRecorder{shards: make([][]Record, 1), defers: func() bool { return true }}
-	tab, err := New(Config{Shards: 1, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, tab := newDeferOne(t)
 	var out Out
 	tab.Acquire(0, []byte("a"), 0, 5, 1, nil, &out)
 	tab.Reset(&out)
@@ -225,11 +228,7 @@ func TestDeferReset(t *testing.T) {
 func TestDeferRenewsBounded(t *testing.T) {
 	for _, end := range []bool{false, true} {
 		t.Run(fmt.Sprint("end=", end), func(t *testing.T) {
-			d := &deferRecorder{shards: make([][]Record, 1), defers: func() bool { return true }}
-			src, err := New(Config{Shards: 1, SinkRef: d.sink, Defer: d.deferGrant}, NewTokens(1000, 1<<40))
-			if err != nil {
-				t.Fatal(err)
-			}
+			d, src := newDeferOne(t)
 			var out Out
 			_, tok := src.Acquire(0, []byte("k"), 0, 5, 1, nil, &out)
 			src.Acquire(0, []byte("other"), 0, 5, 1, nil, &out)
@@ -272,17 +271,9 @@ func newCutRecorder(shards int, defers func() bool) *cutRecorder {
 		prev: make([]uint64, shards)}
 }
 
-func (c *cutRecorder) sink(r *Record) {
-	x := *r
-	x.Key = slices.Clone(r.Key)
-	c.buf[r.Shard] = append(c.buf[r.Shard], x)
-}
+func (c *cutRecorder) sink(r *Record) { c.buf[r.Shard] = append(c.buf[r.Shard], keptRecord(r)) }
 
-func (c *cutRecorder) take(r *Record) {
-	x := *r
-	x.Key = slices.Clone(r.Key)
-	c.taken = append(c.taken, x)
-}
+func (c *cutRecorder) take(r *Record) { c.taken = append(c.taken, keptRecord(r)) }
 
 func (c *cutRecorder) deferGrant(uint32, int) bool { return c.defers() }
 

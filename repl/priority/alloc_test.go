@@ -109,14 +109,19 @@ func TestCompressAllocs(t *testing.T) {
 // holds back (on the event loop, under a shard lock) and the cut of a
 // batch of acquire/release pairs
 // — exclusive, or two holders of a shared key each released — allocate
-// nothing once their buffers have grown.
+// nothing once their buffers have grown. With young, grants still held at
+// the cut are kept for the next one, as the flusher's cuts keep them (the
+// split of the Sink's records, the kept records and skips put back in
+// front).
 func TestSinkAndCancelAllocs(t *testing.T) {
 	for _, shared := range []bool{false, true} {
-		t.Run(fmt.Sprint("shared=", shared), func(t *testing.T) { sinkAndCancelAllocs(t, shared) })
+		for _, young := range []bool{false, true} {
+			t.Run(fmt.Sprint("shared=", shared, "/young=", young), func(t *testing.T) { sinkAndCancelAllocs(t, shared, young) })
+		}
 	}
 }
 
-func sinkAndCancelAllocs(t *testing.T, shared bool) {
+func sinkAndCancelAllocs(t *testing.T, shared, young bool) {
 	rig := newCancelRig(t, 4)
 	tab := rig.table
 	var out shard.Out
@@ -124,31 +129,63 @@ func sinkAndCancelAllocs(t *testing.T, shared bool) {
 	for i := range keys {
 		keys[i] = []byte{'k', byte(i)}
 	}
+	held := make([][]byte, 8)
+	tokens := make([]uint64, len(held))
+	for i := range held {
+		held[i] = []byte{'h', byte(i)}
+	}
+	now := int64(1e9)
 	pairs := func() {
 		for _, k := range keys {
 			if shared {
-				_, a := tab.AcquireShared(0, k, 0, 30, 1, 4, shard.NoIdent, nil, &out)
-				_, b := tab.AcquireShared(0, k, 0, 30, 2, 4, shard.NoIdent, nil, &out)
-				tab.Release(0, k, a, &out)
-				tab.Release(0, k, b, &out)
+				_, a := tab.AcquireShared(now, k, 0, 30, 1, 4, shard.NoIdent, nil, &out)
+				_, b := tab.AcquireShared(now, k, 0, 30, 2, 4, shard.NoIdent, nil, &out)
+				tab.Release(now, k, a, &out)
+				tab.Release(now, k, b, &out)
 			} else {
-				_, tok := tab.Acquire(0, k, 0, 30, 1, nil, &out)
-				tab.Release(0, k, tok, &out)
+				_, tok := tab.Acquire(now, k, 0, 30, 1, nil, &out)
+				tab.Release(now, k, tok, &out)
 			}
 			out.Reset()
 		}
 	}
 	var w records.BatchWriter
-	cut := func() {
+	kept := 0
+	cut := func(since int64, all bool) {
 		w.Reset()
 		for i := range rig.o.bufs {
-			rig.o.cutShard(i, &w, 0, true)
+			if _, _, k := rig.o.cutShard(i, &w, since, all); k {
+				kept++
+			}
 		}
 	}
-	pairs()
-	cut() // grows the buffers and the map
-	if n := testing.AllocsPerRun(20, func() { pairs(); cut() }); n != 0 {
+	batch := func() {
+		if !young {
+			pairs()
+			cut(0, true)
+			return
+		}
+		// Grants made now and still held at a cut at now are kept, with
+		// the pairs after them; the next cut sends them, ended.
+		now += 1e6
+		for i, k := range held {
+			_, tokens[i] = tab.Acquire(now, k, 0, 30, 1, nil, &out)
+		}
+		pairs()
+		cut(now, false)
+		for i, k := range held {
+			tab.Release(now, k, tokens[i], &out)
+		}
+		out.Reset()
+		pairs()
+		cut(now, false)
+	}
+	batch() // grows the buffers and the map
+	if n := testing.AllocsPerRun(20, batch); n != 0 {
 		t.Errorf("Sink and canceller: %v allocs per batch of 64 pairs", n)
+	}
+	if young && kept == 0 {
+		t.Fatal("no cut kept anything: the young path was not run")
 	}
 	if w.Count() == 0 || w.Count() > len(rig.o.bufs) {
 		t.Errorf("a batch of 64 pairs went as %d records, want one skip per shard", w.Count())

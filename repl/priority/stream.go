@@ -91,11 +91,9 @@ type outStream struct {
 
 	// carry is what each shard's last cut kept for the next one (flushMu):
 	// from the Seq the table kept on (Table.LockedCut), what its Sink had
-	// buffered and the skips handed over; kept is whether any shard kept
-	// anything, so the flusher cuts again without waiting for a record.
+	// buffered and the skips handed over.
 	carry    []carried
-	kept     bool
-	keptCuts uint64 // cuts that kept anything, for tests
+	keptCuts uint64 // cuts that kept anything (flushMu), for tests
 }
 
 // carried is what a cut kept of one shard for the next (flushMu held).
@@ -555,10 +553,6 @@ func (o *outStream) flusher() {
 			t.Stop()
 		}
 		o.pending.Store(false) // records from here on wake the flusher again
-		if o.clock == nil {
-			o.flushNow()
-			continue
-		}
 		if kept = o.cut(o.clock() - int64(holdOver)); kept {
 			// The next cut is due anyway: records from here on wake the
 			// flusher only when a buffer fills.
@@ -581,12 +575,11 @@ func (o *outStream) cutBatch(since int64, all bool) (kept bool) {
 	defer o.flushMu.Unlock()
 	o.raw.Reset()
 	records, cancelled := 0, 0
-	o.kept = false
 	for i := range o.bufs {
-		n, c := o.cutShard(i, &o.raw, since, all)
-		records, cancelled = records+n, cancelled+c
+		n, c, k := o.cutShard(i, &o.raw, since, all)
+		records, cancelled, kept = records+n, cancelled+c, kept || k
 	}
-	if kept = o.kept; kept {
+	if kept {
 		o.keptCuts++
 	}
 	if records == 0 {
@@ -614,8 +607,9 @@ func (o *outStream) cutBatch(since int64, all bool) (kept bool) {
 // merged in Seq order and with what cancelled out as skips. Unless all,
 // it keeps for the next cut what the table kept on from (Table.LockedCut:
 // grants made at or after since and still held). It returns the number of
-// records the part stands for and how many of them were taken out.
-func (o *outStream) cutShard(i int, dst *records.BatchWriter, since int64, all bool) (n, cancelled int) {
+// records the part stands for, how many of them were taken out, and
+// whether it kept anything.
+func (o *outStream) cutShard(i int, dst *records.BatchWriter, since int64, all bool) (n, cancelled int, kept bool) {
 	var keep uint64
 	b, c := &o.bufs[i], &o.carry[i]
 	if all {
@@ -649,7 +643,7 @@ func (o *outStream) cutShard(i int, dst *records.BatchWriter, since int64, all b
 		}
 		b.skipSpare = b.skipSpare[:k]
 		c.mayCut = mayCut
-		o.kept = true
+		kept = true
 	}
 	if n = b.spare.Count() + b.dspare.Count() + len(b.skipSpare); n > 0 {
 		cancelled = o.canceller.CutMerged(dst, uint32(i), &b.spare, &b.dspare, b.skipSpare, mayCut)
@@ -657,7 +651,7 @@ func (o *outStream) cutShard(i int, dst *records.BatchWriter, since int64, all b
 	b.spare.Reset()
 	b.dspare.Reset()
 	b.skipSpare = b.skipSpare[:0]
-	return n, cancelled
+	return n, cancelled, kept
 }
 
 func (o *outStream) close() {
